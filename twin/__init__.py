@@ -1,0 +1,1 @@
+"""dctwin's service: site model, store, ingest, and the `dctwin` command line."""

@@ -1,0 +1,24 @@
+"""The site model (pydantic) and hardware catalog; ``load_site`` reads a site YAML file."""
+
+from twin.site.catalog import CDU_MODELS, GPU_MODELS, NODE_MODELS, CduModel, GpuModel, NodeModel
+from twin.site.model import Breaker, Cdu, Fleet, Hall, Link, Node, Pdu, Rack, Row, Site, Switch
+
+__all__ = [
+    "CDU_MODELS",
+    "GPU_MODELS",
+    "NODE_MODELS",
+    "Breaker",
+    "Cdu",
+    "CduModel",
+    "Fleet",
+    "GpuModel",
+    "Hall",
+    "Link",
+    "Node",
+    "NodeModel",
+    "Pdu",
+    "Rack",
+    "Row",
+    "Site",
+    "Switch",
+]

@@ -1,0 +1,296 @@
+"""The site model: what exists in the datacenter, validated by pydantic.
+
+site -> halls -> rows -> racks -> nodes -> GPUs; PDUs feeding racks; CDUs serving racks;
+switches and network links; fleets of nodes. Telemetry identities resolve through it:
+
+========  ==========================================================================
+kind      sample ``id``
+========  ==========================================================================
+gpu       ``<node>:<index>`` (for example ``trn-a01-n1:3``), or a UUID listed in the
+          node's ``gpu_uuids``
+node      the node name
+pdu       ``<pdu>`` (whole unit), ``<pdu>/L1`` .. ``<pdu>/L3`` (phases),
+          ``<pdu>/<breaker>`` (branch circuits), ``<pdu>/outlet<n>``
+cdu       ``<cdu>`` (the loop), ``<cdu>/<pump>`` (one pump)
+link      the link name
+========  ==========================================================================
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from twin.site.catalog import CDU_MODELS, GPU_MODELS, NODE_MODELS, GpuModel, NodeModel
+
+Name = str
+_SLUG = r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Node(_Strict):
+    name: Name = Field(pattern=_SLUG, description="hostname; the MQTT source of its collector")
+    model: str = Field(description="a key of the hardware catalog's node models")
+    gpu_model: str | None = Field(
+        default=None, description="a key of the catalog's GPU models; default: the node model's"
+    )
+    gpu_uuids: list[str] | None = Field(
+        default=None, description="NVML UUIDs by GPU index, when known"
+    )
+    phase: Literal["L1", "L2", "L3"] | None = Field(
+        default=None, description="PDU phase its PSUs draw from (default: spread by position)"
+    )
+
+    @model_validator(mode="after")
+    def _known_model(self) -> Node:
+        if self.model not in NODE_MODELS:
+            raise ValueError(
+                f"unknown node model {self.model!r}; catalog has {sorted(NODE_MODELS)}"
+            )
+        if self.gpu_model is not None and self.gpu_model not in GPU_MODELS:
+            raise ValueError(
+                f"unknown GPU model {self.gpu_model!r}; catalog has {sorted(GPU_MODELS)}"
+            )
+        if self.gpu_uuids is not None and len(self.gpu_uuids) != NODE_MODELS[self.model].gpus:
+            raise ValueError(
+                f"gpu_uuids lists {len(self.gpu_uuids)} GPUs but {self.model} has "
+                f"{NODE_MODELS[self.model].gpus}"
+            )
+        return self
+
+    @property
+    def spec(self) -> NodeModel:
+        return NODE_MODELS[self.model]
+
+    @property
+    def gpu_spec(self) -> GpuModel:
+        return GPU_MODELS[self.gpu_model or self.spec.gpu]
+
+    def gpu_ids(self) -> list[str]:
+        return [f"{self.name}:{i}" for i in range(self.spec.gpus)]
+
+
+class Rack(_Strict):
+    name: Name = Field(pattern=_SLUG)
+    grid: tuple[int, int] = Field(description="(column, row) position on the hall's floor grid")
+    pdus: list[Name] = Field(min_length=1, description="PDUs feeding this rack (A and B feeds)")
+    cdu: Name | None = Field(default=None, description="CDU whose loop serves this rack")
+    capture_fraction: float | None = Field(
+        default=None, ge=0, le=1, description="share of rack heat to liquid; default from catalog"
+    )
+    nodes: list[Node] = Field(default_factory=list)
+
+
+class Row(_Strict):
+    name: Name = Field(pattern=_SLUG)
+    racks: list[Rack] = Field(min_length=1)
+
+
+class Hall(_Strict):
+    name: Name = Field(pattern=_SLUG)
+    rows: list[Row] = Field(min_length=1)
+
+
+class Breaker(_Strict):
+    name: Name = Field(pattern=_SLUG)
+    phase: Literal["L1", "L2", "L3", "L1-L2", "L2-L3", "L3-L1"]
+    rated_current_a: float = Field(gt=0)
+
+
+class Pdu(_Strict):
+    name: Name = Field(pattern=_SLUG)
+    feed: Literal["A", "B"]
+    phases: Literal[1, 3] = 3
+    wiring: Literal["wye", "delta"] = Field(
+        default="wye", description="wye: outlets line-to-neutral; delta: 208 V line-to-line"
+    )
+    voltage_v: float = Field(gt=0, description="line-to-line voltage [V]")
+    rated_current_a: float = Field(gt=0, description="input breaker rating per phase [A]")
+    breakers: list[Breaker] = Field(default_factory=list)
+
+
+class Cdu(_Strict):
+    name: Name = Field(pattern=_SLUG)
+    model: str | None = Field(default=None, description="a key of the catalog's CDU models")
+    capacity_kw: float | None = Field(default=None, gt=0)
+    approach_k: float | None = Field(default=None, gt=0)
+    max_flow_lpm: float | None = Field(default=None, gt=0)
+    pumps: list[Name] = Field(default_factory=lambda: ["pump1", "pump2"], min_length=1)
+    coolant: Literal["water", "pg25"] = "pg25"
+    supply_setpoint_c: float = Field(default=32.0, description="TCS supply setpoint [°C]")
+    fw_supply_temp_c: float = Field(default=25.0, description="design facility water supply [°C]")
+    return_limit_c: float = Field(default=50.0, description="TCS return temperature limit [°C]")
+
+    @model_validator(mode="after")
+    def _fill_from_catalog(self) -> Cdu:
+        if self.model is not None:
+            if self.model not in CDU_MODELS:
+                raise ValueError(f"unknown CDU model {self.model!r}; catalog has {sorted(CDU_MODELS)}")
+            spec = CDU_MODELS[self.model]
+            for field in ("capacity_kw", "approach_k", "max_flow_lpm"):
+                if getattr(self, field) is None:
+                    setattr(self, field, getattr(spec, field))
+        missing = [f for f in ("capacity_kw", "approach_k", "max_flow_lpm") if getattr(self, f) is None]
+        if missing:
+            raise ValueError(f"{', '.join(missing)} required when no catalog model is given")
+        return self
+
+
+class Switch(_Strict):
+    name: Name = Field(pattern=_SLUG)
+    role: Literal["leaf", "spine"]
+    rack: Name | None = None
+
+
+class Link(_Strict):
+    name: Name = Field(pattern=_SLUG)
+    a: Name = Field(description="endpoint: a switch or node name")
+    b: Name = Field(description="endpoint: a switch or node name")
+    capacity_gbps: float = Field(gt=0)
+
+
+class Fleet(_Strict):
+    name: Name = Field(pattern=_SLUG)
+    role: Literal["training", "inference"]
+    members: list[Name] = Field(min_length=1, description="node or rack names")
+
+
+class Site(_Strict):
+    name: Name = Field(pattern=_SLUG, description="the <site> segment of MQTT topics")
+    halls: list[Hall] = Field(min_length=1)
+    pdus: list[Pdu] = Field(default_factory=list)
+    cdus: list[Cdu] = Field(default_factory=list)
+    switches: list[Switch] = Field(default_factory=list)
+    links: list[Link] = Field(default_factory=list)
+    fleets: list[Fleet] = Field(default_factory=list)
+
+    # ---- derived views -------------------------------------------------------------------
+
+    @cached_property
+    def racks(self) -> list[Rack]:
+        return [r for h in self.halls for row in h.rows for r in row.racks]
+
+    @cached_property
+    def nodes(self) -> list[Node]:
+        return [n for r in self.racks for n in r.nodes]
+
+    @cached_property
+    def rack_of_node(self) -> dict[str, Rack]:
+        return {n.name: r for r in self.racks for n in r.nodes}
+
+    @cached_property
+    def pdu_by_name(self) -> dict[str, Pdu]:
+        return {p.name: p for p in self.pdus}
+
+    @cached_property
+    def cdu_by_name(self) -> dict[str, Cdu]:
+        return {c.name: c for c in self.cdus}
+
+    @cached_property
+    def fleet_of_node(self) -> dict[str, Fleet]:
+        out: dict[str, Fleet] = {}
+        racks = {r.name: r for r in self.racks}
+        for f in self.fleets:
+            for m in f.members:
+                names = [n.name for n in racks[m].nodes] if m in racks else [m]
+                for n in names:
+                    out[n] = f
+        return out
+
+    @cached_property
+    def known_ids(self) -> dict[str, frozenset[str]]:
+        """Every sample id the site knows, per kind."""
+        gpu: set[str] = set()
+        for n in self.nodes:
+            gpu.update(n.gpu_ids())
+            gpu.update(n.gpu_uuids or ())
+        pdu: set[str] = set()
+        for p in self.pdus:
+            pdu.add(p.name)
+            pdu.update(f"{p.name}/L{i}" for i in range(1, p.phases + 1))
+            pdu.update(f"{p.name}/{b.name}" for b in p.breakers)
+        cdu: set[str] = set()
+        for c in self.cdus:
+            cdu.add(c.name)
+            cdu.update(f"{c.name}/{pump}" for pump in c.pumps)
+        return {
+            "gpu": frozenset(gpu),
+            "node": frozenset(n.name for n in self.nodes),
+            "pdu": frozenset(pdu),
+            "cdu": frozenset(cdu),
+            "link": frozenset(link.name for link in self.links),
+        }
+
+    def is_known(self, kind: str, sample_id: str) -> bool:
+        """True when ``sample_id`` of ``kind`` names something in this site.
+
+        PDU outlets (``<pdu>/outlet<n>``) are accepted for any PDU the site lists.
+        """
+        ids = self.known_ids.get(kind, frozenset())
+        if sample_id in ids:
+            return True
+        if kind == "pdu" and "/outlet" in sample_id:
+            return sample_id.split("/", 1)[0] in self.pdu_by_name
+        return False
+
+    # ---- cross-reference checks ----------------------------------------------------------
+
+    @model_validator(mode="after")
+    def _cross_references(self) -> Site:
+        def unique(kind: str, names: list[str]) -> None:
+            seen: set[str] = set()
+            for n in names:
+                if n in seen:
+                    raise ValueError(f"duplicate {kind} name {n!r}")
+                seen.add(n)
+
+        racks = [r for h in self.halls for row in h.rows for r in row.racks]
+        nodes = [n for r in racks for n in r.nodes]
+        unique("rack", [r.name for r in racks])
+        unique("node", [n.name for n in nodes])
+        unique("pdu", [p.name for p in self.pdus])
+        unique("cdu", [c.name for c in self.cdus])
+        unique("switch", [s.name for s in self.switches])
+        unique("link", [link.name for link in self.links])
+        unique("fleet", [f.name for f in self.fleets])
+        pdus = {p.name for p in self.pdus}
+        cdus = {c.name for c in self.cdus}
+        rack_names = {r.name for r in racks}
+        node_names = {n.name for n in nodes}
+        endpoints = node_names | {s.name for s in self.switches}
+        for r in racks:
+            for p in r.pdus:
+                if p not in pdus:
+                    raise ValueError(f"rack {r.name!r} is fed by PDU {p!r}, which does not exist")
+            if r.cdu is not None and r.cdu not in cdus:
+                raise ValueError(f"rack {r.name!r} is served by CDU {r.cdu!r}, which does not exist")
+            liquid = [n.name for n in r.nodes if n.spec.cooling == "liquid"]
+            if liquid and r.cdu is None:
+                raise ValueError(f"rack {r.name!r} holds liquid-cooled nodes {liquid} but no cdu")
+        for s in self.switches:
+            if s.rack is not None and s.rack not in rack_names:
+                raise ValueError(f"switch {s.name!r} is in rack {s.rack!r}, which does not exist")
+        for link in self.links:
+            for end in (link.a, link.b):
+                if end not in endpoints:
+                    raise ValueError(f"link {link.name!r} endpoint {end!r} is no switch or node")
+        for f in self.fleets:
+            for m in f.members:
+                if m not in node_names and m not in rack_names:
+                    raise ValueError(f"fleet {f.name!r} member {m!r} is no node or rack")
+        return self
+
+    # ---- lookups -------------------------------------------------------------------------
+
+    def capture_fraction(self, rack: Rack) -> float:
+        """Share of a rack's heat that goes to liquid: the rack's own value, else the catalog's."""
+        if rack.capture_fraction is not None:
+            return rack.capture_fraction
+        if not rack.nodes:
+            return 0.0
+        return sum(n.spec.capture_fraction for n in rack.nodes) / len(rack.nodes)
