@@ -153,10 +153,14 @@ def parse_topic(topic: str) -> tuple[str, str, str]:
     """Split a contract topic into (site, kind, source) or raise ContractError."""
     parts = topic.split("/")
     if len(parts) != 5 or "/".join(parts[:2]) != TOPIC_PREFIX or not all(parts[2:]):
-        raise ContractError("bad_topic", f"topic {topic!r} is not {TOPIC_PREFIX}/<site>/<kind>/<source>")
+        raise ContractError(
+            "bad_topic", f"topic {topic!r} is not {TOPIC_PREFIX}/<site>/<kind>/<source>"
+        )
     _, _, site, kind, source = parts
     if kind not in KINDS:
-        raise ContractError("unknown_kind", f"kind {kind!r} in topic {topic!r}; expected one of {KINDS}")
+        raise ContractError(
+            "unknown_kind", f"kind {kind!r} in topic {topic!r}; expected one of {KINDS}"
+        )
     return site, kind, source
 
 
@@ -174,13 +178,17 @@ def _to_utc(value: Any) -> Any:
         except ValueError as e:
             raise ValueError(f"timestamp {value!r} is not RFC 3339") from e
         if parsed.tzinfo is None:
-            raise ValueError(f"timestamp {value!r} has no UTC offset (RFC 3339 needs 'Z' or ±hh:mm)")
+            raise ValueError(
+                f"timestamp {value!r} has no UTC offset (RFC 3339 needs 'Z' or ±hh:mm)"
+            )
         return parsed.astimezone(UTC)
     if isinstance(value, datetime):
         if value.tzinfo is None:
             raise ValueError("timestamp has no timezone")
         return value.astimezone(UTC)
-    raise ValueError(f"timestamp must be an RFC 3339 string or Unix seconds, got {type(value).__name__}")
+    raise ValueError(
+        f"timestamp must be an RFC 3339 string or Unix seconds, got {type(value).__name__}"
+    )
 
 
 Timestamp = Annotated[datetime, BeforeValidator(_to_utc)]
@@ -303,12 +311,18 @@ def encode(
 ) -> bytes:
     """Build the JSON payload of one message (no validation; collectors should send floats)."""
     if isinstance(ts, datetime):
-        ts_out: str | float = ts.astimezone(UTC).isoformat(timespec="milliseconds").replace(
-            "+00:00", "Z"
+        ts_out: str | float = (
+            ts.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
         )
     else:
         ts_out = ts
     return orjson.dumps(
-        {"v": CONTRACT_VERSION, "collector": collector, "source": source, "seq": seq,
-         "ts": ts_out, "samples": samples}
+        {
+            "v": CONTRACT_VERSION,
+            "collector": collector,
+            "source": source,
+            "seq": seq,
+            "ts": ts_out,
+            "samples": samples,
+        }
     )

@@ -1,6 +1,7 @@
 """The site model (pydantic) and hardware catalog; ``load_site`` reads a site YAML file."""
 
 from twin.site.catalog import CDU_MODELS, GPU_MODELS, NODE_MODELS, CduModel, GpuModel, NodeModel
+from twin.site.loader import SiteError, SiteIssue, load_site
 from twin.site.model import Breaker, Cdu, Fleet, Hall, Link, Node, Pdu, Rack, Row, Site, Switch
 
 __all__ = [
@@ -20,5 +21,8 @@ __all__ = [
     "Rack",
     "Row",
     "Site",
+    "SiteError",
+    "SiteIssue",
     "Switch",
+    "load_site",
 ]

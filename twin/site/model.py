@@ -19,14 +19,31 @@ link      the link name
 from __future__ import annotations
 
 from functools import cached_property
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from twin.site.catalog import CDU_MODELS, GPU_MODELS, NODE_MODELS, GpuModel, NodeModel
 
 Name = str
+Loc = tuple[str | int, ...]
 _SLUG = r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$"
+
+
+def _dotted(loc: Loc) -> str:
+    """``("halls", 0, "rows")`` -> ``halls[0].rows``."""
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else f".{part}" if out else str(part)
+    return out
 
 
 class _Strict(BaseModel):
@@ -46,16 +63,22 @@ class Node(_Strict):
         default=None, description="PDU phase its PSUs draw from (default: spread by position)"
     )
 
+    @field_validator("model")
+    @classmethod
+    def _known_model(cls, model: str) -> str:
+        if model not in NODE_MODELS:
+            raise ValueError(f"unknown node model {model!r}; catalog has {sorted(NODE_MODELS)}")
+        return model
+
+    @field_validator("gpu_model")
+    @classmethod
+    def _known_gpu_model(cls, gpu_model: str | None) -> str | None:
+        if gpu_model is not None and gpu_model not in GPU_MODELS:
+            raise ValueError(f"unknown GPU model {gpu_model!r}; catalog has {sorted(GPU_MODELS)}")
+        return gpu_model
+
     @model_validator(mode="after")
-    def _known_model(self) -> Node:
-        if self.model not in NODE_MODELS:
-            raise ValueError(
-                f"unknown node model {self.model!r}; catalog has {sorted(NODE_MODELS)}"
-            )
-        if self.gpu_model is not None and self.gpu_model not in GPU_MODELS:
-            raise ValueError(
-                f"unknown GPU model {self.gpu_model!r}; catalog has {sorted(GPU_MODELS)}"
-            )
+    def _gpu_count(self) -> Node:
         if self.gpu_uuids is not None and len(self.gpu_uuids) != NODE_MODELS[self.model].gpus:
             raise ValueError(
                 f"gpu_uuids lists {len(self.gpu_uuids)} GPUs but {self.model} has "
@@ -126,16 +149,23 @@ class Cdu(_Strict):
     fw_supply_temp_c: float = Field(default=25.0, description="design facility water supply [°C]")
     return_limit_c: float = Field(default=50.0, description="TCS return temperature limit [°C]")
 
+    @field_validator("model")
+    @classmethod
+    def _known_model(cls, model: str | None) -> str | None:
+        if model is not None and model not in CDU_MODELS:
+            raise ValueError(f"unknown CDU model {model!r}; catalog has {sorted(CDU_MODELS)}")
+        return model
+
     @model_validator(mode="after")
     def _fill_from_catalog(self) -> Cdu:
         if self.model is not None:
-            if self.model not in CDU_MODELS:
-                raise ValueError(f"unknown CDU model {self.model!r}; catalog has {sorted(CDU_MODELS)}")
             spec = CDU_MODELS[self.model]
             for field in ("capacity_kw", "approach_k", "max_flow_lpm"):
                 if getattr(self, field) is None:
                     setattr(self, field, getattr(spec, field))
-        missing = [f for f in ("capacity_kw", "approach_k", "max_flow_lpm") if getattr(self, f) is None]
+        missing = [
+            f for f in ("capacity_kw", "approach_k", "max_flow_lpm") if getattr(self, f) is None
+        ]
         if missing:
             raise ValueError(f"{', '.join(missing)} required when no catalog model is given")
         return self
@@ -242,47 +272,98 @@ class Site(_Strict):
 
     @model_validator(mode="after")
     def _cross_references(self) -> Site:
-        def unique(kind: str, names: list[str]) -> None:
-            seen: set[str] = set()
-            for n in names:
-                if n in seen:
-                    raise ValueError(f"duplicate {kind} name {n!r}")
-                seen.add(n)
+        """Check names are unique and references resolve; report every problem with its loc.
 
-        racks = [r for h in self.halls for row in h.rows for r in row.racks]
-        nodes = [n for r in racks for n in r.nodes]
-        unique("rack", [r.name for r in racks])
-        unique("node", [n.name for n in nodes])
-        unique("pdu", [p.name for p in self.pdus])
-        unique("cdu", [c.name for c in self.cdus])
-        unique("switch", [s.name for s in self.switches])
-        unique("link", [link.name for link in self.links])
-        unique("fleet", [f.name for f in self.fleets])
+        Raises a ValidationError with one ``site_reference`` error per problem, each located at
+        the offending field (for example ``halls[0].rows[0].racks[6].pdus[1]``).
+        """
+        problems: list[InitErrorDetails] = []
+
+        def problem(loc: Loc, value: object, message: str) -> None:
+            error = PydanticCustomError("site_reference", "{detail}", {"detail": message})
+            problems.append(InitErrorDetails(type=error, loc=loc, input=value))
+
+        def unique(kind: str, named: list[tuple[Loc, str]]) -> None:
+            first: dict[str, Loc] = {}
+            for loc, name in named:
+                if name in first:
+                    problem(
+                        (*loc, "name"),
+                        name,
+                        f"duplicate {kind} name {name!r} (first at {_dotted(first[name])})",
+                    )
+                else:
+                    first[name] = loc
+
+        racks: list[tuple[Loc, Rack]] = [
+            (("halls", h, "rows", w, "racks", k), rack)
+            for h, hall in enumerate(self.halls)
+            for w, row in enumerate(hall.rows)
+            for k, rack in enumerate(row.racks)
+        ]
+        nodes: list[tuple[Loc, Node]] = [
+            ((*loc, "nodes", i), node) for loc, rack in racks for i, node in enumerate(rack.nodes)
+        ]
+
+        def listed(field: str, items: list[Any]) -> list[tuple[Loc, str]]:
+            return [((field, i), item.name) for i, item in enumerate(items)]
+
+        unique("rack", [(loc, r.name) for loc, r in racks])
+        unique("node", [(loc, n.name) for loc, n in nodes])
+        unique("pdu", listed("pdus", self.pdus))
+        unique("cdu", listed("cdus", self.cdus))
+        unique("switch", listed("switches", self.switches))
+        unique("link", listed("links", self.links))
+        unique("fleet", listed("fleets", self.fleets))
         pdus = {p.name for p in self.pdus}
         cdus = {c.name for c in self.cdus}
-        rack_names = {r.name for r in racks}
-        node_names = {n.name for n in nodes}
+        rack_names = {r.name for _, r in racks}
+        node_names = {n.name for _, n in nodes}
         endpoints = node_names | {s.name for s in self.switches}
-        for r in racks:
-            for p in r.pdus:
+        for loc, r in racks:
+            for j, p in enumerate(r.pdus):
                 if p not in pdus:
-                    raise ValueError(f"rack {r.name!r} is fed by PDU {p!r}, which does not exist")
+                    problem(
+                        (*loc, "pdus", j),
+                        p,
+                        f"rack {r.name!r} is fed by PDU {p!r}, which does not exist",
+                    )
             if r.cdu is not None and r.cdu not in cdus:
-                raise ValueError(f"rack {r.name!r} is served by CDU {r.cdu!r}, which does not exist")
+                problem(
+                    (*loc, "cdu"),
+                    r.cdu,
+                    f"rack {r.name!r} is served by CDU {r.cdu!r}, which does not exist",
+                )
             liquid = [n.name for n in r.nodes if n.spec.cooling == "liquid"]
             if liquid and r.cdu is None:
-                raise ValueError(f"rack {r.name!r} holds liquid-cooled nodes {liquid} but no cdu")
-        for s in self.switches:
+                problem(
+                    loc, r.name, f"rack {r.name!r} holds liquid-cooled nodes {liquid} but no cdu"
+                )
+        for i, s in enumerate(self.switches):
             if s.rack is not None and s.rack not in rack_names:
-                raise ValueError(f"switch {s.name!r} is in rack {s.rack!r}, which does not exist")
-        for link in self.links:
-            for end in (link.a, link.b):
+                problem(
+                    ("switches", i, "rack"),
+                    s.rack,
+                    f"switch {s.name!r} is in rack {s.rack!r}, which does not exist",
+                )
+        for i, link in enumerate(self.links):
+            for end_field, end in (("a", link.a), ("b", link.b)):
                 if end not in endpoints:
-                    raise ValueError(f"link {link.name!r} endpoint {end!r} is no switch or node")
-        for f in self.fleets:
-            for m in f.members:
+                    problem(
+                        ("links", i, end_field),
+                        end,
+                        f"link {link.name!r} endpoint {end!r} is no switch or node",
+                    )
+        for i, f in enumerate(self.fleets):
+            for j, m in enumerate(f.members):
                 if m not in node_names and m not in rack_names:
-                    raise ValueError(f"fleet {f.name!r} member {m!r} is no node or rack")
+                    problem(
+                        ("fleets", i, "members", j),
+                        m,
+                        f"fleet {f.name!r} member {m!r} is no node or rack",
+                    )
+        if problems:
+            raise ValidationError.from_exception_data(type(self).__name__, problems)
         return self
 
     # ---- lookups -------------------------------------------------------------------------

@@ -1,0 +1,168 @@
+"""MQTT connection settings and a paho-mqtt 2.x client factory shared by every dctwin client.
+
+Credentials and TLS come from arguments or the environment (``DCTWIN_MQTT_USERNAME``,
+``DCTWIN_MQTT_PASSWORD``, ``DCTWIN_MQTT_TLS``, ``DCTWIN_MQTT_CA_FILE``, ...). The password is a
+``SecretStr``: it never appears in a repr or a log line.
+
+Clients speak MQTT v5 where the broker does and fall back to 3.1.1 (the embedded Python broker
+speaks only 3.1.1); nothing here depends on v5-only features for correctness.
+"""
+
+from __future__ import annotations
+
+import logging
+import ssl
+import threading
+import time
+from collections.abc import Callable
+from typing import Literal
+
+import paho.mqtt.client as mqtt
+from paho.mqtt.enums import CallbackAPIVersion
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+log = logging.getLogger(__name__)
+
+#: Session expiry asked of a v5 broker for persistent sessions: one week [s].
+SESSION_EXPIRY_S = 7 * 24 * 3600
+
+
+class BrokerError(RuntimeError):
+    """The broker could not be reached or refused the connection."""
+
+
+class BrokerConfig(BaseSettings):
+    """Where the broker is and how to authenticate; env vars ``DCTWIN_MQTT_*`` fill the gaps."""
+
+    model_config = SettingsConfigDict(env_prefix="DCTWIN_MQTT_", extra="ignore")
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=1883, ge=1, le=65535)
+    username: str | None = None
+    password: SecretStr | None = None
+    tls: bool = False
+    ca_file: str | None = None
+    tls_insecure: bool = Field(default=False, description="skip certificate verification")
+    protocol: Literal["auto", "5", "3.1.1"] = "auto"
+    keepalive_s: int = Field(default=30, ge=5)
+
+    @classmethod
+    def parse(cls, hostport: str | None, **overrides: object) -> BrokerConfig:
+        """Build from ``HOST:PORT`` (or ``HOST``, or None for the defaults and environment)."""
+        values: dict[str, object] = {k: v for k, v in overrides.items() if v is not None}
+        if hostport:
+            host, sep, port = hostport.rpartition(":")
+            if not sep:
+                host, port = hostport, ""
+            if port:
+                if not port.isdigit():
+                    raise ValueError(f"--broker {hostport!r}: port {port!r} is not a number")
+                values["port"] = int(port)
+            if host:
+                values["host"] = host.strip("[]")
+        return cls(**values)  # type: ignore[arg-type]
+
+    def describe(self) -> str:
+        """Human-readable target without secrets."""
+        user = f"{self.username}@" if self.username else ""
+        return f"mqtt{'s' if self.tls else ''}://{user}{self.host}:{self.port}"
+
+
+def _new_client(
+    cfg: BrokerConfig, client_id: str, protocol: int, manual_ack: bool, persistent: bool
+) -> mqtt.Client:
+    client = mqtt.Client(
+        callback_api_version=CallbackAPIVersion.VERSION2,
+        client_id=client_id,
+        protocol=protocol,
+        clean_session=None if protocol == mqtt.MQTTv5 else not persistent,
+        manual_ack=manual_ack,
+    )
+    if cfg.username:
+        client.username_pw_set(
+            cfg.username, cfg.password.get_secret_value() if cfg.password else None
+        )
+    if cfg.tls:
+        client.tls_set(ca_certs=cfg.ca_file, cert_reqs=ssl.CERT_REQUIRED)
+        if cfg.tls_insecure:
+            client.tls_insecure_set(True)
+    client.max_inflight_messages_set(1000)
+    client.max_queued_messages_set(0)
+    return client
+
+
+def connect(
+    cfg: BrokerConfig,
+    client_id: str,
+    *,
+    persistent: bool = False,
+    manual_ack: bool = False,
+    on_message: Callable[[mqtt.Client, object, mqtt.MQTTMessage], None] | None = None,
+    subscriptions: list[str] | None = None,
+    timeout_s: float = 10.0,
+) -> mqtt.Client:
+    """Connect, start the network loop, subscribe at QoS 1, and return the client.
+
+    ``persistent`` asks for a session that outlives the connection (v5: clean start off and a
+    session expiry; 3.1.1: clean session off), so that QoS 1 messages the broker held while this
+    client was away arrive when it returns. Subscriptions are (re)made on every connect.
+    """
+    protocols = {"5": [mqtt.MQTTv5], "3.1.1": [mqtt.MQTTv311]}.get(
+        cfg.protocol, [mqtt.MQTTv5, mqtt.MQTTv311]
+    )
+    last_error = "no attempt"
+    for proto in protocols:
+        client = _new_client(cfg, client_id, proto, manual_ack, persistent)
+        connected = threading.Event()
+        result: dict[str, object] = {}
+
+        def on_connect(c, userdata, flags, reason_code, properties, _r=result, _e=connected):
+            _r["rc"] = reason_code
+            if not reason_code.is_failure and subscriptions:
+                c.subscribe([(t, 1) for t in subscriptions])
+            _e.set()
+
+        client.on_connect = on_connect
+        if on_message is not None:
+            client.on_message = on_message
+        kwargs: dict[str, object] = {}
+        if proto == mqtt.MQTTv5:
+            props = Properties(PacketTypes.CONNECT)
+            props.SessionExpiryInterval = SESSION_EXPIRY_S if persistent else 0
+            kwargs = {"clean_start": not persistent, "properties": props}
+        try:
+            client.connect(cfg.host, cfg.port, keepalive=cfg.keepalive_s, **kwargs)
+        except OSError as e:
+            raise BrokerError(f"cannot reach MQTT broker at {cfg.describe()}: {e}") from e
+        client.loop_start()
+        if not connected.wait(timeout_s):
+            client.loop_stop()
+            client.disconnect()
+            last_error = f"no CONNACK within {timeout_s:.0f} s"
+            continue
+        rc = result["rc"]
+        if rc.is_failure:  # type: ignore[attr-defined]
+            client.loop_stop()
+            last_error = str(rc)
+            log.info("broker %s refused MQTT %s (%s)", cfg.describe(), _pname(proto), rc)
+            continue
+        log.info("connected to %s with MQTT %s as %s", cfg.describe(), _pname(proto), client_id)
+        return client
+    raise BrokerError(f"MQTT broker at {cfg.describe()} refused the connection: {last_error}")
+
+
+def _pname(proto: int) -> str:
+    return "5" if proto == mqtt.MQTTv5 else "3.1.1"
+
+
+def wait_until(predicate: Callable[[], bool], timeout_s: float, poll_s: float = 0.01) -> bool:
+    """Poll ``predicate`` until true or the timeout; returns the last value."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(poll_s)
+    return predicate()

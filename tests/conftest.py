@@ -1,0 +1,45 @@
+"""Shared fixtures: a real MQTT broker on a free port, stores, and the sample sites."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from collectors.mqtt import BrokerConfig
+from twin.broker import LocalBroker, start_broker
+
+REPO = Path(__file__).resolve().parents[1]
+SMALL_SITE = REPO / "sample_telemetry" / "small_site.yaml"
+DEMO_SITE = REPO / "sample_telemetry" / "demo_site.yaml"
+
+#: DCTWIN_TEST_BROKER=embedded runs the broker tests against the embedded Python broker even
+#: where mosquitto is installed; the default takes mosquitto when on PATH.
+TEST_BROKER = os.environ.get("DCTWIN_TEST_BROKER", "auto")
+
+
+@pytest.fixture
+def broker(tmp_path: Path) -> Iterator[LocalBroker]:
+    """A fresh broker for one test: mosquitto when on PATH, else the embedded Python broker."""
+    b = start_broker(TEST_BROKER, log_path=tmp_path / "broker.log")  # type: ignore[arg-type]
+    yield b
+    b.stop()
+
+
+@pytest.fixture
+def embedded_broker(tmp_path: Path) -> Iterator[LocalBroker]:
+    """The embedded Python broker (MQTT 3.1.1 only), whatever else is installed."""
+    b = start_broker("embedded", log_path=tmp_path / "broker.log")
+    yield b
+    b.stop()
+
+
+def broker_config(b: LocalBroker) -> BrokerConfig:
+    return BrokerConfig(host=b.host, port=b.port, username=b.username)
+
+
+def has_mosquitto_pub() -> bool:
+    return shutil.which("mosquitto_pub") is not None

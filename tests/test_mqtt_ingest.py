@@ -1,0 +1,236 @@
+"""End to end through a real MQTT broker started on a free port by the fixture."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import orjson
+import pytest
+
+from collectors.contract import encode, topic_for
+from collectors.mqtt import connect, wait_until
+from twin.broker import LocalBroker
+from twin.ingest import Ingester
+from twin.ingest.mqtt_service import MqttIngestService, ServiceOptions
+from twin.store import Store
+
+from .conftest import broker_config, has_mosquitto_pub
+
+pytestmark = pytest.mark.mqtt
+
+
+def message(seq: int, source: str = "n1", n_gpus: int = 2) -> tuple[str, bytes]:
+    samples = [
+        {"id": f"{source}:{i}", "power_w": 100.0 + seq, "temp_c": 40.0} for i in range(n_gpus)
+    ]
+    return topic_for("t", "gpu", source), encode(
+        collector="test", source=source, seq=seq, ts=datetime.now(UTC), samples=samples
+    )
+
+
+def publish_all(b: LocalBroker, items: list[tuple[str, bytes]], rate_hz: float = 0.0) -> None:
+    client = connect(broker_config(b), f"pub-{os.getpid()}-{time.monotonic_ns()}")
+    infos = []
+    for i, (topic, payload) in enumerate(items):
+        infos.append(client.publish(topic, payload, qos=1))
+        if rate_hz:
+            time.sleep(1 / rate_hz)
+        if i % 100 == 0:
+            infos = [x for x in infos if not x.is_published()]
+    for info in infos:
+        info.wait_for_publish(30)
+    client.disconnect()
+    client.loop_stop()
+
+
+class Service:
+    """An in-process ingest service on its own store."""
+
+    def __init__(self, b: LocalBroker, db: Path, client_id: str = "svc-test"):
+        self.store = Store(db)
+        self.ingester = Ingester(self.store)
+        self.svc = MqttIngestService(
+            broker_config(b),
+            self.ingester,
+            ServiceOptions(client_id=client_id, flush_interval_s=0.05),
+        )
+        self.svc.start()
+
+    def count(self) -> int:
+        return self.ingester.counters.samples["gpu"]
+
+    def stop(self) -> None:
+        self.svc.stop()
+        self.store.close()
+
+
+def test_publish_and_land(broker, tmp_path):
+    svc = Service(broker, tmp_path / "s.duckdb")
+    try:
+        publish_all(broker, [message(i) for i in range(200)])
+        assert wait_until(lambda: svc.count() == 400, 20), svc.ingester.counters.as_dict()
+    finally:
+        svc.stop()
+    with Store(tmp_path / "s.duckdb", read_only=True) as s:
+        assert s.sample_counts()["gpu"] == 400
+        assert s.status()["dead_letters"] == {}
+
+
+@pytest.mark.skipif(not has_mosquitto_pub(), reason="mosquitto_pub not installed")
+def test_mosquitto_pub_hand_written_message_lands(broker, tmp_path):
+    svc = Service(broker, tmp_path / "s.duckdb")
+    try:
+        payload = (
+            '{"v": 1, "collector": "hand", "source": "gpu-node-017", "seq": 42,'
+            f' "ts": "{datetime.now(UTC).isoformat().replace("+00:00", "Z")}",'
+            ' "samples": [{"id": "GPU-8f7e2c1a", "power_w": 612.5, "temp_c": 61.0,'
+            ' "util_pct": 97}]}'
+        )
+        cmd = [
+            "mosquitto_pub",
+            "-h",
+            broker.host,
+            "-p",
+            str(broker.port),
+            "-q",
+            "1",
+            "-t",
+            "dctwin/v1/demo/gpu/gpu-node-017",
+            "-m",
+            payload,
+        ]
+        if broker.username:
+            cmd += ["-u", broker.username]
+        subprocess.run(cmd, check=True, timeout=10)
+        assert wait_until(lambda: svc.count() == 1, 10)
+    finally:
+        svc.stop()
+    with Store(tmp_path / "s.duckdb", read_only=True) as s:
+        row = s.con.execute("SELECT source, id, power_w, temp_c, util_pct FROM gpu").fetchone()
+    assert row == ("gpu-node-017", "GPU-8f7e2c1a", 612.5, 61.0, 97.0)
+
+
+def test_malformed_messages_over_mqtt_do_not_stop_ingest(broker, tmp_path):
+    svc = Service(broker, tmp_path / "s.duckdb")
+    try:
+        bad = [
+            ("dctwin/v1/t/gpu/n1", b"{not json"),
+            (
+                "dctwin/v1/t/gpu/n1",
+                b'{"v":1,"collector":"x","source":"n1","seq":9,"ts":1e9,'
+                b'"samples":[{"id":"a","power_w":-1}]}',
+            ),
+            ("dctwin/v1/t/toaster/n1", message(1)[1]),
+            (
+                "dctwin/v1/t/gpu/n1",
+                orjson.dumps(
+                    {
+                        "v": 1,
+                        "collector": "x",
+                        "source": "n1",
+                        "seq": 10,
+                        "ts": 4102444800,
+                        "samples": [{"id": "a", "power_w": 1.0}],
+                    }
+                ),
+            ),
+        ]
+        items = [message(0), *bad[:2], message(1), *bad[2:], message(2)]
+        publish_all(broker, items)
+        assert wait_until(
+            lambda: svc.count() == 6 and sum(svc.ingester.counters.dead_letters.values()) == 4, 20
+        )
+        assert dict(svc.ingester.counters.dead_letters) == {
+            "malformed_json": 1,
+            "negative_value": 1,
+            "unknown_kind": 1,
+            "ts_future": 1,
+        }
+        # still running: a later good message lands
+        publish_all(broker, [message(3)])
+        assert wait_until(lambda: svc.count() == 8, 10)
+    finally:
+        svc.stop()
+
+
+def _serve(b: LocalBroker, db: Path, log: Path) -> subprocess.Popen:
+    env = dict(os.environ)
+    if b.username:
+        env["DCTWIN_MQTT_USERNAME"] = b.username
+    env["DCTWIN_MQTT_PASSWORD"] = "s3cret-never-logged"
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "twin.cli",
+            "serve",
+            "--broker",
+            b.address,
+            "--db",
+            str(db),
+            "--client-id",
+            "restart-test",
+            "--flush-interval",
+            "0.1",
+        ],
+        stdout=log.open("ab"),
+        stderr=subprocess.STDOUT,
+        env=env,
+    )
+
+
+def _wait_serving(p: subprocess.Popen, log: Path) -> None:
+    assert wait_until(lambda: b"serving:" in log.read_bytes() or p.poll() is not None, 30)
+    assert p.poll() is None, log.read_text()
+
+
+def _restart_without_loss(b: LocalBroker, tmp_path: Path) -> None:
+    db, log = tmp_path / "r.duckdb", tmp_path / "serve.log"
+    n = 600
+    items = [message(i, source=f"n{i % 3}") for i in range(n)]
+    p = _serve(b, db, log)
+    _wait_serving(p, log)
+    publisher = threading.Thread(target=publish_all, args=(b, items, 200.0))
+    publisher.start()
+    time.sleep(1.0)  # mid-stream: a third or so has been published
+    p.send_signal(signal.SIGKILL)  # a crash: no flush, no goodbye
+    p.wait(10)
+    time.sleep(0.5)  # the broker holds what arrives meanwhile for the persistent session
+    p = _serve(b, db, log)
+    _wait_serving(p, log)
+    publisher.join(60)
+    # the store is owned by the service; stop it cleanly, then count
+    time.sleep(1.0)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        p.send_signal(signal.SIGTERM)
+        p.wait(30)
+        with Store(db, read_only=True) as s:
+            stored = s.sample_counts()["gpu"]
+        if stored >= 2 * n:
+            break
+        p = _serve(b, db, log)
+        _wait_serving(p, log)
+        time.sleep(1.0)
+    with Store(db, read_only=True) as s:
+        assert s.sample_counts()["gpu"] == 2 * n
+        assert s.con.execute(
+            "SELECT count(*), count(DISTINCT (source, seq)) FROM ingest_log"
+        ).fetchone() == (n, n)
+        assert s.con.execute("SELECT count(DISTINCT power_w) FROM gpu").fetchone()[0] == n
+    assert b"s3cret-never-logged" not in log.read_bytes()
+
+
+def test_no_loss_across_a_crash_and_restart(broker, tmp_path):
+    _restart_without_loss(broker, tmp_path)
+
+
+def test_no_loss_across_a_restart_on_the_embedded_broker(embedded_broker, tmp_path):
+    _restart_without_loss(embedded_broker, tmp_path)

@@ -1,0 +1,476 @@
+"""The ``dctwin`` command line.
+
+The same flags mean the same thing everywhere: ``--broker HOST:PORT``, ``--db PATH``,
+``--site FILE``. Broker credentials and TLS come from the environment
+(``DCTWIN_MQTT_USERNAME``, ``DCTWIN_MQTT_PASSWORD``, ``DCTWIN_MQTT_TLS``, ``DCTWIN_MQTT_CA_FILE``)
+and never appear in logs.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from collectors.mqtt import BrokerConfig, BrokerError
+
+app = typer.Typer(
+    name="dctwin",
+    help="dctwin: a live, calibrated digital twin of AI datacenters.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+err = Console(stderr=True)
+
+DEMO_SITE = Path(__file__).resolve().parents[1] / "sample_telemetry" / "demo_site.yaml"
+
+BrokerOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--broker",
+        help="MQTT broker HOST:PORT (default: DCTWIN_MQTT_HOST/PORT or 127.0.0.1:1883).",
+    ),
+]
+DbOpt = Annotated[Path, typer.Option("--db", help="DuckDB store file.")]
+SiteOpt = Annotated[Path | None, typer.Option("--site", help="Site YAML file.")]
+MaxFutureOpt = Annotated[
+    float,
+    typer.Option(
+        "--max-future", help="Dead-letter timestamps more than this many s ahead; 0: off."
+    ),
+]
+MaxPastOpt = Annotated[
+    float,
+    typer.Option("--max-past", help="Dead-letter timestamps more than this many s old; 0: off."),
+]
+
+
+def _setup_logging(verbose: bool) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    logging.getLogger("amqtt").setLevel(logging.WARNING)
+
+
+def _fail(message: str, code: int = 2) -> typer.Exit:
+    err.print(f"[bold red]error:[/] {message}", highlight=False)
+    return typer.Exit(code)
+
+
+def _broker(hostport: str | None) -> BrokerConfig:
+    try:
+        return BrokerConfig.parse(hostport)
+    except ValueError as e:
+        raise _fail(str(e)) from None
+
+
+def _site(path: Path | None, required: bool = False):
+    from twin.site import SiteError, load_site
+
+    if path is None:
+        if required:
+            raise _fail("--site FILE is required")
+        return None
+    try:
+        return load_site(path)
+    except SiteError as e:
+        raise _fail(str(e)) from None
+
+
+def _parse_time(value: str, name: str) -> datetime:
+    try:
+        ts = datetime.fromisoformat(value)
+    except ValueError:
+        raise _fail(
+            f"{name} {value!r} is not an ISO 8601 time (e.g. 2026-11-29T14:00:00Z)"
+        ) from None
+    return ts if ts.tzinfo else ts.replace(tzinfo=UTC)
+
+
+def _store(db: Path, read_only: bool = False):
+    from twin.store import Store, StoreError
+
+    try:
+        return Store(db, read_only=read_only)
+    except StoreError as e:
+        raise _fail(str(e)) from None
+
+
+@app.command()
+def sim(
+    site: SiteOpt = None,
+    broker: BrokerOpt = None,
+    seed: Annotated[int, typer.Option(help="Random seed; same seed, same telemetry.")] = 0,
+    rate: Annotated[
+        float, typer.Option(help="Samples per simulated second per device [Hz].")
+    ] = 1.0,
+    speed: Annotated[
+        float, typer.Option(help="Simulated seconds per wall second; 0 = as fast as possible.")
+    ] = 1.0,
+    duration: Annotated[
+        float | None, typer.Option(help="Simulated seconds to run (default: until Ctrl-C).")
+    ] = None,
+    start: Annotated[
+        str | None,
+        typer.Option(
+            help="Simulated start time, ISO 8601 UTC. Default: now; with --speed other than 1"
+            " and a --duration, now minus the duration, so no timestamp lies in the future."
+        ),
+    ] = None,
+    fault: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Inject a fault, KIND:TARGET@START[+DURATION]; kinds: cold_plate, pump_failure,"
+            " phase_overload, fleet_idle. Repeatable. E.g. pump_failure:cdu-1/pump1@10m+15m."
+        ),
+    ] = None,
+    truth: Annotated[
+        Path | None, typer.Option(help="Write the true device parameters to this JSON file.")
+    ] = None,
+    jsonl: Annotated[
+        Path | None, typer.Option(help="Also write every message to this JSONL file.")
+    ] = None,
+    no_mqtt: Annotated[
+        bool, typer.Option("--no-mqtt", help="Do not publish (use --jsonl).")
+    ] = False,
+    verbose: bool = False,
+) -> None:
+    """Simulate a whole site (GPUs, nodes, PDUs, CDUs, links) and publish it over MQTT."""
+    from collectors.simulator import SiteSimulator, parse_fault
+    from collectors.simulator.publisher import run_simulation
+
+    _setup_logging(verbose)
+    site_obj = _site(site or DEMO_SITE, required=True)
+    try:
+        faults = [parse_fault(f) for f in fault or []]
+    except ValueError as e:
+        raise _fail(str(e)) from None
+    if start:
+        t_start = _parse_time(start, "--start")
+    else:
+        now = datetime.now(UTC).replace(microsecond=0)
+        t_start = now - timedelta(seconds=duration) if duration and speed != 1 else now
+    try:
+        simulator = SiteSimulator(site_obj, seed=seed, start=t_start, rate_hz=rate, faults=faults)
+    except ValueError as e:
+        raise _fail(str(e)) from None
+    if truth:
+        truth.write_text(json.dumps(simulator.truth(), indent=1, default=str))
+    cfg = None if no_mqtt else _broker(broker)
+    if cfg is None and jsonl is None:
+        raise _fail("--no-mqtt needs --jsonl PATH, or there is nowhere to send the telemetry")
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    total = int(duration * rate) if duration else None
+    with Progress(
+        TextColumn("[bold]sim[/] {task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total} ticks"),
+        TimeElapsedColumn(),
+        console=err,
+        transient=False,
+        disable=not sys.stderr.isatty(),
+    ) as progress:
+        task = progress.add_task(site_obj.name, total=total)
+        try:
+            stats = run_simulation(
+                simulator,
+                broker=cfg,
+                jsonl=jsonl,
+                speed=speed,
+                duration_s=duration,
+                stop=stop,
+                on_tick=lambda n: progress.update(task, completed=n),
+            )
+        except BrokerError as e:
+            raise _fail(str(e)) from None
+        except KeyboardInterrupt:
+            stop.set()
+            return
+    typer.echo(json.dumps(stats))
+
+
+@app.command()
+def serve(
+    broker: BrokerOpt = None,
+    db: DbOpt = Path("dctwin.duckdb"),
+    site: SiteOpt = None,
+    client_id: Annotated[str, typer.Option(help="MQTT client id (the persistent session).")] = (
+        "dctwin-ingest"
+    ),
+    share_group: Annotated[
+        str | None, typer.Option(help="Subscribe as $share/GROUP/... to split load.")
+    ] = None,
+    flush_interval: Annotated[float, typer.Option(help="Seconds between batch writes.")] = 0.25,
+    retention_days: Annotated[
+        float | None, typer.Option(help="Delete raw samples older than this many days.")
+    ] = None,
+    max_future: MaxFutureOpt = 300.0,
+    max_past: MaxPastOpt = 30 * 86400.0,
+    verbose: bool = False,
+) -> None:
+    """Run the twin service: ingest MQTT telemetry into the DuckDB store (Ctrl-C stops)."""
+    from twin.ingest import Ingester, IngestLimits
+    from twin.ingest.mqtt_service import MqttIngestService, ServiceOptions
+
+    _setup_logging(verbose)
+    site_obj = _site(site)
+    cfg = _broker(broker)
+    store = _store(db)
+    ingester = Ingester(store, site_obj, IngestLimits(max_future, max_past))
+    service = MqttIngestService(
+        cfg,
+        ingester,
+        ServiceOptions(
+            client_id=client_id,
+            share_group=share_group,
+            flush_interval_s=flush_interval,
+            retention_days=retention_days,
+        ),
+    )
+    try:
+        service.start()
+    except BrokerError as e:
+        store.close()
+        raise _fail(str(e)) from None
+    stopping = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stopping.set())
+    err.print(f"serving: {cfg.describe()} -> {db} (Ctrl-C stops)", highlight=False)
+    try:
+        while not stopping.wait(0.5):
+            pass
+    except KeyboardInterrupt:
+        pass
+    service.stop()
+    store.close()
+    typer.echo(json.dumps(ingester.counters.as_dict()))
+
+
+@app.command()
+def ingest(
+    file: Annotated[
+        Path, typer.Option("--file", help="JSONL of {topic, payload} lines, or an export dir.")
+    ],
+    db: DbOpt = Path("dctwin.duckdb"),
+    site: SiteOpt = None,
+    site_name: Annotated[
+        str | None, typer.Option(help="Site name for bundle topics (default: the site's).")
+    ] = None,
+    max_future: MaxFutureOpt = 300.0,
+    max_past: MaxPastOpt = 30 * 86400.0,
+) -> None:
+    """Load telemetry from a file without a broker, through the same validation as live data."""
+    from twin.ingest import Ingester, IngestLimits
+    from twin.ingest.files import ingest_path
+
+    _setup_logging(False)
+    site_obj = _site(site)
+    if not file.exists():
+        raise _fail(f"--file {file}: no such file or directory")
+    name = site_name or (site_obj.name if site_obj else "site")
+    with _store(db) as store:
+        ingester = Ingester(store, site_obj, IngestLimits(max_future, max_past))
+        with Progress(
+            TextColumn("[bold]ingest[/] {task.description}"),
+            TextColumn("{task.completed} messages"),
+            TimeElapsedColumn(),
+            console=err,
+            disable=not sys.stderr.isatty(),
+        ) as progress:
+            task = progress.add_task(str(file))
+            ingest_path(ingester, file, name, lambda n: progress.advance(task, n))
+        store.rollup()
+    typer.echo(json.dumps(ingester.counters.as_dict()))
+
+
+@app.command()
+def export(
+    db: DbOpt = Path("dctwin.duckdb"),
+    out: Annotated[Path, typer.Option("--out", help="Output directory.")] = Path("export"),
+    start: Annotated[str | None, typer.Option(help="ISO 8601 start (default: oldest).")] = None,
+    end: Annotated[str | None, typer.Option(help="ISO 8601 end, exclusive (default: newest).")] = (
+        None
+    ),
+) -> None:
+    """Export raw samples of a time range to Parquet, partitioned by kind and day."""
+    with _store(db, read_only=True) as store:
+        status = store.status()
+        if status["time_range"] is None:
+            raise _fail(f"{db} holds no samples")
+        t0 = (
+            _parse_time(start, "--start")
+            if start
+            else _parse_time(status["time_range"]["start"], "")
+        )
+        t1 = (
+            _parse_time(end, "--end")
+            if end
+            else _parse_time(status["time_range"]["end"], "") + timedelta(microseconds=1)
+        )
+        if t1 <= t0:
+            raise _fail(f"--end {t1.isoformat()} is not after --start {t0.isoformat()}")
+        exported = store.export_parquet(out, t0, t1)
+    typer.echo(
+        json.dumps(
+            {"out": str(out), "start": t0.isoformat(), "end": t1.isoformat(), "samples": exported}
+        )
+    )
+
+
+@app.command()
+def status(
+    db: DbOpt = Path("dctwin.duckdb"),
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """What the store holds: samples per kind, time range, dead letters, unknown ids."""
+    with _store(db, read_only=True) as store:
+        st = store.status()
+    if as_json:
+        typer.echo(json.dumps(st))
+        return
+    out = Console()
+    out.print(f"[bold]{st['db']}[/]  {st['messages']} messages from {st['sources']} sources")
+    if st["time_range"]:
+        out.print(f"time range: {st['time_range']['start']} .. {st['time_range']['end']}")
+    for kind, n in st["samples"].items():
+        out.print(f"  {kind:5} {n:>12,} samples  {st['readings'][kind]:>14,} readings")
+    out.print(f"dead letters: {st['dead_letters'] or 'none'}")
+    out.print(f"unknown ids: {len(st['unknown_ids'])}")
+    for u in st["unknown_ids"][:20]:
+        out.print(f"  {u['kind']} {u['id']} from {u['source']}: {u['samples']} samples")
+
+
+@app.command()
+def maintain(
+    db: DbOpt = Path("dctwin.duckdb"),
+    retention_days: Annotated[
+        float | None, typer.Option(help="Delete raw samples older than this many days.")
+    ] = None,
+) -> None:
+    """Bring the 1-minute and 1-hour rollups up to date and apply raw retention."""
+    with _store(db) as store:
+        result = {"rollup_rows": store.rollup()}
+        if retention_days:
+            result["deleted"] = store.apply_retention(retention_days)
+    typer.echo(json.dumps(result))
+
+
+@app.command()
+def broker(
+    kind: Annotated[str, typer.Option(help="auto | mosquitto | embedded")] = "auto",
+    port: Annotated[int, typer.Option(help="TCP port on 127.0.0.1.")] = 1883,
+) -> None:
+    """Run a local MQTT broker (mosquitto when on PATH, else the embedded one) until Ctrl-C."""
+    from twin.broker import start_broker
+
+    if kind not in ("auto", "mosquitto", "embedded"):
+        raise _fail(f"--kind {kind!r}: expected auto, mosquitto or embedded")
+    try:
+        b = start_broker(kind, port=port)  # type: ignore[arg-type]
+    except RuntimeError as e:
+        raise _fail(str(e)) from None
+    err.print(f"{b.kind} broker on {b.address} (Ctrl-C stops)", highlight=False)
+    try:
+        b.process.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        b.stop()
+
+
+@app.command()
+def demo(
+    site: SiteOpt = None,
+    db: DbOpt = Path("demo.duckdb"),
+    port: Annotated[int | None, typer.Option(help="Broker port (default: a free one).")] = None,
+    broker_kind: Annotated[str, typer.Option(help="auto | mosquitto | embedded")] = "auto",
+    speed: Annotated[float, typer.Option(help="Simulated seconds per wall second.")] = 1.0,
+    duration: Annotated[
+        float | None, typer.Option(help="Stop after this many wall seconds (default: Ctrl-C).")
+    ] = None,
+    seed: int = 0,
+) -> None:
+    """One command: a local broker, the simulated demo site publishing live, and the service."""
+    from twin.broker import start_broker
+
+    site_path = site or DEMO_SITE
+    _site(site_path, required=True)
+    if broker_kind not in ("auto", "mosquitto", "embedded"):
+        raise _fail(f"--broker-kind {broker_kind!r}: expected auto, mosquitto or embedded")
+    try:
+        b = start_broker(broker_kind, port=port)  # type: ignore[arg-type]
+    except RuntimeError as e:
+        raise _fail(str(e)) from None
+    env = dict(os.environ)
+    if b.username:
+        env["DCTWIN_MQTT_USERNAME"] = b.username
+    me = [sys.executable, "-m", "twin.cli"]
+    procs: list[tuple[str, subprocess.Popen[bytes]]] = []
+    try:
+        serve_p = subprocess.Popen(
+            [*me, "serve", "--broker", b.address, "--db", str(db), "--site", str(site_path)],
+            env=env,
+        )
+        procs.append(("service", serve_p))
+        sim_p = subprocess.Popen(
+            [
+                *me,
+                "sim",
+                "--broker",
+                b.address,
+                "--site",
+                str(site_path),
+                "--seed",
+                str(seed),
+                "--speed",
+                str(speed),
+            ],
+            env=env,
+        )
+        procs.append(("simulator", sim_p))
+        err.print(
+            "[bold]dctwin demo[/]\n"
+            f"  broker     {b.kind} at mqtt://{b.address}\n"
+            f"  simulator  site {site_path} publishing dctwin/v1/# at {speed:g}x real time\n"
+            f"  service    ingesting into {db}\n"
+            f"  inspect    dctwin status --db {db} (after Ctrl-C: the service holds the file)\n"
+            "  Ctrl-C stops everything.",
+            highlight=False,
+        )
+        deadline = time.monotonic() + duration if duration else None
+        while deadline is None or time.monotonic() < deadline:
+            for name, p in procs:
+                if p.poll() is not None:
+                    raise _fail(f"the {name} exited with code {p.returncode}", 1)
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        for _, p in reversed(procs):  # simulator first, then the service (it flushes)
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+                try:
+                    p.wait(30)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+        b.stop()
+        err.print("demo stopped.")
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,121 @@
+"""DuckDB schema of the store, derived from the wire contract so the two cannot disagree.
+
+One typed table per kind (one row per device per timestamp, one column per quantity), a long
+table for quantities the contract does not name, the ingest log (one row per stored message:
+gaps and duplicates by ``seq``), dead letters, unknown ids, and 1-minute / 1-hour rollups.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from collectors.contract import CONTRACT_VERSION, KINDS, QUANTITIES
+
+SCHEMA_VERSION = 1
+ROLLUPS: dict[str, str] = {"1m": "1 minute", "1h": "1 hour"}
+KEY_COLUMNS = ("ts", "source", "id")
+
+
+def quantity_columns(kind: str) -> list[str]:
+    return list(QUANTITIES[kind])
+
+
+def _sql_type(kind: str, name: str) -> str:
+    return "BIGINT" if QUANTITIES[kind][name].integer else "DOUBLE"
+
+
+def arrow_schema(kind: str) -> pa.Schema:
+    """The Arrow schema of a batch for the raw table of ``kind``."""
+    fields = [
+        pa.field("ts", pa.timestamp("us", tz="UTC"), nullable=False),
+        pa.field("source", pa.string(), nullable=False),
+        pa.field("id", pa.string(), nullable=False),
+    ]
+    for name, q in QUANTITIES[kind].items():
+        fields.append(pa.field(name, pa.int64() if q.integer else pa.float64()))
+    return pa.schema(fields)
+
+
+EXTRA_SCHEMA = pa.schema(
+    [
+        pa.field("ts", pa.timestamp("us", tz="UTC"), nullable=False),
+        pa.field("kind", pa.string(), nullable=False),
+        pa.field("source", pa.string(), nullable=False),
+        pa.field("id", pa.string(), nullable=False),
+        pa.field("quantity", pa.string(), nullable=False),
+        pa.field("value", pa.float64(), nullable=False),
+    ]
+)
+
+LOG_SCHEMA = pa.schema(
+    [
+        pa.field("source", pa.string(), nullable=False),
+        pa.field("kind", pa.string(), nullable=False),
+        pa.field("seq", pa.int64(), nullable=False),
+        pa.field("ts", pa.timestamp("us", tz="UTC"), nullable=False),
+        pa.field("received_at", pa.timestamp("us", tz="UTC"), nullable=False),
+        pa.field("collector", pa.string(), nullable=False),
+        pa.field("n_samples", pa.int32(), nullable=False),
+    ]
+)
+
+DEAD_SCHEMA = pa.schema(
+    [
+        pa.field("received_at", pa.timestamp("us", tz="UTC"), nullable=False),
+        pa.field("topic", pa.string(), nullable=False),
+        pa.field("payload", pa.binary(), nullable=False),
+        pa.field("reason", pa.string(), nullable=False),
+        pa.field("detail", pa.string(), nullable=False),
+    ]
+)
+
+UNKNOWN_SCHEMA = pa.schema(
+    [
+        pa.field("kind", pa.string(), nullable=False),
+        pa.field("id", pa.string(), nullable=False),
+        pa.field("source", pa.string(), nullable=False),
+        pa.field("first_seen", pa.timestamp("us", tz="UTC"), nullable=False),
+        pa.field("last_seen", pa.timestamp("us", tz="UTC"), nullable=False),
+        pa.field("samples", pa.int64(), nullable=False),
+    ]
+)
+
+
+def ddl() -> list[str]:
+    """CREATE statements for every table (idempotent)."""
+    stmts = [
+        "CREATE TABLE IF NOT EXISTS meta (key VARCHAR PRIMARY KEY, value VARCHAR)",
+        "CREATE TABLE IF NOT EXISTS extra_readings (ts TIMESTAMPTZ NOT NULL, kind VARCHAR NOT NULL,"
+        " source VARCHAR NOT NULL, id VARCHAR NOT NULL, quantity VARCHAR NOT NULL,"
+        " value DOUBLE NOT NULL)",
+        "CREATE TABLE IF NOT EXISTS ingest_log (source VARCHAR NOT NULL, kind VARCHAR NOT NULL,"
+        " seq BIGINT NOT NULL, ts TIMESTAMPTZ NOT NULL, received_at TIMESTAMPTZ NOT NULL,"
+        " collector VARCHAR NOT NULL, n_samples INTEGER NOT NULL)",
+        "CREATE TABLE IF NOT EXISTS dead_letters (received_at TIMESTAMPTZ NOT NULL,"
+        " topic VARCHAR NOT NULL, payload BLOB NOT NULL, reason VARCHAR NOT NULL,"
+        " detail VARCHAR NOT NULL)",
+        "CREATE TABLE IF NOT EXISTS unknown_ids (kind VARCHAR NOT NULL, id VARCHAR NOT NULL,"
+        " source VARCHAR NOT NULL, first_seen TIMESTAMPTZ NOT NULL,"
+        " last_seen TIMESTAMPTZ NOT NULL, samples BIGINT NOT NULL, PRIMARY KEY (kind, id))",
+        "CREATE TABLE IF NOT EXISTS rollup_watermarks (kind VARCHAR NOT NULL,"
+        " resolution VARCHAR NOT NULL, done_until TIMESTAMPTZ NOT NULL,"
+        " PRIMARY KEY (kind, resolution))",
+    ]
+    for kind in KINDS:
+        cols = ", ".join(f"{c} {_sql_type(kind, c)}" for c in quantity_columns(kind))
+        stmts.append(
+            f"CREATE TABLE IF NOT EXISTS {kind} (ts TIMESTAMPTZ NOT NULL, source VARCHAR NOT NULL,"
+            f" id VARCHAR NOT NULL, {cols})"
+        )
+        for res in ROLLUPS:
+            agg = ", ".join(
+                f"{c}_avg DOUBLE, {c}_min DOUBLE, {c}_max DOUBLE" for c in quantity_columns(kind)
+            )
+            stmts.append(
+                f"CREATE TABLE IF NOT EXISTS {kind}_{res} (bucket TIMESTAMPTZ NOT NULL,"
+                f" id VARCHAR NOT NULL, n BIGINT NOT NULL, {agg})"
+            )
+    return stmts
+
+
+META = {"schema_version": str(SCHEMA_VERSION), "contract_version": str(CONTRACT_VERSION)}

@@ -1,0 +1,312 @@
+"""The DuckDB store: batched writes, status, rollups, retention and Parquet export.
+
+One process owns the file (DuckDB allows one writer process). Every write is one transaction
+of Arrow batches; no value from a message is ever pasted into SQL.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+
+from collectors.contract import KINDS
+from twin.store.schema import (
+    DEAD_SCHEMA,
+    EXTRA_SCHEMA,
+    LOG_SCHEMA,
+    META,
+    ROLLUPS,
+    UNKNOWN_SCHEMA,
+    arrow_schema,
+    ddl,
+    quantity_columns,
+)
+
+log = logging.getLogger(__name__)
+
+
+class StoreError(RuntimeError):
+    """The store could not be opened or written."""
+
+
+@dataclass
+class Batch:
+    """Rows for one transaction, column-wise: ``samples[kind][column] -> list``.
+
+    Timestamp columns hold integer microseconds since the Unix epoch (UTC).
+    """
+
+    samples: dict[str, dict[str, list[Any]]] = field(default_factory=dict)
+    extras: dict[str, list[Any]] = field(
+        default_factory=lambda: {n: [] for n in EXTRA_SCHEMA.names}
+    )
+    log: dict[str, list[Any]] = field(default_factory=lambda: {n: [] for n in LOG_SCHEMA.names})
+    dead: dict[str, list[Any]] = field(default_factory=lambda: {n: [] for n in DEAD_SCHEMA.names})
+    unknown: dict[str, list[Any]] = field(
+        default_factory=lambda: {n: [] for n in UNKNOWN_SCHEMA.names}
+    )
+
+    def kind_columns(self, kind: str) -> dict[str, list[Any]]:
+        cols = self.samples.get(kind)
+        if cols is None:
+            cols = self.samples[kind] = {n: [] for n in arrow_schema(kind).names}
+        return cols
+
+    def sample_count(self) -> dict[str, int]:
+        return {k: len(c["id"]) for k, c in self.samples.items()}
+
+    def empty(self) -> bool:
+        return not (
+            any(c["id"] for c in self.samples.values())
+            or self.log["seq"]
+            or self.dead["topic"]
+            or self.extras["id"]
+            or self.unknown["id"]
+        )
+
+
+def _iso(ts: datetime | None) -> str | None:
+    return ts.astimezone(UTC).isoformat() if ts is not None else None
+
+
+class Store:
+    """A dctwin DuckDB file. Use as a context manager, or call ``close()``."""
+
+    def __init__(self, path: str | Path, *, read_only: bool = False):
+        self.path = str(path)
+        try:
+            if read_only and self.path != ":memory:" and not Path(self.path).exists():
+                raise StoreError(f"no store at {self.path}")
+            self.con = duckdb.connect(self.path, read_only=read_only)
+        except duckdb.IOException as e:
+            if "lock" in str(e).lower():
+                raise StoreError(
+                    f"{self.path} is open by another process (DuckDB allows one; is `dctwin serve`"
+                    f" running on it?): {e}"
+                ) from e
+            raise StoreError(f"cannot open store {self.path}: {e}") from e
+        self.con.execute("SET TimeZone = 'UTC'")
+        if not read_only:
+            for stmt in ddl():
+                self.con.execute(stmt)
+            for k, v in META.items():
+                self.con.execute(
+                    "INSERT INTO meta VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = ?",
+                    [k, v, v],
+                )
+
+    def close(self) -> None:
+        self.con.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- writes --------------------------------------------------------------------------
+
+    def write(self, batch: Batch) -> None:
+        """Insert one batch in one transaction; all of it lands or none of it does."""
+        if batch.empty():
+            return
+        con = self.con
+        con.execute("BEGIN TRANSACTION")
+        try:
+            for kind, cols in batch.samples.items():
+                if cols["id"]:
+                    self._insert(kind, pa.table(cols, schema=arrow_schema(kind)))
+            if batch.extras["id"]:
+                self._insert("extra_readings", pa.table(batch.extras, schema=EXTRA_SCHEMA))
+            if batch.log["seq"]:
+                self._insert("ingest_log", pa.table(batch.log, schema=LOG_SCHEMA))
+            if batch.dead["topic"]:
+                self._insert("dead_letters", pa.table(batch.dead, schema=DEAD_SCHEMA))
+            if batch.unknown["id"]:
+                con.register("_unknown_batch", pa.table(batch.unknown, schema=UNKNOWN_SCHEMA))
+                con.execute(
+                    "INSERT INTO unknown_ids"
+                    " SELECT kind, id, source, first_seen, last_seen, samples FROM _unknown_batch"
+                    " ON CONFLICT (kind, id) DO UPDATE SET"
+                    " last_seen = greatest(unknown_ids.last_seen, excluded.last_seen),"
+                    " first_seen = least(unknown_ids.first_seen, excluded.first_seen),"
+                    " samples = unknown_ids.samples + excluded.samples, source = excluded.source"
+                )
+                con.unregister("_unknown_batch")
+            con.execute("COMMIT")
+        except Exception:
+            con.execute("ROLLBACK")
+            raise
+
+    def _insert(self, table: str, data: pa.Table) -> None:
+        self.con.register("_batch", data)
+        try:
+            self.con.execute(f"INSERT INTO {table} SELECT * FROM _batch")  # table: a schema name
+        finally:
+            self.con.unregister("_batch")
+
+    # ---- reads ---------------------------------------------------------------------------
+
+    def recent_message_keys(self, window: timedelta = timedelta(minutes=15)) -> list[tuple]:
+        """(source, seq, ts) of messages received in the last ``window`` before the newest one."""
+        return self.con.execute(
+            "SELECT source, seq, ts FROM ingest_log WHERE received_at >="
+            " (SELECT max(received_at) FROM ingest_log) - ?",
+            [window],
+        ).fetchall()
+
+    def sample_counts(self) -> dict[str, int]:
+        return {k: self.con.execute(f"SELECT count(*) FROM {k}").fetchone()[0] for k in KINDS}
+
+    def status(self) -> dict[str, Any]:
+        """What the store holds: samples per kind, time range, dead letters, unknown ids."""
+        con = self.con
+        samples = self.sample_counts()
+        ranges = {}
+        for k in KINDS:
+            lo, hi = con.execute(f"SELECT min(ts), max(ts) FROM {k}").fetchone()
+            if lo is not None:
+                ranges[k] = {"start": _iso(lo), "end": _iso(hi)}
+        starts = [r["start"] for r in ranges.values()]
+        ends = [r["end"] for r in ranges.values()]
+        readings = {}
+        for k in KINDS:
+            expr = " + ".join(f"count({c})" for c in quantity_columns(k))
+            readings[k] = con.execute(f"SELECT {expr} FROM {k}").fetchone()[0]
+        readings_extra = con.execute("SELECT count(*) FROM extra_readings").fetchone()[0]
+        dead = dict(
+            con.execute(
+                "SELECT reason, count(*) FROM dead_letters GROUP BY reason ORDER BY reason"
+            ).fetchall()
+        )
+        unknown = [
+            {
+                "kind": kind,
+                "id": sid,
+                "source": src,
+                "first_seen": _iso(first),
+                "last_seen": _iso(last),
+                "samples": n,
+            }
+            for kind, sid, src, first, last, n in con.execute(
+                "SELECT kind, id, source, first_seen, last_seen, samples FROM unknown_ids"
+                " ORDER BY kind, id"
+            ).fetchall()
+        ]
+        messages, sources = con.execute(
+            "SELECT count(*), count(DISTINCT source) FROM ingest_log"
+        ).fetchone()
+        gaps = con.execute(
+            "SELECT coalesce(sum(gap), 0) FROM (SELECT seq - lag(seq) OVER"
+            " (PARTITION BY source ORDER BY received_at, seq) - 1 AS gap FROM ingest_log)"
+            " WHERE gap > 0"
+        ).fetchone()[0]
+        return {
+            "db": self.path,
+            "samples": samples,
+            "readings": {**readings, "extra": readings_extra},
+            "time_range": {"start": min(starts), "end": max(ends)} if starts else None,
+            "time_range_by_kind": ranges,
+            "messages": messages,
+            "sources": sources,
+            "seq_gaps": int(gaps),
+            "dead_letters": dead,
+            "unknown_ids": unknown,
+        }
+
+    # ---- maintenance ---------------------------------------------------------------------
+
+    def rollup(self, until: datetime | None = None) -> dict[str, int]:
+        """Aggregate complete buckets (avg, min, max per quantity) past each watermark.
+
+        A bucket is complete once it ends before ``until`` (default: the newest sample of the
+        kind). Samples that arrive later for an already rolled-up bucket stay in the raw table
+        only. Returns rows written per rollup table.
+        """
+        written: dict[str, int] = {}
+        for kind in KINDS:
+            newest = self.con.execute(f"SELECT max(ts) FROM {kind}").fetchone()[0]
+            if newest is None:
+                continue
+            limit = until or newest
+            cols = quantity_columns(kind)
+            aggs = ", ".join(f"avg({c}), min({c}), max({c})" for c in cols)
+            for res, interval in ROLLUPS.items():
+                table = f"{kind}_{res}"
+                row = self.con.execute(
+                    "SELECT done_until FROM rollup_watermarks WHERE kind = ? AND resolution = ?",
+                    [kind, res],
+                ).fetchone()
+                start = (
+                    row[0]
+                    if row
+                    else self.con.execute(
+                        f"SELECT time_bucket(INTERVAL '{interval}', min(ts)) FROM {kind}"
+                    ).fetchone()[0]
+                )
+                end = self.con.execute(
+                    f"SELECT time_bucket(INTERVAL '{interval}', ?::TIMESTAMPTZ)", [limit]
+                ).fetchone()[0]
+                if end <= start:
+                    continue
+                self.con.execute("BEGIN TRANSACTION")
+                try:
+                    n = self.con.execute(
+                        f"INSERT INTO {table} SELECT time_bucket(INTERVAL '{interval}', ts) AS b,"
+                        f" id, count(*), {aggs} FROM {kind} WHERE ts >= ? AND ts < ?"
+                        " GROUP BY b, id",
+                        [start, end],
+                    ).fetchone()[0]
+                    self.con.execute(
+                        "INSERT INTO rollup_watermarks VALUES (?, ?, ?) ON CONFLICT"
+                        " (kind, resolution) DO UPDATE SET done_until = excluded.done_until",
+                        [kind, res, end],
+                    )
+                    self.con.execute("COMMIT")
+                except Exception:
+                    self.con.execute("ROLLBACK")
+                    raise
+                written[table] = written.get(table, 0) + int(n)
+        return written
+
+    def apply_retention(self, raw_days: float, now: datetime | None = None) -> dict[str, int]:
+        """Delete raw samples (and ingest-log rows) older than ``raw_days``; rollups stay."""
+        cutoff = (now or datetime.now(UTC)) - timedelta(days=raw_days)
+        deleted = {}
+        for table in (*KINDS, "extra_readings"):
+            deleted[table] = self.con.execute(
+                f"DELETE FROM {table} WHERE ts < ?", [cutoff]
+            ).fetchone()[0]
+        deleted["ingest_log"] = self.con.execute(
+            "DELETE FROM ingest_log WHERE received_at < ?", [cutoff]
+        ).fetchone()[0]
+        return deleted
+
+    def export_parquet(
+        self, out_dir: str | Path, start: datetime, end: datetime, kinds: tuple[str, ...] = KINDS
+    ) -> dict[str, int]:
+        """Write raw samples in [start, end) to ``out_dir/kind=<kind>/day=<YYYY-MM-DD>/``."""
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        exported: dict[str, int] = {}
+        for kind in kinds:
+            n = self.con.execute(
+                f"SELECT count(*) FROM {kind} WHERE ts >= ? AND ts < ?", [start, end]
+            ).fetchone()[0]
+            if not n:
+                continue
+            target = str(out / f"kind={kind}").replace("'", "''")
+            self.con.execute(
+                f"COPY (SELECT *, strftime(ts, '%Y-%m-%d') AS day FROM {kind}"
+                f" WHERE ts >= $1 AND ts < $2 ORDER BY ts, id) TO '{target}'"
+                " (FORMAT PARQUET, PARTITION_BY (day), OVERWRITE_OR_IGNORE)",
+                [start, end],
+            )
+            exported[kind] = int(n)
+        return exported
