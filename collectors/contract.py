@@ -15,7 +15,8 @@ Payload (JSON, UTF-8)::
 
 - ``ts`` is RFC 3339 with an offset (``Z`` or ``+00:00``) or a number of Unix seconds; it is
   stored as UTC. A sample may carry its own ``ts``; otherwise it takes the message's.
-- ``seq`` increases by one per poll of a source, so that gaps and duplicates are visible.
+- ``seq`` increases by one per message of a (kind, source) stream, so that gaps and duplicates
+  are visible; a repeated (kind, source, seq, ts) is a duplicate and is stored once.
 - A sample is an ``id`` plus named quantities; each name carries its unit (:data:`QUANTITIES`).
   Names the contract does not know are kept (they must still be finite numbers).
 """

@@ -66,18 +66,18 @@ class Ingester:
         self.site = site
         self.limits = limits or IngestLimits()
         self.counters = IngestCounters()
-        self._seen: dict[str, OrderedDict[tuple[int, datetime], None]] = {}
+        self._seen: dict[tuple[str, str], OrderedDict[tuple[int, datetime], None]] = {}
         self._known_cache: dict[tuple[str, str], bool] = {}
         self._columns = {k: list(QUANTITIES[k]) for k in KINDS}
-        self._pending: list[tuple[str, tuple[int, datetime]]] = []
-        for source, seq, ts in store.recent_message_keys():
-            self._remember(source, (seq, ts.astimezone(UTC)))
+        self._pending: list[tuple[tuple[str, str], tuple[int, datetime]]] = []
+        for kind, source, seq, ts in store.recent_message_keys():
+            self._remember((kind, source), (seq, ts.astimezone(UTC)))
 
-    def _remember(self, source: str, key: tuple[int, datetime]) -> bool:
-        """Record a message key; False when it was already seen (a duplicate)."""
-        seen = self._seen.get(source)
+    def _remember(self, stream: tuple[str, str], key: tuple[int, datetime]) -> bool:
+        """Record a message key of a (kind, source) stream; False when already seen."""
+        seen = self._seen.get(stream)
         if seen is None:
-            seen = self._seen[source] = OrderedDict()
+            seen = self._seen[stream] = OrderedDict()
         if key in seen:
             return False
         seen[key] = None
@@ -132,10 +132,11 @@ class Ingester:
                 dead["reason"].append(e.reason)
                 dead["detail"].append(e.detail)
                 continue
-            if not self._remember(msg.source, (msg.seq, msg.ts)):
+            stream = (msg.kind, msg.source)
+            if not self._remember(stream, (msg.seq, msg.ts)):
                 self.counters.duplicates += 1
                 continue
-            self._pending.append((msg.source, (msg.seq, msg.ts)))
+            self._pending.append((stream, (msg.seq, msg.ts)))
             kind, source = msg.kind, msg.source
             cols = batch.kind_columns(kind)
             samples = msg.samples
@@ -189,8 +190,8 @@ class Ingester:
         try:
             self.store.write(batch)
         except Exception:
-            for source, key in self._pending:  # not stored: a redelivery must not count as a dup
-                self._seen[source].pop(key, None)
+            for stream, key in self._pending:  # not stored: a redelivery must not count as a dup
+                self._seen[stream].pop(key, None)
             raise
         finally:
             self._pending.clear()

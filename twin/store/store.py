@@ -154,9 +154,9 @@ class Store:
     # ---- reads ---------------------------------------------------------------------------
 
     def recent_message_keys(self, window: timedelta = timedelta(minutes=15)) -> list[tuple]:
-        """(source, seq, ts) of messages received in the last ``window`` before the newest one."""
+        """(kind, source, seq, ts) of messages received in the ``window`` before the newest."""
         return self.con.execute(
-            "SELECT source, seq, ts FROM ingest_log WHERE received_at >="
+            "SELECT kind, source, seq, ts FROM ingest_log WHERE received_at >="
             " (SELECT max(received_at) FROM ingest_log) - ?",
             [window],
         ).fetchall()
@@ -204,7 +204,7 @@ class Store:
         ).fetchone()
         gaps = con.execute(
             "SELECT coalesce(sum(gap), 0) FROM (SELECT seq - lag(seq) OVER"
-            " (PARTITION BY source ORDER BY received_at, seq) - 1 AS gap FROM ingest_log)"
+            " (PARTITION BY kind, source ORDER BY received_at, seq) - 1 AS gap FROM ingest_log)"
             " WHERE gap > 0"
         ).fetchone()[0]
         return {

@@ -1,0 +1,164 @@
+"""The `dctwin` command line end to end: simulator -> broker -> service -> store -> status."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from collectors.mqtt import wait_until
+from twin.broker import LocalBroker
+
+from .conftest import SMALL_SITE
+
+DCTWIN = [sys.executable, "-m", "twin.cli"]
+
+
+def run(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [*DCTWIN, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def broker_env(b: LocalBroker) -> dict:
+    return {"DCTWIN_MQTT_USERNAME": b.username} if b.username else {}
+
+
+@pytest.mark.mqtt
+def test_sim_to_serve_lands_exactly_the_published_samples(broker, tmp_path):
+    db = tmp_path / "e2e.duckdb"
+    log = tmp_path / "serve.log"
+    serve = subprocess.Popen(
+        [*DCTWIN, "serve", "--broker", broker.address, "--db", str(db), "--site", str(SMALL_SITE)],
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+        env={**os.environ, **broker_env(broker)},
+    )
+    try:
+        assert wait_until(lambda: b"serving:" in log.read_bytes() or serve.poll() is not None, 30)
+        start = (datetime.now(UTC) - timedelta(seconds=60)).replace(microsecond=0)
+        sim = run(
+            "sim",
+            "--site",
+            str(SMALL_SITE),
+            "--broker",
+            broker.address,
+            "--seed",
+            "7",
+            "--duration",
+            "30",
+            "--speed",
+            "10",
+            "--start",
+            start.isoformat(),
+            "--truth",
+            str(tmp_path / "truth.json"),
+            env=broker_env(broker),
+        )
+        assert sim.returncode == 0, sim.stderr
+        stats = json.loads(sim.stdout.strip().splitlines()[-1])
+        assert stats["ticks"] == 30
+    finally:
+        serve.send_signal(signal.SIGTERM)
+        serve.wait(30)
+    assert serve.returncode == 0, log.read_text()
+    status = run("status", "--db", str(db), "--json")
+    assert status.returncode == 0, status.stderr
+    st = json.loads(status.stdout)
+    assert st["samples"] == {k: stats["samples"].get(k, 0) for k in st["samples"]}
+    assert all(st["samples"][k] > 0 for k in ("gpu", "node", "pdu", "cdu", "link"))
+    assert st["dead_letters"] == {}
+    assert st["unknown_ids"] == []
+    assert st["seq_gaps"] == 0
+    assert st["time_range"]["start"] == start.isoformat()
+    truth = json.loads((tmp_path / "truth.json").read_text())
+    assert "trn-r01-n1:0" in truth["gpus"]
+
+
+def test_sim_jsonl_then_ingest_file_then_export(tmp_path):
+    jsonl = tmp_path / "sim.jsonl"
+    start = (datetime.now(UTC) - timedelta(minutes=5)).replace(microsecond=0)
+    sim = run(
+        "sim",
+        "--site",
+        str(SMALL_SITE),
+        "--no-mqtt",
+        "--jsonl",
+        str(jsonl),
+        "--duration",
+        "120",
+        "--speed",
+        "0",
+        "--start",
+        start.isoformat(),
+    )
+    assert sim.returncode == 0, sim.stderr
+    stats = json.loads(sim.stdout.strip().splitlines()[-1])
+    db = tmp_path / "file.duckdb"
+    ing = run("ingest", "--file", str(jsonl), "--db", str(db), "--site", str(SMALL_SITE))
+    assert ing.returncode == 0, ing.stderr
+    counters = json.loads(ing.stdout)
+    assert counters["samples"] == stats["samples"]
+    st = json.loads(run("status", "--db", str(db), "--json").stdout)
+    assert st["samples"] == stats["samples"]
+    # loading the same file twice stores nothing twice
+    again = json.loads(run("ingest", "--file", str(jsonl), "--db", str(db)).stdout)
+    assert again["stored_messages"] == 0
+    assert again["duplicates"] == sum(stats["messages"].values())
+    out = tmp_path / "export"
+    exp = run("export", "--db", str(db), "--out", str(out))
+    assert exp.returncode == 0, exp.stderr
+    assert json.loads(exp.stdout)["samples"] == stats["samples"]
+    day = start.strftime("%Y-%m-%d")
+    assert (out / "kind=gpu" / f"day={day}").is_dir()
+
+
+def test_clear_errors(tmp_path):
+    r = run("status", "--db", str(tmp_path / "missing.duckdb"), "--json")
+    assert r.returncode == 2 and "no store at" in r.stderr
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\nhalls: []\n")
+    r = run("sim", "--site", str(bad), "--no-mqtt", "--jsonl", str(tmp_path / "x.jsonl"))
+    assert r.returncode == 2 and "bad.yaml" in r.stderr and "halls" in r.stderr
+    r = run(
+        "sim",
+        "--site",
+        str(SMALL_SITE),
+        "--fault",
+        "meltdown:r01@1m",
+        "--no-mqtt",
+        "--jsonl",
+        str(tmp_path / "x.jsonl"),
+    )
+    assert r.returncode == 2 and "meltdown" in r.stderr
+    r = run("serve", "--broker", "127.0.0.1:notaport", "--db", str(tmp_path / "x.duckdb"))
+    assert r.returncode == 2 and "notaport" in r.stderr
+    r = run("serve", "--broker", "127.0.0.1:1", "--db", str(tmp_path / "x.duckdb"))
+    assert r.returncode == 2 and "cannot reach MQTT broker at mqtt://127.0.0.1:1" in r.stderr
+
+
+@pytest.mark.mqtt
+def test_demo_runs_and_stops_cleanly(tmp_path):
+    db = tmp_path / "demo.duckdb"
+    r = run("demo", "--site", str(SMALL_SITE), "--db", str(db), "--duration", "8", timeout=90)
+    assert r.returncode == 0, r.stderr
+    assert "broker" in r.stderr and "simulator" in r.stderr and "service" in r.stderr
+    st = json.loads(run("status", "--db", str(db), "--json").stdout)
+    assert all(st["samples"][k] > 0 for k in ("gpu", "node", "pdu", "cdu", "link")), st
+    assert st["dead_letters"] == {}
+
+
+def test_every_command_has_help():
+    for cmd in ["sim", "serve", "ingest", "export", "status", "maintain", "broker", "demo"]:
+        r = run(cmd, "--help")
+        assert r.returncode == 0 and "Usage" in r.stdout, (cmd, r.stderr)

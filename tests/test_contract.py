@@ -1,0 +1,178 @@
+"""The wire contract: topics, timestamps, types and the reasons for refusing a message."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta, timezone
+
+import orjson
+import pytest
+
+from collectors.contract import (
+    DEAD_LETTER_REASONS,
+    KINDS,
+    QUANTITIES,
+    ContractError,
+    decode,
+    encode,
+    parse_topic,
+    topic_for,
+)
+
+TOPIC = "dctwin/v1/demo/gpu/gpu-node-017"
+
+
+def body(**over):
+    b = {
+        "v": 1,
+        "collector": "nvml",
+        "source": "gpu-node-017",
+        "seq": 42,
+        "ts": "2026-11-29T14:00:00.250Z",
+        "samples": [{"id": "GPU-1", "power_w": 612.5, "temp_c": 61.0, "util_pct": 97}],
+    }
+    b.update(over)
+    return orjson.dumps(b)
+
+
+def reason(payload: bytes, topic: str = TOPIC) -> str:
+    with pytest.raises(ContractError) as e:
+        decode(topic, payload)
+    assert e.value.reason in DEAD_LETTER_REASONS
+    return e.value.reason
+
+
+def test_the_issue_example_decodes():
+    m = decode(TOPIC, body())
+    assert (m.site, m.kind, m.source, m.collector, m.seq) == (
+        "demo",
+        "gpu",
+        "gpu-node-017",
+        "nvml",
+        42,
+    )
+    assert m.ts == datetime(2026, 11, 29, 14, 0, 0, 250000, tzinfo=UTC)
+    s = m.samples[0]
+    assert (s["id"], s["power_w"], s["temp_c"], s["util_pct"], s["mem_temp_c"]) == (
+        "GPU-1",
+        612.5,
+        61.0,
+        97.0,
+        None,
+    )
+
+
+@pytest.mark.parametrize(
+    ("ts", "expected"),
+    [
+        ("2026-11-29T14:00:00Z", datetime(2026, 11, 29, 14, tzinfo=UTC)),
+        ("2026-11-29T15:00:00+01:00", datetime(2026, 11, 29, 14, tzinfo=UTC)),
+        (1795960800, datetime(2026, 11, 29, 14, tzinfo=UTC)),
+        (1795960800.5, datetime(2026, 11, 29, 14, 0, 0, 500000, tzinfo=UTC)),
+    ],
+)
+def test_timestamps_rfc3339_or_unix_seconds_to_utc(ts, expected):
+    m = decode(TOPIC, body(ts=ts))
+    assert m.ts == expected
+    assert m.ts.utcoffset() == timedelta(0)
+
+
+def test_a_sample_may_carry_its_own_ts():
+    m = decode(TOPIC, body(samples=[{"id": "a", "power_w": 1.0, "ts": 1795960801}]))
+    assert m.samples[0]["ts"] == datetime(2026, 11, 29, 14, 0, 1, tzinfo=UTC)
+
+
+@pytest.mark.parametrize(
+    ("payload", "expected"),
+    [
+        (body(ts="2026-11-29T14:00:00"), "wrong_type"),  # no offset: not RFC 3339
+        (body(ts=True), "wrong_type"),
+        (body(seq="42"), "wrong_type"),
+        (body(seq=-1), "wrong_type"),
+        (body(samples=[{"id": "a", "power_w": "612.5"}]), "wrong_type"),
+        (body(samples=[{"id": "a", "power_w": True}]), "wrong_type"),
+        (body(samples=[{"id": "a", "throttle_reasons": 1.5}]), "wrong_type"),
+        (body(samples=[{"id": "a", "fan_rpm": "fast"}]), "wrong_type"),
+        (body(samples=[{"id": "a", "fan_rpm": {"x": 1}}]), "wrong_type"),
+        (body(samples=[{"id": 7, "power_w": 1.0}]), "wrong_type"),
+        (body(samples=[{"id": "a", "power_w": -0.5}]), "negative_value"),
+        (body(samples=[{"id": "a", "flow_lpm": 1.0, "energy_j": -1.0}]), "negative_value"),
+        (body(samples=[]), "missing_field"),
+        (body(samples=[{"power_w": 1.0}]), "missing_field"),
+        (body(v=2), "bad_version"),
+        (body(extra_header=1), "wrong_type"),
+        (b"[1, 2]", "malformed_json"),
+        (b"\xff\xfe", "malformed_json"),
+        (body().replace(b"612.5", b"NaN"), "non_finite"),
+        (body().replace(b"612.5", b"-Infinity"), "non_finite"),
+        (body().replace(b"612.5", b"1e999"), "non_finite"),
+        (body(source="other"), "source_mismatch"),
+    ],
+)
+def test_refusals_name_their_reason(payload, expected):
+    assert reason(payload) == expected
+
+
+def test_refusal_detail_names_the_field():
+    with pytest.raises(ContractError) as e:
+        decode(TOPIC, body(samples=[{"id": "a"}, {"id": "b", "temp_c": "hot"}]))
+    assert "samples.1.temp_c" in e.value.detail
+
+
+def test_topics():
+    assert topic_for("demo", "cdu", "cdu-1") == "dctwin/v1/demo/cdu/cdu-1"
+    assert parse_topic("dctwin/v1/demo/cdu/cdu-1") == ("demo", "cdu", "cdu-1")
+    for bad in [
+        "dctwin/v1/demo/cdu",
+        "dctwin/v2/demo/cdu/x",
+        "x/v1/demo/cdu/x",
+        "dctwin/v1/demo/cdu/x/y",
+        "dctwin/v1//cdu/x",
+    ]:
+        with pytest.raises(ContractError) as e:
+            parse_topic(bad)
+        assert e.value.reason == "bad_topic"
+    with pytest.raises(ContractError) as e:
+        parse_topic("dctwin/v1/demo/fan/x")
+    assert e.value.reason == "unknown_kind"
+    with pytest.raises(ValueError, match="source"):
+        topic_for("demo", "gpu", "a/b")
+
+
+def test_encode_roundtrip_every_kind():
+    ts = datetime(2026, 11, 29, 14, 0, 0, 250000, tzinfo=timezone(timedelta(hours=2)))
+    for kind in KINDS:
+        sample = {"id": "x"} | {
+            name: (3 if q.integer else 1.5) for name, q in QUANTITIES[kind].items()
+        }
+        m = decode(
+            topic_for("s", kind, "src"),
+            encode(collector="c", source="src", seq=7, ts=ts, samples=[sample]),
+        )
+        assert m.ts == ts.astimezone(UTC)
+        got = {k: v for k, v in m.samples[0].items() if k != "ts"}
+        assert got == sample
+
+
+def test_every_quantity_name_carries_a_unit_suffix_or_is_dimensionless():
+    suffixes = (
+        "_w",
+        "_c",
+        "_pct",
+        "_j",
+        "_mhz",
+        "_mib",
+        "_a",
+        "_v",
+        "_va",
+        "_kwh",
+        "_hz",
+        "_lpm",
+        "_kpa",
+        "_kw",
+        "_bps",
+        "_total",
+    )
+    dimensionless = {"sm_active", "throttle_reasons", "power_factor", "errors"}
+    for kind, quantities in QUANTITIES.items():
+        for name in quantities:
+            assert name.endswith(suffixes) or name in dimensionless, (kind, name)

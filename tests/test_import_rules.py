@@ -1,0 +1,57 @@
+"""DESIGN.md's import rules, checked on the source: who may import whom."""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+STDLIB = set(sys.stdlib_module_names) | {"__future__"}
+PACKAGES = ("twin", "collectors", "models", "dashboards")
+
+
+def imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(), str(path))
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+    return found
+
+
+def files(package: str) -> list[Path]:
+    return sorted((REPO / package).rglob("*.py"))
+
+
+@pytest.mark.parametrize("path", files("models"), ids=lambda p: p.name)
+def test_models_are_pure_numpy_scipy(path):
+    bad = {m for m in imports(path) if m.split(".")[0] not in STDLIB | {"numpy", "scipy", "models"}}
+    assert not bad, f"{path.relative_to(REPO)} imports {sorted(bad)}"
+
+
+@pytest.mark.parametrize("path", files("collectors"), ids=lambda p: str(p.relative_to(REPO)))
+def test_collectors_import_no_twin_store_or_console(path):
+    # The simulator runs models/ physics on a site parsed by twin.site (pydantic + PyYAML only);
+    # no collector imports the store, the ingest or the console, nor DuckDB or Streamlit.
+    simulator = "simulator" in path.parts
+    for m in imports(path):
+        top = m.split(".")[0]
+        assert top not in {"duckdb", "streamlit", "dashboards"}, (path, m)
+        if top == "twin":
+            ok = simulator and (m == "twin.site" or m.startswith("twin.site."))
+            assert ok, f"{path.relative_to(REPO)} imports {m}"
+        if top == "models":
+            assert simulator, f"{path.relative_to(REPO)} imports {m}"
+
+
+@pytest.mark.parametrize("path", files("twin"), ids=lambda p: str(p.relative_to(REPO)))
+def test_twin_never_imports_dashboards(path):
+    for m in imports(path):
+        assert m.split(".")[0] != "dashboards", (path, m)
+        if m.startswith("collectors.") and path.name != "cli.py":
+            assert m in {"collectors.contract", "collectors.mqtt"}, (path, m)
