@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import pytest
 
