@@ -125,7 +125,14 @@ def connect(
                 c.subscribe([(t, 1) for t in subscriptions])
             _e.set()
 
+        def on_disconnect(c, userdata, flags, reason_code, properties, _r=result, _e=connected):
+            if not _e.is_set():  # closed before CONNACK: e.g. a 3.1.1-only broker and MQTT v5
+                _r["rc"] = reason_code
+                _r["closed"] = True
+                _e.set()
+
         client.on_connect = on_connect
+        client.on_disconnect = on_disconnect
         if on_message is not None:
             client.on_message = on_message
         kwargs: dict[str, object] = {}
@@ -138,17 +145,21 @@ def connect(
         except OSError as e:
             raise BrokerError(f"cannot reach MQTT broker at {cfg.describe()}: {e}") from e
         client.loop_start()
-        if not connected.wait(timeout_s):
+        # A 3.1.1-only broker may ignore a v5 CONNECT; don't wait long before falling back.
+        wait_s = min(timeout_s, 3.0) if proto == mqtt.MQTTv5 and len(protocols) > 1 else timeout_s
+        if not connected.wait(wait_s):
             client.loop_stop()
             client.disconnect()
-            last_error = f"no CONNACK within {timeout_s:.0f} s"
+            last_error = f"no CONNACK within {wait_s:.0f} s"
             continue
         rc = result["rc"]
-        if rc.is_failure:  # type: ignore[attr-defined]
+        if result.get("closed") or rc.is_failure:  # type: ignore[attr-defined]
+            client.disconnect()
             client.loop_stop()
             last_error = str(rc)
             log.info("broker %s refused MQTT %s (%s)", cfg.describe(), _pname(proto), rc)
             continue
+        client.on_disconnect = None
         log.info("connected to %s with MQTT %s as %s", cfg.describe(), _pname(proto), client_id)
         return client
     raise BrokerError(f"MQTT broker at {cfg.describe()} refused the connection: {last_error}")

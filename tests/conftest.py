@@ -38,7 +38,7 @@ def embedded_broker(tmp_path: Path) -> Iterator[LocalBroker]:
 
 
 def broker_config(b: LocalBroker) -> BrokerConfig:
-    return BrokerConfig(host=b.host, port=b.port, username=b.username)
+    return BrokerConfig(host=b.host, port=b.port, username=b.username, protocol=b.protocol)
 
 
 def has_mosquitto_pub() -> bool:

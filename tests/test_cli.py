@@ -30,7 +30,7 @@ def run(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess
 
 
 def broker_env(b: LocalBroker) -> dict:
-    return {"DCTWIN_MQTT_USERNAME": b.username} if b.username else {}
+    return b.client_env()
 
 
 @pytest.mark.mqtt

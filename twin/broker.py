@@ -92,6 +92,18 @@ class LocalBroker:
         """The username dctwin's clients must send to this broker (None: any or none)."""
         return EMBEDDED_USERNAME if self.kind == "embedded" else None
 
+    @property
+    def protocol(self) -> str:
+        """The MQTT version to speak to it: the embedded broker knows only 3.1.1."""
+        return "3.1.1" if self.kind == "embedded" else "auto"
+
+    def client_env(self) -> dict[str, str]:
+        """Environment for dctwin clients of this broker (DCTWIN_MQTT_*)."""
+        env = {"DCTWIN_MQTT_PROTOCOL": self.protocol}
+        if self.username:
+            env["DCTWIN_MQTT_USERNAME"] = self.username
+        return env
+
     def stop(self) -> None:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM if self.kind == "mosquitto" else signal.SIGINT)

@@ -416,9 +416,7 @@ def demo(
         b = start_broker(broker_kind, port=port)  # type: ignore[arg-type]
     except RuntimeError as e:
         raise _fail(str(e)) from None
-    env = dict(os.environ)
-    if b.username:
-        env["DCTWIN_MQTT_USERNAME"] = b.username
+    env = {**os.environ, **b.client_env()}
     me = [sys.executable, "-m", "twin.cli"]
     procs: list[tuple[str, subprocess.Popen[bytes]]] = []
     try:

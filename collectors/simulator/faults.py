@@ -1,0 +1,138 @@
+"""Faults the simulator can inject, and the CLI syntax that names them.
+
+Syntax: ``KIND:TARGET@START[+DURATION][=MAGNITUDE]``
+
+- ``KIND``: one of :data:`FAULT_KINDS`.
+- ``TARGET``: what fails: a GPU id ``<node>:<index>`` (cold_plate), ``<cdu>/<pump>``
+  (pump_failure), ``<pdu>/L<n>`` (phase_overload), a fleet name (fleet_idle). A GPU id holds a
+  ``:`` itself, so the kind ends at the *first* ``:`` and the target at the *last* ``@``.
+- ``START`` and ``DURATION``: seconds after the simulation start, as ``600``, ``600s``,
+  ``10m``, ``1.5h`` or ``1d``. Without ``+DURATION`` the fault lasts to the end.
+- ``=MAGNITUDE`` (optional): a number overriding the kind's default (see :class:`Fault`).
+
+Examples: ``cold_plate:trn-a01-n1:3@10m``, ``pump_failure:cdu-1/pump1@20m+15m``,
+``phase_overload:pdu-a01-a/L1@30m``, ``fleet_idle:infer-chat@1h``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+__all__ = ["FAULT_KINDS", "Fault", "parse_duration_s", "parse_fault"]
+
+FaultKind = Literal["cold_plate", "pump_failure", "phase_overload", "fleet_idle"]
+FAULT_KINDS: tuple[str, ...] = ("cold_plate", "pump_failure", "phase_overload", "fleet_idle")
+
+_UNIT_S = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([smhd]?)\s*$", re.IGNORECASE)
+
+
+class Fault(BaseModel):
+    """One injected fault, active over ``[start_s, start_s + duration_s)`` of simulated time.
+
+    ``magnitude`` by kind (None takes the default):
+
+    - ``cold_plate``: the GPU's thermal resistance is multiplied by ``1 + magnitude`` [1];
+      default: the GPU's R rises by +0.1 K/W (degraded TIM, physics.md §9.2).
+    - ``pump_failure``: unused; the pump stops.
+    - ``phase_overload``: extra real load on that phase [W]; default: enough to take the phase
+      current to 95 % of the PDU's per-phase rating when the fault starts.
+    - ``fleet_idle``: the fleet's SM activity while idle [1]; default 0.03.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: FaultKind
+    target: str = Field(min_length=1)
+    start_s: float = Field(ge=0, description="seconds after the simulation start [s]")
+    duration_s: float | None = Field(
+        default=None, gt=0, description="length [s]; None lasts to the end of the simulation"
+    )
+    magnitude: float | None = None
+
+    @field_validator("start_s", "duration_s", "magnitude")
+    @classmethod
+    def _finite(cls, v: float | None) -> float | None:
+        if v is not None and not math.isfinite(v):
+            raise ValueError("must be a finite number")
+        return v
+
+    def active(self, elapsed_s: float) -> bool:
+        """True when the fault is active ``elapsed_s`` seconds after the start."""
+        if elapsed_s < self.start_s:
+            return False
+        return self.duration_s is None or elapsed_s < self.start_s + self.duration_s
+
+    def __str__(self) -> str:
+        out = f"{self.kind}:{self.target}@{_fmt(self.start_s)}"
+        if self.duration_s is not None:
+            out += f"+{_fmt(self.duration_s)}"
+        if self.magnitude is not None:
+            out += f"={self.magnitude!r}"
+        return out
+
+
+def _fmt(seconds: float) -> str:
+    return f"{seconds:.6f}".rstrip("0").rstrip(".") + "s"
+
+
+def parse_duration_s(text: str, what: str = "duration") -> float:
+    """Seconds from ``600``, ``600s``, ``10m``, ``1.5h`` or ``1d``; ValueError naming ``what``."""
+    m = _DURATION.match(text)
+    if not m:
+        raise ValueError(f"{what} {text!r} is not a time like 600, 600s, 10m, 1.5h or 1d")
+    return float(m.group(1)) * _UNIT_S[m.group(2).lower()]
+
+
+def parse_fault(spec: str) -> Fault:
+    """Parse ``KIND:TARGET@START[+DURATION][=MAGNITUDE]`` into a :class:`Fault`.
+
+    Raises ValueError naming the part that is wrong. Targets are checked against the site by
+    the simulator, not here.
+
+    >>> parse_fault("cold_plate:trn-a01-n1:3@10m")
+    Fault(kind='cold_plate', target='trn-a01-n1:3', start_s=600.0, duration_s=None, magnitude=None)
+    >>> parse_fault("pump_failure:cdu-1/pump1@20m+15m").duration_s
+    900.0
+    """
+    text = spec.strip()
+    usage = "expected KIND:TARGET@START[+DURATION][=MAGNITUDE], e.g. pump_failure:cdu-1/pump1@20m"
+    kind, sep, rest = text.partition(":")
+    if not sep:
+        raise ValueError(f"fault {spec!r} has no ':' after the kind; {usage}")
+    kind = kind.strip()
+    if kind not in FAULT_KINDS:
+        raise ValueError(f"fault {spec!r}: unknown kind {kind!r}; expected one of {FAULT_KINDS}")
+    target, sep, when = rest.rpartition("@")
+    if not sep:
+        raise ValueError(f"fault {spec!r} has no '@START'; {usage}")
+    target = target.strip()
+    if not target:
+        raise ValueError(f"fault {spec!r} has an empty target; {usage}")
+    magnitude: float | None = None
+    if "=" in when:
+        when, mag_text = when.split("=", 1)
+        try:
+            magnitude = float(mag_text)
+        except ValueError:
+            raise ValueError(f"fault {spec!r}: magnitude {mag_text!r} is not a number") from None
+        if not math.isfinite(magnitude):
+            raise ValueError(f"fault {spec!r}: magnitude {mag_text!r} is not finite")
+    start_text, plus, dur_text = when.partition("+")
+    start_s = parse_duration_s(start_text, f"fault {spec!r}: start")
+    duration_s: float | None = None
+    if plus:
+        duration_s = parse_duration_s(dur_text, f"fault {spec!r}: duration")
+        if duration_s <= 0:
+            raise ValueError(f"fault {spec!r}: duration must be positive")
+    return Fault(
+        kind=kind,  # type: ignore[arg-type]
+        target=target,
+        start_s=start_s,
+        duration_s=duration_s,
+        magnitude=magnitude,
+    )
