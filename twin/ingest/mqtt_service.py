@@ -53,10 +53,21 @@ class MqttIngestService:
         self._thread: threading.Thread | None = None
         self._client: mqtt.Client | None = None
         self.write_errors = 0
+        self.disconnects = 0
         self.last_error: str | None = None
 
     def _on_message(self, client: mqtt.Client, userdata: Any, msg: mqtt.MQTTMessage) -> None:
         self._pending.append((msg.topic, msg.payload, msg.mid, msg.qos))
+
+    def _on_disconnect(self, client, userdata, flags, reason_code, properties) -> None:
+        if not self._stop.is_set():
+            self.disconnects += 1
+            log.warning(
+                "lost the broker at %s (%s); paho reconnects, and the broker redelivers"
+                " unacknowledged messages (stored once)",
+                self.broker.describe(),
+                reason_code,
+            )
 
     def start(self) -> None:
         self._client = connect(
@@ -67,6 +78,7 @@ class MqttIngestService:
             on_message=self._on_message,
             subscriptions=[self.options.topic],
         )
+        self._client.on_disconnect = self._on_disconnect
         self._thread = threading.Thread(target=self._flush_loop, name="dctwin-flush", daemon=True)
         self._thread.start()
         log.info("ingesting %s from %s", self.options.topic, self.broker.describe())
@@ -88,8 +100,12 @@ class MqttIngestService:
         """Write and acknowledge what has arrived; returns the messages handled."""
         opts = self.options
         handled = 0
-        while self._pending:
-            n = min(len(self._pending), opts.max_batch_messages)
+        # Take what is pending now, not what arrives meanwhile: otherwise each pass catches the
+        # few messages that came in during the previous write, and transactions stay tiny.
+        available = len(self._pending)
+        while available > 0:
+            n = min(available, opts.max_batch_messages)
+            available -= n
             chunk = [self._pending.popleft() for _ in range(n)]
             try:
                 self.ingester.ingest([(t, p) for t, p, _, _ in chunk])
