@@ -10,8 +10,13 @@ References (sections of ``reference/physics.md``):
 - :mod:`models.cdu`: parallel pumps on a system curve, pump power, supply temperature.
 - :mod:`models.electrical`: node power, PSU losses, PDU phase and delta line currents.
 - :mod:`models.network`: all-reduce traffic and link utilization.
+- :mod:`models.fit_quality`: MAE, CV(RMSE), NMBE, MAPE and the data checks every fitter uses.
+
+Each domain module also holds its fitter (``fit_power_curve``, ``fit_rc``, ``fit_rack_power``,
+``fit_capture_fraction``): vectorized over devices, returning per-device parameters with their
+standard errors, and ``usable``/``reason`` where the data cannot identify them.
 """
 
-from models import cdu, coolant, electrical, gpu_power, gpu_thermal, network
+from models import cdu, coolant, electrical, fit_quality, gpu_power, gpu_thermal, network
 
-__all__ = ["cdu", "coolant", "electrical", "gpu_power", "gpu_thermal", "network"]
+__all__ = ["cdu", "coolant", "electrical", "fit_quality", "gpu_power", "gpu_thermal", "network"]

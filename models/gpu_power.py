@@ -6,10 +6,16 @@ scalar or a numpy array; arrays broadcast against each other.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-__all__ = ["gpu_power_w"]
+from models.fit_quality import data_problems, join_reasons, mae
+
+__all__ = ["PowerCurveFit", "fit_power_curve", "gpu_power_w"]
+
+F64 = NDArray[np.float64]
 
 
 def gpu_power_w(
@@ -65,3 +71,332 @@ def gpu_power_w(
     p = idle + (limit - idle) * a ** np.asarray(gamma, dtype=float)
     cap = limit if cap_w is None else np.asarray(cap_w, dtype=float)
     return np.minimum(p, cap)
+
+
+# ---- fitting ------------------------------------------------------------------------------------
+
+_GAMMA_RANGE = (0.5, 1.5)
+_ACT_BINS = 1000  # activity bins for the sufficient statistics (bin width 0.001, the DCGM step)
+
+
+@dataclass(frozen=True)
+class PowerCurveFit:
+    """Per-GPU result of :func:`fit_power_curve`; every array has shape ``(N,)``.
+
+    A parameter the data cannot identify is NaN and ``reason`` says why; ``usable`` needs
+    all three. A GPU seen only near full load (training) often gets its limit but not its
+    idle power.
+
+    Attributes
+    ----------
+    idle_w : numpy.ndarray
+        Power at zero activity, :math:`P_{idle}`. [W]
+    limit_w : numpy.ndarray
+        Effective power at full activity, :math:`P_{idle} + \\text{span}` (above the enforced
+        limit when the GPU clamps before activity 1). [W]
+    gamma : numpy.ndarray
+        Shape exponent. [1]
+    idle_stderr_w, limit_stderr_w, gamma_stderr : numpy.ndarray
+        Standard errors. [W], [W], [1]
+    mae_w : numpy.ndarray
+        Mean absolute error of the fitted curve (with the clamp) over every valid sample. [W]
+    n_samples : numpy.ndarray
+        Samples used for the shape fit (valid and below the clamp). [1]
+    activity_range : numpy.ndarray
+        Spread of the activity seen, 1st to 99th percentile. [1]
+    usable : numpy.ndarray
+        False where the data cannot identify the curve. [bool]
+    reason : list of (str or None)
+        Why a fit is unusable, None where it is usable.
+    """
+
+    idle_w: F64
+    limit_w: F64
+    gamma: F64
+    idle_stderr_w: F64
+    limit_stderr_w: F64
+    gamma_stderr: F64
+    mae_w: F64
+    n_samples: NDArray[np.int64]
+    activity_range: F64
+    usable: NDArray[np.bool_]
+    reason: list[str | None]
+
+
+def _bin_stats(
+    act: F64, power: F64, use: NDArray[np.bool_]
+) -> tuple[NDArray[np.int64], F64, F64, F64, F64, F64]:
+    """Per (GPU, activity bin) sufficient statistics of the samples in ``use``.
+
+    Returns the GPU index, count, mean activity and mean power of every occupied bin, and per
+    GPU the within-bin sum of squares of power and the total count.
+    """
+    n_gpu = act.shape[1]
+    b = np.clip(np.rint(np.where(use, act, 0.0) * _ACT_BINS), 0, _ACT_BINS).astype(np.int64)
+    key = (np.arange(n_gpu) * (_ACT_BINS + 1) + b)[use]
+    size = n_gpu * (_ACT_BINS + 1)
+    cnt = np.bincount(key, minlength=size)
+    s_a = np.bincount(key, weights=act[use], minlength=size)
+    s_p = np.bincount(key, weights=power[use], minlength=size)
+    s_pp = np.bincount(key, weights=power[use] ** 2, minlength=size)
+    occ = np.flatnonzero(cnt)
+    w = cnt[occ].astype(float)
+    a_m = s_a[occ] / w
+    p_m = s_p[occ] / w
+    gpu = occ // (_ACT_BINS + 1)
+    within = np.bincount(gpu, weights=s_pp[occ] - w * p_m**2, minlength=n_gpu)
+    total = np.bincount(gpu, weights=w, minlength=n_gpu)
+    return gpu, w, a_m, p_m, within, total
+
+
+def _ls_for_gamma(
+    gamma: F64, gpu: NDArray[np.int64], w: F64, ln_a: F64, p_m: F64, n_gpu: int
+) -> tuple[F64, F64, F64]:
+    """Weighted LS of bin-mean power on [1, a^gamma] per GPU: (idle, span, between-bin SSE)."""
+    x = np.exp(gamma[gpu] * ln_a)  # a^gamma; a = 0 gives exp(-inf) = 0
+
+    def seg(v: F64) -> F64:
+        return np.bincount(gpu, weights=v, minlength=n_gpu)
+
+    sw, sx, sxx = seg(w), seg(w * x), seg(w * x * x)
+    sp, sxp, spp = seg(w * p_m), seg(w * x * p_m), seg(w * p_m * p_m)
+    det = sw * sxx - sx * sx
+    with np.errstate(divide="ignore", invalid="ignore"):
+        span = np.where(det > 0, (sw * sxp - sx * sp) / det, np.nan)
+        idle = (sp - span * sx) / sw
+    sse = spp - idle * sp - span * sxp
+    return idle, span, np.where(np.isfinite(sse), np.maximum(sse, 0.0), np.inf)
+
+
+def fit_power_curve(
+    activity: ArrayLike,
+    power_w: ArrayLike,
+    limit_w: ArrayLike | None = None,
+    *,
+    min_samples: int = 100,
+    min_range: float = 0.1,
+    min_levels: int = 3,
+    max_gap_frac: float = 0.2,
+    max_stuck_s: float | None = None,
+    max_rel_stderr: float = 0.01,
+    dt_s: float = 1.0,
+) -> PowerCurveFit:
+    r"""Fit idle power, effective limit and shape exponent of :func:`gpu_power_w` per GPU.
+
+    Parameters
+    ----------
+    activity : array_like
+        SM activity (``sm_active``; utilization / 100 where SM activity is absent), shape
+        ``(T, N)``; NaN for a missing reading. [1]
+    power_w : array_like
+        Measured board power, shape ``(T, N)``; NaN for a missing reading. [W]
+    limit_w : array_like, optional
+        Enforced power limit per GPU (``power_limit_w``), shape ``(N,)`` or ``(T, N)``;
+        samples at or above 99 % of it sit on the clamp and are left out of the shape fit.
+        [W]
+    min_samples : int, default 100
+        Fewest samples below the clamp. [1]
+    min_range : float, default 0.1
+        Smallest activity spread (1st to 99th percentile) to attempt a fit at all; whether the
+        spread identifies idle and limit is then judged by their standard errors (a GPU whose
+        activity wanders over 0.1-0.3 at night pins the idle power well). [1]
+    min_levels : int, default 3
+        Fewest distinct activity levels (0.05-wide bins holding at least 1 % of the samples).
+    max_gap_frac : float, default 0.2
+        Largest share of missing power or activity readings. [1]
+    max_stuck_s : float or None, default None
+        Longest run of identical power readings before the sensor counts as stuck; None skips
+        the check (a GPU at its clamp can read the same power for a long time). [s]
+    max_rel_stderr : float, default 0.01
+        Largest relative standard error of the idle power and of the limit. [1]
+    dt_s : float, default 1.0
+        Sample interval, for the stuck-sensor check. [s]
+
+    Returns
+    -------
+    PowerCurveFit
+
+    Notes
+    -----
+    Model (physics.md §1.3): :math:`P = P_{idle} + (P_{limit} - P_{idle})\,a^{\gamma}`,
+    clamped at the enforced limit. For a fixed :math:`\gamma` the model is linear in
+    :math:`(P_{idle}, \text{span})`, so :math:`\gamma` is searched on a grid over 0.5..1.5
+    (step 0.05, then 0.005 around the best point, each refined by a parabola through the three
+    best points) with closed-form weighted least squares for the other two, all GPUs at once.
+    The data enter through sufficient statistics per GPU and 0.001-wide activity bin (count,
+    mean activity, mean and sum of squares of power), so the cost of the search does not grow
+    with the number of samples.
+
+    The curve is refused (``usable`` False) when the activity does not span enough range or
+    levels, and when the standard error of idle or limit exceeds ``max_rel_stderr``: a
+    training GPU that sits at ~0.9 activity with a few checkpoint dips identifies the limit
+    well but the idle power only through :math:`\gamma`.
+
+    References
+    ----------
+    physics.md §1.3 (shape, linear RAPS model with an optional exponent, clamp at the
+    enforced limit) and §9.1 (defaults: idle ~10 % of TDP, :math:`\gamma` 0.7-1).
+
+    Examples
+    --------
+    >>> a = np.tile(np.linspace(0.0, 1.0, 101), 3)[:, None]
+    >>> p = gpu_power_w(a, 75.0, 700.0, 0.85)
+    >>> fit = fit_power_curve(a, p)
+    >>> fit.idle_w.round(2), fit.limit_w.round(2), fit.gamma.round(3)
+    (array([75.]), array([700.]), array([0.85]))
+    """
+    act = np.asarray(activity, dtype=float)
+    if act.ndim == 1:
+        act = act[:, None]
+    power = np.broadcast_to(np.asarray(power_w, dtype=float), act.shape)
+    n_gpu = act.shape[1]
+    act = np.clip(act, 0.0, 1.0)
+
+    def prefix(what: str, reasons: list[str | None]) -> list[str | None]:
+        return [f"{what}: {r}" if r else None for r in reasons]
+
+    reasons = join_reasons(
+        prefix(
+            "power",
+            data_problems(
+                power,
+                min_samples=min_samples,
+                max_gap_frac=max_gap_frac,
+                flat_std=0.1,
+                max_stuck_s=max_stuck_s,
+                dt_s=dt_s,
+            ),
+        ),
+        prefix(
+            "activity",
+            data_problems(
+                act,
+                min_samples=min_samples,
+                max_gap_frac=max_gap_frac,
+                flat_std=1e-4,
+                max_stuck_s=None,
+                dt_s=dt_s,
+            ),
+        ),
+    )
+    use = np.isfinite(act) & np.isfinite(power)
+    if limit_w is not None:
+        lim = np.broadcast_to(np.asarray(limit_w, dtype=float), act.shape)
+        use &= ~(power >= 0.99 * lim)
+    n_used = use.sum(axis=0)
+    gpu, w, a_m, p_m, within, total = _bin_stats(act, power, use)
+
+    # excitation: activity spread and distinct 0.05-wide levels
+    lvl = np.bincount(
+        gpu * 21 + np.rint(a_m * 20).astype(np.int64), weights=w, minlength=21 * n_gpu
+    ).reshape(n_gpu, 21)
+    levels = (lvl >= np.maximum(3.0, 0.01 * total)[:, None]).sum(axis=1)
+    cum = np.cumsum(
+        np.bincount(
+            gpu * (_ACT_BINS + 1) + np.rint(a_m * _ACT_BINS).astype(np.int64),
+            weights=w,
+            minlength=(_ACT_BINS + 1) * n_gpu,
+        ).reshape(n_gpu, -1),
+        axis=1,
+    )
+    grid = np.arange(_ACT_BINS + 1) / _ACT_BINS
+    q01 = grid[np.argmax(cum >= 0.01 * total[:, None], axis=1)]
+    q99 = grid[np.argmax(cum >= 0.99 * total[:, None], axis=1)]
+    spread = np.where(total > 0, q99 - q01, 0.0)
+    clean = np.array([r is None for r in reasons])
+    weak = clean & ((n_used < min_samples) | (spread < min_range) | (levels < min_levels))
+    for j in np.flatnonzero(weak):  # reason strings only
+        why = []
+        if n_used[j] < min_samples:
+            why.append(f"too few samples below the clamp (n = {int(n_used[j])} < {min_samples})")
+        if spread[j] < min_range:
+            why.append(f"activity range {spread[j]:.2f} < {min_range:g}: curve not identifiable")
+        if levels[j] < min_levels:
+            why.append(f"{int(levels[j])} distinct activity levels < {min_levels}")
+        reasons[j] = "; ".join(why)
+
+    # gamma: coarse grid, parabola, fine grid, parabola
+    with np.errstate(divide="ignore"):
+        ln_a = np.log(a_m)
+    best = np.full(n_gpu, 1.0)
+    for step in (0.05, 0.005):
+        if step == 0.05:
+            grid_g = np.arange(_GAMMA_RANGE[0], _GAMMA_RANGE[1] + 1e-9, step)
+            cand = np.broadcast_to(grid_g[:, None], (grid_g.size, n_gpu))
+        else:
+            offs = np.arange(-10, 11) * step
+            cand = np.clip(best[None, :] + offs[:, None], *_GAMMA_RANGE)
+        sse = np.stack([_ls_for_gamma(c, gpu, w, ln_a, p_m, n_gpu)[2] for c in cand])
+        k = np.argmin(sse, axis=0)
+        kk = np.clip(k, 1, cand.shape[0] - 2)
+        cols = np.arange(n_gpu)
+        y0, y1, y2 = sse[kk - 1, cols], sse[kk, cols], sse[kk + 1, cols]
+        den = y0 - 2 * y1 + y2
+        with np.errstate(divide="ignore", invalid="ignore"):
+            shift = np.where(den > 0, 0.5 * (y0 - y2) / den, 0.0)
+        g_k = cand[kk, cols] + np.clip(shift, -1.0, 1.0) * (cand[kk + 1, cols] - cand[kk, cols])
+        at_edge = (k == 0) | (k == cand.shape[0] - 1)
+        best = np.clip(np.where(at_edge, cand[k, cols], g_k), *_GAMMA_RANGE)
+    idle, span, sse_b = _ls_for_gamma(best, gpu, w, ln_a, p_m, n_gpu)
+    gamma = best
+    limit_eff = idle + span
+
+    # standard errors from J = [1, a^g, span a^g ln a] on the bins (weights = counts)
+    x = np.exp(gamma[gpu] * ln_a)
+    lx = x * np.where(a_m > 0, ln_a, 0.0) * span[gpu]
+
+    def seg(v: F64) -> F64:
+        return np.bincount(gpu, weights=v, minlength=n_gpu)
+
+    gram = np.empty((n_gpu, 3, 3))
+    cols3 = (np.ones_like(x), x, lx)
+    for i in range(3):
+        for j in range(i, 3):
+            gram[:, i, j] = gram[:, j, i] = seg(w * cols3[i] * cols3[j])
+    sigma2 = (sse_b + within) / np.maximum(total - 3.0, 1.0)
+    cov = np.linalg.pinv(gram) * sigma2[:, None, None]
+    se_idle = np.sqrt(np.maximum(cov[:, 0, 0], 0.0))
+    se_lim = np.sqrt(np.maximum(cov[:, 0, 0] + cov[:, 1, 1] + 2 * cov[:, 0, 1], 0.0))
+    se_g = np.sqrt(np.maximum(cov[:, 2, 2], 0.0))
+    data_ok = np.array([r is None for r in reasons])
+    fitted = np.isfinite(idle) & np.isfinite(span) & (span > 0) & (idle > 0)
+    idle_ok = data_ok & fitted & (se_idle <= max_rel_stderr * idle)
+    limit_ok = data_ok & fitted & (se_lim <= max_rel_stderr * limit_eff)
+    gamma_ok = (gamma > _GAMMA_RANGE[0] + 1e-9) & (gamma < _GAMMA_RANGE[1] - 1e-9)
+    for j in np.flatnonzero(data_ok & ~(fitted & idle_ok & limit_ok & gamma_ok)):
+        why = []
+        if not fitted[j]:
+            why.append("fit failed (idle or span not positive)")
+        else:
+            if not idle_ok[j]:
+                why.append(
+                    f"idle power not identifiable (standard error {100 * se_idle[j] / idle[j]:.1f}"
+                    f" % > {100 * max_rel_stderr:g} %)"
+                )
+            if not limit_ok[j]:
+                why.append(
+                    f"limit not identifiable (standard error "
+                    f"{100 * se_lim[j] / limit_eff[j]:.1f} % > {100 * max_rel_stderr:g} %)"
+                )
+            if not gamma_ok[j]:
+                why.append(f"gamma at the edge of {_GAMMA_RANGE[0]}..{_GAMMA_RANGE[1]}")
+        reasons[j] = "; ".join(why) if why else None
+    usable = np.array([r is None for r in reasons])
+    model = gpu_power_w(
+        act, idle, limit_eff, gamma, cap_w=None if limit_w is None else np.asarray(limit_w)
+    )
+    mae_w = np.where(data_ok & fitted, mae(power, model), np.nan)
+
+    return PowerCurveFit(
+        idle_w=np.where(idle_ok & gamma_ok, idle, np.nan),
+        limit_w=np.where(limit_ok & gamma_ok, limit_eff, np.nan),
+        gamma=np.where(usable, gamma, np.nan),
+        idle_stderr_w=se_idle,
+        limit_stderr_w=se_lim,
+        gamma_stderr=se_g,
+        mae_w=mae_w,
+        n_samples=n_used.astype(np.int64),
+        activity_range=spread,
+        usable=usable,
+        reason=reasons,
+    )

@@ -11,10 +11,25 @@ handles 10,000 GPUs. A fitter can reuse :func:`rc_simulate` as its output-error 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-__all__ = ["rc_simulate", "rc_step", "steady_temp_c", "time_constant_s"]
+from models.fit_quality import data_problems, hold_gaps, join_reasons
+
+__all__ = [
+    "RcFit",
+    "fit_rc",
+    "predict_temp_c",
+    "rc_simulate",
+    "rc_step",
+    "steady_temp_c",
+    "time_constant_s",
+    "time_to_temp_s",
+]
+
+F64 = NDArray[np.float64]
 
 
 def steady_temp_c(
@@ -197,3 +212,703 @@ def rc_simulate(
         t = rc_step(t, ref[k - 1], power[k - 1], r, c, dt[k - 1] if per_step else dt)
         out[k] = t
     return out
+
+
+# ---- fitting and prediction ---------------------------------------------------------------------
+
+#: Bounds of the fitted time constant as multiples of the sample interval [1]: below ~0.05 dt a
+#: step is over before the next sample and C cannot be seen; 1e4 dt is far beyond a GPU's RC.
+_TAU_BOUNDS_DT = (0.05, 1.0e4)
+_OE_BLOCK = 256  # time samples per block of the output-error pass (bounds the memory used)
+_OE_TOL = 1e-2  # convergence: predicted drop of the sum of squares below this x sigma^2
+
+
+@dataclass(frozen=True)
+class RcFit:
+    """Per-GPU result of :func:`fit_rc`; every array has one entry per GPU (shape ``(N,)``).
+
+    Parameters of an unusable fit are NaN; ``reason`` says why.
+
+    Attributes
+    ----------
+    r_k_per_w : numpy.ndarray
+        Thermal resistance R. [K/W]
+    c_j_per_k : numpy.ndarray
+        Heat capacity C. [J/K]
+    offset_k : numpy.ndarray
+        Local coolant (or air) temperature above the measured reference. [K]
+    temp0_c : numpy.ndarray
+        Fitted temperature at the first sample. [°C]
+    tau_s : numpy.ndarray
+        Time constant R·C. [s]
+    r_stderr_k_per_w, c_stderr_j_per_k : numpy.ndarray
+        Standard errors of R and C (Gauss-Newton covariance, inflated for residual
+        autocorrelation). [K/W], [J/K]
+    one_step_std_k : numpy.ndarray
+        Standard deviation of the one-step-ahead prediction error (measured temperature of
+        sample k advanced one step against sample k + 1). [K]
+    sim_mae_k : numpy.ndarray
+        Mean absolute error of the simulated trajectory (output error) over the fit window. [K]
+    n_samples : numpy.ndarray
+        Temperature samples used. [1]
+    usable : numpy.ndarray
+        False where the data or the fit cannot be trusted. [bool]
+    reason : list of (str or None)
+        Why a fit is unusable, None where it is usable.
+    """
+
+    r_k_per_w: F64
+    c_j_per_k: F64
+    offset_k: F64
+    temp0_c: F64
+    tau_s: F64
+    r_stderr_k_per_w: F64
+    c_stderr_j_per_k: F64
+    one_step_std_k: F64
+    sim_mae_k: F64
+    n_samples: NDArray[np.int64]
+    usable: NDArray[np.bool_]
+    reason: list[str | None]
+
+
+def _as_time_by_device(x: ArrayLike, n_t: int) -> F64:
+    """A scalar, a ``(T,)`` series, ``(1, N)`` or ``(T, N)`` as a ``(T, 1)`` or ``(T, N)`` array."""
+    a = np.asarray(x, dtype=float)
+    if a.ndim == 0:
+        a = a.reshape(1, 1)
+    elif a.ndim == 1:
+        a = a[:, None]
+    return np.broadcast_to(a, (n_t, a.shape[1]))
+
+
+def _row_blocks(n_rows: int) -> list[tuple[int, int]]:
+    return [(k0, min(k0 + _OE_BLOCK, n_rows)) for k0 in range(0, n_rows, _OE_BLOCK)]
+
+
+def _one_step_moments(
+    temp: NDArray[np.floating],
+    ref: NDArray[np.floating],
+    power: NDArray[np.floating],
+    valid: NDArray[np.bool_] | None,
+) -> dict[str, F64]:
+    """Means and covariances of ``y = T[k+1] - T_ref[k]``, ``z = T[k] - T_ref[k]``, ``P[k]``.
+
+    Over the pairs of consecutive valid temperatures, per GPU; accumulated over blocks of time
+    in float64 from per-GPU shifted values (so that float32 inputs lose nothing that matters).
+    """
+    n_t, n = temp.shape
+    sz = (temp[0] - ref[0]).astype(np.float64)
+    sp = power[0].astype(np.float64)
+    sz_d, sp_d = sz.astype(temp.dtype), sp.astype(temp.dtype)
+    keys = ("n", "y", "z", "p", "zz", "zp", "pp", "zy", "py", "yy")
+    s = {k: np.zeros(n) for k in keys}
+
+    def dot(u: NDArray[np.floating], v: NDArray[np.floating]) -> F64:
+        return np.einsum("tn,tn->n", u, v)
+
+    zb, yb, pb = (np.empty((_OE_BLOCK, n), dtype=temp.dtype) for _ in range(3))
+    for k0, k1 in _row_blocks(n_t - 1):
+        z, y, p = zb[: k1 - k0], yb[: k1 - k0], pb[: k1 - k0]
+        np.subtract(temp[k0:k1], ref[k0:k1], out=z)
+        z -= sz_d
+        np.subtract(temp[k0 + 1 : k1 + 1], ref[k0:k1], out=y)
+        y -= sz_d
+        np.subtract(power[k0:k1], sp_d, out=p)
+        if valid is None:
+            s["n"] += k1 - k0
+        else:
+            ok = valid[k0:k1] & valid[k0 + 1 : k1 + 1]
+            z *= ok
+            y *= ok
+            p *= ok
+            s["n"] += ok.sum(axis=0)
+        s["y"] += y.sum(axis=0)
+        s["z"] += z.sum(axis=0)
+        s["p"] += p.sum(axis=0)
+        s["zz"] += dot(z, z)
+        s["zp"] += dot(z, p)
+        s["pp"] += dot(p, p)
+        s["zy"] += dot(z, y)
+        s["py"] += dot(p, y)
+        s["yy"] += dot(y, y)
+    cnt = np.maximum(s["n"], 1.0)
+    m = {k: s[k] / cnt for k in ("y", "z", "p")}
+    out = {
+        "n": s["n"],
+        "my": m["y"] + sz,
+        "mz": m["z"] + sz,
+        "mp": m["p"] + sp,
+    }
+    for k in ("zz", "zp", "pp", "zy", "py", "yy"):
+        out["c" + k] = s[k] / cnt - m[k[0]] * m[k[1]]
+    return out
+
+
+def _linear_seed(mom: dict[str, F64], dt_s: float) -> tuple[F64, F64, F64]:
+    """One-step linear least squares on the exact ZOH model: returns (R, tau, offset).
+
+    ``T[k+1] - T_ref[k] = a (T[k] - T_ref[k]) + b0 + b1 P[k]`` with ``a = exp(-dt/tau)``,
+    ``b0 = (1 - a) offset``, ``b1 = (1 - a) R``, from the moments of
+    :func:`_one_step_moments`.
+    """
+    det = mom["czz"] * mom["cpp"] - mom["czp"] ** 2
+    with np.errstate(divide="ignore", invalid="ignore"):
+        a = np.where(det > 0, (mom["czy"] * mom["cpp"] - mom["cpy"] * mom["czp"]) / det, np.nan)
+        b1 = np.where(det > 0, (mom["czz"] * mom["cpy"] - mom["czp"] * mom["czy"]) / det, np.nan)
+        b0 = mom["my"] - a * mom["mz"] - b1 * mom["mp"]
+        lo, hi = np.exp(-1.0 / _TAU_BOUNDS_DT[0]), np.exp(-1.0 / _TAU_BOUNDS_DT[1])
+        a_c = np.clip(np.nan_to_num(a, nan=0.5), lo, hi)
+        r = b1 / (1.0 - a_c)
+        off = b0 / (1.0 - a_c)
+        tau = -dt_s / np.log(a_c)
+    return r, tau, off
+
+
+def _one_step_std(mom: dict[str, F64], r: F64, c: F64, off: F64, dt_s: float) -> F64:
+    """Std of ``T[k+1] - rc_step(T[k], T_ref[k] + offset, P[k], R, C, dt)`` from the moments."""
+    a = np.exp(-dt_s / (r * c))
+    b = (1.0 - a) * r  # e = y - a z - (1 - a) offset - b P
+    var = (
+        mom["cyy"]
+        + a * a * mom["czz"]
+        + b * b * mom["cpp"]
+        - 2.0 * a * mom["czy"]
+        - 2.0 * b * mom["cpy"]
+        + 2.0 * a * b * mom["czp"]
+    )
+    return np.sqrt(np.maximum(var, 0.0))
+
+
+class _Work:
+    """Scratch arrays of :func:`_oe_pass`, reused over passes (no large allocation per block)."""
+
+    def __init__(self, n: int, dtype: type[np.floating]) -> None:
+        self.n = n
+        self.buf = np.empty((_OE_BLOCK + 1, 4, n), dtype=dtype)
+        self.u = np.empty((_OE_BLOCK, n), dtype=dtype)
+        self.c1u = np.empty((_OE_BLOCK, n), dtype=dtype)
+        self.c1p = np.empty((_OE_BLOCK, n), dtype=dtype)
+        self.e = np.empty((_OE_BLOCK, n), dtype=dtype)
+        self.d = np.empty(n, dtype=dtype)
+
+
+def _oe_pass(
+    temp: NDArray[np.floating],
+    ref: NDArray[np.floating],
+    power: NDArray[np.floating],
+    valid: NDArray[np.bool_] | None,
+    theta: F64,
+    dt_s: float,
+    work: _Work | None = None,
+) -> dict[str, F64]:
+    """Simulate the RC model and its forward sensitivities over the whole window, per GPU.
+
+    ``theta`` rows: R [K/W], ln tau [ln s], offset [K], T0 [°C]. The trajectory is the one of
+    :func:`rc_simulate` (the same exact ZOH recursion, written out so that the sensitivities
+    ride along): with ``U[k] = T_ref[k] + offset + R P[k]`` and ``a = exp(-dt/tau)``,
+
+        x[k+1]  = a x[k] + (1 - a) U[k]              x[0] = T0
+        sR[k+1] = a sR[k] + (1 - a) P[k]             dx/dR
+        sa[k+1] = a sa[k] + x[k] - U[k]              dx/da
+        s0[k+1] = a s0[k]                            dx/dT0 (= a^k); dx/doffset = 1 - a^k
+
+    ``temp`` holds 0 where ``valid`` is False (``valid`` None: every sample is valid). Returns
+    the Gauss-Newton normal equations (``gram`` (N, 4, 4), ``grad`` (N, 4) = J^T e) in the
+    parameters of ``theta``, the sums of squared and absolute residuals, the lag-1 residual
+    product and the count of residuals. The loop runs over time in blocks (float32 by
+    default); block sums are added up in float64.
+    """
+    dtype = temp.dtype
+    n_t, n = temp.shape
+    if work is None or work.n != n:
+        work = _Work(n, dtype)  # type: ignore[arg-type]
+    r, ln_tau, off, t0 = theta
+    tau = np.exp(ln_tau)
+    a64 = np.exp(-dt_s / tau)
+    dadl = a64 * dt_s / tau  # da / d(ln tau)
+    a = a64.astype(dtype)
+    c1 = (1.0 - a64).astype(dtype)
+    r_d, off_d = r.astype(dtype), off.astype(dtype)
+    buf, d = work.buf, work.d
+    state = np.zeros((4, n), dtype=dtype)
+    state[0] = t0
+    state[3] = 1.0
+    keys = ("rr", "ra", "aa", "r0", "a0", "00", "re", "ae", "0e", "ee", "r", "a", "0", "e", "w")
+    acc = {k: np.zeros(n) for k in keys}
+    sae = np.zeros(n)
+    lag = np.zeros(n)
+    prev_e: F64 | None = None
+    with_s0 = True
+
+    def dot(u: NDArray[np.floating], v: NDArray[np.floating]) -> F64:
+        return np.einsum("tn,tn->n", u, v)
+
+    for k0, k1 in _row_blocks(n_t):
+        nb = k1 - k0
+        p_b = power[k0:k1]
+        u_b, c1u, c1p, e = work.u[:nb], work.c1u[:nb], work.c1p[:nb], work.e[:nb]
+        np.multiply(p_b, r_d, out=u_b)
+        u_b += ref[k0:k1]
+        u_b += off_d
+        np.multiply(u_b, c1, out=c1u)
+        np.multiply(p_b, c1, out=c1p)
+        buf[0] = state
+        for kk in range(nb):
+            cur, nxt = buf[kk], buf[kk + 1]
+            np.subtract(cur[0], u_b[kk], out=d)
+            np.multiply(a, cur, out=nxt)
+            nxt[0] += c1u[kk]
+            nxt[1] += c1p[kk]
+            nxt[2] += d
+        state = buf[nb].copy()
+        x, sr, sa, s0 = buf[:nb, 0], buf[:nb, 1], buf[:nb, 2], buf[:nb, 3]
+        np.subtract(temp[k0:k1], x, out=e)
+        if valid is None:
+            acc["w"] += nb
+        else:
+            w = valid[k0:k1]
+            e *= w
+            sr, sa, s0 = sr * w, sa * w, s0 * w
+            acc["w"] += w.sum(axis=0)
+        acc["rr"] += dot(sr, sr)
+        acc["ra"] += dot(sr, sa)
+        acc["aa"] += dot(sa, sa)
+        acc["re"] += dot(sr, e)
+        acc["ae"] += dot(sa, e)
+        acc["ee"] += dot(e, e)
+        acc["r"] += sr.sum(axis=0)
+        acc["a"] += sa.sum(axis=0)
+        acc["e"] += e.sum(axis=0)
+        if with_s0:  # dx/dT0 = a^k dies out after a few time constants
+            acc["r0"] += dot(sr, s0)
+            acc["a0"] += dot(sa, s0)
+            acc["00"] += dot(s0, s0)
+            acc["0e"] += dot(s0, e)
+            acc["0"] += s0.sum(axis=0)
+            with_s0 = bool(np.abs(state[3]).max() > 1e-9)
+        lag += dot(e[1:], e[:-1])
+        if prev_e is not None:
+            lag += prev_e * e[0]
+        prev_e = e[-1].astype(np.float64)
+        np.abs(e, out=e)
+        sae += e.sum(axis=0)
+    # Jacobian columns: [sR, sa * da/dlntau, 1 - s0, s0]; sums with (1 - s0) by difference.
+    q = dadl
+    g = np.empty((n, 4, 4))
+    g[:, 0, 0] = acc["rr"]
+    g[:, 0, 1] = g[:, 1, 0] = acc["ra"] * q
+    g[:, 1, 1] = acc["aa"] * q * q
+    g[:, 0, 2] = g[:, 2, 0] = acc["r"] - acc["r0"]
+    g[:, 1, 2] = g[:, 2, 1] = (acc["a"] - acc["a0"]) * q
+    g[:, 0, 3] = g[:, 3, 0] = acc["r0"]
+    g[:, 1, 3] = g[:, 3, 1] = acc["a0"] * q
+    g[:, 2, 2] = acc["w"] - 2.0 * acc["0"] + acc["00"]
+    g[:, 2, 3] = g[:, 3, 2] = acc["0"] - acc["00"]
+    g[:, 3, 3] = acc["00"]
+    grad = np.stack([acc["re"], acc["ae"] * q, acc["e"] - acc["0e"], acc["0e"]], axis=1)
+    return {"gram": g, "grad": grad, "sse": acc["ee"], "sae": sae, "lag": lag, "n": acc["w"]}
+
+
+def _solve_damped(gram: F64, grad: F64, lam: F64) -> F64:
+    """Levenberg-Marquardt step (G + lam diag(G)) delta = g for every GPU at once."""
+    diag = np.diagonal(gram, axis1=1, axis2=2)
+    scale = np.where(diag > 0, diag, 1.0)
+    m = gram + (lam[:, None] * scale + 1e-12 * scale)[:, :, None] * np.eye(4)[None]
+    m = np.where(np.isfinite(m), m, 0.0) + 1e-300 * np.eye(4)[None]
+    try:
+        return np.linalg.solve(m, grad[:, :, None])[:, :, 0]
+    except np.linalg.LinAlgError:
+        out = np.zeros_like(grad)
+        for i in range(len(grad)):  # singular systems only; rare
+            out[i] = np.linalg.lstsq(m[i], grad[i], rcond=None)[0]
+        return out
+
+
+def fit_rc(
+    temp_c: ArrayLike,
+    ref_temp_c: ArrayLike,
+    power_w: ArrayLike,
+    dt_s: float,
+    *,
+    iterations: int = 8,
+    min_samples: int = 300,
+    max_gap_frac: float = 0.2,
+    max_stuck_s: float = 300.0,
+    max_rel_stderr_r: float = 0.02,
+    max_rel_stderr_c: float = 0.05,
+    dtype: type[np.floating] = np.float32,
+) -> RcFit:
+    r"""Fit R, C and the coolant offset of the RC model per GPU, for thousands of GPUs at once.
+
+    Parameters
+    ----------
+    temp_c : array_like
+        Measured GPU (or HBM) temperature, shape ``(T, N)``; NaN for a missing reading. [°C]
+    ref_temp_c : array_like
+        Reference temperature: coolant supply (liquid) or inlet air (air), shape ``(T, N)`` or
+        broadcastable (``(T, 1)`` for one loop). Gaps are held from the last valid value. [°C]
+    power_w : array_like
+        Measured board power, shape ``(T, N)``; gaps held as for ``ref_temp_c``. [W]
+    dt_s : float
+        Sample interval of the regular time grid. [s]
+    iterations : int, default 8
+        Most Levenberg-Marquardt passes of the output-error refinement; 0 returns the
+        one-step linear least-squares seed (biased: C comes out low under sensor noise).
+    min_samples : int, default 300
+        Fewest temperature samples a GPU needs. [1]
+    max_gap_frac : float, default 0.2
+        Largest share of missing temperature (or power) readings. [1]
+    max_stuck_s : float, default 300
+        Longest run of identical temperature or power readings before the sensor counts as
+        stuck. [s]
+    max_rel_stderr_r, max_rel_stderr_c : float, default 0.02 and 0.05
+        Largest relative standard error of R and of C for a usable fit: a GPU whose power
+        barely moves leaves R tangled with the offset and C unseen. [1]
+    dtype : numpy float type, default numpy.float32
+        Precision of the simulated trajectories; sums are float64 either way.
+
+    Returns
+    -------
+    RcFit
+        Per-GPU parameters, standard errors, fit quality, ``usable`` and ``reason``.
+
+    Notes
+    -----
+    The model (:func:`rc_step`, exact zero-order hold) with an offset of the local coolant
+    above the measured reference:
+
+    .. math::
+
+        C\,\frac{dT}{dt} = P - \frac{T - T_{ref} - \Delta}{R}
+        \quad\Rightarrow\quad
+        T_{k+1} = a\,T_k + (1 - a)(T_{ref,k} + \Delta + R\,P_k),\quad a = e^{-\Delta t/(RC)}
+
+    1. Seed: linear least squares of the one-step equation in :math:`(a, (1-a)\Delta,
+       (1-a)R)`. Sensor noise on :math:`T_k`, a regressor, biases :math:`a` low, so the seed
+       gets R nearly right and C low (18 % in the issue's synthetic case, 28 % in that of
+       ``tests/test_model_fits.py``).
+    2. Output error: simulate the whole trajectory from :math:`T_0` and minimize
+       :math:`\sum_k (T_k - \hat T_k)^2` over :math:`(R, \ln\tau, \Delta, T_0)` with
+       Levenberg-Marquardt, all GPUs at once, the Jacobian from forward sensitivities that
+       ride along the simulation (time loop in numpy over blocks; no loop over GPUs). Output
+       noise does not enter the regressors, so the estimate is consistent.
+
+    Standard errors come from :math:`\sigma^2 (J^TJ)^{-1}`, inflated by
+    :math:`(1+\rho_1)/(1-\rho_1)` for the lag-1 autocorrelation of the residuals.
+
+    Cost: one pass is a time loop of a few numpy operations on ``(4, N)`` arrays plus float32
+    reductions; 10,000 GPUs x 3,600 samples take a few seconds in all (see the tests).
+
+    References
+    ----------
+    physics.md §2.2 (steady state above the local coolant, position along the loop),
+    §2.3 and §9.2 (time constants: fit an RC model from power steps, checkpoint dips and job
+    starts being natural steps); DESIGN.md "Measured on this kind of machine" (the one-step fit
+    gets C about 17 % low; fitting the simulated trajectory recovers both).
+
+    Examples
+    --------
+    >>> rng = np.random.default_rng(0)
+    >>> p = np.repeat(rng.choice([150.0, 650.0], (40, 2)), 30, axis=0)
+    >>> t = rc_simulate(40.0, 30.0, p, np.array([0.03, 0.05]), np.array([300.0, 400.0]), 1.0)
+    >>> fit = fit_rc(t + rng.normal(0, 0.2, t.shape), 30.0, p, 1.0)
+    >>> fit.r_k_per_w.round(3), (fit.c_j_per_k / 100).round(), fit.usable
+    (array([0.03, 0.05]), array([3., 4.]), array([ True,  True]))
+    """
+    temp = np.asarray(temp_c, dtype=float)
+    if temp.ndim == 1:
+        temp = temp[:, None]
+    n_t, n_gpu = temp.shape
+    power = np.broadcast_to(np.asarray(power_w, dtype=float), temp.shape)
+    ref = _as_time_by_device(ref_temp_c, n_t)
+    dt = float(dt_s)
+
+    def prefix(what: str, reasons: list[str | None]) -> list[str | None]:
+        return [f"{what}: {r}" if r else None for r in reasons]
+
+    ref_problems = data_problems(
+        ref,
+        min_samples=min_samples,
+        max_gap_frac=max_gap_frac,
+        flat_std=0.0,
+        max_stuck_s=None,
+        dt_s=dt,
+    )
+    if len(ref_problems) == 1:
+        ref_problems = ref_problems * n_gpu
+    reasons = join_reasons(
+        prefix(
+            "temperature",
+            data_problems(
+                temp,
+                min_samples=min_samples,
+                max_gap_frac=max_gap_frac,
+                flat_std=0.05,
+                max_stuck_s=max_stuck_s,
+                dt_s=dt,
+            ),
+        ),
+        prefix(
+            "power",
+            data_problems(
+                power,
+                min_samples=min_samples,
+                max_gap_frac=max_gap_frac,
+                flat_std=0.1,
+                max_stuck_s=max_stuck_s,
+                dt_s=dt,
+            ),
+        ),
+        prefix("reference", ref_problems),
+    )
+    good = np.array([r is None for r in reasons])
+    cols = np.flatnonzero(good)
+    out = {k: np.full(n_gpu, np.nan) for k in ("r", "c", "off", "t0", "tau", "ser", "sec")}
+    out.update({k: np.full(n_gpu, np.nan) for k in ("one", "mae")})
+    n_used = np.isfinite(temp).sum(axis=0).astype(np.int64)
+    usable = np.zeros(n_gpu, dtype=bool)
+    if cols.size:
+        sub = cols.size < n_gpu
+        t_g = temp[:, cols] if sub else temp
+        p_g = hold_gaps(np.asarray(power[:, cols] if sub else power))
+        ref_g = hold_gaps(np.asarray(ref if ref.shape[1] == 1 else ref[:, cols]))
+        valid_g = np.isfinite(t_g)
+        all_valid = bool(valid_g.all())
+        valid: NDArray[np.bool_] | None = None if all_valid else valid_g
+        t_w = t_g.astype(dtype)
+        if valid is not None:
+            t_w[~valid] = 0.0
+        p_w, ref_w = p_g.astype(dtype), ref_g.astype(dtype)
+        mom = _one_step_moments(t_w, ref_w, p_w, valid)
+        r0, tau0, off0 = _linear_seed(mom, dt)
+        t0 = np.where(valid_g[0], t_g[0], ref_g[0] + off0 + r0 * p_g[0])
+        lo, hi = np.log(_TAU_BOUNDS_DT[0] * dt), np.log(_TAU_BOUNDS_DT[1] * dt)
+        theta = np.stack([r0, np.clip(np.log(tau0), lo, hi), off0, t0])
+        theta = np.where(np.isfinite(theta), theta, np.array([[0.03], [np.log(10.0)], [0], [40]]))
+        work = _Work(cols.size, dtype)
+        cur = _oe_pass(t_w, ref_w, p_w, valid, theta, dt, work)
+        lam = np.full(cols.size, 1e-3)
+        act = np.arange(cols.size)  # GPUs still iterating: the columns of t_w, p_w, ...
+        for _ in range(iterations):
+            step = _solve_damped(cur["gram"][act], cur["grad"][act], lam[act]).T
+            # Converged: the step would lower the sum of squares by less than tol * sigma^2,
+            # i.e. the parameters sit within ~0.1 standard error of the optimum.
+            gain = np.einsum("pn,np->n", step, cur["grad"][act])
+            sigma2 = cur["sse"][act] / np.maximum(cur["n"][act], 1.0)
+            done = (gain < _OE_TOL * sigma2) | (lam[act] > 1e6)
+            if done.all():
+                break
+            if done.mean() > 0.25:  # drop converged GPUs from the next passes
+                left = ~done
+                act, step = act[left], step[:, left]
+                t_w, p_w = t_w[:, left], p_w[:, left]
+                ref_w = ref_w if ref_w.shape[1] == 1 else ref_w[:, left]
+                valid = None if valid is None else valid[:, left]
+                work = _Work(act.size, dtype)
+            trial = theta[:, act] + step
+            trial[1] = np.clip(trial[1], lo, hi)
+            trial[0] = np.maximum(trial[0], 1e-6)
+            new = _oe_pass(t_w, ref_w, p_w, valid, trial, dt, work)
+            better = new["sse"] < cur["sse"][act]
+            theta[:, act] = np.where(better, trial, theta[:, act])
+            for k in cur:
+                keep = better.reshape((-1,) + (1,) * (cur[k].ndim - 1))
+                cur[k][act] = np.where(keep, new[k], cur[k][act])
+            lam[act] = np.where(better, lam[act] * 0.2, lam[act] * 10.0)
+        r, ln_tau, off, t0 = theta
+        tau = np.exp(ln_tau)
+        c = tau / r
+        n = cur["n"]
+        sigma2 = cur["sse"] / np.maximum(n - 4.0, 1.0)
+        rho = np.clip(cur["lag"] / np.maximum(cur["sse"], 1e-300), 0.0, 0.99)
+        infl = (1.0 + rho) / (1.0 - rho)
+        cov = np.linalg.pinv(cur["gram"]) * (sigma2 * infl)[:, None, None]
+        var_r = cov[:, 0, 0]
+        var_lnc = cov[:, 1, 1] + var_r / r**2 - 2.0 * cov[:, 0, 1] / r  # ln C = ln tau - ln R
+        se_r = np.sqrt(np.maximum(var_r, 0.0))
+        se_c = c * np.sqrt(np.maximum(var_lnc, 0.0))
+        one = _one_step_std(mom, r, c, off, dt)
+        fitted = np.isfinite(r) & (r > 1e-6) & np.isfinite(c)
+        r_bad = fitted & ~(se_r <= max_rel_stderr_r * r)
+        c_bad = fitted & ~(se_c <= max_rel_stderr_c * c)
+        at_bound = fitted & ~((ln_tau > lo + 1e-6) & (ln_tau < hi - 1e-6))
+        fit_reason: list[str | None] = [None] * cols.size
+        for j in np.flatnonzero(~fitted | r_bad | c_bad | at_bound):  # reasons only
+            why: list[str] = []
+            if not fitted[j]:
+                why.append("fit failed (R or C not positive and finite)")
+            if r_bad[j]:
+                why.append(
+                    f"R not identifiable (standard error {100 * se_r[j] / r[j]:.1f} % > "
+                    f"{100 * max_rel_stderr_r:g} %): power does not vary enough"
+                )
+            if c_bad[j]:
+                why.append(
+                    f"C not identifiable (standard error {100 * se_c[j] / c[j]:.1f} % > "
+                    f"{100 * max_rel_stderr_c:g} %): too few or too small power steps"
+                )
+            if at_bound[j]:
+                why.append(
+                    f"C not identifiable (time constant {tau[j]:.3g} s at the bound of the fit)"
+                )
+            fit_reason[j] = "; ".join(why)
+        ok = np.array([w is None for w in fit_reason])
+        for key, val in (
+            ("r", r),
+            ("c", c),
+            ("off", off),
+            ("t0", t0),
+            ("tau", tau),
+            ("ser", se_r),
+            ("sec", se_c),
+            ("one", one),
+            ("mae", cur["sae"] / np.maximum(n, 1.0)),
+        ):
+            out[key][cols] = np.where(ok, val, np.nan) if key in ("r", "c", "off", "tau") else val
+        usable[cols] = ok
+        for j, col in enumerate(cols):
+            reasons[col] = fit_reason[j]
+    return RcFit(
+        r_k_per_w=out["r"],
+        c_j_per_k=out["c"],
+        offset_k=out["off"],
+        temp0_c=out["t0"],
+        tau_s=out["tau"],
+        r_stderr_k_per_w=out["ser"],
+        c_stderr_j_per_k=out["sec"],
+        one_step_std_k=out["one"],
+        sim_mae_k=out["mae"],
+        n_samples=n_used,
+        usable=usable,
+        reason=reasons,
+    )
+
+
+def predict_temp_c(
+    temp0_c: ArrayLike,
+    ref_temp_c: ArrayLike,
+    power_w: ArrayLike,
+    r_k_per_w: ArrayLike,
+    c_j_per_k: ArrayLike,
+    dt_s: ArrayLike,
+    offset_k: ArrayLike = 0.0,
+) -> NDArray[np.float64]:
+    r"""Temperature path of a GPU for a given power path (transient), from a fitted model.
+
+    Parameters
+    ----------
+    temp0_c : array_like
+        Temperature at the first sample, e.g. the latest measurement, shape ``(...)``. [°C]
+    ref_temp_c : array_like
+        Coolant or inlet-air reference per sample, shape ``(n, ...)`` or broadcastable. [°C]
+    power_w : array_like
+        Power path, shape ``(n, ...)``. [W]
+    r_k_per_w, c_j_per_k : array_like
+        Fitted thermal resistance [K/W] and heat capacity [J/K] (:func:`fit_rc`).
+    dt_s : array_like
+        Sample interval, scalar or per interval. [s]
+    offset_k : array_like, default 0.0
+        Fitted offset of the local coolant above the reference (:attr:`RcFit.offset_k`). [K]
+
+    Returns
+    -------
+    numpy.ndarray
+        Temperature at each sample, shape ``(n, ...)``. [°C]
+
+    Notes
+    -----
+    :func:`rc_simulate` with the reference raised by the offset. The steady state of a
+    constant power is ``steady_temp_c(ref + offset, P, R)``:
+    :math:`T_{ss} = T_{ref} + \Delta + R\,P`.
+
+    References
+    ----------
+    physics.md §2.2 and §2.3.
+
+    Examples
+    --------
+    >>> predict_temp_c(40.0, 30.0, [700.0] * 3, 0.03, 1000.0, 30.0, 0.5).round(2)
+    array([40.  , 47.27, 49.94])
+    """
+    ref = np.asarray(ref_temp_c, dtype=float) + np.asarray(offset_k, dtype=float)
+    return rc_simulate(temp0_c, ref, power_w, r_k_per_w, c_j_per_k, dt_s)
+
+
+def time_to_temp_s(
+    temp0_c: ArrayLike,
+    ref_temp_c: ArrayLike,
+    power_w: ArrayLike,
+    r_k_per_w: ArrayLike,
+    c_j_per_k: ArrayLike,
+    dt_s: float,
+    threshold_c: ArrayLike,
+    offset_k: ArrayLike = 0.0,
+) -> NDArray[np.float64]:
+    r"""First time a power path takes the GPU to a temperature threshold, e.g. its slowdown.
+
+    Parameters
+    ----------
+    temp0_c : array_like
+        Temperature now, shape ``(...)``. [°C]
+    ref_temp_c : array_like
+        Coolant or inlet-air reference per sample, shape ``(n, ...)`` or broadcastable. [°C]
+    power_w : array_like
+        Power path, one value per sample held over the interval that follows it (the last
+        sample's value is not used), shape ``(n, ...)``. [W]
+    r_k_per_w, c_j_per_k : array_like
+        Thermal resistance [K/W] and heat capacity [J/K].
+    dt_s : float
+        Sample interval. [s]
+    threshold_c : array_like
+        Temperature to reach, e.g. ``max_operating_temp_c`` or ``slowdown_temp_c``. [°C]
+    offset_k : array_like, default 0.0
+        Local coolant above the reference. [K]
+
+    Returns
+    -------
+    numpy.ndarray
+        Seconds from the first sample until the temperature first reaches the threshold
+        (rising); 0 if it is already there; ``inf`` if it does not within the path. [s]
+
+    Notes
+    -----
+    Within an interval the exact solution is
+    :math:`T(t) = T_{ss} + (T_k - T_{ss})\,e^{-t/\tau}`, so the crossing inside interval
+    :math:`k` is found exactly:
+    :math:`t^* = t_k + \tau \ln\frac{T_k - T_{ss}}{T_{th} - T_{ss}}`.
+
+    References
+    ----------
+    physics.md §2.1 (slowdown thresholds), §2.2 and §2.3.
+
+    Examples
+    --------
+    >>> # 30 °C coolant, R = 0.03 K/W, tau = 10 s, 700 W: steady 51 °C; 50 °C at tau ln 21
+    >>> round(float(time_to_temp_s(30.0, 30.0, [700.0] * 61, 0.03, 1000 / 3, 1.0, 50.0)), 3)
+    30.445
+    >>> float(time_to_temp_s(30.0, 30.0, [700.0] * 61, 0.03, 1000 / 3, 1.0, 60.0))
+    inf
+    """
+    power = np.asarray(power_w, dtype=float)
+    ref = np.broadcast_to(
+        np.asarray(ref_temp_c, dtype=float) + np.asarray(offset_k, dtype=float), power.shape
+    )
+    r = np.asarray(r_k_per_w, dtype=float)
+    c = np.asarray(c_j_per_k, dtype=float)
+    thr = np.asarray(threshold_c, dtype=float)
+    traj = rc_simulate(temp0_c, ref, power, r, c, dt_s)
+    shape = np.broadcast_shapes(traj.shape[1:], thr.shape)
+    start, end = traj[:-1], traj[1:]
+    t_ss = steady_temp_c(ref[:-1], power[:-1], r)
+    cross = (start < thr) & (end >= thr)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        frac = time_constant_s(r, c) * np.log((start - t_ss) / (thr - t_ss))
+    frac = np.clip(np.where(cross, frac, 0.0), 0.0, dt_s)
+    times = np.arange(traj.shape[0] - 1).reshape((-1,) + (1,) * (traj.ndim - 1)) * dt_s + frac
+    any_cross = np.broadcast_to(cross.any(axis=0), shape)
+    first = np.broadcast_to(np.argmax(cross, axis=0), shape)
+    t_first = np.take_along_axis(
+        np.broadcast_to(times, (times.shape[0], *shape)), first[None], axis=0
+    )[0]
+    out = np.where(any_cross, t_first, np.inf)
+    return np.where(np.broadcast_to(traj[0] >= thr, shape), 0.0, out)

@@ -33,7 +33,7 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)
 
 DEMO_SITE = Path(__file__).resolve().parents[1] / "sample_telemetry" / "demo_site.yaml"
 
@@ -368,6 +368,61 @@ def maintain(
         if retention_days:
             result["deleted"] = store.apply_retention(retention_days)
     typer.echo(json.dumps(result))
+
+
+@app.command()
+def calibrate(
+    db: DbOpt = Path("dctwin.duckdb"),
+    site: SiteOpt = None,
+    window: Annotated[float, typer.Option(help="Seconds of telemetry to fit on.")] = 7200.0,
+    holdout: Annotated[
+        float, typer.Option(help="Last seconds of the window held out to score the fit.")
+    ] = 1200.0,
+    end: Annotated[str | None, typer.Option(help="ISO 8601 end (default: newest sample).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Fit every device against the store and save the parameters as a new version."""
+    from twin.calibrate.calibrate import calibrate as run_calibration
+    from twin.calibrate.calibrate import save_run
+
+    site_obj = _site(site or DEMO_SITE, required=True)
+    if holdout >= window:
+        raise _fail(f"--holdout {holdout:g} must be shorter than --window {window:g}")
+    with _store(db) as store:
+        try:
+            result = run_calibration(
+                store,
+                site_obj,
+                end=_parse_time(end, "--end") if end else None,
+                window_s=window,
+                holdout_s=holdout,
+            )
+        except ValueError as e:
+            raise _fail(str(e)) from None
+        save_run(store, result)
+    if as_json:
+        typer.echo(json.dumps(result))
+        return
+    out = Console()
+    run = result["run"]
+    out.print(
+        f"calibration run {run['run_id']}: {run['window_start']} .. {run['window_end']}"
+        f" ({run['gpus']} GPUs, {run['seconds']} s)"
+    )
+    for cls, d in sorted(result["classes"].items()):
+        out.print(f"[bold]{cls}[/] usable {d['usable_fraction']:.0%}")
+        for name, v in sorted(d.items()):
+            if isinstance(v, dict) and "median" in v:
+                out.print(
+                    f"  {name:22} median {v['median']:.4g}  p10 {v['p10']:.4g}"
+                    f"  p90 {v['p90']:.4g}  n={v['n']}"
+                )
+        for quantity, q in sorted(d.get("quality", {}).items()):
+            out.print(
+                f"  quality {quantity:18} MAE {q['mae']}  CV(RMSE) {q['cv_rmse']}  NMBE {q['nmbe']}"
+            )
+    for e in result["events"]:
+        out.print(f"[yellow]event[/] {e['id']}: {e['detail']}")
 
 
 @app.command()

@@ -100,6 +100,20 @@ def ddl() -> list[str]:
         "CREATE TABLE IF NOT EXISTS rollup_watermarks (kind VARCHAR NOT NULL,"
         " resolution VARCHAR NOT NULL, done_until TIMESTAMPTZ NOT NULL,"
         " PRIMARY KEY (kind, resolution))",
+        # calibration: versioned parameters with their fit quality (twin/calibrate)
+        "CREATE TABLE IF NOT EXISTS calibration_runs (run_id BIGINT PRIMARY KEY,"
+        " fitted_at TIMESTAMPTZ NOT NULL, window_start TIMESTAMPTZ NOT NULL,"
+        " window_end TIMESTAMPTZ NOT NULL, holdout_start TIMESTAMPTZ NOT NULL,"
+        " gpus INTEGER NOT NULL, seconds DOUBLE NOT NULL)",
+        "CREATE TABLE IF NOT EXISTS calibration_params (run_id BIGINT NOT NULL,"
+        " kind VARCHAR NOT NULL, id VARCHAR NOT NULL, param VARCHAR NOT NULL, value DOUBLE,"
+        " stderr DOUBLE, usable BOOLEAN NOT NULL, reason VARCHAR)",
+        "CREATE TABLE IF NOT EXISTS calibration_quality (run_id BIGINT NOT NULL,"
+        " kind VARCHAR NOT NULL, id VARCHAR NOT NULL, quantity VARCHAR NOT NULL, mae DOUBLE,"
+        " cv_rmse DOUBLE, nmbe DOUBLE, mape DOUBLE, n BIGINT)",
+        "CREATE TABLE IF NOT EXISTS calibration_events (run_id BIGINT NOT NULL,"
+        " kind VARCHAR NOT NULL, id VARCHAR NOT NULL, param VARCHAR NOT NULL, value DOUBLE,"
+        " own_median DOUBLE, fleet_median DOUBLE, detail VARCHAR)",
     ]
     for kind in KINDS:
         cols = ", ".join(f"{c} {_sql_type(kind, c)}" for c in quantity_columns(kind))

@@ -162,7 +162,7 @@ class Store:
         ).fetchall()
 
     def sample_counts(self) -> dict[str, int]:
-        return {k: self.con.execute(f"SELECT count(*) FROM {k}").fetchone()[0] for k in KINDS}
+        return {k: self.con.execute(f"SELECT count(*) FROM {k}").fetchall()[0][0] for k in KINDS}
 
     def status(self) -> dict[str, Any]:
         """What the store holds: samples per kind, time range, dead letters, unknown ids."""
@@ -170,7 +170,7 @@ class Store:
         samples = self.sample_counts()
         ranges = {}
         for k in KINDS:
-            lo, hi = con.execute(f"SELECT min(ts), max(ts) FROM {k}").fetchone()
+            lo, hi = con.execute(f"SELECT min(ts), max(ts) FROM {k}").fetchall()[0]
             if lo is not None:
                 ranges[k] = {"start": _iso(lo), "end": _iso(hi)}
         starts = [r["start"] for r in ranges.values()]
@@ -178,8 +178,8 @@ class Store:
         readings = {}
         for k in KINDS:
             expr = " + ".join(f"count({c})" for c in quantity_columns(k))
-            readings[k] = con.execute(f"SELECT {expr} FROM {k}").fetchone()[0]
-        readings_extra = con.execute("SELECT count(*) FROM extra_readings").fetchone()[0]
+            readings[k] = con.execute(f"SELECT {expr} FROM {k}").fetchall()[0][0]
+        readings_extra = con.execute("SELECT count(*) FROM extra_readings").fetchall()[0][0]
         dead = dict(
             con.execute(
                 "SELECT reason, count(*) FROM dead_letters GROUP BY reason ORDER BY reason"
@@ -201,12 +201,12 @@ class Store:
         ]
         messages, sources = con.execute(
             "SELECT count(*), count(DISTINCT source) FROM ingest_log"
-        ).fetchone()
+        ).fetchall()[0]
         gaps = con.execute(
             "SELECT coalesce(sum(gap), 0) FROM (SELECT seq - lag(seq) OVER"
             " (PARTITION BY kind, source ORDER BY received_at, seq) - 1 AS gap FROM ingest_log)"
             " WHERE gap > 0"
-        ).fetchone()[0]
+        ).fetchall()[0][0]
         return {
             "db": self.path,
             "samples": samples,
@@ -231,7 +231,7 @@ class Store:
         """
         written: dict[str, int] = {}
         for kind in KINDS:
-            newest = self.con.execute(f"SELECT max(ts) FROM {kind}").fetchone()[0]
+            newest = self.con.execute(f"SELECT max(ts) FROM {kind}").fetchall()[0][0]
             if newest is None:
                 continue
             limit = until or newest
@@ -239,20 +239,21 @@ class Store:
             aggs = ", ".join(f"avg({c}), min({c}), max({c})" for c in cols)
             for res, interval in ROLLUPS.items():
                 table = f"{kind}_{res}"
-                row = self.con.execute(
+                rows = self.con.execute(
                     "SELECT done_until FROM rollup_watermarks WHERE kind = ? AND resolution = ?",
                     [kind, res],
-                ).fetchone()
+                ).fetchall()
+                row = rows[0] if rows else None
                 start = (
                     row[0]
                     if row
                     else self.con.execute(
                         f"SELECT time_bucket(INTERVAL '{interval}', min(ts)) FROM {kind}"
-                    ).fetchone()[0]
+                    ).fetchall()[0][0]
                 )
                 end = self.con.execute(
                     f"SELECT time_bucket(INTERVAL '{interval}', ?::TIMESTAMPTZ)", [limit]
-                ).fetchone()[0]
+                ).fetchall()[0][0]
                 if end <= start:
                     continue
                 self.con.execute("BEGIN TRANSACTION")
@@ -262,7 +263,7 @@ class Store:
                         f" id, count(*), {aggs} FROM {kind} WHERE ts >= ? AND ts < ?"
                         " GROUP BY b, id",
                         [start, end],
-                    ).fetchone()[0]
+                    ).fetchall()[0][0]
                     self.con.execute(
                         "INSERT INTO rollup_watermarks VALUES (?, ?, ?) ON CONFLICT"
                         " (kind, resolution) DO UPDATE SET done_until = excluded.done_until",
@@ -282,10 +283,10 @@ class Store:
         for table in (*KINDS, "extra_readings"):
             deleted[table] = self.con.execute(
                 f"DELETE FROM {table} WHERE ts < ?", [cutoff]
-            ).fetchone()[0]
+            ).fetchall()[0][0]
         deleted["ingest_log"] = self.con.execute(
             "DELETE FROM ingest_log WHERE received_at < ?", [cutoff]
-        ).fetchone()[0]
+        ).fetchall()[0][0]
         return deleted
 
     def export_parquet(
@@ -298,7 +299,7 @@ class Store:
         for kind in kinds:
             n = self.con.execute(
                 f"SELECT count(*) FROM {kind} WHERE ts >= ? AND ts < ?", [start, end]
-            ).fetchone()[0]
+            ).fetchall()[0][0]
             if not n:
                 continue
             target = str(out / f"kind={kind}").replace("'", "''")

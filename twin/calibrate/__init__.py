@@ -1,0 +1,1 @@
+"""Calibration: fit every device of the site against windows of telemetry from the store."""

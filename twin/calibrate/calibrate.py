@@ -1,0 +1,468 @@
+"""Calibrate every device of a site against a window of telemetry from the store.
+
+The chain of DESIGN.md "The physics", fitted link by link with the functions of ``models``:
+GPU power curve (activity to power), GPU and HBM thermal RC (power to temperature above the
+coolant or inlet air), rack input power (GPU power to PDU power) and liquid capture (rack
+power to CDU heat). The last part of the window is held out: each model predicts it from the
+measured inputs, and the errors (MAE, CV(RMSE), NMBE, MAPE) are stored with the parameters.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from models import fit_quality
+from models.cdu import fit_capture_fraction, predict_return_temp_c
+from models.electrical import fit_rack_power
+from models.gpu_power import fit_power_curve
+from models.gpu_thermal import fit_rc, predict_temp_c
+from twin.calibrate.windows import Window, load_window
+from twin.site import Site
+from twin.store import Store
+
+#: A GPU's R is an event when it sits this far above its fleet's median (wider than the spread
+#: of healthy cold plates, ±15 % in physics.md §9.2's range) ...
+FLEET_BAND = 0.50
+#: ... and this far above its own history (the median of its earlier usable fits), if any.
+OWN_BAND = 0.20
+#: Temperature prediction horizon for the held-out quality figure (the issue's 10 minutes). [s]
+TEMP_HORIZON_S = 600.0
+
+
+@dataclass(frozen=True)
+class SiteIndex:
+    """The site flattened to index arrays the vectorized fits need."""
+
+    gpu_ids: list[str]
+    gpu_node: list[str]
+    gpu_rack: np.ndarray  # rack index per GPU
+    gpu_cdu: np.ndarray  # CDU index per GPU, -1 for air-cooled
+    gpu_class: list[str]  # catalog GPU model
+    gpu_fleet: list[str]
+    rack_names: list[str]
+    rack_pdus: list[list[str]]
+    rack_cdu: np.ndarray  # CDU index per rack, -1 for none
+    rack_prior: np.ndarray  # catalog capture fraction per rack
+    cdu_names: list[str]
+    cdu_fluid: list[str]
+
+
+def index_site(site: Site) -> SiteIndex:
+    cdu_names = [c.name for c in site.cdus]
+    cdu_pos = {n: i for i, n in enumerate(cdu_names)}
+    racks = site.racks
+    rack_pos = {r.name: i for i, r in enumerate(racks)}
+    gpu_ids, gpu_node, gpu_rack, gpu_cdu, gpu_class, gpu_fleet = [], [], [], [], [], []
+    for r in racks:
+        for n in r.nodes:
+            liquid = n.spec.cooling == "liquid" and r.cdu is not None
+            fleet = site.fleet_of_node.get(n.name)
+            for gid in n.gpu_ids():
+                gpu_ids.append(gid)
+                gpu_node.append(n.name)
+                gpu_rack.append(rack_pos[r.name])
+                gpu_cdu.append(cdu_pos[r.cdu] if liquid and r.cdu else -1)
+                gpu_class.append(n.gpu_model or n.spec.gpu)
+                gpu_fleet.append(fleet.name if fleet else "")
+    return SiteIndex(
+        gpu_ids=gpu_ids,
+        gpu_node=gpu_node,
+        gpu_rack=np.array(gpu_rack, dtype=np.int64),
+        gpu_cdu=np.array(gpu_cdu, dtype=np.int64),
+        gpu_class=gpu_class,
+        gpu_fleet=gpu_fleet,
+        rack_names=[r.name for r in racks],
+        rack_pdus=[list(r.pdus) for r in racks],
+        rack_cdu=np.array([cdu_pos.get(r.cdu, -1) if r.cdu else -1 for r in racks], np.int64),
+        rack_prior=np.array([site.capture_fraction(r) for r in racks], dtype=float),
+        cdu_names=cdu_names,
+        cdu_fluid=[c.coolant for c in site.cdus],
+    )
+
+
+def _gpu_reference(idx: SiteIndex, cdu: Window, node: Window, pdu: Window) -> np.ndarray:
+    """Reference temperature per GPU: its CDU's supply (liquid) or its node's inlet air."""
+    t = cdu.n_steps
+    ref = np.full((t, len(idx.gpu_ids)), np.nan)
+    liquid = idx.gpu_cdu >= 0
+    if liquid.any():
+        ref[:, liquid] = cdu.values["supply_temp_c"][:, idx.gpu_cdu[liquid]]
+    air = ~liquid
+    if air.any():
+        node_pos = {n: i for i, n in enumerate(node.ids)}
+        cols = np.array([node_pos.get(idx.gpu_node[g], -1) for g in np.flatnonzero(air)])
+        inlet = node.values["inlet_temp_c"][:, np.maximum(cols, 0)]
+        inlet[:, cols < 0] = np.nan
+        # a node without an inlet sensor takes its rack's PDU inlet reading
+        pdu_pos = {p: i for i, p in enumerate(pdu.ids)}
+        for j, g in enumerate(np.flatnonzero(air)):
+            if np.isnan(inlet[:, j]).all():
+                for p in idx.rack_pdus[idx.gpu_rack[g]]:
+                    if p in pdu_pos:
+                        inlet[:, j] = pdu.values["inlet_temp_c"][:, pdu_pos[p]]
+                        break
+        ref[:, air] = inlet
+    return ref
+
+
+def _quality(kind: str, ids: list[str], quantity: str, meas: np.ndarray, pred: np.ndarray):
+    q = fit_quality.fit_quality(meas, pred)
+    for i, sid in enumerate(ids):
+        yield {
+            "kind": kind,
+            "id": sid,
+            "quantity": quantity,
+            "mae": float(q.mae[i]),
+            "cv_rmse": float(q.cv_rmse[i]),
+            "nmbe": float(q.nmbe[i]),
+            "mape": float(q.mape[i]),
+            "n": int(q.n_samples[i]),
+        }
+
+
+def calibrate(
+    store: Store,
+    site: Site,
+    *,
+    end: datetime | None = None,
+    window_s: float = 7200.0,
+    holdout_s: float = 1200.0,
+    step_s: float = 1.0,
+) -> dict[str, Any]:
+    """Fit every device on [end - window_s, end - holdout_s) and score it on the rest.
+
+    Returns a JSON-serializable result; :func:`save_run` stores it.
+    """
+    t_start = time.perf_counter()
+    if end is None:
+        newest = store.con.execute("SELECT max(ts) FROM gpu").fetchall()[0][0]
+        if newest is None:
+            raise ValueError("the store holds no GPU samples to calibrate against")
+        end = newest + timedelta(seconds=step_s)
+    start = end - timedelta(seconds=window_s)
+    split = round((window_s - holdout_s) / step_s)
+    idx = index_site(site)
+
+    gpu = load_window(
+        store,
+        "gpu",
+        start,
+        end,
+        step_s=step_s,
+        ids=idx.gpu_ids,
+        quantities=["power_w", "temp_c", "mem_temp_c", "sm_active", "util_pct", "power_limit_w"],
+    )
+    cdu = load_window(
+        store,
+        "cdu",
+        start,
+        end,
+        step_s=step_s,
+        ids=idx.cdu_names,
+        quantities=["supply_temp_c", "return_temp_c", "flow_lpm", "heat_kw"],
+    )
+    node = load_window(store, "node", start, end, step_s=step_s, quantities=["inlet_temp_c"])
+    all_pdus = sorted({p for ps in idx.rack_pdus for p in ps})
+    pdu = load_window(
+        store,
+        "pdu",
+        start,
+        end,
+        step_s=step_s,
+        ids=all_pdus,
+        quantities=["power_w", "inlet_temp_c"],
+    )
+    power = gpu.values["power_w"]
+    activity = gpu.values["sm_active"].copy()
+    no_sm = np.isnan(activity).all(axis=0)
+    activity[:, no_sm] = gpu.values["util_pct"][:, no_sm] / 100.0
+    limit = np.nanmedian(gpu.values["power_limit_w"], axis=0)
+    ref = _gpu_reference(idx, cdu, node, pdu)
+    fit, hold = slice(0, split), slice(split, None)
+
+    results: dict[str, Any] = {"params": [], "quality": []}
+
+    def params(kind: str, ids: list[str], usable, reason, **values) -> None:
+        for i, sid in enumerate(ids):
+            for name, (val, err) in values.items():
+                results["params"].append(
+                    {
+                        "kind": kind,
+                        "id": sid,
+                        "param": name,
+                        "value": _f(val[i]),
+                        "stderr": _f(err[i]) if err is not None else None,
+                        "usable": bool(usable[i]),
+                        "reason": reason[i],
+                    }
+                )
+
+    # 1. GPU power curve
+    pc = fit_power_curve(activity[fit], power[fit], limit, dt_s=step_s)
+    params(
+        "gpu",
+        idx.gpu_ids,
+        pc.usable,
+        pc.reason,
+        idle_w=(pc.idle_w, pc.idle_stderr_w),
+        limit_w=(pc.limit_w, pc.limit_stderr_w),
+        gamma=(pc.gamma, pc.gamma_stderr),
+    )
+    # 2. GPU and HBM temperature
+    rc_fits = {}
+    for quantity, prefix in (("temp_c", ""), ("mem_temp_c", "mem_")):
+        temp = gpu.values[quantity]
+        if np.isnan(temp).all():
+            continue
+        rc = fit_rc(temp[fit], ref[fit], power[fit], step_s)
+        rc_fits[quantity] = rc
+        params(
+            "gpu",
+            idx.gpu_ids,
+            rc.usable,
+            rc.reason,
+            **{
+                f"{prefix}r_k_per_w": (rc.r_k_per_w, rc.r_stderr_k_per_w),
+                f"{prefix}c_j_per_k": (rc.c_j_per_k, rc.c_stderr_j_per_k),
+                f"{prefix}offset_k": (rc.offset_k, None),
+            },
+        )
+        n_ahead = min(int(TEMP_HORIZON_S / step_s), temp.shape[0] - split)
+        if n_ahead > 1:
+            h = slice(split, split + n_ahead)
+            pred = predict_temp_c(
+                _first_valid(temp[h]),
+                ref[h],
+                _hold_fill(power[h]),
+                rc.r_k_per_w,
+                rc.c_j_per_k,
+                step_s,
+                rc.offset_k,
+            )
+            results["quality"].extend(
+                _quality("gpu", idx.gpu_ids, f"{quantity}@{int(TEMP_HORIZON_S)}s", temp[h], pred)
+            )
+    # 3. rack power: sum of the rack's GPUs against its PDUs
+    n_r = len(idx.rack_names)
+    sum_gpu = np.zeros((power.shape[0], n_r))
+    np.add.at(sum_gpu.T, idx.gpu_rack, np.nan_to_num(power.T))
+    pdu_pos = {p: i for i, p in enumerate(pdu.ids)}
+    rack_in = np.zeros_like(sum_gpu)
+    for r, pdus in enumerate(idx.rack_pdus):
+        feeds = pdu.values["power_w"][:, [pdu_pos[p] for p in pdus]]
+        rack_in[:, r] = np.where(np.isnan(feeds).all(axis=1), np.nan, np.nansum(feeds, axis=1))
+    rp = fit_rack_power(sum_gpu[fit], rack_in[fit], dt_s=step_s)
+    params(
+        "rack",
+        idx.rack_names,
+        rp.usable,
+        rp.reason,
+        alpha_w=(rp.alpha_w, rp.alpha_stderr_w),
+        beta=(rp.beta, rp.beta_stderr),
+    )
+    pred_rack = rp.alpha_w + rp.beta * sum_gpu[hold]
+    results["quality"].extend(_quality("rack", idx.rack_names, "power_w", rack_in[hold], pred_rack))
+    # 4. liquid capture per rack, from each CDU's heat balance
+    if idx.cdu_names:
+        cf = fit_capture_fraction(
+            rack_in[fit], cdu.values["heat_kw"][fit], idx.rack_cdu, idx.rack_prior, dt_s=step_s
+        )
+        params(
+            "rack",
+            idx.rack_names,
+            cf.usable,
+            cf.reason,
+            capture_fraction=(cf.fraction, cf.stderr),
+            capture_identifiable=(cf.identifiable.astype(float), None),
+        )
+        params(
+            "cdu",
+            idx.cdu_names,
+            cf.cdu_usable,
+            cf.cdu_reason,
+            capture_fraction=(cf.cdu_fraction, cf.cdu_fraction_stderr),
+            lag_tau_s=(cf.lag_tau_s, None),
+        )
+        ret = cdu.values["return_temp_c"]
+        pred_ret = predict_return_temp_c(
+            _hold_fill(cdu.values["supply_temp_c"][hold]),
+            _hold_fill(rack_in[hold]),
+            np.nan_to_num(cf.fraction),
+            idx.rack_cdu,
+            _hold_fill(cdu.values["flow_lpm"][hold]),
+            idx.cdu_fluid,
+            lag_tau_s=np.nan_to_num(cf.lag_tau_s),
+            dt_s=step_s,
+            return0_c=_first_valid(ret[hold]),
+        )
+        results["quality"].extend(
+            _quality("cdu", idx.cdu_names, "return_temp_c", ret[hold], pred_ret)
+        )
+    results["events"] = _drift_events(store, idx, rc_fits.get("temp_c"))
+    results["run"] = {
+        "fitted_at": datetime.now(UTC).isoformat(),
+        "window_start": start.isoformat(),
+        "window_end": end.isoformat(),
+        "holdout_start": (start + timedelta(seconds=split * step_s)).isoformat(),
+        "step_s": step_s,
+        "gpus": len(idx.gpu_ids),
+        "racks": n_r,
+        "cdus": len(idx.cdu_names),
+        "seconds": round(time.perf_counter() - t_start, 3),
+    }
+    results["classes"] = _class_summary(idx, results)
+    return results
+
+
+def _f(x: Any) -> float | None:
+    x = float(x)
+    return x if np.isfinite(x) else None
+
+
+def _median(values: list[float | None]) -> float | None:
+    finite = [v for v in values if v is not None and np.isfinite(v)]
+    return float(np.median(finite)) if finite else None
+
+
+def _first_valid(a: np.ndarray) -> np.ndarray:
+    """Per column, the first non-NaN value (NaN if none)."""
+    ok = ~np.isnan(a)
+    first = np.argmax(ok, axis=0)
+    out = a[first, np.arange(a.shape[1])]
+    out[~ok.any(axis=0)] = np.nan
+    return out
+
+
+def _hold_fill(a: np.ndarray) -> np.ndarray:
+    """Carry the last valid value forward along time (a reading missing for a step)."""
+    a = a.copy()
+    mask = np.isnan(a)
+    if not mask.any():
+        return a
+    idx = np.where(~mask, np.arange(a.shape[0])[:, None], 0)
+    np.maximum.accumulate(idx, axis=0, out=idx)
+    return a[idx, np.arange(a.shape[1])]
+
+
+def _drift_events(store: Store, idx: SiteIndex, rc) -> list[dict[str, Any]]:
+    """GPUs whose R sits FLEET_BAND above their fleet's median and OWN_BAND above their own
+    history (when they have one): a cold plate, TIM or flow problem before it is hot."""
+    if rc is None:
+        return []
+    r = rc.r_k_per_w
+    history = dict(
+        store.con.execute(
+            "SELECT id, median(value) FROM calibration_params WHERE kind = 'gpu'"
+            " AND param = 'r_k_per_w' AND usable GROUP BY id"
+        ).fetchall()
+    )
+    groups: dict[tuple[str, str], list[int]] = {}
+    for g, (fleet, cls) in enumerate(zip(idx.gpu_fleet, idx.gpu_class, strict=True)):
+        cooling = "liquid" if idx.gpu_cdu[g] >= 0 else "air"
+        groups.setdefault((fleet or cls, cooling), []).append(g)
+    events = []
+    for (group, _cooling), members in groups.items():
+        vals = r[members]
+        ok = np.isfinite(vals) & rc.usable[members]
+        if ok.sum() < 3:
+            continue
+        fleet_median = float(np.median(vals[ok]))
+        for g in np.array(members)[ok]:
+            own = history.get(idx.gpu_ids[g])
+            over_fleet = r[g] > fleet_median * (1 + FLEET_BAND)
+            if over_fleet and (own is None or r[g] > own * (1 + OWN_BAND)):
+                events.append(
+                    {
+                        "kind": "gpu",
+                        "id": idx.gpu_ids[g],
+                        "param": "r_k_per_w",
+                        "value": float(r[g]),
+                        "own_median": own,
+                        "fleet_median": fleet_median,
+                        "group": group,
+                        "detail": (
+                            f"R {r[g]:.4f} K/W is {r[g] / fleet_median - 1:+.0%} over its group"
+                            + (f" and {r[g] / own - 1:+.0%} over its own history" if own else "")
+                        ),
+                    }
+                )
+    return events
+
+
+def _class_summary(idx: SiteIndex, results: dict[str, Any]) -> dict[str, Any]:
+    by_param: dict[tuple[str, str], list[float]] = {}
+    usable: dict[str, list[bool]] = {}
+    cls_of = dict(zip(idx.gpu_ids, idx.gpu_class, strict=True))
+    for p in results["params"]:
+        cls = f"gpu:{cls_of[p['id']]}" if p["kind"] == "gpu" else p["kind"]
+        if p["value"] is not None and p["usable"]:
+            by_param.setdefault((cls, p["param"]), []).append(p["value"])
+        usable.setdefault(cls, []).append(p["usable"])
+    out: dict[str, Any] = {}
+    for (cls, name), vals in by_param.items():
+        out.setdefault(cls, {})[name] = {
+            "median": float(np.median(vals)),
+            "p10": float(np.percentile(vals, 10)),
+            "p90": float(np.percentile(vals, 90)),
+            "n": len(vals),
+        }
+    for q in results["quality"]:
+        cls = f"gpu:{cls_of[q['id']]}" if q["kind"] == "gpu" else q["kind"]
+        out.setdefault(cls, {}).setdefault("quality", {}).setdefault(q["quantity"], []).append(q)
+    for cls, d in out.items():
+        for quantity, rows in list(d.get("quality", {}).items()):
+            d["quality"][quantity] = {
+                m: _median([r[m] for r in rows]) for m in ("mae", "cv_rmse", "nmbe", "mape")
+            }
+        d["usable_fraction"] = float(np.mean(usable.get(cls, [True])))
+    return out
+
+
+def save_run(store: Store, result: dict[str, Any]) -> int:
+    """Store a calibration result as a new version; returns its run id."""
+    con = store.con
+    run_id = con.execute("SELECT coalesce(max(run_id), 0) + 1 FROM calibration_runs").fetchall()[0][
+        0
+    ]
+    run = result["run"]
+    con.execute("BEGIN TRANSACTION")
+    try:
+        con.execute(
+            "INSERT INTO calibration_runs VALUES (?, ?, ?, ?, ?, ?, ?)",
+            [
+                run_id,
+                run["fitted_at"],
+                run["window_start"],
+                run["window_end"],
+                run["holdout_start"],
+                run["gpus"],
+                run["seconds"],
+            ],
+        )
+        for table, rows in (
+            ("calibration_params", result["params"]),
+            ("calibration_quality", result["quality"]),
+            ("calibration_events", result["events"]),
+        ):
+            if not rows:
+                continue
+            cols = [c for c in rows[0] if not (table == "calibration_events" and c == "group")]
+            data = {c: [row.get(c) for row in rows] for c in cols}
+            data = {"run_id": [run_id] * len(rows), **data}
+            con.register("_cal_batch", pa.table(data))
+            con.execute(
+                f"INSERT INTO {table} BY NAME SELECT * FROM _cal_batch"  # table: fixed names
+            )
+            con.unregister("_cal_batch")
+        con.execute("COMMIT")
+    except Exception:
+        con.execute("ROLLBACK")
+        raise
+    result["run"]["run_id"] = run_id
+    return int(run_id)
