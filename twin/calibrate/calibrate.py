@@ -182,7 +182,8 @@ def calibrate(
     activity = gpu.values["sm_active"].copy()
     no_sm = np.isnan(activity).all(axis=0)
     activity[:, no_sm] = gpu.values["util_pct"][:, no_sm] / 100.0
-    limit = np.nanmedian(gpu.values["power_limit_w"], axis=0)
+    with np.errstate(all="ignore"):  # a GPU that never reported its limit: NaN, no warning
+        limit = np.fmax.reduce(gpu.values["power_limit_w"], axis=0)
     ref = _gpu_reference(idx, cdu, node, pdu)
     fit, hold = slice(0, split), slice(split, None)
 

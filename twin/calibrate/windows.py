@@ -2,8 +2,8 @@
 
 The fitters in ``models`` take arrays shaped (T, N): time along axis 0, one column per device,
 NaN where a device reported nothing in a step. This module does the one query per kind that
-builds them: DuckDB maps ids to column indices with a join on a small id table, so no string is
-handled per sample in Python.
+builds them: the rows come back as Arrow and ids map to column indices with Arrow's C++ lookup,
+so no string is handled per sample in Python.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from datetime import datetime
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from collectors.contract import QUANTITIES
 from twin.store import Store
@@ -84,24 +85,23 @@ def load_window(
     values = {c: np.full((n_steps, len(ids)), np.nan) for c in cols}
     if not ids or not n_steps:
         return Window(kind, start, step_s, list(ids), values)
-    con.register("_window_ids", pa.table({"id": ids, "col": np.arange(len(ids), dtype=np.int64)}))
-    try:
-        res = con.execute(
-            "SELECT m.col, (epoch_us(k.ts) - epoch_us(?::TIMESTAMPTZ)) // ? AS step, "
-            + ", ".join(f"k.{c}" for c in cols)
-            + f" FROM {kind} k JOIN _window_ids m ON k.id = m.id"
-            " WHERE k.ts >= ? AND k.ts < ?",
-            [start, step_us, start, end],
-        ).fetchnumpy()
-    finally:
-        con.unregister("_window_ids")
-    col = np.asarray(res["col"], dtype=np.int64)
-    step = np.asarray(res["step"], dtype=np.int64)
+    # No join and no string work in Python: fetch Arrow, map ids to columns with a C++ lookup.
+    table = con.sql(
+        "SELECT id, (epoch_us(ts) - epoch_us($1::TIMESTAMPTZ)) // $2 AS step, "
+        + ", ".join(cols)
+        + f" FROM {kind} WHERE ts >= $1 AND ts < $3",
+        params=[start, step_us, end],
+    ).to_arrow_table()
+    col = pc.index_in(table.column("id"), value_set=pa.array(ids, pa.string()))
+    keep = pc.is_valid(col)
+    if not pc.all(keep).as_py():
+        table = table.filter(keep)
+        col = col.filter(keep)
+    step = table.column("step").to_numpy()
+    col_np = col.to_numpy(zero_copy_only=False).astype(np.int64)
     ok = (step >= 0) & (step < n_steps)
+    step, col_np = step[ok], col_np[ok]
     for c in cols:
-        v = res[c]
-        arr = np.ma.getdata(v).astype(np.float64)
-        mask = np.ma.getmaskarray(v)
-        arr[mask] = np.nan
-        values[c][step[ok], col[ok]] = arr[ok]
+        arr = pc.fill_null(pc.cast(table.column(c), pa.float64()), np.nan)
+        values[c][step, col_np] = arr.to_numpy()[ok]
     return Window(kind, start, step_s, list(ids), values)
