@@ -27,6 +27,7 @@ __all__ = [
     "mape",
     "nmbe",
     "rmse",
+    "safe_pinv",
 ]
 
 F64 = NDArray[np.float64]
@@ -397,3 +398,20 @@ def hold_gaps(values: ArrayLike) -> F64:
     first = np.argmax(~bad, axis=0)
     first_val = np.take_along_axis(x, first[None], axis=0)[0]
     return np.where(np.isfinite(filled), filled, first_val)
+
+
+def safe_pinv(stack: ArrayLike) -> F64:
+    """Pseudo-inverse of each matrix in a ``(..., k, k)`` stack; NaN for a matrix holding NaN
+    or infinity (a device with no usable data), instead of failing the whole stack.
+
+    Examples
+    --------
+    >>> safe_pinv([[[2.0, 0.0], [0.0, 4.0]], [[np.nan, 0.0], [0.0, 1.0]]])[:, 0, 0]
+    array([0.5, nan])
+    """
+    a = np.asarray(stack, dtype=np.float64)
+    out = np.full(a.shape, np.nan)
+    ok = np.isfinite(a).all(axis=(-2, -1))
+    if ok.any():
+        out[ok] = np.linalg.pinv(a[ok])
+    return out

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from models.fit_quality import data_problems, join_reasons, mae
+from models.fit_quality import data_problems, join_reasons, safe_pinv
 
 __all__ = ["PowerCurveFit", "fit_power_curve", "gpu_power_w"]
 
@@ -123,49 +123,162 @@ class PowerCurveFit:
     reason: list[str | None]
 
 
+_COL_BLOCK = 256  # GPUs per block of the binning and MAE passes (cache-sized bincounts)
+
+
 def _bin_stats(
     act: F64, power: F64, use: NDArray[np.bool_]
 ) -> tuple[NDArray[np.int64], F64, F64, F64, F64, F64]:
     """Per (GPU, activity bin) sufficient statistics of the samples in ``use``.
 
-    Returns the GPU index, count, mean activity and mean power of every occupied bin, and per
-    GPU the within-bin sum of squares of power and the total count.
+    Returns the GPU index, count, mean activity and mean power of every occupied bin (sorted by
+    GPU, then bin), and per GPU the within-bin sum of squares of power and the total count.
+    ``act`` must already lie in [0, 1] (NaN allowed).
+
+    One pass over blocks of ``_COL_BLOCK`` GPUs, so the bincount targets stay cache-sized and
+    no full-size temporaries are made; samples outside ``use`` go to a spare bin that is
+    dropped. Within a bin the samples are summed in time order, as a single bincount would.
     """
     n_gpu = act.shape[1]
-    b = np.clip(np.rint(np.where(use, act, 0.0) * _ACT_BINS), 0, _ACT_BINS).astype(np.int64)
-    key = (np.arange(n_gpu) * (_ACT_BINS + 1) + b)[use]
-    size = n_gpu * (_ACT_BINS + 1)
-    cnt = np.bincount(key, minlength=size)
-    s_a = np.bincount(key, weights=act[use], minlength=size)
-    s_p = np.bincount(key, weights=power[use], minlength=size)
-    s_pp = np.bincount(key, weights=power[use] ** 2, minlength=size)
-    occ = np.flatnonzero(cnt)
-    w = cnt[occ].astype(float)
-    a_m = s_a[occ] / w
-    p_m = s_p[occ] / w
-    gpu = occ // (_ACT_BINS + 1)
-    within = np.bincount(gpu, weights=s_pp[occ] - w * p_m**2, minlength=n_gpu)
-    total = np.bincount(gpu, weights=w, minlength=n_gpu)
-    return gpu, w, a_m, p_m, within, total
+    nb = _ACT_BINS + 1
+    parts = []
+    within = np.zeros(n_gpu)
+    total = np.zeros(n_gpu)
+    for j0 in range(0, n_gpu, _COL_BLOCK):
+        j1 = min(j0 + _COL_BLOCK, n_gpu)
+        nc = j1 - j0
+        a = act[:, j0:j1]
+        p = power[:, j0:j1]
+        u = use[:, j0:j1]
+        size = nc * nb
+        key = np.rint(a * _ACT_BINS)
+        key += (np.arange(nc) * nb).astype(float)
+        key = np.where(u, key, float(size)).astype(np.intp).ravel()
+        a = np.ascontiguousarray(a).ravel()
+        p = np.ascontiguousarray(p).ravel()
+        cnt = np.bincount(key, minlength=size + 1)[:size]
+        s_a = np.bincount(key, weights=a, minlength=size + 1)[:size]
+        s_p = np.bincount(key, weights=p, minlength=size + 1)[:size]
+        s_pp = np.bincount(key, weights=p * p, minlength=size + 1)[:size]
+        occ = np.flatnonzero(cnt)
+        w = cnt[occ].astype(float)
+        a_m = s_a[occ] / w
+        p_m = s_p[occ] / w
+        g = occ // nb
+        within[j0:j1] = np.bincount(g, weights=s_pp[occ] - w * p_m**2, minlength=nc)
+        total[j0:j1] = np.bincount(g, weights=w, minlength=nc)
+        parts.append((g + j0, w, a_m, p_m))
+    if not parts:
+        e = np.zeros(0)
+        return np.zeros(0, dtype=np.int64), e, e, e, within, total
+    gpu, w, a_m, p_m = (np.concatenate(x) for x in zip(*parts, strict=True))
+    return gpu.astype(np.int64), w, a_m, p_m, within, total
+
+
+class _Bins:
+    """The occupied (GPU, activity bin) pairs of some GPUs, for the least squares in gamma.
+
+    The pairs are sorted by GPU, so per-GPU sums are ``np.add.reduceat`` over contiguous
+    segments; the gamma-free sums (of w, w p, w p^2) are made once.
+    """
+
+    def __init__(self, gpu: NDArray[np.int64], w: F64, ln_a: F64, p_m: F64, n_gpu: int):
+        self.n_gpu = n_gpu
+        self.gpu, self.w, self.ln_a, self.p_m = gpu, w, ln_a, p_m
+        n_pair = np.bincount(gpu, minlength=n_gpu)
+        self.has = n_pair > 0
+        self.starts = (np.cumsum(n_pair) - n_pair)[self.has]
+        self.wp = w * p_m
+        self.sw, self.sp, self.spp = self.seg(np.stack([w, self.wp, self.wp * p_m]))
+
+    def subset(self, sel: NDArray[np.bool_]) -> _Bins:
+        """The pairs of the GPUs where ``sel`` is True, renumbered 0..sel.sum()-1."""
+        keep = sel[self.gpu]
+        new_id = np.cumsum(sel) - 1
+        return _Bins(
+            new_id[self.gpu[keep]], self.w[keep], self.ln_a[keep], self.p_m[keep], int(sel.sum())
+        )
+
+    def seg(self, v: F64) -> F64:
+        """Per-GPU sums over the last axis of ``v`` (pairs), shape ``v.shape[:-1] + (N,)``."""
+        out = np.zeros((*v.shape[:-1], self.n_gpu))
+        if self.starts.size:
+            out[..., self.has] = np.add.reduceat(v, self.starts, axis=-1)
+        return out
+
+    def ls(self, gamma: F64 | float) -> tuple[F64, F64, F64]:
+        """Weighted LS of bin-mean power on [1, a^gamma] per GPU: (idle, span, between SSE).
+
+        ``gamma`` is a scalar (one candidate for every GPU) or one value per GPU.
+        """
+        g = gamma if np.ndim(gamma) == 0 else np.asarray(gamma)[self.gpu]
+        buf = np.empty((4, self.w.size))
+        x, wx = buf[3], buf[0]
+        np.multiply(g, self.ln_a, out=x)
+        np.exp(x, out=x)  # a^gamma; a = 0 gives exp(-inf) = 0
+        np.multiply(self.w, x, out=wx)
+        np.multiply(wx, x, out=buf[1])
+        np.multiply(wx, self.p_m, out=buf[2])
+        sx, sxx, sxp = self.seg(buf[:3])
+        sw, sp, spp = self.sw, self.sp, self.spp
+        det = sw * sxx - sx * sx
+        with np.errstate(divide="ignore", invalid="ignore"):
+            span = np.where(det > 0, (sw * sxp - sx * sp) / det, np.nan)
+            idle = (sp - span * sx) / sw
+        sse = spp - idle * sp - span * sxp
+        return idle, span, np.where(np.isfinite(sse), np.maximum(sse, 0.0), np.inf)
 
 
 def _ls_for_gamma(
     gamma: F64, gpu: NDArray[np.int64], w: F64, ln_a: F64, p_m: F64, n_gpu: int
 ) -> tuple[F64, F64, F64]:
     """Weighted LS of bin-mean power on [1, a^gamma] per GPU: (idle, span, between-bin SSE)."""
-    x = np.exp(gamma[gpu] * ln_a)  # a^gamma; a = 0 gives exp(-inf) = 0
+    return _Bins(gpu, w, ln_a, p_m, n_gpu).ls(gamma)
 
-    def seg(v: F64) -> F64:
-        return np.bincount(gpu, weights=v, minlength=n_gpu)
 
-    sw, sx, sxx = seg(w), seg(w * x), seg(w * x * x)
-    sp, sxp, spp = seg(w * p_m), seg(w * x * p_m), seg(w * p_m * p_m)
-    det = sw * sxx - sx * sx
+def _parabola_best(cand: F64, sse: F64) -> tuple[F64, NDArray[np.intp]]:
+    """Best gamma per GPU from candidates ``cand`` (K, N) and their SSE: the grid minimum,
+    refined by a parabola through it and its neighbours unless it sits at the grid's edge.
+    Returns it and the index of the grid minimum."""
+    n = sse.shape[1]
+    k = np.argmin(sse, axis=0)
+    kk = np.clip(k, 1, cand.shape[0] - 2)
+    cols = np.arange(n)
+    y0, y1, y2 = sse[kk - 1, cols], sse[kk, cols], sse[kk + 1, cols]
+    den = y0 - 2 * y1 + y2
     with np.errstate(divide="ignore", invalid="ignore"):
-        span = np.where(det > 0, (sw * sxp - sx * sp) / det, np.nan)
-        idle = (sp - span * sx) / sw
-    sse = spp - idle * sp - span * sxp
-    return idle, span, np.where(np.isfinite(sse), np.maximum(sse, 0.0), np.inf)
+        shift = np.where(den > 0, 0.5 * (y0 - y2) / den, 0.0)
+    g_k = cand[kk, cols] + np.clip(shift, -1.0, 1.0) * (cand[kk + 1, cols] - cand[kk, cols])
+    at_edge = (k == 0) | (k == cand.shape[0] - 1)
+    return np.clip(np.where(at_edge, cand[k, cols], g_k), *_GAMMA_RANGE), k
+
+
+def _curve_mae(act: F64, power: F64, idle: F64, limit: F64, gamma: F64, cap: F64) -> F64:
+    """MAE of :func:`gpu_power_w` (with the clamp at ``cap``) against ``power`` per GPU.
+
+    The same figure as ``mae(power, gpu_power_w(act, idle, limit, gamma, cap))``, over every
+    sample, computed over blocks of GPUs so no full-size temporary is made; ``act`` must already
+    lie in [0, 1]. ``a ** gamma`` is taken as ``exp(gamma ln a)`` (equal to rounding).
+    """
+    n_t, n_gpu = act.shape
+    cap = np.broadcast_to(cap, (n_gpu,) if cap.ndim < 2 else (n_t, n_gpu))
+    out = np.empty(n_gpu)
+    for j0 in range(0, n_gpu, _COL_BLOCK):
+        j1 = min(j0 + _COL_BLOCK, n_gpu)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            model = np.log(act[:, j0:j1])
+            model *= gamma[j0:j1]
+            np.exp(model, out=model)
+            model *= limit[j0:j1] - idle[j0:j1]
+            model += idle[j0:j1]
+            np.minimum(model, cap[..., j0:j1], out=model)
+            model -= power[:, j0:j1]
+            ok = np.isfinite(model)  # finite model and power: the pairs mae() counts
+            np.abs(model, out=model)
+            n = ok.sum(axis=0)
+            err = np.where(ok, model, 0.0).sum(axis=0)
+            out[j0:j1] = np.where(n > 0, err / np.maximum(n, 1), np.nan)
+    return out
 
 
 def fit_power_curve(
@@ -318,43 +431,44 @@ def fit_power_curve(
     # gamma: coarse grid, parabola, fine grid, parabola
     with np.errstate(divide="ignore"):
         ln_a = np.log(a_m)
-    best = np.full(n_gpu, 1.0)
-    for step in (0.05, 0.005):
-        if step == 0.05:
-            grid_g = np.arange(_GAMMA_RANGE[0], _GAMMA_RANGE[1] + 1e-9, step)
-            cand = np.broadcast_to(grid_g[:, None], (grid_g.size, n_gpu))
-        else:
-            offs = np.arange(-10, 11) * step
-            cand = np.clip(best[None, :] + offs[:, None], *_GAMMA_RANGE)
-        sse = np.stack([_ls_for_gamma(c, gpu, w, ln_a, p_m, n_gpu)[2] for c in cand])
-        k = np.argmin(sse, axis=0)
-        kk = np.clip(k, 1, cand.shape[0] - 2)
-        cols = np.arange(n_gpu)
-        y0, y1, y2 = sse[kk - 1, cols], sse[kk, cols], sse[kk + 1, cols]
-        den = y0 - 2 * y1 + y2
-        with np.errstate(divide="ignore", invalid="ignore"):
-            shift = np.where(den > 0, 0.5 * (y0 - y2) / den, 0.0)
-        g_k = cand[kk, cols] + np.clip(shift, -1.0, 1.0) * (cand[kk + 1, cols] - cand[kk, cols])
-        at_edge = (k == 0) | (k == cand.shape[0] - 1)
-        best = np.clip(np.where(at_edge, cand[k, cols], g_k), *_GAMMA_RANGE)
-    idle, span, sse_b = _ls_for_gamma(best, gpu, w, ln_a, p_m, n_gpu)
+    bins = _Bins(gpu, w, ln_a, p_m, n_gpu)
+    grid_g = np.arange(_GAMMA_RANGE[0], _GAMMA_RANGE[1] + 1e-9, 0.05)
+    sse = np.stack([bins.ls(g)[2] for g in grid_g])
+    best, _ = _parabola_best(np.broadcast_to(grid_g[:, None], sse.shape), sse)
+    # Fine grid of step 0.005 over +-0.05 around the coarse optimum. It is searched over
+    # +-0.015 first; the parabola then uses the same three points as on the full +-0.05 grid
+    # wherever the minimum lies inside that window, and the GPUs whose minimum falls on the
+    # window's edge are searched again over the full grid.
+    step = 0.005
+    offs = np.arange(-3, 4) * step
+    cand = np.clip(best[None, :] + offs[:, None], *_GAMMA_RANGE)
+    sse = np.stack([bins.ls(c)[2] for c in cand])
+    fine, k = _parabola_best(cand, sse)
+    wide = (k == 0) | (k == offs.size - 1)
+    if wide.any():
+        sub = bins.subset(wide)
+        offs = np.arange(-10, 11) * step
+        cand = np.clip(best[None, wide] + offs[:, None], *_GAMMA_RANGE)
+        fine[wide] = _parabola_best(cand, np.stack([sub.ls(c)[2] for c in cand]))[0]
+    best = fine
+    idle, span, sse_b = bins.ls(best)
     gamma = best
     limit_eff = idle + span
 
     # standard errors from J = [1, a^g, span a^g ln a] on the bins (weights = counts)
     x = np.exp(gamma[gpu] * ln_a)
     lx = x * np.where(a_m > 0, ln_a, 0.0) * span[gpu]
-
-    def seg(v: F64) -> F64:
-        return np.bincount(gpu, weights=v, minlength=n_gpu)
-
+    wx, wlx = w * x, w * lx
+    s = bins.seg(np.stack([wx, wlx, wx * x, wx * lx, wlx * lx]))
     gram = np.empty((n_gpu, 3, 3))
-    cols3 = (np.ones_like(x), x, lx)
-    for i in range(3):
-        for j in range(i, 3):
-            gram[:, i, j] = gram[:, j, i] = seg(w * cols3[i] * cols3[j])
+    gram[:, 0, 0] = bins.sw
+    gram[:, 0, 1] = gram[:, 1, 0] = s[0]
+    gram[:, 0, 2] = gram[:, 2, 0] = s[1]
+    gram[:, 1, 1] = s[2]
+    gram[:, 1, 2] = gram[:, 2, 1] = s[3]
+    gram[:, 2, 2] = s[4]
     sigma2 = (sse_b + within) / np.maximum(total - 3.0, 1.0)
-    cov = np.linalg.pinv(gram) * sigma2[:, None, None]
+    cov = safe_pinv(gram) * sigma2[:, None, None]
     se_idle = np.sqrt(np.maximum(cov[:, 0, 0], 0.0))
     se_lim = np.sqrt(np.maximum(cov[:, 0, 0] + cov[:, 1, 1] + 2 * cov[:, 0, 1], 0.0))
     se_g = np.sqrt(np.maximum(cov[:, 2, 2], 0.0))
@@ -382,10 +496,8 @@ def fit_power_curve(
                 why.append(f"gamma at the edge of {_GAMMA_RANGE[0]}..{_GAMMA_RANGE[1]}")
         reasons[j] = "; ".join(why) if why else None
     usable = np.array([r is None for r in reasons])
-    model = gpu_power_w(
-        act, idle, limit_eff, gamma, cap_w=None if limit_w is None else np.asarray(limit_w)
-    )
-    mae_w = np.where(data_ok & fitted, mae(power, model), np.nan)
+    cap = limit_eff if limit_w is None else np.asarray(limit_w, dtype=float)
+    mae_w = np.where(data_ok & fitted, _curve_mae(act, power, idle, limit_eff, gamma, cap), np.nan)
 
     return PowerCurveFit(
         idle_w=np.where(idle_ok & gamma_ok, idle, np.nan),

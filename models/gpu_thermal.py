@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from models.fit_quality import data_problems, hold_gaps, join_reasons
+from models.fit_quality import data_problems, hold_gaps, join_reasons, safe_pinv
 
 __all__ = [
     "RcFit",
@@ -219,7 +219,7 @@ def rc_simulate(
 #: Bounds of the fitted time constant as multiples of the sample interval [1]: below ~0.05 dt a
 #: step is over before the next sample and C cannot be seen; 1e4 dt is far beyond a GPU's RC.
 _TAU_BOUNDS_DT = (0.05, 1.0e4)
-_OE_BLOCK = 256  # time samples per block of the output-error pass (bounds the memory used)
+_OE_BLOCK = 64  # time samples per block of the output-error pass (cache-sized state buffer)
 _OE_TOL = 1e-2  # convergence: predicted drop of the sum of squares below this x sigma^2
 
 
@@ -386,10 +386,9 @@ class _Work:
         self.n = n
         self.buf = np.empty((_OE_BLOCK + 1, 4, n), dtype=dtype)
         self.u = np.empty((_OE_BLOCK, n), dtype=dtype)
-        self.c1u = np.empty((_OE_BLOCK, n), dtype=dtype)
-        self.c1p = np.empty((_OE_BLOCK, n), dtype=dtype)
+        # per step, what the recursion adds to rows x, sR, sa: (1 - a) U, (1 - a) P, x - U
+        self.add = np.empty((_OE_BLOCK, 3, n), dtype=dtype)
         self.e = np.empty((_OE_BLOCK, n), dtype=dtype)
-        self.d = np.empty(n, dtype=dtype)
 
 
 def _oe_pass(
@@ -429,7 +428,7 @@ def _oe_pass(
     a = a64.astype(dtype)
     c1 = (1.0 - a64).astype(dtype)
     r_d, off_d = r.astype(dtype), off.astype(dtype)
-    buf, d = work.buf, work.d
+    buf = work.buf
     state = np.zeros((4, n), dtype=dtype)
     state[0] = t0
     state[3] = 1.0
@@ -446,20 +445,18 @@ def _oe_pass(
     for k0, k1 in _row_blocks(n_t):
         nb = k1 - k0
         p_b = power[k0:k1]
-        u_b, c1u, c1p, e = work.u[:nb], work.c1u[:nb], work.c1p[:nb], work.e[:nb]
+        u_b, add, e = work.u[:nb], work.add[:nb], work.e[:nb]
         np.multiply(p_b, r_d, out=u_b)
         u_b += ref[k0:k1]
         u_b += off_d
-        np.multiply(u_b, c1, out=c1u)
-        np.multiply(p_b, c1, out=c1p)
+        np.multiply(u_b, c1, out=add[:, 0])
+        np.multiply(p_b, c1, out=add[:, 1])
         buf[0] = state
-        for kk in range(nb):
-            cur, nxt = buf[kk], buf[kk + 1]
-            np.subtract(cur[0], u_b[kk], out=d)
+        for kk in range(nb):  # three numpy calls per step: the same sums as row by row
+            cur, nxt, add_k = buf[kk], buf[kk + 1], add[kk]
+            np.subtract(cur[0], u_b[kk], out=add_k[2])
             np.multiply(a, cur, out=nxt)
-            nxt[0] += c1u[kk]
-            nxt[1] += c1p[kk]
-            nxt[2] += d
+            nxt[:3] += add_k
         state = buf[nb].copy()
         x, sr, sa, s0 = buf[:nb, 0], buf[:nb, 1], buf[:nb, 2], buf[:nb, 3]
         np.subtract(temp[k0:k1], x, out=e)
@@ -722,7 +719,7 @@ def fit_rc(
         sigma2 = cur["sse"] / np.maximum(n - 4.0, 1.0)
         rho = np.clip(cur["lag"] / np.maximum(cur["sse"], 1e-300), 0.0, 0.99)
         infl = (1.0 + rho) / (1.0 - rho)
-        cov = np.linalg.pinv(cur["gram"]) * (sigma2 * infl)[:, None, None]
+        cov = safe_pinv(cur["gram"]) * (sigma2 * infl)[:, None, None]
         var_r = cov[:, 0, 0]
         var_lnc = cov[:, 1, 1] + var_r / r**2 - 2.0 * cov[:, 0, 1] / r  # ln C = ln tau - ln R
         se_r = np.sqrt(np.maximum(var_r, 0.0))

@@ -811,3 +811,17 @@ def test_capture_fit_refuses_bad_heat_data(problem: str, word: str) -> None:
     for r in (0, 1, 2):
         assert not fit.usable[r] and np.isnan(fit.fraction[r]) and word in (fit.reason[r] or "")
     assert fit.usable[3] and fit.cdu_usable[1]
+
+
+def test_a_gpu_with_no_activity_does_not_break_the_fit_of_the_others():
+    # regression: pinv of a stack holding one all-NaN Gram matrix raised LinAlgError for all
+    t = 500
+    rng = np.random.default_rng(0)
+    act = np.full((t, 3), np.nan)
+    act[:, 1] = 0.5
+    act[:, 2] = rng.uniform(0, 1, t)
+    power = 100 + 500 * np.nan_to_num(act, nan=0.3)
+    fit = gpu_power.fit_power_curve(act, power, np.array([700.0, 700.0, 700.0]))
+    assert list(fit.usable) == [False, False, True]
+    assert "too few samples" in fit.reason[0] and "flat line" in fit.reason[1]
+    assert abs(fit.idle_w[2] - 100.0) < 0.1

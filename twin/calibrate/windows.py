@@ -2,8 +2,8 @@
 
 The fitters in ``models`` take arrays shaped (T, N): time along axis 0, one column per device,
 NaN where a device reported nothing in a step. This module does the one query per kind that
-builds them: the rows come back as Arrow and ids map to column indices with Arrow's C++ lookup,
-so no string is handled per sample in Python.
+builds them: DuckDB hashes the ids, numpy maps the hashes to columns, so no string is handled
+per sample in Python.
 """
 
 from __future__ import annotations
@@ -12,8 +12,6 @@ from dataclasses import dataclass
 from datetime import datetime
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
 
 from collectors.contract import QUANTITIES
 from twin.store import Store
@@ -85,23 +83,38 @@ def load_window(
     values = {c: np.full((n_steps, len(ids)), np.nan) for c in cols}
     if not ids or not n_steps:
         return Window(kind, start, step_s, list(ids), values)
-    # No join and no string work in Python: fetch Arrow, map ids to columns with a C++ lookup.
-    table = con.sql(
-        "SELECT id, (epoch_us(ts) - epoch_us($1::TIMESTAMPTZ)) // $2 AS step, "
-        + ", ".join(cols)
+    # No join and no string per sample in Python: DuckDB hashes each id, numpy maps the hashes
+    # of the wanted ids to columns (searchsorted), and NULLs arrive as NaN.
+    known = con.sql("SELECT hash(id) AS h, id FROM (SELECT unnest($1) AS id)", params=[ids])
+    hash_of = dict((i, h) for h, i in known.fetchall())
+    wanted = np.array([hash_of[i] for i in ids], dtype=np.uint64)
+    if len(np.unique(wanted)) != len(wanted):
+        raise ValueError(f"64-bit hash collision among the {len(ids)} {kind} ids")
+    # a direct lookup table indexed by the low bits of the hash, sized so that no two wanted
+    # ids share a slot: one gather per sample instead of a search
+    bits = max(10, int(np.ceil(np.log2(len(ids) * 64))))
+    while len(np.unique(wanted & np.uint64((1 << bits) - 1))) != len(wanted):
+        bits += 1
+    mask = np.uint64((1 << bits) - 1)
+    lut = np.full(1 << bits, -1, dtype=np.int64)
+    lut[(wanted & mask).astype(np.int64)] = np.arange(len(ids))
+    res = con.sql(
+        "SELECT hash(id) AS h, (epoch_us(ts) - epoch_us($1::TIMESTAMPTZ)) // $2 AS step, "
+        + ", ".join(f"coalesce({c}::DOUBLE, 'NaN'::DOUBLE) AS {c}" for c in cols)
         + f" FROM {kind} WHERE ts >= $1 AND ts < $3",
         params=[start, step_us, end],
     ).to_arrow_table()
-    col = pc.index_in(table.column("id"), value_set=pa.array(ids, pa.string()))
-    keep = pc.is_valid(col)
-    if not pc.all(keep).as_py():
-        table = table.filter(keep)
-        col = col.filter(keep)
-    step = table.column("step").to_numpy()
-    col_np = col.to_numpy(zero_copy_only=False).astype(np.int64)
-    ok = (step >= 0) & (step < n_steps)
-    step, col_np = step[ok], col_np[ok]
+    h = res.column("h").to_numpy()
+    col = lut[(h & mask).astype(np.int64)]
+    step = res.column("step").to_numpy()
+    ok = (col >= 0) & (step >= 0) & (step < n_steps)
+    ok[ok] = wanted[col[ok]] == h[ok]  # a slot holds one wanted id; others land here too
+    if ok.all():
+        flat = step * len(ids) + col
+        sel = slice(None)
+    else:
+        flat = step[ok] * len(ids) + col[ok]
+        sel = ok
     for c in cols:
-        arr = pc.fill_null(pc.cast(table.column(c), pa.float64()), np.nan)
-        values[c][step, col_np] = arr.to_numpy()[ok]
+        values[c].reshape(-1)[flat] = res.column(c).to_numpy()[sel]
     return Window(kind, start, step_s, list(ids), values)
