@@ -7,12 +7,14 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from collectors.mqtt import wait_until
 from twin.broker import LocalBroker
+from twin.store import Store
 
 from .conftest import SMALL_SITE
 
@@ -38,7 +40,22 @@ def test_sim_to_serve_lands_exactly_the_published_samples(broker, tmp_path):
     db = tmp_path / "e2e.duckdb"
     log = tmp_path / "serve.log"
     serve = subprocess.Popen(
-        [*DCTWIN, "serve", "--broker", broker.address, "--db", str(db), "--site", str(SMALL_SITE)],
+        [
+            *DCTWIN,
+            "serve",
+            "--broker",
+            broker.address,
+            "--db",
+            str(db),
+            "--site",
+            str(SMALL_SITE),
+            "--calibrate-every",
+            "2",
+            "--calibrate-window",
+            "60",
+            "--calibrate-holdout",
+            "10",
+        ],
         stdout=log.open("wb"),
         stderr=subprocess.STDOUT,
         env={**os.environ, **broker_env(broker)},
@@ -67,6 +84,7 @@ def test_sim_to_serve_lands_exactly_the_published_samples(broker, tmp_path):
         assert sim.returncode == 0, sim.stderr
         stats = json.loads(sim.stdout.strip().splitlines()[-1])
         assert stats["ticks"] == 30
+        time.sleep(3)  # let the calibration schedule (every 2 s) run on what has landed
     finally:
         serve.send_signal(signal.SIGTERM)
         serve.wait(30)
@@ -80,6 +98,13 @@ def test_sim_to_serve_lands_exactly_the_published_samples(broker, tmp_path):
     assert st["unknown_ids"] == []
     assert st["seq_gaps"] == 0
     assert st["time_range"]["start"] == start.isoformat()
+    with Store(db, read_only=True) as store:  # the service refitted on its schedule
+        runs = store.con.execute("SELECT count(*) FROM calibration_runs").fetchall()[0][0]
+        assert runs >= 1
+        reasons = store.con.execute(
+            "SELECT DISTINCT reason FROM calibration_params WHERE param = 'r_k_per_w'"
+        ).fetchall()
+        assert all("too few samples" in r[0] for r in reasons)  # 30 s is not enough to fit
     truth = json.loads((tmp_path / "truth.json").read_text())
     assert "trn-r01-n1:0" in truth["gpus"]
 

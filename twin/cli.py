@@ -222,13 +222,25 @@ def serve(
     ] = None,
     max_future: MaxFutureOpt = 300.0,
     max_past: MaxPastOpt = 30 * 86400.0,
+    calibrate_every: Annotated[
+        float, typer.Option(help="Refit every device every this many s (needs --site); 0: off.")
+    ] = 3600.0,
+    calibrate_window: Annotated[
+        float, typer.Option(help="Seconds of telemetry each refit uses.")
+    ] = 7200.0,
+    calibrate_holdout: Annotated[
+        float, typer.Option(help="Last seconds of that window held out to score the fit.")
+    ] = 1200.0,
     verbose: bool = False,
 ) -> None:
-    """Run the twin service: ingest MQTT telemetry into the DuckDB store (Ctrl-C stops)."""
+    """Run the twin service: ingest MQTT telemetry into the DuckDB store and refit the model
+    on a schedule (Ctrl-C stops)."""
     from twin.ingest import Ingester, IngestLimits
     from twin.ingest.mqtt_service import MqttIngestService, ServiceOptions
 
     _setup_logging(verbose)
+    if calibrate_holdout >= calibrate_window:
+        raise _fail("--calibrate-holdout must be shorter than --calibrate-window")
     site_obj = _site(site)
     cfg = _broker(broker)
     store = _store(db)
@@ -248,6 +260,18 @@ def serve(
     except BrokerError as e:
         store.close()
         raise _fail(str(e)) from None
+    scheduler = None
+    if site_obj is not None and calibrate_every > 0:
+        from twin.calibrate.schedule import CalibrationScheduler
+
+        scheduler = CalibrationScheduler(
+            store,
+            site_obj,
+            interval_s=calibrate_every,
+            window_s=calibrate_window,
+            holdout_s=calibrate_holdout,
+        )
+        scheduler.start()
     stopping = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())
     err.print(f"serving: {cfg.describe()} -> {db} (Ctrl-C stops)", highlight=False)
@@ -256,6 +280,8 @@ def serve(
             pass
     except KeyboardInterrupt:
         pass
+    if scheduler is not None:
+        scheduler.stop()
     service.stop()
     store.close()
     typer.echo(json.dumps(ingester.counters.as_dict()))

@@ -101,6 +101,15 @@ class Store:
                     [k, v, v],
                 )
 
+    def cursor(self) -> Store:
+        """Another connection to the same open database, for a second thread of this process
+        (DuckDB runs its transactions concurrently; a second process could not open the file)."""
+        other = Store.__new__(Store)
+        other.path = self.path
+        other.con = self.con.cursor()
+        other.con.execute("SET TimeZone = 'UTC'")
+        return other
+
     def close(self) -> None:
         self.con.close()
 
