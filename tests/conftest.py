@@ -41,5 +41,19 @@ def broker_config(b: LocalBroker) -> BrokerConfig:
     return BrokerConfig(host=b.host, port=b.port, username=b.username, protocol=b.protocol)
 
 
+def wye_pdu(name: str, feed: str, breaker_prefix: str = "cb") -> dict:
+    """A 415 V, 32 A three-phase wye PDU with one breaker per phase, for sites built in tests."""
+    return {
+        "name": name,
+        "feed": feed,
+        "voltage_v": 415,
+        "rated_current_a": 32,
+        "breakers": [
+            {"name": f"{breaker_prefix}{i}", "phase": f"L{i}", "rated_current_a": 32}
+            for i in (1, 2, 3)
+        ],
+    }
+
+
 def has_mosquitto_pub() -> bool:
     return shutil.which("mosquitto_pub") is not None

@@ -29,6 +29,8 @@ from models import cdu, coolant, electrical, gpu_power, gpu_thermal
 from models import fit_quality as fq
 from twin.site import Site
 
+from .conftest import wye_pdu
+
 finite = {"allow_nan": False, "allow_infinity": False}
 
 
@@ -308,18 +310,6 @@ def test_fit_quality_metrics() -> None:
 # ---- (b) recovery on the simulator ------------------------------------------------------------
 
 
-def _wye_pdu(name: str, feed: str) -> dict[str, Any]:
-    return {
-        "name": name,
-        "feed": feed,
-        "voltage_v": 415,
-        "rated_current_a": 32,
-        "breakers": [
-            {"name": f"cb{i}", "phase": f"L{i}", "rated_current_a": 32} for i in (1, 2, 3)
-        ],
-    }
-
-
 #: One CDU loop with a training rack and an inference rack (their power moves independently, so
 #: each rack's capture fraction is identifiable), plus an air-cooled inference rack.
 FIT_SITE: dict[str, Any] = {
@@ -359,7 +349,7 @@ FIT_SITE: dict[str, Any] = {
             ],
         }
     ],
-    "pdus": [_wye_pdu(f"pdu-r0{i}-{f}", f.upper()) for i in (1, 2, 3) for f in ("a", "b")],
+    "pdus": [wye_pdu(f"pdu-r0{i}-{f}", f.upper()) for i in (1, 2, 3) for f in ("a", "b")],
     "cdus": [
         {
             "name": "cdu-1",

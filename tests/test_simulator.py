@@ -16,21 +16,11 @@ from collectors.simulator import Fault, SiteSimulator, parse_fault
 from models import electrical
 from twin.site import Site
 
+from .conftest import wye_pdu
+
 START = datetime(2026, 11, 29, 2, 0, tzinfo=UTC)  # night: the inference fleet is near its floor
 SEED = 3
 TICKS = 300
-
-
-def _wye_pdu(name: str, feed: str) -> dict[str, Any]:
-    return {
-        "name": name,
-        "feed": feed,
-        "voltage_v": 415,
-        "rated_current_a": 32,
-        "breakers": [
-            {"name": f"br{i}", "phase": f"L{i}", "rated_current_a": 32} for i in (1, 2, 3)
-        ],
-    }
 
 
 SMALL_SITE: dict[str, Any] = {
@@ -64,9 +54,9 @@ SMALL_SITE: dict[str, Any] = {
         }
     ],
     "pdus": [
-        _wye_pdu("pdu-a01-a", "A"),
-        _wye_pdu("pdu-a01-b", "B"),
-        _wye_pdu("pdu-a02-a", "A"),
+        wye_pdu("pdu-a01-a", "A", "br"),
+        wye_pdu("pdu-a01-b", "B", "br"),
+        wye_pdu("pdu-a02-a", "A", "br"),
         {
             "name": "pdu-a02-b",
             "feed": "B",
