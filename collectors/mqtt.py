@@ -177,3 +177,19 @@ def wait_until(predicate: Callable[[], bool], timeout_s: float, poll_s: float = 
             return True
         time.sleep(poll_s)
     return predicate()
+
+
+def prepare_session(cfg: BrokerConfig, client_id: str, topic: str, timeout_s: float = 10.0) -> None:
+    """Create a persistent session subscribed to ``topic`` and leave it, so that the broker
+    queues QoS 1 messages for ``client_id`` from now on, even before that client first connects.
+    """
+    subscribed = threading.Event()
+    client = connect(cfg, client_id, persistent=True)
+    client.on_subscribe = lambda *args: subscribed.set()
+    client.subscribe(topic, qos=1)
+    try:
+        if not subscribed.wait(timeout_s):
+            raise BrokerError(f"no SUBACK from {cfg.describe()} within {timeout_s:.0f} s")
+    finally:
+        client.disconnect()
+        client.loop_stop()

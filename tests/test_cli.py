@@ -180,6 +180,10 @@ def test_demo_runs_and_stops_cleanly(tmp_path):
     st = json.loads(run("status", "--db", str(db), "--json").stdout)
     assert all(st["samples"][k] > 0 for k in ("gpu", "node", "pdu", "cdu", "link")), st
     assert st["dead_letters"] == {}
+    # everything the simulator published landed, its first poll and its last included
+    lines = [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")]
+    sim_stats = next(x for x in lines if "ticks" in x)
+    assert st["samples"] == {k: sim_stats["samples"].get(k, 0) for k in st["samples"]}
 
 
 def test_every_command_has_help():

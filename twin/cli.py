@@ -498,6 +498,20 @@ def demo(
     except RuntimeError as e:
         raise _fail(str(e)) from None
     env = {**os.environ, **b.client_env()}
+    # The service's session exists before the simulator's first poll: nothing published
+    # while the service is still starting is lost.
+    from collectors.contract import TOPIC_PREFIX
+    from collectors.mqtt import prepare_session
+
+    try:
+        prepare_session(
+            BrokerConfig(host=b.host, port=b.port, username=b.username, protocol=b.protocol),
+            "dctwin-ingest",
+            f"{TOPIC_PREFIX}/#",
+        )
+    except BrokerError as e:
+        b.stop()
+        raise _fail(str(e)) from None
     me = [sys.executable, "-m", "twin.cli"]
     procs: list[tuple[str, subprocess.Popen[bytes]]] = []
     try:
@@ -540,8 +554,10 @@ def demo(
     except KeyboardInterrupt:
         pass
     finally:
-        for _, p in reversed(procs):  # simulator first, then the service (it flushes)
+        for name, p in reversed(procs):  # simulator first, then the service (it flushes)
             if p.poll() is None:
+                if name == "service":
+                    time.sleep(1.0)  # let the broker deliver the simulator's last poll
                 p.send_signal(signal.SIGTERM)
                 try:
                     p.wait(30)
