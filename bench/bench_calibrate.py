@@ -656,7 +656,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(f"== {n:,} GPUs x {n_t:,} s, median of {args.repeat} ==")
     print(f"  read (load_window gpu + cdu)     {med['read_s']:7.2f} s")
-    print(f"  prep (reference, limit median)   {med['prep_s']:7.2f} s")
+    print(f"  prep (reference, power limit)    {med['prep_s']:7.2f} s")
     print(f"  fit_power_curve                  {med['fit_power_s']:7.2f} s")
     print(f"  fit_rc temp_c                    {med['fit_rc_temp_s']:7.2f} s")
     print(

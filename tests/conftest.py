@@ -38,7 +38,7 @@ def embedded_broker(tmp_path: Path) -> Iterator[LocalBroker]:
 
 
 def broker_config(b: LocalBroker) -> BrokerConfig:
-    return BrokerConfig(host=b.host, port=b.port, username=b.username, protocol=b.protocol)
+    return b.client_config()
 
 
 def wye_pdu(name: str, feed: str, breaker_prefix: str = "cb") -> dict:

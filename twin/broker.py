@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from collectors.mqtt import BrokerConfig
+
 BrokerKind = Literal["auto", "mosquitto", "embedded"]
 EMBEDDED_USERNAME = "dctwin"
 
@@ -96,6 +98,12 @@ class LocalBroker:
     def protocol(self) -> str:
         """The MQTT version to speak to it: the embedded broker knows only 3.1.1."""
         return "3.1.1" if self.kind == "embedded" else "auto"
+
+    def client_config(self) -> BrokerConfig:
+        """Settings for a dctwin client of this broker."""
+        return BrokerConfig(
+            host=self.host, port=self.port, username=self.username, protocol=self.protocol
+        )
 
     def client_env(self) -> dict[str, str]:
         """Environment for dctwin clients of this broker (DCTWIN_MQTT_*)."""

@@ -505,7 +505,7 @@ def demo(
 
     try:
         prepare_session(
-            BrokerConfig(host=b.host, port=b.port, username=b.username, protocol=b.protocol),
+            b.client_config(),
             "dctwin-ingest",
             f"{TOPIC_PREFIX}/#",
         )
