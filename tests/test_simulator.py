@@ -385,11 +385,16 @@ def test_power_chain_and_cdu_heat_balance(baseline: tuple[SiteSimulator, Rows]) 
 
 def test_link_traffic_follows_the_allreduce(baseline: tuple[SiteSimulator, Rows]) -> None:
     sim, rows = baseline
-    fleet = sim.truth()["fleets"]["train-llm"]
-    # two training nodes: each sends 2(n-1)/n S = S per step, scaled by activity / level
-    assert fleet["allreduce_bytes_per_node"] == fleet["gradient_bytes"] == 16e9
+    truth = sim.truth()
+    (job,) = truth["fleets"]["train-llm"]["groups"]
+    group = truth["groups"][job]
+    # one job on the two training nodes: each sends 2(n-1)/n S = S per step, scaled by
+    # activity / level
+    assert group["nodes"] == ["trn-a01-n1", "trn-a02-n1"]
+    assert group["allreduce_bytes_per_node"] == truth["fleets"]["train-llm"]["gradient_bytes"]
+    assert group["allreduce_bytes_per_node"] == 16e9
     act = np.mean([series(rows, "gpu", f"trn-a01-n1:{i}", "sm_active") for i in range(8)], axis=0)
-    expected = 8 * 16e9 / fleet["step_s"] * np.clip(act / fleet["level"], 0, 1.2)
+    expected = 8 * 16e9 / group["step_s"] * np.clip(act / group["level"], 0, 1.2)
     tx = series(rows, "link", "trn-a01-n1-up", "tx_bps")
     assert tx.mean() == pytest.approx(expected.mean(), rel=0.01)
     # its peer is under the other leaf: all of it crosses the spine, with the inference traffic
@@ -400,6 +405,55 @@ def test_link_traffic_follows_the_allreduce(baseline: tuple[SiteSimulator, Rows]
 
 
 # ---- faults ------------------------------------------------------------------------------------
+
+
+# ---- workload ----------------------------------------------------------------------------------
+
+
+def _runs_below(a: np.ndarray, level: float) -> list[int]:
+    """Lengths of the runs of consecutive samples below ``level``."""
+    runs, n = [], 0
+    for below in a < level:
+        if below:
+            n += 1
+        elif n:
+            runs.append(n)
+            n = 0
+    return [*runs, n] if n else runs
+
+
+def test_every_group_is_interrupted_within_two_hours(site: Site) -> None:
+    # a training job ends within 90 min: 2-8 min idle, then a 2-5 min warm-up; an inference
+    # replica group is recycled within 100 min: 1-3 min drained, then 1-2 min loading
+    sim = make(site, seed=5)
+    rows = collect(sim, 7200)
+    truth = sim.truth()
+    assert set(truth["groups"]) == {"train-llm/job0", "infer-chat/rack-a01"}
+    for gid, gap in (("trn-a01-n1:0", 120), ("trn-a02-n1:4", 120), ("inf-a01-n2:2", 60)):
+        a = series(rows, "gpu", gid, "sm_active")
+        idle_runs = [n for n in _runs_below(a, 0.06) if n >= gap - 5]
+        assert idle_runs, (gid, _runs_below(a, 0.06))
+        if gid.startswith("trn"):  # a warm-up passes through the middle (dips jump over it)
+            assert ((a > 0.25) & (a < 0.6)).sum() >= 30, gid
+    # both nodes of the one training job stop together
+    a1 = series(rows, "gpu", "trn-a01-n1:0", "sm_active")
+    a2 = series(rows, "gpu", "trn-a02-n1:0", "sm_active")
+    assert np.corrcoef(a1 < 0.06, a2 < 0.06)[0, 1] > 0.9
+
+
+def test_inference_load_drops_at_the_weekend(site: Site) -> None:
+    # same seed, same hour: a Wednesday and a Saturday; the random stream is the same, so the
+    # inference activity differs by the fleet's weekend factor
+    def mean_activity(start: datetime) -> tuple[float, float]:
+        sim = SiteSimulator(site, seed=SEED, start=start, rate_hz=1.0)
+        rows = collect(sim, 600)
+        a = np.mean([series(rows, "gpu", f"inf-a01-n2:{i}", "sm_active") for i in range(8)])
+        return float(a), sim.truth()["fleets"]["infer-chat"]["weekend_factor"]
+
+    weekday, factor = mean_activity(datetime(2026, 12, 2, 14, 0, tzinfo=UTC))
+    saturday, _ = mean_activity(datetime(2026, 12, 5, 14, 0, tzinfo=UTC))
+    assert 0.6 <= factor <= 0.8
+    assert saturday / weekday == pytest.approx(factor, rel=0.05)
 
 
 def test_cold_plate_raises_gpu_temperature_by_delta_r_times_power(

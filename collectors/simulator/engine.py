@@ -42,21 +42,35 @@ THROTTLE_SW_THERMAL = 0x20
 THROTTLE_HW_THERMAL = 0x40
 
 # ---- workload ---------------------------------------------------------------------------------
-IDLE_ACTIVITY = 0.02  # nodes in no fleet, and training jobs between runs
+# Work runs in groups: a training job is up to TRAIN_JOB_NODES consecutive nodes of a training
+# fleet (in site order); an inference replica group is the nodes of one fleet in one rack. Each
+# group is interrupted now and then (a job ends and the next one starts after a gap and a
+# warm-up; a replica group is recycled by a rolling deploy or the autoscaler), independently of
+# the others, so racks on one CDU do not carry proportional loads.
+IDLE_ACTIVITY = 0.02  # nodes in no fleet, and groups between runs
 FLEET_IDLE_ACTIVITY = 0.03  # default of the fleet_idle fault
-TRAIN_LEVEL = (0.85, 0.95)  # per-fleet SM activity while training
-TRAIN_GPU_SPREAD = 0.02  # per-GPU relative offset around the fleet level (±)
+TRAIN_JOB_NODES = 4  # nodes per training job (32 GPUs on 8-GPU nodes)
+TRAIN_LEVEL = (0.85, 0.95)  # per-job SM activity while training
+TRAIN_GPU_SPREAD = 0.02  # per-GPU relative offset around the job level (±)
 TRAIN_NOISE = 0.01  # per-tick white noise on SM activity
-CHECKPOINT_PERIOD_S = 1800.0
+TRAIN_RUN_S = (30 * 60.0, 90 * 60.0)  # a job runs 30-90 min ...
+TRAIN_GAP_S = (120.0, 480.0)  # ... the next starts 2-8 min later ...
+TRAIN_RAMP_S = (120.0, 300.0)  # ... and warms up (data loading, compilation) for 2-5 min
+CHECKPOINT_PERIOD_S = 1800.0  # from the end of the warm-up
 CHECKPOINT_DURATION_S = 60.0
 CHECKPOINT_ACTIVITY = 0.1
-JOB_GAP_MEAN_INTERVAL_S = 6 * 3600.0  # a training job stops on average every 6 h ...
-JOB_GAP_S = (120.0, 480.0)  # ... and the next starts 2-8 min later
 INFER_BASE = (0.10, 0.20)  # inference night-time floor
 INFER_AMPLITUDE = (0.40, 0.60)  # inference daily swing above the floor
 INFER_PEAK_HOUR_UTC = (13.0, 15.0)
-INFER_GPU_SHARE = (0.8, 1.2)  # per-GPU share of the fleet's load
-INFER_NOISE = 0.04  # AR(1) noise, correlation time INFER_NOISE_TAU_S
+INFER_WEEKEND = (0.6, 0.8)  # Saturday and Sunday (UTC) load relative to weekdays
+INFER_GROUP_SHARE = (0.8, 1.2)  # a replica group's share of its fleet's load (load balancer)
+INFER_GROUP_NOISE = 0.08  # relative AR(1) noise of a group's load ...
+INFER_GROUP_TAU_S = 300.0  # ... with this correlation time
+INFER_RUN_S = (45 * 60.0, 100 * 60.0)  # a replica group serves 45-100 min ...
+INFER_GAP_S = (60.0, 180.0)  # ... is drained for 1-3 min ...
+INFER_RAMP_S = (60.0, 120.0)  # ... and takes 1-2 min to load the model and fill its batches
+INFER_GPU_SHARE = (0.9, 1.1)  # per-GPU share of the group's load
+INFER_NOISE = 0.04  # per-GPU AR(1) noise, correlation time INFER_NOISE_TAU_S
 INFER_NOISE_TAU_S = 20.0
 IDLE_NOISE = 0.003
 # ---- GPUs -------------------------------------------------------------------------------------
@@ -270,6 +284,40 @@ class SiteSimulator:
         self._fleet_training = np.array([f.role == "training" for f in fleets] + [False])
         self._fleet_inference = np.array([f.role == "inference" for f in fleets] + [False])
         self._fleet_nodes = np.bincount(self._node_fleet, minlength=idle_slot + 1)
+
+        # Work groups (see TRAIN_JOB_NODES): training jobs of consecutive nodes of a fleet,
+        # named "<fleet>/job<k>"; inference replica groups per (fleet, rack), named
+        # "<fleet>/<rack>". Nodes in no fleet share the idle slot at the end.
+        members: dict[tuple[int, str], list[int]] = {}
+        for i, n in enumerate(nodes):
+            f_i = int(self._node_fleet[i])
+            if f_i != idle_slot:
+                where = "" if fleets[f_i].role == "training" else rack_of[n.name].name
+                members.setdefault((f_i, where), []).append(i)
+        group_names: list[str] = []
+        group_fleet: list[int] = []
+        node_group = np.empty(n_nodes, np.int64)
+        for (f_i, where), idx in members.items():
+            if where:
+                chunks = [(f"{fleets[f_i].name}/{where}", idx)]
+            else:
+                chunks = [
+                    (f"{fleets[f_i].name}/job{k // TRAIN_JOB_NODES}", idx[k : k + TRAIN_JOB_NODES])
+                    for k in range(0, len(idx), TRAIN_JOB_NODES)
+                ]
+            for name, chunk in chunks:
+                node_group[chunk] = len(group_names)
+                group_names.append(name)
+                group_fleet.append(f_i)
+        idle_group = len(group_names)
+        node_group[self._node_fleet == idle_slot] = idle_group
+        self._group_names = group_names
+        self._group_fleet = np.array([*group_fleet, idle_slot], np.int64)
+        self._node_group = node_group
+        self._group_nodes = np.bincount(node_group, minlength=idle_group + 1)
+        self._group_training = self._fleet_training[self._group_fleet]
+        self._group_inference = self._fleet_inference[self._group_fleet]
+        self._gpu_group = node_group[self._gpu_node]
 
         node_phase = np.empty(n_nodes, np.int64)
         for r in racks:
@@ -550,13 +598,6 @@ class SiteSimulator:
         self._mem_r = MEM_R_FACTOR * self._r * _spread(rng, 0.05, g)
         self._mem_c = MEM_TAU_FACTOR * tau / self._mem_r
         self._coolant_offset = np.where(self._gpu_liquid, _uniform(rng, COOLANT_OFFSET_K, g), 0.0)
-        self._gpu_share = np.where(
-            self._fleet_training[self._gpu_fleet],
-            _spread(rng, TRAIN_GPU_SPREAD, g),
-            np.where(
-                self._fleet_inference[self._gpu_fleet], _uniform(rng, INFER_GPU_SHARE, g), 1.0
-            ),
-        )
         self._energy_j = rng.uniform(1e6, 5e9, g).round()
         for i, f in enumerate(self.faults):
             if f.kind == "cold_plate" and f.magnitude is None:
@@ -577,14 +618,32 @@ class SiteSimulator:
         self._rack_swing = _uniform(rng, RACK_INLET_SWING_K, n_racks)
         self._rack_humidity = _uniform(rng, RACK_HUMIDITY_PCT, n_racks)
 
-        # Fleets (+ the idle slot at the end)
-        self._train_level = np.append(_uniform(rng, TRAIN_LEVEL, n_fleets), IDLE_ACTIVITY)
-        self._ckpt_offset = rng.uniform(0, CHECKPOINT_PERIOD_S, n_fleets + 1)
+        # Fleets and work groups (each with an idle slot at the end)
+        n_groups = len(self._group_names)
         self._infer_base = np.append(_uniform(rng, INFER_BASE, n_fleets), IDLE_ACTIVITY)
         self._infer_amp = np.append(_uniform(rng, INFER_AMPLITUDE, n_fleets), 0.0)
         self._infer_peak = np.append(_uniform(rng, INFER_PEAK_HOUR_UTC, n_fleets), 14.0)
-        self._step_s = np.append(_uniform(rng, TRAIN_STEP_S, n_fleets), 1.0)
-        self._gap_until = np.full(n_fleets + 1, -np.inf)
+        self._infer_weekend = np.append(_uniform(rng, INFER_WEEKEND, n_fleets), 1.0)
+        train = self._group_training
+        self._train_level = np.append(_uniform(rng, TRAIN_LEVEL, n_groups), IDLE_ACTIVITY)
+        self._step_s = np.append(_uniform(rng, TRAIN_STEP_S, n_groups), 1.0)
+        self._group_share = np.append(_uniform(rng, INFER_GROUP_SHARE, n_groups), 1.0)
+        self._run_range = np.where(train[:, None], TRAIN_RUN_S, INFER_RUN_S)
+        self._gap_range = np.where(train[:, None], TRAIN_GAP_S, INFER_GAP_S)
+        self._ramp_range = np.where(train[:, None], TRAIN_RAMP_S, INFER_RAMP_S)
+        # every group starts mid-run: at a random checkpoint phase, interrupted within one run
+        self._gap_end = -rng.uniform(0.0, CHECKPOINT_PERIOD_S, n_groups + 1)
+        self._ramp_s = np.zeros(n_groups + 1)
+        self._run_end = rng.uniform(0.0, 1.0, n_groups + 1) * self._run_range[:, 1]
+        self._run_end[-1] = np.inf  # the idle slot is never interrupted
+        self._group_noise = np.zeros(n_groups + 1)
+        self._gpu_share = np.where(
+            self._fleet_training[self._gpu_fleet],
+            _spread(rng, TRAIN_GPU_SPREAD, g),
+            np.where(
+                self._fleet_inference[self._gpu_fleet], _uniform(rng, INFER_GPU_SHARE, g), 1.0
+            ),
+        )
         self._noise_sigma = np.where(
             self._fleet_training[self._gpu_fleet],
             TRAIN_NOISE,
@@ -657,31 +716,45 @@ class SiteSimulator:
 
     def _activity(self, t: float) -> F64:
         rng = self._rng
-        n_slots = len(self._fleets) + 1
+        n = len(self._group_names) + 1
         hour = self._hour_utc()
-        # training: level, checkpoint dips, job gaps
-        gap_draw = rng.random(n_slots)
-        gap_len = rng.uniform(JOB_GAP_S[0], JOB_GAP_S[1], n_slots)
-        p_gap = self.dt_s / JOB_GAP_MEAN_INTERVAL_S
-        start_gap = self._fleet_training & (t >= self._gap_until) & (gap_draw < p_gap) & (t > 0)
-        self._gap_until = np.where(start_gap, t + gap_len, self._gap_until)
-        train = self._train_level.copy()
-        ckpt = ((t + self._ckpt_offset) % CHECKPOINT_PERIOD_S) < CHECKPOINT_DURATION_S
-        train = np.where(ckpt, CHECKPOINT_ACTIVITY, train)
-        train = np.where(t < self._gap_until, IDLE_ACTIVITY, train)
-        # inference: daily cycle
-        daily = np.maximum(0.0, np.sin(2 * np.pi * (hour - (self._infer_peak - 6.0)) / 24.0))
-        infer = self._infer_base + self._infer_amp * daily
-        level = np.where(
-            self._fleet_training, train, np.where(self._fleet_inference, infer, IDLE_ACTIVITY)
+        # interruptions: a group whose run is over drains (gap), then warms up (ramp); the
+        # draws happen every tick, whatever happens, so faults never change the random stream
+        gap = rng.uniform(self._gap_range[:, 0], self._gap_range[:, 1], n)
+        ramp = rng.uniform(self._ramp_range[:, 0], self._ramp_range[:, 1], n)
+        run = rng.uniform(self._run_range[:, 0], self._run_range[:, 1], n)
+        over = (t >= self._run_end) & (t > 0)
+        self._gap_end = np.where(over, t + gap, self._gap_end)
+        self._ramp_s = np.where(over, ramp, self._ramp_s)
+        self._run_end = np.where(over, t + gap + ramp + run, self._run_end)
+        since = t - self._gap_end
+        up = np.clip(since / np.maximum(self._ramp_s, 1e-9), 0.0, 1.0)  # 0 in the gap, 1 running
+        # training: level with checkpoint dips counted from the end of the warm-up
+        running = since - self._ramp_s
+        ckpt = (running >= 0) & (
+            running % CHECKPOINT_PERIOD_S >= CHECKPOINT_PERIOD_S - CHECKPOINT_DURATION_S
         )
+        train = np.where(ckpt, CHECKPOINT_ACTIVITY, self._train_level)
+        # inference: daily and weekly cycle, the group's share and its slow load noise
+        fleet = self._group_fleet
+        daily = np.maximum(0.0, np.sin(2 * np.pi * (hour - (self._infer_peak - 6.0)) / 24.0))
+        weekend = self._infer_weekend if self.sim_time.weekday() >= 5 else 1.0
+        fleet_load = (self._infer_base + self._infer_amp * daily) * weekend
+        phi = math.exp(-self.dt_s / INFER_GROUP_TAU_S)
+        self._group_noise = phi * self._group_noise + math.sqrt(
+            1.0 - phi**2
+        ) * INFER_GROUP_NOISE * rng.standard_normal(n)
+        infer = fleet_load[fleet] * self._group_share * (1.0 + self._group_noise)
+        busy = np.where(self._group_training, train, np.where(self._group_inference, infer, 0.0))
+        level = IDLE_ACTIVITY + (busy - IDLE_ACTIVITY) * up
+        level[-1] = IDLE_ACTIVITY
         for f_i, mag, _ in self._active("fleet_idle", t):
-            level[f_i] = FLEET_IDLE_ACTIVITY if mag is None else mag
-        self._fleet_level = level
+            level[fleet == f_i] = FLEET_IDLE_ACTIVITY if mag is None else mag
+        self._group_level = level
         eps = rng.standard_normal(self._n_gpus)
-        phi = self._noise_phi
-        self._noise = phi * self._noise + np.sqrt(1.0 - phi**2) * self._noise_sigma * eps
-        return np.clip(level[self._gpu_fleet] * self._gpu_share + self._noise, 0.0, 1.0)
+        phi_g = self._noise_phi
+        self._noise = phi_g * self._noise + np.sqrt(1.0 - phi_g**2) * self._noise_sigma * eps
+        return np.clip(level[self._gpu_group] * self._gpu_share + self._noise, 0.0, 1.0)
 
     def _advance(self) -> None:
         rng = self._rng
@@ -926,14 +999,15 @@ class SiteSimulator:
     def _node_traffic(self, node_act: F64) -> tuple[F64, F64]:
         """Per-node network transmit and receive rates [bit/s]."""
         fleet = self._node_fleet
-        n_nodes = self._fleet_nodes[fleet].astype(float)
+        group = self._node_group
+        n_nodes = self._group_nodes[group].astype(float)
         size = TRAIN_PARAMS * GRAD_BYTES
         train_bps = (
             8.0
             * network.allreduce_bytes_per_rank(size, np.maximum(n_nodes, 1))
-            / self._step_s[fleet]
+            / self._step_s[group]
         )
-        level = np.maximum(self._train_level[fleet], 1e-3)
+        level = np.maximum(self._train_level[group], 1e-3)
         train = train_bps * np.clip(node_act / level, 0.0, 1.2)
         infer = INFER_NODE_BPS * node_act
         training = self._fleet_training[fleet]
@@ -1127,6 +1201,7 @@ class SiteSimulator:
                 "slowdown_temp_c": f(self._slowdown_c[i]),
                 "fleet": self._fleet_name(int(self._gpu_fleet[i])),
                 "activity_share": f(self._gpu_share[i]),
+                "group": self._group_name(int(self._gpu_group[i])),
             }
             if self._gpu_liquid[i]:
                 entry["cdu"] = self._cdus[int(self._gpu_cdu[i])].name
@@ -1206,30 +1281,60 @@ class SiteSimulator:
             }
             for i, link in enumerate(self._links)
         }
+        groups: dict[str, dict[str, Any]] = {}
+        for k, name in enumerate(self._group_names):
+            f_i = int(self._group_fleet[k])
+            e = {
+                "fleet": self._fleets[f_i].name,
+                "role": self._fleets[f_i].role,
+                "nodes": [
+                    n.name for n, gk in zip(self._nodes, self._node_group, strict=True) if gk == k
+                ],
+            }
+            if self._group_training[k]:
+                e.update(
+                    level=f(self._train_level[k]),
+                    step_s=f(self._step_s[k], 4),
+                    allreduce_bytes_per_node=float(
+                        network.allreduce_bytes_per_rank(
+                            TRAIN_PARAMS * GRAD_BYTES, int(self._group_nodes[k])
+                        )
+                    ),
+                )
+            else:
+                e.update(load_share=f(self._group_share[k]))
+            groups[name] = e
         fleets = {}
         for i, fl in enumerate(self._fleets):
-            e: dict[str, Any] = {"role": fl.role, "nodes": int(self._fleet_nodes[i])}
+            e = {
+                "role": fl.role,
+                "nodes": int(self._fleet_nodes[i]),
+                "groups": [
+                    g
+                    for g, gf in zip(self._group_names, self._group_fleet, strict=False)
+                    if gf == i
+                ],
+            }
             if fl.role == "training":
                 e.update(
-                    level=f(self._train_level[i]),
+                    run_s=list(TRAIN_RUN_S),
+                    gap_s=list(TRAIN_GAP_S),
+                    ramp_s=list(TRAIN_RAMP_S),
                     checkpoint_period_s=CHECKPOINT_PERIOD_S,
                     checkpoint_duration_s=CHECKPOINT_DURATION_S,
                     checkpoint_activity=CHECKPOINT_ACTIVITY,
-                    checkpoint_offset_s=f(self._ckpt_offset[i], 3),
                     model_params=TRAIN_PARAMS,
                     gradient_bytes=TRAIN_PARAMS * GRAD_BYTES,
-                    step_s=f(self._step_s[i], 4),
-                    allreduce_bytes_per_node=float(
-                        network.allreduce_bytes_per_rank(
-                            TRAIN_PARAMS * GRAD_BYTES, max(int(self._fleet_nodes[i]), 1)
-                        )
-                    ),
                 )
             else:
                 e.update(
                     base_activity=f(self._infer_base[i]),
                     amplitude=f(self._infer_amp[i]),
                     peak_hour_utc=f(self._infer_peak[i], 4),
+                    weekend_factor=f(self._infer_weekend[i]),
+                    run_s=list(INFER_RUN_S),
+                    gap_s=list(INFER_GAP_S),
+                    ramp_s=list(INFER_RAMP_S),
                 )
             fleets[fl.name] = e
         faults = []
@@ -1256,8 +1361,12 @@ class SiteSimulator:
             "pdus": pdus,
             "links": links,
             "fleets": fleets,
+            "groups": groups,
             "faults": faults,
         }
 
     def _fleet_name(self, slot: int) -> str | None:
         return self._fleets[slot].name if slot < len(self._fleets) else None
+
+    def _group_name(self, slot: int) -> str | None:
+        return self._group_names[slot] if slot < len(self._group_names) else None
