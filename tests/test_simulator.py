@@ -540,6 +540,19 @@ def test_phase_overload_takes_the_phase_toward_its_rating(
         assert f["effective_magnitude"] > 0
 
 
+def test_phase_creep_ramps_the_phase_to_its_target(site: Site) -> None:
+    sim, rows = run_with(site, "phase_creep:pdu-a01-a/L1@60+200")
+    cur = series(rows, "pdu", "pdu-a01-a/L1", "current_a")
+    (fault,) = sim.truth()["faults"]
+    assert fault["effective_magnitude"] > 0
+    # linear from the start to the end of the ramp, then at 95 % of the rating, and it stays
+    assert cur[:60].mean() < 0.7 * 32
+    assert cur[100] < cur[140] < cur[200] < 0.95 * 32 * 0.99
+    assert cur[262:].mean() == pytest.approx(0.95 * 32, rel=0.02)
+    mid = cur[160] - cur[59]
+    assert mid == pytest.approx(0.5 * (cur[262:].mean() - cur[:60].mean()), rel=0.15)
+
+
 def test_fleet_idle_drops_the_fleet_power(site: Site, baseline: tuple[SiteSimulator, Rows]) -> None:
     sim, base = baseline
     _, rows = run_with(site, "fleet_idle:train-llm@60+120")

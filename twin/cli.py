@@ -136,7 +136,8 @@ def sim(
         list[str] | None,
         typer.Option(
             help="Inject a fault, KIND:TARGET@START[+DURATION]; kinds: cold_plate, pump_failure,"
-            " phase_overload, fleet_idle. Repeatable. E.g. pump_failure:cdu-1/pump1@10m+15m."
+            " phase_overload, phase_creep (ramps over DURATION), fleet_idle. Repeatable."
+            " E.g. pump_failure:cdu-1/pump1@10m+15m."
         ),
     ] = None,
     truth: Annotated[

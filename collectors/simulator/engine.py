@@ -24,7 +24,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from collectors.contract import KINDS, encode, topic_for
-from collectors.simulator.faults import Fault
+from collectors.simulator.faults import PHASE_CREEP_DEFAULT_S, Fault
 from models import cdu as cdu_model
 from models import coolant, electrical, gpu_power, gpu_thermal, network
 from twin.site.catalog import CDU_MODELS
@@ -551,7 +551,7 @@ class SiteSimulator:
                         f"fault {f}: unknown pump {t!r}; site pumps are {self._pump_ids}"
                     )
                 self._fault_index.append(self._pump_index[t])
-            elif f.kind == "phase_overload":
+            elif f.kind in ("phase_overload", "phase_creep"):
                 pdu_name, _, phase = t.partition("/")
                 if pdu_name not in self._pdu_index:
                     raise ValueError(f"fault {f}: unknown PDU {pdu_name!r} in target {t!r}")
@@ -563,7 +563,7 @@ class SiteSimulator:
                         f"{', '.join(f'{pdu_name}/L{i}' for i in range(1, n_ph + 1))}"
                     )
                 if f.magnitude is not None and f.magnitude < 0:
-                    raise ValueError(f"fault {f}: phase_overload magnitude [W] must be >= 0")
+                    raise ValueError(f"fault {f}: {f.kind} magnitude [W] must be >= 0")
                 self._fault_index.append(3 * p + int(phase[1]) - 1)
             elif f.kind == "fleet_idle":
                 if t not in self._fleet_index:
@@ -834,11 +834,16 @@ class SiteSimulator:
             self._ent_circ, weights=node_in[self._ent_node] * self._ent_w, minlength=3 * n_pdus
         )
         pf3 = np.repeat(self._pdu_pf, 3)
-        for c_i, mag, k in self._active("phase_overload", t):
-            if mag is None:
-                mag = self._overload_default_w(c_i, circ_p, pf3)
-                self._fault_value[k] = mag
-            circ_p[c_i] += mag
+        for kind in ("phase_overload", "phase_creep"):
+            for c_i, mag, k in self._active(kind, t):
+                if mag is None:
+                    mag = self._overload_default_w(c_i, circ_p, pf3)
+                    self._fault_value[k] = mag
+                if kind == "phase_creep":
+                    f = self.faults[k]
+                    ramp_s = f.duration_s or PHASE_CREEP_DEFAULT_S
+                    mag = mag * min(1.0, (t - f.start_s) / ramp_s)
+                circ_p[c_i] += mag
         circ_i = circ_p / (self._circuit_v * pf3) if n_pdus else circ_p
         circ3 = circ_i.reshape(n_pdus, 3)
         line_i = np.where(
@@ -1346,6 +1351,7 @@ class SiteSimulator:
                 "cold_plate": "R multiplier - 1",
                 "pump_failure": None,
                 "phase_overload": "W",
+                "phase_creep": "W (reached at the end of the ramp)",
                 "fleet_idle": "activity",
             }[fault.kind]
             faults.append(d)

@@ -4,8 +4,9 @@ Syntax: ``KIND:TARGET@START[+DURATION][=MAGNITUDE]``
 
 - ``KIND``: one of :data:`FAULT_KINDS`.
 - ``TARGET``: what fails: a GPU id ``<node>:<index>`` (cold_plate), ``<cdu>/<pump>``
-  (pump_failure), ``<pdu>/L<n>`` (phase_overload), a fleet name (fleet_idle). A GPU id holds a
-  ``:`` itself, so the kind ends at the *first* ``:`` and the target at the *last* ``@``.
+  (pump_failure), ``<pdu>/L<n>`` (phase_overload, phase_creep), a fleet name (fleet_idle).
+  A GPU id holds a ``:`` itself, so the kind ends at the *first* ``:`` and the target at the
+  *last* ``@``.
 - ``START`` and ``DURATION``: seconds after the simulation start, as ``600``, ``600s``,
   ``10m``, ``1.5h`` or ``1d``. Without ``+DURATION`` the fault lasts to the end.
 - ``=MAGNITUDE`` (optional): a number overriding the kind's default (see :class:`Fault`).
@@ -22,10 +23,18 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-__all__ = ["FAULT_KINDS", "Fault", "parse_duration_s", "parse_fault"]
+__all__ = ["FAULT_KINDS", "PHASE_CREEP_DEFAULT_S", "Fault", "parse_duration_s", "parse_fault"]
 
-FaultKind = Literal["cold_plate", "pump_failure", "phase_overload", "fleet_idle"]
-FAULT_KINDS: tuple[str, ...] = ("cold_plate", "pump_failure", "phase_overload", "fleet_idle")
+FaultKind = Literal["cold_plate", "pump_failure", "phase_overload", "phase_creep", "fleet_idle"]
+FAULT_KINDS: tuple[str, ...] = (
+    "cold_plate",
+    "pump_failure",
+    "phase_overload",
+    "phase_creep",
+    "fleet_idle",
+)
+#: ramp length of a phase_creep fault given without +DURATION [s]
+PHASE_CREEP_DEFAULT_S = 3600.0
 
 _UNIT_S = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([smhd]?)\s*$", re.IGNORECASE)
@@ -41,6 +50,10 @@ class Fault(BaseModel):
     - ``pump_failure``: unused; the pump stops.
     - ``phase_overload``: extra real load on that phase [W]; default: enough to take the phase
       current to 95 % of the PDU's per-phase rating when the fault starts.
+    - ``phase_creep``: like ``phase_overload``, but the extra load grows linearly from zero
+      at ``start_s`` to ``magnitude`` over ``duration_s`` (default 1 h) and then stays: load
+      creeping onto one phase (servers added, outlets rebalanced), which a forecast can see
+      coming. The fault never ends; its duration is the ramp.
     - ``fleet_idle``: the fleet's SM activity while idle [1]; default 0.03.
     """
 
@@ -65,6 +78,8 @@ class Fault(BaseModel):
         """True when the fault is active ``elapsed_s`` seconds after the start."""
         if elapsed_s < self.start_s:
             return False
+        if self.kind == "phase_creep":
+            return True
         return self.duration_s is None or elapsed_s < self.start_s + self.duration_s
 
     def __str__(self) -> str:
