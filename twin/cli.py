@@ -135,8 +135,9 @@ def sim(
     fault: Annotated[
         list[str] | None,
         typer.Option(
-            help="Inject a fault, KIND:TARGET@START[+DURATION]; kinds: cold_plate, pump_failure,"
-            " phase_overload, phase_creep (ramps over DURATION), fleet_idle. Repeatable."
+            help="Inject a fault, KIND:TARGET@START[+DURATION]; kinds: cold_plate,"
+            " cold_plate_decay and phase_creep (these two ramp up over DURATION), pump_failure,"
+            " phase_overload, fleet_idle. Repeatable."
             " E.g. pump_failure:cdu-1/pump1@10m+15m."
         ),
     ] = None,

@@ -24,7 +24,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from collectors.contract import KINDS, encode, topic_for
-from collectors.simulator.faults import PHASE_CREEP_DEFAULT_S, Fault
+from collectors.simulator.faults import Fault
 from models import cdu as cdu_model
 from models import coolant, electrical, gpu_power, gpu_thermal, network
 from twin.site.catalog import CDU_MODELS
@@ -64,7 +64,7 @@ INFER_AMPLITUDE = (0.40, 0.60)  # inference daily swing above the floor
 INFER_PEAK_HOUR_UTC = (13.0, 15.0)
 INFER_WEEKEND = (0.6, 0.8)  # Saturday and Sunday (UTC) load relative to weekdays
 INFER_GROUP_SHARE = (0.8, 1.2)  # a replica group's share of its fleet's load (load balancer)
-INFER_GROUP_NOISE = 0.08  # relative AR(1) noise of a group's load ...
+INFER_GROUP_NOISE = 0.15  # relative AR(1) noise of a group's load ...
 INFER_GROUP_TAU_S = 300.0  # ... with this correlation time
 INFER_RUN_S = (45 * 60.0, 100 * 60.0)  # a replica group serves 45-100 min ...
 INFER_GAP_S = (60.0, 180.0)  # ... is drained for 1-3 min ...
@@ -537,7 +537,7 @@ class SiteSimulator:
         self._fault_index: list[int] = []
         for f in self.faults:
             t = f.target
-            if f.kind == "cold_plate":
+            if f.kind in ("cold_plate", "cold_plate_decay"):
                 if t not in self._gpu_index:
                     raise ValueError(
                         f"fault {f}: unknown GPU {t!r}; expected <node>:<index> of a site node"
@@ -600,7 +600,7 @@ class SiteSimulator:
         self._coolant_offset = np.where(self._gpu_liquid, _uniform(rng, COOLANT_OFFSET_K, g), 0.0)
         self._energy_j = rng.uniform(1e6, 5e9, g).round()
         for i, f in enumerate(self.faults):
-            if f.kind == "cold_plate" and f.magnitude is None:
+            if f.kind in ("cold_plate", "cold_plate_decay") and f.magnitude is None:
                 self._fault_value[i] = 0.1 / float(self._r[self._fault_index[i]])
 
         # Nodes
@@ -779,8 +779,9 @@ class SiteSimulator:
         activity = self._activity(t)
         p_demand = gpu_power.gpu_power_w(activity, self._idle, self._limit, self._gamma)
         r_eff = self._r.copy()
-        for g_i, mag, _ in self._active("cold_plate", t):
-            r_eff[g_i] *= 1.0 + float(mag)  # type: ignore[arg-type]
+        for kind in ("cold_plate", "cold_plate_decay"):
+            for g_i, mag, k in self._active(kind, t):
+                r_eff[g_i] *= 1.0 + float(mag) * self.faults[k].ramp_fraction(t)  # type: ignore[arg-type]
 
         # -- coolant and air references
         fw_supply = self._fw_base + self._fw_drift * np.sin(
@@ -839,11 +840,7 @@ class SiteSimulator:
                 if mag is None:
                     mag = self._overload_default_w(c_i, circ_p, pf3)
                     self._fault_value[k] = mag
-                if kind == "phase_creep":
-                    f = self.faults[k]
-                    ramp_s = f.duration_s or PHASE_CREEP_DEFAULT_S
-                    mag = mag * min(1.0, (t - f.start_s) / ramp_s)
-                circ_p[c_i] += mag
+                circ_p[c_i] += mag * self.faults[k].ramp_fraction(t)
         circ_i = circ_p / (self._circuit_v * pf3) if n_pdus else circ_p
         circ3 = circ_i.reshape(n_pdus, 3)
         line_i = np.where(
@@ -1349,6 +1346,7 @@ class SiteSimulator:
             d["effective_magnitude"] = self._fault_value[i]
             d["magnitude_unit"] = {
                 "cold_plate": "R multiplier - 1",
+                "cold_plate_decay": "R multiplier - 1 (reached at the end of the ramp)",
                 "pump_failure": None,
                 "phase_overload": "W",
                 "phase_creep": "W (reached at the end of the ramp)",

@@ -3,8 +3,9 @@
 Syntax: ``KIND:TARGET@START[+DURATION][=MAGNITUDE]``
 
 - ``KIND``: one of :data:`FAULT_KINDS`.
-- ``TARGET``: what fails: a GPU id ``<node>:<index>`` (cold_plate), ``<cdu>/<pump>``
-  (pump_failure), ``<pdu>/L<n>`` (phase_overload, phase_creep), a fleet name (fleet_idle).
+- ``TARGET``: what fails: a GPU id ``<node>:<index>`` (cold_plate, cold_plate_decay),
+  ``<cdu>/<pump>`` (pump_failure), ``<pdu>/L<n>`` (phase_overload, phase_creep), a fleet name
+  (fleet_idle).
   A GPU id holds a ``:`` itself, so the kind ends at the *first* ``:`` and the target at the
   *last* ``@``.
 - ``START`` and ``DURATION``: seconds after the simulation start, as ``600``, ``600s``,
@@ -23,18 +24,30 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-__all__ = ["FAULT_KINDS", "PHASE_CREEP_DEFAULT_S", "Fault", "parse_duration_s", "parse_fault"]
+__all__ = [
+    "FAULT_KINDS",
+    "RAMPED_KINDS",
+    "RAMP_DEFAULT_S",
+    "Fault",
+    "parse_duration_s",
+    "parse_fault",
+]
 
-FaultKind = Literal["cold_plate", "pump_failure", "phase_overload", "phase_creep", "fleet_idle"]
+FaultKind = Literal[
+    "cold_plate", "cold_plate_decay", "pump_failure", "phase_overload", "phase_creep", "fleet_idle"
+]
 FAULT_KINDS: tuple[str, ...] = (
     "cold_plate",
+    "cold_plate_decay",
     "pump_failure",
     "phase_overload",
     "phase_creep",
     "fleet_idle",
 )
-#: ramp length of a phase_creep fault given without +DURATION [s]
-PHASE_CREEP_DEFAULT_S = 3600.0
+#: Faults whose magnitude ramps up linearly over +DURATION (default RAMP_DEFAULT_S) and stays.
+RAMPED_KINDS = frozenset({"phase_creep", "cold_plate_decay"})
+#: ramp length of a ramped fault given without +DURATION [s]
+RAMP_DEFAULT_S = 3600.0
 
 _UNIT_S = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([smhd]?)\s*$", re.IGNORECASE)
@@ -47,6 +60,9 @@ class Fault(BaseModel):
 
     - ``cold_plate``: the GPU's thermal resistance is multiplied by ``1 + magnitude`` [1];
       default: the GPU's R rises by +0.1 K/W (degraded TIM, physics.md §9.2).
+    - ``cold_plate_decay``: as ``cold_plate``, but R degrades linearly from its healthy value
+      at ``start_s`` to the full magnitude over ``duration_s`` (default 1 h) and stays there:
+      thermal paste pumping out, a cold plate fouling. The fault never ends.
     - ``pump_failure``: unused; the pump stops.
     - ``phase_overload``: extra real load on that phase [W]; default: enough to take the phase
       current to 95 % of the PDU's per-phase rating when the fault starts.
@@ -78,9 +94,16 @@ class Fault(BaseModel):
         """True when the fault is active ``elapsed_s`` seconds after the start."""
         if elapsed_s < self.start_s:
             return False
-        if self.kind == "phase_creep":
+        if self.kind in RAMPED_KINDS:
             return True
         return self.duration_s is None or elapsed_s < self.start_s + self.duration_s
+
+    def ramp_fraction(self, elapsed_s: float) -> float:
+        """How much of a ramped fault's magnitude applies at ``elapsed_s`` (1 for the others)."""
+        if self.kind not in RAMPED_KINDS:
+            return 1.0
+        ramp_s = self.duration_s or RAMP_DEFAULT_S
+        return min(1.0, max(0.0, (elapsed_s - self.start_s) / ramp_s))
 
     def __str__(self) -> str:
         out = f"{self.kind}:{self.target}@{_fmt(self.start_s)}"

@@ -1,0 +1,630 @@
+"""Hooks and the outbox against real local HTTP servers that record every request.
+
+Each server is a ThreadingHTTPServer on 127.0.0.1 that answers as its service does (PagerDuty
+202 ``{"status": "success"}``, Slack 200 ``ok``, Alertmanager 200, webhook 200) and can be made
+to answer 500 or to refuse connections, then come back. Every payload is checked against the
+service's documented schema, written here as pydantic models. Time is a fake clock: "five
+minutes down" is simulated, not slept.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, Literal
+
+import pytest
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, RootModel, model_validator
+
+from twin.alerts import (
+    AlertEngine,
+    Delivery,
+    Observation,
+    Outbox,
+    Topology,
+    WebhookEvent,
+    parse_hooks,
+    parse_rules,
+    webhook_json_schema,
+)
+from twin.site import load_site
+from twin.store import Store
+
+from .conftest import SMALL_SITE
+
+T0 = datetime(2026, 11, 29, 14, 0, tzinfo=UTC)
+ROUTING_KEY = "0123456789abcdef0123456789abcdef"
+
+
+# ---- the services' documented schemas -------------------------------------------------------
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class PdPayload(_Strict):
+    """PagerDuty Events API v2, ``payload`` of a trigger event."""
+
+    summary: str = Field(min_length=1, max_length=1024)
+    source: str = Field(min_length=1)
+    severity: Literal["critical", "error", "warning", "info"]
+    timestamp: AwareDatetime | None = None
+    component: str | None = None
+    group: str | None = None
+    class_: str | None = Field(default=None, alias="class")
+    custom_details: dict[str, Any] | None = None
+
+
+class PdEvent(_Strict):
+    """PagerDuty Events API v2 event (POST /v2/enqueue)."""
+
+    routing_key: str = Field(min_length=32, max_length=32)
+    event_action: Literal["trigger", "acknowledge", "resolve"]
+    dedup_key: str | None = Field(default=None, max_length=255)
+    payload: PdPayload | None = None
+    client: str | None = None
+    client_url: str | None = None
+    images: list[dict[str, Any]] | None = None
+    links: list[dict[str, Any]] | None = None
+
+    @model_validator(mode="after")
+    def _shape(self) -> PdEvent:
+        if self.event_action == "trigger":
+            assert self.payload is not None, "trigger needs a payload"
+        else:
+            assert self.dedup_key, "acknowledge/resolve need the dedup_key"
+            assert self.payload is None, "payload only on trigger"
+        return self
+
+
+class AmPostableAlert(_Strict):
+    """Alertmanager API v2 ``postableAlert`` (POST /api/v2/alerts takes a list of them)."""
+
+    labels: dict[str, str] = Field(min_length=1)
+    annotations: dict[str, str] | None = None
+    startsAt: AwareDatetime | None = None  # noqa: N815 - the API's name
+    endsAt: AwareDatetime | None = None  # noqa: N815
+    generatorURL: str | None = None  # noqa: N815
+
+
+AmPostableAlerts = RootModel[list[AmPostableAlert]]
+
+
+class SlackText(_Strict):
+    type: Literal["plain_text", "mrkdwn"]
+    text: str = Field(min_length=1, max_length=3000)
+    emoji: bool | None = None
+    verbatim: bool | None = None
+
+
+class SlackHeader(_Strict):
+    type: Literal["header"]
+    text: SlackText
+    block_id: str | None = None
+
+    @model_validator(mode="after")
+    def _plain(self) -> SlackHeader:
+        assert self.text.type == "plain_text" and len(self.text.text) <= 150
+        return self
+
+
+class SlackSection(_Strict):
+    type: Literal["section"]
+    text: SlackText
+    block_id: str | None = None
+
+
+class SlackContext(_Strict):
+    type: Literal["context"]
+    elements: list[SlackText] = Field(min_length=1, max_length=10)
+    block_id: str | None = None
+
+
+class SlackMessage(_Strict):
+    """Slack incoming webhook message with Block Kit blocks."""
+
+    text: str = Field(min_length=1)
+    blocks: list[SlackHeader | SlackSection | SlackContext] = Field(max_length=50)
+
+
+# ---- recording servers ---------------------------------------------------------------------
+
+
+@dataclass
+class Request:
+    path: str
+    headers: dict[str, str]
+    body: Any
+    status: int
+
+
+@dataclass
+class Recorder:
+    """A local HTTP server for one service; ``mode`` is "up", "500" or (with stop) refused."""
+
+    service: str
+    mode: str = "up"
+    answer: int | None = None  # force this status when up (e.g. 400)
+    requests: list[Request] = field(default_factory=list)
+    server: ThreadingHTTPServer | None = None
+    port: int = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def accepted(self) -> list[Any]:
+        return [r.body for r in self.requests if 200 <= r.status < 300]
+
+    def start(self) -> None:
+        rec = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def do_POST(self) -> None:
+                raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                status, ctype, out = rec.respond(json.loads(raw))
+                rec.requests.append(Request(self.path, dict(self.headers), json.loads(raw), status))
+                self.send_response(status)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(out)))
+                self.end_headers()
+                self.wfile.write(out)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        self.port = self.server.server_address[1]
+        threading.Thread(
+            target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        ).start()
+
+    def stop(self) -> None:
+        """Refuse connections from now on (the port closes)."""
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+            self.server = None
+
+    def respond(self, body: Any) -> tuple[int, str, bytes]:
+        if self.mode == "500":
+            return 503, "text/plain", b"unavailable"
+        if self.answer is not None and self.answer >= 400:
+            msg = {"status": "invalid event", "message": "Event object is invalid"}
+            return self.answer, "application/json", json.dumps(msg).encode()
+        if self.service == "pagerduty":
+            ok = {"status": "success", "message": "Event processed", "dedup_key": body["dedup_key"]}
+            return 202, "application/json", json.dumps(ok).encode()
+        if self.service == "slack":
+            return 200, "text/plain", b"ok"
+        return 200, "application/json", b"{}"
+
+
+@pytest.fixture
+def servers() -> Iterator[dict[str, Recorder]]:
+    recs = {s: Recorder(s) for s in ("webhook", "slack", "pagerduty", "alertmanager")}
+    for r in recs.values():
+        r.start()
+    yield recs
+    for r in recs.values():
+        r.stop()
+
+
+def hooks_for(recs: dict[str, Recorder], am_resend_s: float | None = 3600) -> list[Any]:
+    return parse_hooks(
+        {
+            "hooks": [
+                {"type": "webhook", "name": "hook", "url": recs["webhook"].url + "/alerts"},
+                {"type": "slack", "name": "slack", "url_env": "SLACK_URL"},
+                {
+                    "type": "pagerduty",
+                    "name": "pd",
+                    "url": recs["pagerduty"].url + "/v2/enqueue",
+                    "routing_key_env": "PD_KEY",
+                },
+                {
+                    "type": "alertmanager",
+                    "name": "am",
+                    "url": recs["alertmanager"].url,
+                    "resend_interval_s": am_resend_s,
+                },
+            ]
+        },
+        env={"SLACK_URL": recs["slack"].url + "/services/T/B/X", "PD_KEY": ROUTING_KEY},
+    )
+
+
+def check_schemas(recs: dict[str, Recorder]) -> None:
+    """Every request each server saw matches its service's documented schema."""
+    for r in recs["pagerduty"].requests:
+        assert r.path == "/v2/enqueue"
+        PdEvent.model_validate(r.body)
+    for r in recs["alertmanager"].requests:
+        assert r.path == "/api/v2/alerts"
+        AmPostableAlerts.model_validate(r.body)
+    for r in recs["slack"].requests:
+        assert r.path == "/services/T/B/X"
+        SlackMessage.model_validate(r.body)
+    for r in recs["webhook"].requests:
+        assert r.path == "/alerts"
+        WebhookEvent.model_validate(r.body)
+    for rec in recs.values():
+        for r in rec.requests:
+            assert r.headers["Content-Type"] == "application/json"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = T0
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def advance(self, s: float) -> datetime:
+        self.now += timedelta(seconds=s)
+        return self.now
+
+
+RULES = """
+rules:
+  - name: gpu_temp_high
+    metric: gpu.temp_c
+    entity_kind: gpu
+    op: ">="
+    value: 84
+    clear_value: 80
+    for_s: 30
+    severity: warning
+    group_by: rack
+    labels: {team: ml-infra}
+  - name: cdu_pump_lost
+    metric: cdu.pumps_running
+    entity_kind: cdu
+    op: "<"
+    value: 2
+    severity: critical
+    group_by: cdu
+    summary: "CDU {entity_id}: {value:g} pumps running"
+    labels: {team: facilities}
+    inhibits:
+      - {rule: gpu_temp_high, along: cooling}
+"""
+
+R01_GPUS = [f"trn-r01-n{n}:{i}" for n in (1, 2) for i in range(8)]
+
+
+def observe(clock: Clock, pumps: float, temp_c: float) -> list[Observation]:
+    ts = clock.now
+    return [
+        Observation(
+            metric="cdu.pumps_running", entity_kind="cdu", entity_id="cdu-1", value=pumps, ts=ts
+        ),
+        *(
+            Observation(metric="gpu.temp_c", entity_kind="gpu", entity_id=g, value=temp_c, ts=ts)
+            for g in R01_GPUS
+        ),
+    ]
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Store]:
+    with Store(tmp_path / "twin.duckdb") as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def topo() -> Topology:
+    return Topology.from_site(load_site(SMALL_SITE))
+
+
+# ---- acceptance: CDU pump failure ----------------------------------------------------------
+
+
+def test_cdu_pump_failure_one_grouped_page_per_hook_then_resolve(
+    servers: dict[str, Recorder], store: Store, topo: Topology
+) -> None:
+    clock = Clock()
+    outbox = Outbox(store, hooks_for(servers), clock)
+    engine = AlertEngine(parse_rules(RULES), topo, outbox, clock)
+
+    engine.evaluate(observe(clock, 2, 60))
+    outbox.deliver()
+    clock.advance(10)
+    engine.evaluate(observe(clock, 0, 62))  # both pumps stop
+    outbox.deliver()
+    for _ in range(30):  # five minutes: the GPUs heat up past their limit, for_s passes
+        clock.advance(10)
+        engine.evaluate(observe(clock, 0, 92))
+        outbox.deliver()
+    clock.advance(10)
+    engine.evaluate(observe(clock, 2, 70))  # pumps back, loop and GPUs cool
+    outbox.deliver()
+    resolved_at = clock.now
+
+    check_schemas(servers)
+    key = "dctwin/small/cdu_pump_lost/cdu/cdu-1"
+    web = servers["webhook"].accepted()
+    assert [(b["event"], b["dedup_key"]) for b in web] == [("firing", key), ("resolved", key)]
+    page = web[0]["notification"]
+    assert page["group"] == {"kind": "cdu", "id": "cdu-1"}
+    assert page["severity"] == "critical"
+    assert "CDU cdu-1 cools racks r01" in page["description"]
+    assert page["labels"]["racks"] == "r01"
+    assert web[1]["notification"]["ends_at"] == resolved_at.isoformat().replace("+00:00", "Z")
+
+    pd = servers["pagerduty"].accepted()
+    assert [(b["event_action"], b["dedup_key"]) for b in pd] == [
+        ("trigger", key),
+        ("resolve", key),
+    ]
+    assert pd[0]["routing_key"] == ROUTING_KEY
+    assert pd[0]["payload"]["severity"] == "critical"
+    assert "cdu-1" in pd[0]["payload"]["summary"]
+    assert "r01" in pd[0]["payload"]["custom_details"]["description"]
+
+    slack = servers["slack"].accepted()
+    assert len(slack) == 2 and "FIRING" in slack[0]["text"] and "RESOLVED" in slack[1]["text"]
+    assert "r01" in json.dumps(slack[0]["blocks"]) and key in json.dumps(slack[0]["blocks"])
+
+    am = [b[0] for b in servers["alertmanager"].accepted()]
+    assert len(am) == 2 and am[0]["labels"] == am[1]["labels"]  # one alert in Alertmanager
+    assert am[0]["labels"]["alertname"] == "cdu_pump_lost"
+    assert am[0]["startsAt"] == am[1]["startsAt"]
+    assert datetime.fromisoformat(am[1]["endsAt"]) == resolved_at
+
+    # no GPU temperature alert went anywhere
+    every = json.dumps([r.body for rec in servers.values() for r in rec.requests])
+    assert "gpu_temp_high" not in every
+    assert outbox.pending() == 0
+
+
+# ---- acceptance: a hook down for five minutes ----------------------------------------------
+
+
+def test_hooks_down_five_minutes_get_every_alert_once_per_key(
+    servers: dict[str, Recorder], store: Store, topo: Topology
+) -> None:
+    clock = Clock()
+    outbox = Outbox(store, hooks_for(servers), clock)
+    engine = AlertEngine(parse_rules(RULES.replace("for_s: 30", "for_s: 0")), topo, outbox, clock)
+    servers["webhook"].mode = servers["pagerduty"].mode = "500"  # answering, failing
+    servers["slack"].stop()  # refusing connections
+    servers["alertmanager"].stop()
+
+    def temp(gpu: str, v: float) -> Observation:
+        return Observation(
+            metric="gpu.temp_c", entity_kind="gpu", entity_id=gpu, value=v, ts=clock.now
+        )
+
+    engine.evaluate([temp("trn-r01-n1:0", 90), temp("inf-r02-n1:3", 88)])  # two incidents
+    for _ in range(60):
+        clock.advance(1)
+        outbox.deliver()
+    engine.evaluate([temp("trn-r01-n1:0", 70)])  # r01 resolves while the hooks are down
+    engine.evaluate(
+        [
+            Observation(
+                metric="cdu.pumps_running",
+                entity_kind="cdu",
+                entity_id="cdu-1",
+                value=1,
+                ts=clock.now,
+            )
+        ]
+    )
+    while clock.now < T0 + timedelta(minutes=5):
+        clock.advance(1)
+        outbox.deliver()
+    assert all(not r.accepted() for r in servers.values())
+    failed_attempts = len(servers["webhook"].requests)
+    assert 5 <= failed_attempts <= 20  # backed off, not hammered once a second
+
+    servers["webhook"].mode = servers["pagerduty"].mode = "up"
+    servers["slack"].start()  # same ports again
+    servers["alertmanager"].start()
+    for _ in range(120):
+        clock.advance(1)
+        outbox.deliver()
+    assert outbox.pending() == 0
+    check_schemas(servers)
+
+    k_r01 = "dctwin/small/gpu_temp_high/rack/r01"
+    k_r02 = "dctwin/small/gpu_temp_high/rack/r02"
+    k_cdu = "dctwin/small/cdu_pump_lost/cdu/cdu-1"
+    expect = sorted([(k_r01, "firing"), (k_r01, "resolved"), (k_r02, "firing"), (k_cdu, "firing")])
+    web = [(b["dedup_key"], b["event"]) for b in servers["webhook"].accepted()]
+    pd = [
+        (b["dedup_key"], {"trigger": "firing", "resolve": "resolved"}[b["event_action"]])
+        for b in servers["pagerduty"].accepted()
+    ]
+    am = [
+        (
+            a["labels"]["dedup_key"],
+            # a firing alert is posted with endsAt ahead, its resolve with the resolve time
+            "resolved" if datetime.fromisoformat(a["endsAt"]) <= clock.now else "firing",
+        )
+        for b in servers["alertmanager"].accepted()
+        for a in b
+    ]
+    slack = [
+        (
+            next(k for k in (k_r01, k_r02, k_cdu) if k in json.dumps(b["blocks"])),
+            "resolved" if "RESOLVED" in b["text"] else "firing",
+        )
+        for b in servers["slack"].accepted()
+    ]
+    for name, got in (("webhook", web), ("pagerduty", pd), ("alertmanager", am), ("slack", slack)):
+        assert sorted(got) == expect, name  # every alert, once per (dedup key, status)
+        assert got.index((k_r01, "firing")) < got.index((k_r01, "resolved")), name
+    rows = outbox.rows()
+    assert all(r["state"] == "delivered" for r in rows)
+    retried = [r for r in rows if r["attempts"] > 1]
+    assert retried and all(r["last_error"] for r in retried)
+    assert any("503" in r["last_error"] for r in retried if r["hook"] == "pd")
+    assert any("Connect" in r["last_error"] for r in retried if r["hook"] == "slack")
+
+
+def test_outbox_survives_restart_and_never_doubles_a_pending_row(
+    servers: dict[str, Recorder], tmp_path: Path, topo: Topology
+) -> None:
+    clock = Clock()
+    servers["webhook"].mode = "500"
+    path = tmp_path / "twin.duckdb"
+    with Store(path) as store:
+        outbox = Outbox(store, hooks_for(servers)[:1], clock)
+        engine = AlertEngine(parse_rules(RULES.replace("for_s: 30", "for_s: 0")), topo, outbox)
+        [n] = engine.evaluate(
+            [
+                Observation(
+                    metric="gpu.temp_c",
+                    entity_kind="gpu",
+                    entity_id="trn-r01-n1:0",
+                    value=90,
+                    ts=clock.now,
+                )
+            ],
+            clock.now,
+        )
+        outbox.deliver()
+        assert outbox.enqueue(n) == 1  # the same event again: updates the pending row
+        assert len(outbox.rows()) == 1 and outbox.rows()[0]["attempts"] == 1
+    servers["webhook"].mode = "up"
+    with Store(path) as store:  # restarted service: the pending row is still there
+        outbox = Outbox(store, hooks_for(servers)[:1], clock)
+        clock.advance(5)
+        report = outbox.deliver()
+        assert len(report.delivered) == 1
+        assert outbox.enqueue(n) == 0  # delivered already: an idempotent no-op
+        outbox.deliver()
+    assert [b["event_id"] for b in servers["webhook"].accepted()] == [n.event_id]
+
+
+def test_pagerduty_400_is_permanent_and_acknowledge_is_sent(
+    servers: dict[str, Recorder], store: Store, topo: Topology
+) -> None:
+    clock = Clock()
+    outbox = Outbox(store, hooks_for(servers), clock)
+    engine = AlertEngine(parse_rules(RULES), topo, outbox, clock)
+    [n] = engine.evaluate(
+        [
+            Observation(
+                metric="cdu.pumps_running",
+                entity_kind="cdu",
+                entity_id="cdu-1",
+                value=0,
+                ts=clock.now,
+            )
+        ]
+    )
+    outbox.deliver()
+    assert engine.acknowledge(n.dedup_key) == 2  # PagerDuty and the webhook take acks
+    outbox.deliver()
+    check_schemas(servers)
+    assert [b["event_action"] for b in servers["pagerduty"].accepted()] == [
+        "trigger",
+        "acknowledge",
+    ]
+    ack = servers["webhook"].accepted()[-1]
+    assert ack["event"] == "acknowledge" and ack["dedup_key"] == n.dedup_key
+
+    servers["pagerduty"].answer = 400
+    clock.advance(10)
+    engine.evaluate(
+        [
+            Observation(
+                metric="cdu.pumps_running",
+                entity_kind="cdu",
+                entity_id="cdu-1",
+                value=2,
+                ts=clock.now,
+            )
+        ]
+    )
+    for _ in range(10):
+        outbox.deliver()
+        clock.advance(60)
+    [row] = [r for r in outbox.rows() if r["hook"] == "pd" and r["status"] == "resolved"]
+    assert (row["state"], row["attempts"], row["last_status_code"]) == ("failed", 1, 400)
+    assert len(servers["pagerduty"].requests) == 3  # tried once, not again
+
+
+def test_alertmanager_resends_firing_until_resolved(
+    servers: dict[str, Recorder], store: Store, topo: Topology
+) -> None:
+    clock = Clock()
+    am = [h for h in hooks_for(servers, am_resend_s=60) if h.name == "am"]
+    outbox = Outbox(store, am, clock)
+    engine = AlertEngine(parse_rules(RULES), topo, outbox, clock)
+
+    def pumps(v: float) -> list[Observation]:
+        return [
+            Observation(
+                metric="cdu.pumps_running",
+                entity_kind="cdu",
+                entity_id="cdu-1",
+                value=v,
+                ts=clock.now,
+            )
+        ]
+
+    engine.evaluate(pumps(0))
+    for _ in range(200):
+        outbox.deliver()
+        clock.advance(1)
+    engine.evaluate(pumps(2))
+    for _ in range(200):
+        outbox.deliver()
+        clock.advance(1)
+    check_schemas(servers)
+    sent = [b[0] for b in servers["alertmanager"].accepted()]
+    assert len(sent) == 5  # at 0, 60, 120, 180 s, then the resolve
+    assert len({json.dumps(a["labels"], sort_keys=True) for a in sent}) == 1
+    for a in sent[:-1]:  # each firing post keeps the alert alive for four intervals
+        assert datetime.fromisoformat(a["endsAt"]) > clock.now - timedelta(seconds=400)
+    assert datetime.fromisoformat(sent[-1]["endsAt"]) == T0 + timedelta(seconds=200)
+
+
+def test_delivery_thread_delivers(
+    servers: dict[str, Recorder], store: Store, topo: Topology
+) -> None:
+    outbox = Outbox(store, hooks_for(servers)[:1])
+    engine = AlertEngine(parse_rules(RULES), topo, outbox)
+    with Delivery(outbox, interval_s=0.02):
+        engine.evaluate(
+            [
+                Observation(
+                    metric="cdu.pumps_running",
+                    entity_kind="cdu",
+                    entity_id="cdu-1",
+                    value=0,
+                    ts=datetime.now(UTC),
+                )
+            ]
+        )
+        deadline = time.monotonic() + 30
+        while outbox.pending() and time.monotonic() < deadline:
+            time.sleep(0.02)
+    assert [b["event"] for b in servers["webhook"].accepted()] == ["firing"]
+
+
+def test_webhook_schema_is_published() -> None:
+    schema = webhook_json_schema()
+    assert set(schema["properties"]) >= {"event", "event_id", "dedup_key", "notification"}
+    assert "Notification" in schema["$defs"]
+
+
+def test_secrets_are_not_in_the_outbox_or_reprs(servers: dict[str, Recorder], store: Store) -> None:
+    hooks = hooks_for(servers)
+    pd = next(h for h in hooks if h.name == "pd")
+    assert ROUTING_KEY not in repr(pd.config)
+    outbox = Outbox(store, hooks)
+    outbox.acknowledge("dctwin/small/x/cdu/cdu-1")
+    dump = json.dumps(store.con.execute("SELECT * FROM alert_outbox").fetchall(), default=str)
+    assert ROUTING_KEY not in dump and "/services/T/B/X" not in dump

@@ -1,0 +1,613 @@
+"""The alert engine: observations in, grouped, inhibited, silenced notifications out.
+
+One evaluation (:meth:`AlertEngine.evaluate`) does, in order:
+
+1. **Per entity and rule** (observations in time order), one state machine::
+
+       inactive --breached--> pending --held for_s--> firing --past clear_value--> inactive
+                                 \\--not breached--> inactive
+
+   ``for_s`` is measured on observation timestamps (``ts``), so replayed telemetry behaves as
+   live telemetry does. A firing alert stays firing while its value is on the alert side of
+   ``clear_value`` (hysteresis). With ``resolve_if_absent_s``, an entity that reports nothing
+   for that long is cleared (event-like detectors report only while the event holds).
+2. **Groups**: firing alerts of one rule under the same ``group_by`` ancestor (from
+   :class:`~twin.alerts.topology.Topology`) are one incident with one dedup key,
+   ``dctwin/<site>/<rule>/<group kind>/<group id>``. An incident is paged once (after
+   ``group_wait_s``, so members that fire together are listed together) and resolved once,
+   when its last member clears; members that join later are added to the resolve, not paged.
+3. **Inhibition**: while rule A fires for entity X, alerts of each rule in A's ``inhibits`` on
+   X or on entities below X (along ``cooling`` or ``power``) are muted, and stay muted
+   ``hold_s`` after A clears. **Silences** mute by matchers until they expire. A muted alert
+   is not paged, as in Alertmanager; it still has its state, so if it still fires once the
+   mute ends it is paged then. An incident already paged is still resolved when it clears,
+   even if muted meanwhile: an open page that never resolves is worse than one resolve more.
+4. **Persist and enqueue**: the engine's state (pending and firing alerts, incidents, holds)
+   and the notifications go to the store in one transaction, so a restart neither re-pages a
+   firing incident nor forgets to resolve it, and no notification is lost or doubled.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import duckdb
+
+from twin.alerts.db import AlertDb
+from twin.alerts.model import (
+    GroupRef,
+    Member,
+    Notification,
+    Observation,
+    Silence,
+    event_id,
+    utc_iso,
+)
+from twin.alerts.rules import Rule, RuleSet, load_rules, render_summary
+from twin.alerts.topology import Entity, Topology, kind_word
+
+if TYPE_CHECKING:
+    from twin.alerts.outbox import Outbox
+
+__all__ = ["AlertEngine", "Silences", "dedup_key"]
+
+log = logging.getLogger(__name__)
+Clock = Callable[[], datetime]
+_SEP = "\x1f"
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def dedup_key(site: str, rule: str, group: Entity) -> str:
+    """``dctwin/<site>/<rule>/<group kind>/<group id>``: the same incident, the same key."""
+    return f"dctwin/{site}/{rule}/{group[0]}/{group[1]}"[:255]
+
+
+def _dt(s: str | None) -> datetime | None:
+    return datetime.fromisoformat(s) if s is not None else None
+
+
+# ---- state ---------------------------------------------------------------------------------
+
+
+@dataclass
+class _Instance:
+    """One rule on one entity, pending or firing."""
+
+    rule: str
+    entity_kind: str
+    entity_id: str
+    state: str  # "pending" | "firing"
+    since: datetime
+    value: float
+    last_ts: datetime
+    fired_at: datetime | None = None
+    labels: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        return _SEP.join(("i", self.rule, self.entity_kind, self.entity_id))
+
+    def to_json(self) -> str:
+        d = asdict(self)
+        for k in ("since", "last_ts", "fired_at"):
+            d[k] = d[k].isoformat() if d[k] is not None else None
+        return json.dumps(d)
+
+    @classmethod
+    def from_json(cls, s: str) -> _Instance:
+        d = json.loads(s)
+        for k in ("since", "last_ts", "fired_at"):
+            d[k] = _dt(d[k])
+        return cls(**d)
+
+
+@dataclass
+class _Group:
+    """One incident: a rule's firing alerts under one ancestor."""
+
+    rule: str
+    kind: str
+    id: str
+    dedup_key: str
+    severity: str
+    first_fired_at: datetime
+    notified: bool = False
+    starts_at: datetime | None = None
+    summary: str = ""
+    description: str = ""
+    labels: dict[str, str] = field(default_factory=dict)
+    context: dict[str, str] = field(default_factory=dict)
+    members: dict[str, dict[str, Any]] = field(default_factory=dict)  # id -> Member json
+    cleared_at: datetime | None = None
+
+    @property
+    def key(self) -> str:
+        return _SEP.join(("g", self.rule, self.kind, self.id))
+
+    def to_json(self) -> str:
+        d = asdict(self)
+        for k in ("first_fired_at", "starts_at", "cleared_at"):
+            d[k] = d[k].isoformat() if d[k] is not None else None
+        return json.dumps(d)
+
+    @classmethod
+    def from_json(cls, s: str) -> _Group:
+        d = json.loads(s)
+        for k in ("first_fired_at", "starts_at", "cleared_at"):
+            d[k] = _dt(d[k])
+        return cls(**d)
+
+
+@dataclass
+class _Hold:
+    """An inhibiting alert that cleared, still muting until ``until``."""
+
+    rule: str
+    entity_kind: str
+    entity_id: str
+    until: datetime
+
+    @property
+    def key(self) -> str:
+        return _SEP.join(("h", self.rule, self.entity_kind, self.entity_id))
+
+    def to_json(self) -> str:
+        return json.dumps({**asdict(self), "until": self.until.isoformat()})
+
+    @classmethod
+    def from_json(cls, s: str) -> _Hold:
+        d = json.loads(s)
+        d["until"] = datetime.fromisoformat(d["until"])
+        return cls(**d)
+
+
+_STATE_TYPES: dict[str, Any] = {"i": _Instance, "g": _Group, "h": _Hold}
+
+
+# ---- silences ------------------------------------------------------------------------------
+
+
+class Silences:
+    """Silences, kept in the store's ``alert_silences`` table (or in memory without a store)."""
+
+    def __init__(self, db: AlertDb | None = None) -> None:
+        self.db = db
+        self._mem: dict[str, Silence] = {}
+
+    def add(self, silence: Silence) -> Silence:
+        """Store a silence; returns it with its ``id`` (a new UUID unless given)."""
+        s = silence.model_copy(update={"id": silence.id or uuid.uuid4().hex})
+        assert s.id is not None
+        if self.db is None:
+            self._mem[s.id] = s
+        else:
+            with self.db.transaction() as cur:
+                cur.execute("DELETE FROM alert_silences WHERE id = ?", [s.id]).fetchall()
+                cur.execute(
+                    "INSERT INTO alert_silences VALUES (?, ?, ?, ?, ?, ?)",
+                    [
+                        s.id,
+                        json.dumps(s.matchers),
+                        s.starts_at,
+                        s.ends_at,
+                        s.created_by,
+                        s.comment,
+                    ],
+                ).fetchall()
+        return s
+
+    def expire(self, silence_id: str, now: datetime | None = None) -> None:
+        """End a silence now."""
+        now = now or _now()
+        if self.db is None:
+            if silence_id in self._mem:
+                self._mem[silence_id] = self._mem[silence_id].model_copy(update={"ends_at": now})
+            return
+        self.db.query(
+            "UPDATE alert_silences SET ends_at = least(ends_at, ?) WHERE id = ?",
+            [now, silence_id],
+        )
+
+    def all(self) -> list[Silence]:
+        if self.db is None:
+            return list(self._mem.values())
+        rows = self.db.query(
+            "SELECT id, matchers, starts_at, ends_at, created_by, comment FROM alert_silences"
+            " ORDER BY starts_at, id"
+        )
+        return [
+            Silence(
+                id=i,
+                matchers=json.loads(m),
+                starts_at=s,
+                ends_at=e,
+                created_by=by,
+                comment=c,
+            )
+            for i, m, s, e, by, c in rows
+        ]
+
+    def active(self, now: datetime) -> list[Silence]:
+        return [s for s in self.all() if s.active(now)]
+
+
+def _silenced_members(
+    silences: list[Silence], fields: dict[str, str], members: Iterable[str]
+) -> set[str]:
+    """Member ids muted by any silence whose group-level matchers all match ``fields``."""
+    out: set[str] = set()
+    ids = list(members)
+    for s in silences:
+        group_matchers = {k: v for k, v in s.matchers.items() if k != "entity_id"}
+        if any(fields.get(k) != v for k, v in group_matchers.items()):
+            continue
+        want = s.matchers.get("entity_id")
+        out.update(i for i in ids if want is None or i == want)
+    return out
+
+
+# ---- the engine ----------------------------------------------------------------------------
+
+
+class AlertEngine:
+    """Evaluates rules on observations; see the module docstring for the semantics.
+
+    ``outbox``: where notifications are enqueued (and, through its store, where the engine's
+    state and silences live). ``db``: the store for state and silences when there is no outbox
+    (default: the outbox's; neither: in memory). ``clock``: returns the current aware UTC time.
+    """
+
+    def __init__(
+        self,
+        rules: RuleSet,
+        topology: Topology,
+        outbox: Outbox | None = None,
+        clock: Clock = _now,
+        *,
+        db: AlertDb | None = None,
+    ) -> None:
+        self.rules = rules
+        self.topology = topology
+        self.outbox = outbox
+        self.clock = clock
+        self.db = db if db is not None else (outbox.db if outbox is not None else None)
+        self.silences = Silences(self.db)
+        self._instances: dict[str, _Instance] = {}
+        self._groups: dict[str, _Group] = {}
+        self._holds: dict[str, _Hold] = {}
+        self._dirty: set[str] = set()
+        self._index = rules.index()
+        self._load_state()
+
+    @property
+    def site(self) -> str:
+        return self.topology.site_name
+
+    # ---- rules ---------------------------------------------------------------------------
+
+    def reload(self, path: str | Path) -> RuleSet:
+        """Load a new rule file; on any error raise :class:`RuleFileError` and keep the old.
+
+        Alerts of rules that are gone are dropped; their paged incidents resolve at the next
+        evaluation.
+        """
+        new = load_rules(path)  # raises before anything changes
+        self.rules = new
+        self._index = new.index()
+        names = set(new.by_name())
+        for key, inst in list(self._instances.items()):
+            if inst.rule not in names:
+                del self._instances[key]
+                self._dirty.add(key)
+        log.info("alert rules reloaded from %s: %d rules", path, len(new))
+        return new
+
+    # ---- evaluation ----------------------------------------------------------------------
+
+    def evaluate(
+        self, observations: Iterable[Observation], now: datetime | None = None
+    ) -> list[Notification]:
+        """Run one evaluation; return the notifications to send (and enqueue them)."""
+        now = (now or self.clock()).astimezone(UTC)
+        rules = self.rules.by_name()
+        cleared: dict[str, datetime] = {}  # group key -> when its last member cleared
+
+        def clear(inst: _Instance, at: datetime) -> None:
+            del self._instances[inst.key]
+            self._dirty.add(inst.key)
+            if inst.state != "firing":
+                return
+            rule = rules[inst.rule]
+            gkey = self._group_key(rule, (inst.entity_kind, inst.entity_id))
+            cleared[gkey] = max(cleared.get(gkey, at), at)
+            hold_s = max((i.hold_s for i in rule.inhibits), default=0.0)
+            if hold_s > 0:
+                hold = _Hold(rule.name, inst.entity_kind, inst.entity_id, at + timedelta(0, hold_s))
+                self._holds[hold.key] = hold
+                self._dirty.add(hold.key)
+
+        for obs in sorted(observations, key=lambda o: o.ts):
+            for rule in self._index.get((obs.metric, obs.entity_kind), ()):
+                self._step(rule, obs, clear)
+        for inst in list(self._instances.values()):
+            rule = rules.get(inst.rule)
+            if rule is None:
+                continue
+            absent = rule.resolve_if_absent_s
+            if absent is not None and (now - inst.last_ts).total_seconds() >= absent:
+                clear(inst, inst.last_ts + timedelta(seconds=absent))
+        for key, hold in list(self._holds.items()):
+            if hold.until <= now:
+                del self._holds[key]
+                self._dirty.add(key)
+
+        notifications = self._notify(rules, now, cleared)
+        self._commit(notifications, now)
+        return notifications
+
+    def _step(
+        self, rule: Rule, obs: Observation, clear: Callable[[_Instance, datetime], None]
+    ) -> None:
+        key = _SEP.join(("i", rule.name, obs.entity_kind, obs.entity_id))
+        inst = self._instances.get(key)
+        if inst is not None and obs.ts < inst.last_ts:
+            return  # older than what we already saw
+        if inst is None:
+            if not rule.breached(obs.value):
+                return
+            inst = _Instance(
+                rule.name, obs.entity_kind, obs.entity_id, "pending", obs.ts, obs.value, obs.ts
+            )
+            self._instances[key] = inst
+        elif (inst.state == "pending" and not rule.breached(obs.value)) or (
+            inst.state == "firing" and not rule.still_breached(obs.value)
+        ):
+            clear(inst, obs.ts)
+            return
+        inst.value, inst.last_ts, inst.labels = obs.value, obs.ts, dict(obs.labels)
+        if inst.state == "pending" and (obs.ts - inst.since).total_seconds() >= rule.for_s:
+            inst.state, inst.fired_at = "firing", obs.ts
+        self._dirty.add(key)
+
+    def _group_key(self, rule: Rule, entity: Entity) -> str:
+        g = self.topology.group_of(entity, rule.group_by)
+        return _SEP.join(("g", rule.name, g[0], g[1]))
+
+    def _inhibited(self, rules: dict[str, Rule], now: datetime) -> set[str]:
+        """Keys of firing instances muted by inhibition."""
+        sources: list[tuple[Rule, Entity]] = []
+        for inst in self._instances.values():
+            rule = rules.get(inst.rule)
+            if rule is not None and rule.inhibits and inst.state == "firing":
+                sources.append((rule, (inst.entity_kind, inst.entity_id)))
+        for hold in self._holds.values():
+            rule = rules.get(hold.rule)
+            if rule is not None and hold.until > now:
+                sources.append((rule, (hold.entity_kind, hold.entity_id)))
+        if not sources:
+            return set()
+        muted: set[str] = set()
+        for inst in self._instances.values():
+            if inst.state != "firing":
+                continue
+            target = (inst.entity_kind, inst.entity_id)
+            for rule, source in sources:
+                if any(
+                    i.rule == inst.rule and self.topology.is_under(target, source, i.along)
+                    for i in rule.inhibits
+                ):
+                    muted.add(inst.key)
+                    break
+        return muted
+
+    def _notify(
+        self, rules: dict[str, Rule], now: datetime, cleared: dict[str, datetime]
+    ) -> list[Notification]:
+        firing: dict[str, list[_Instance]] = {}
+        for inst in self._instances.values():
+            if inst.state == "firing" and inst.rule in rules:
+                rule = rules[inst.rule]
+                firing.setdefault(
+                    self._group_key(rule, (inst.entity_kind, inst.entity_id)), []
+                ).append(inst)
+        inhibited = self._inhibited(rules, now)
+        silences = self.silences.active(now)
+        out: list[Notification] = []
+
+        # incidents whose members all cleared: resolve the paged ones, forget the others
+        for gkey, group in list(self._groups.items()):
+            if gkey in firing:
+                continue
+            del self._groups[gkey]
+            self._dirty.add(gkey)
+            if group.notified:
+                ends = cleared.get(gkey, group.cleared_at or now)
+                out.append(self._resolved(group, ends))
+
+        for gkey, members in sorted(firing.items()):
+            rule = rules[members[0].rule]
+            _, _, gkind, gid = gkey.split(_SEP)
+            group = self._groups.get(gkey)
+            if group is None:
+                group = _Group(
+                    rule=rule.name,
+                    kind=gkind,
+                    id=gid,
+                    dedup_key=dedup_key(self.site, rule.name, (gkind, gid)),
+                    severity=rule.severity,
+                    first_fired_at=min(m.fired_at or m.since for m in members),
+                )
+                self._groups[gkey] = group
+                self._dirty.add(gkey)
+            fields = {
+                **rule.labels,
+                "rule": rule.name,
+                "severity": rule.severity,
+                "dedup_key": group.dedup_key,
+                "group_kind": gkind,
+                "group_id": gid,
+            }
+            silenced = _silenced_members(silences, fields, (m.entity_id for m in members))
+            live = [m for m in members if m.key not in inhibited and m.entity_id not in silenced]
+            if group.notified:
+                added = [m for m in live if m.entity_id not in group.members]
+                if added:  # listed in the resolve; not paged again
+                    group.members.update(self._members_json(added))
+                    self._dirty.add(gkey)
+                continue
+            waited = (now - group.first_fired_at).total_seconds() >= rule.group_wait_s
+            if live and waited:
+                out.append(self._fire(rule, group, live))
+                self._dirty.add(gkey)
+        return out
+
+    @staticmethod
+    def _members_json(members: list[_Instance]) -> dict[str, dict[str, Any]]:
+        return {
+            m.entity_id: Member(
+                entity_kind=m.entity_kind, entity_id=m.entity_id, value=m.value, since=m.since
+            ).model_dump(mode="json")
+            for m in members
+        }
+
+    def _fire(self, rule: Rule, group: _Group, live: list[_Instance]) -> Notification:
+        above = rule.op in (">", ">=")
+        live = sorted(live, key=lambda m: (-m.value if above else m.value, m.entity_id))
+        worst = live[0]
+        common = dict(worst.labels)
+        for m in live[1:]:
+            common = {k: v for k, v in common.items() if m.labels.get(k) == v}
+        ctx = {
+            "rule": rule.name,
+            "entity_kind": worst.entity_kind,
+            "entity_id": worst.entity_id,
+            "value": worst.value,
+            "threshold": rule.threshold,
+            "severity": rule.severity,
+            "group_kind": group.kind,
+            "group_id": group.id,
+            "count": len(live),
+            "labels": common,
+        }
+        summary = render_summary(rule.summary, ctx)
+        if len(live) > 1 and "{count" not in rule.summary:
+            summary += f" (+{len(live) - 1} more in {kind_word(group.kind)} {group.id})"
+        entity = (group.kind, group.id)
+        affected = ", ".join(f"{m.entity_id} ({m.value:g})" for m in live)
+        description = (
+            f"{summary}\n{self.topology.describe(entity)}.\n"
+            f"{len(live)} {kind_word(worst.entity_kind)} alert(s) of rule {rule.name}"
+            f" ({rule.metric} {rule.op} {rule.threshold:g}): {affected}"
+        )
+        labels = {**rule.labels, "group_kind": group.kind, "group_id": group.id}
+        if group.kind in ("cdu", "pdu", "pdu_phase", "fleet", "loop"):
+            racks = self.topology.children_of_kind(
+                (group.kind if group.kind != "loop" else "cdu", group.id.split("/")[0]),
+                ["rack"],
+            )
+            if racks:
+                labels["racks"] = ",".join(racks)
+        group.notified = True
+        group.starts_at = min(m.since for m in live)
+        group.summary, group.description, group.labels = summary, description, labels
+        group.context = common
+        group.members = self._members_json(live)
+        return Notification(
+            status="firing",
+            dedup_key=group.dedup_key,
+            event_id=event_id(group.dedup_key, "firing", group.starts_at),
+            site=self.site,
+            rule=rule.name,
+            severity=rule.severity,  # type: ignore[arg-type]
+            group=GroupRef(kind=group.kind, id=group.id),
+            members=[Member.model_validate(v) for v in group.members.values()],
+            summary=summary,
+            description=description,
+            starts_at=group.starts_at,
+            labels=labels,
+            context=common,
+        )
+
+    def _resolved(self, group: _Group, ends_at: datetime) -> Notification:
+        assert group.starts_at is not None
+        return Notification(
+            status="resolved",
+            dedup_key=group.dedup_key,
+            event_id=event_id(group.dedup_key, "resolved", group.starts_at),
+            site=self.site,
+            rule=group.rule,
+            severity=group.severity,  # type: ignore[arg-type]
+            group=GroupRef(kind=group.kind, id=group.id),
+            members=[Member.model_validate(v) for v in group.members.values()],
+            summary=f"RESOLVED: {group.summary}",
+            description=f"Resolved at {utc_iso(ends_at)}.\n{group.description}",
+            starts_at=group.starts_at,
+            ends_at=max(ends_at, group.starts_at),
+            labels=group.labels,
+            context=group.context,
+        )
+
+    # ---- acknowledge ---------------------------------------------------------------------
+
+    def acknowledge(self, dedup_key: str, now: datetime | None = None) -> int:
+        """Enqueue an acknowledge event for an incident (PagerDuty, webhooks); rows written."""
+        if self.outbox is None:
+            return 0
+        return self.outbox.acknowledge(dedup_key, now or self.clock())
+
+    def active(self) -> list[dict[str, Any]]:
+        """Open incidents (paged or not) with their members, for the API and the console."""
+        return [
+            {
+                "dedup_key": g.dedup_key,
+                "rule": g.rule,
+                "severity": g.severity,
+                "group": {"kind": g.kind, "id": g.id},
+                "notified": g.notified,
+                "starts_at": utc_iso(g.starts_at or g.first_fired_at),
+                "members": sorted(g.members),
+            }
+            for g in self._groups.values()
+        ]
+
+    # ---- persistence ---------------------------------------------------------------------
+
+    def _load_state(self) -> None:
+        if self.db is None:
+            return
+        for key, kind, state in self.db.query("SELECT key, kind, state FROM alert_state"):
+            obj = _STATE_TYPES[kind].from_json(state)
+            {"i": self._instances, "g": self._groups, "h": self._holds}[kind][key] = obj
+
+    def _commit(self, notifications: list[Notification], now: datetime) -> None:
+        dirty, self._dirty = self._dirty, set()
+        if self.db is None:
+            if self.outbox is not None and notifications:
+                self.outbox.enqueue_many(notifications, now)
+            return
+        live: dict[str, Any] = {**self._instances, **self._groups, **self._holds}
+        try:
+            with self.db.transaction() as cur:
+                for key in sorted(dirty):
+                    cur.execute("DELETE FROM alert_state WHERE key = ?", [key]).fetchall()
+                    obj = live.get(key)
+                    if obj is not None:
+                        cur.execute(
+                            "INSERT INTO alert_state VALUES (?, ?, ?, ?)",
+                            [key, key[0], obj.to_json(), now],
+                        ).fetchall()
+                if self.outbox is not None and notifications:
+                    self.outbox.enqueue_many(notifications, now)
+        except duckdb.Error:
+            self._dirty |= dirty  # retry the state write at the next evaluation
+            raise

@@ -1,0 +1,464 @@
+"""Hooks: where notifications go. Generic JSON webhook, Slack, PagerDuty Events v2, Alertmanager.
+
+Configured in YAML (the rule file or a file of its own)::
+
+    hooks:
+      - {type: webhook, name: ops-bus, url: "https://hooks.example/dctwin"}
+      - {type: slack, url_env: DCTWIN_SLACK_WEBHOOK_URL}           # the URL is the secret
+      - {type: pagerduty, routing_key_env: DCTWIN_PAGERDUTY_ROUTING_KEY}
+      - {type: alertmanager, url: "http://alertmanager:9093", resend_interval_s: 60}
+
+Every hook takes ``name`` (default ``<type>-<index>``; outbox rows are keyed by it, so keep it
+stable), ``timeout_s`` and ``headers`` (secret values). Secrets (``url``, ``routing_key``,
+header values) are :class:`pydantic.SecretStr`: never logged, never stored in the outbox (rows
+hold the notification; hooks render it when they send). ``<field>_env`` reads a secret from
+the environment at load instead.
+
+What each hook sends (``POST``, JSON):
+
+**webhook** — :class:`WebhookEvent` (JSON schema: :func:`webhook_json_schema`)::
+
+    {"version": 1, "event": "firing" | "resolved" | "acknowledge",
+     "event_id": "<32 hex>", "dedup_key": "dctwin/<site>/<rule>/<group kind>/<group id>",
+     "notification": {<Notification>} | null,      # null for acknowledge
+     "acknowledged_at": "<RFC 3339>" | null}
+
+A receiver dedupes on ``event_id`` (or on ``dedup_key`` + ``event``): delivery is at least
+once. Any 2xx is success.
+
+**slack** — an incoming-webhook message ``{"text": <fallback>, "blocks": [header, section,
+context]}``; the context block carries the dedup key and event id. Slack answers 200 ``ok``.
+Firing and resolved only.
+
+**pagerduty** — Events API v2 (``https://events.pagerduty.com/v2/enqueue`` by default):
+``{"routing_key", "event_action": "trigger" | "acknowledge" | "resolve", "dedup_key",
+"payload": {"summary" (<= 1024 chars), "source", "severity", "timestamp", "component",
+"group", "class", "custom_details"}, "client"}``; ``payload`` and ``client`` on trigger only.
+PagerDuty answers 202 ``{"status": "success", "dedup_key": ...}``.
+
+**alertmanager** — ``POST <url>/api/v2/alerts`` with a list of one postable alert:
+``{"labels": {"alertname": <rule>, "severity", "site", "dedup_key", "group_kind", "group_id",
+["racks",] <rule labels>}, "annotations": {"summary", "description", "members",
+<observation context>}, "startsAt", "endsAt", "generatorURL"}``. Labels are strings and the
+same for every event of an incident (observation labels, which may change, go to annotations),
+so Alertmanager sees one alert. Alertmanager resolves an alert whose ``endsAt`` has passed, so
+a firing alert is re-sent every ``resend_interval_s`` (as Prometheus does) with ``endsAt`` four
+intervals ahead; its resolve carries the resolve time as ``endsAt``. Firing and resolved only
+(acknowledge there is a silence).
+
+Outcome of a send (:class:`SendResult`): 2xx delivered; transport errors, 408, 425, 429 and
+5xx are retried (``Retry-After`` honoured); any other status is a permanent failure.
+"""
+
+from __future__ import annotations
+
+import os
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from email.utils import parsedate_to_datetime
+from pathlib import Path
+from typing import Annotated, Any, ClassVar, Literal
+
+import httpx
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+
+from twin.alerts.model import EventKind, Notification, UtcDatetime, utc_iso
+from twin.alerts.rules import RuleFileError, RuleIssue
+
+__all__ = [
+    "AlertmanagerHook",
+    "AlertmanagerHookConfig",
+    "Hook",
+    "HookConfig",
+    "PagerDutyHook",
+    "PagerDutyHookConfig",
+    "SendResult",
+    "SlackHook",
+    "SlackHookConfig",
+    "WebhookEvent",
+    "WebhookHook",
+    "WebhookHookConfig",
+    "build_hook",
+    "load_hooks",
+    "parse_hooks",
+    "webhook_json_schema",
+]
+
+PAGERDUTY_EVENTS_URL = "https://events.pagerduty.com/v2/enqueue"
+RETRYABLE = frozenset({408, 425, 429})
+
+
+# ---- configuration -------------------------------------------------------------------------
+
+
+class _HookConfigBase(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+    url: SecretStr | None = None
+    url_env: str | None = Field(default=None, description="read url from this env variable")
+    timeout_s: float = Field(default=5.0, gt=0)
+    headers: dict[str, SecretStr] = Field(default_factory=dict)
+
+    def resolve_env(self, env: dict[str, str] | None = None) -> _HookConfigBase:
+        """Fill ``<field>_env`` secrets from the environment; ValueError names the field."""
+        env = dict(os.environ) if env is None else env
+        update: dict[str, Any] = {}
+        for fld in ("url", "routing_key"):
+            var = getattr(self, f"{fld}_env", None)
+            if var is None:
+                continue
+            if var not in env or not env[var]:
+                raise ValueError(f"{fld}_env: environment variable {var} is not set")
+            update[fld] = SecretStr(env[var])
+        out = self.model_copy(update=update)
+        if out.url is None:
+            raise ValueError("url: required (or url_env)")
+        return out
+
+
+class WebhookHookConfig(_HookConfigBase):
+    type: Literal["webhook"]
+
+
+class SlackHookConfig(_HookConfigBase):
+    type: Literal["slack"]
+
+
+class PagerDutyHookConfig(_HookConfigBase):
+    type: Literal["pagerduty"]
+    url: SecretStr | None = SecretStr(PAGERDUTY_EVENTS_URL)
+    routing_key: SecretStr | None = None
+    routing_key_env: str | None = None
+    client: str = "dctwin"
+
+    @model_validator(mode="after")
+    def _key(self) -> PagerDutyHookConfig:
+        if self.routing_key is None and self.routing_key_env is None:
+            raise ValueError("routing_key: required (or routing_key_env)")
+        return self
+
+
+class AlertmanagerHookConfig(_HookConfigBase):
+    type: Literal["alertmanager"]
+    resend_interval_s: float | None = Field(
+        default=60.0, gt=0, description="re-send firing alerts this often; null: never"
+    )
+    generator_url: str | None = None
+
+
+HookConfig = Annotated[
+    WebhookHookConfig | SlackHookConfig | PagerDutyHookConfig | AlertmanagerHookConfig,
+    Field(discriminator="type"),
+]
+
+
+class _HooksFile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    hooks: list[HookConfig] = Field(default_factory=list)
+    rules: Any = None
+
+
+# ---- payloads ------------------------------------------------------------------------------
+
+
+class WebhookEvent(BaseModel):
+    """The body of the generic webhook (see the module docstring)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    version: Literal[1] = 1
+    event: EventKind
+    event_id: str
+    dedup_key: str
+    notification: Notification | None = None
+    acknowledged_at: UtcDatetime | None = None
+
+
+def webhook_json_schema() -> dict[str, Any]:
+    """JSON schema of the generic webhook's body."""
+    return WebhookEvent.model_json_schema()
+
+
+@dataclass(frozen=True)
+class OutboxEvent:
+    """What one outbox row asks a hook to send."""
+
+    event: EventKind
+    dedup_key: str
+    event_id: str
+    notification: Notification | None  # None for acknowledge
+    at: datetime  # when it was enqueued
+
+
+@dataclass(frozen=True)
+class SendResult:
+    """Outcome of one HTTP delivery attempt."""
+
+    ok: bool
+    retry: bool
+    status_code: int | None = None
+    error: str | None = None
+    retry_after_s: float | None = None
+
+
+def _retry_after(resp: httpx.Response, now: datetime) -> float | None:
+    raw = resp.headers.get("Retry-After")
+    if raw is None:
+        return None
+    try:
+        return max(0.0, float(raw))
+    except ValueError:
+        pass
+    try:
+        return max(0.0, (parsedate_to_datetime(raw) - now).total_seconds())
+    except (TypeError, ValueError):
+        return None
+
+
+# ---- hooks ---------------------------------------------------------------------------------
+
+
+class Hook(ABC):
+    """One configured destination. ``render`` builds (url, JSON body); ``send`` posts it."""
+
+    events: ClassVar[frozenset[str]] = frozenset({"firing", "resolved"})
+
+    def __init__(self, config: _HookConfigBase, name: str, client: httpx.Client | None = None):
+        self.config = config
+        self.name = name
+        self._client = client or httpx.Client(timeout=config.timeout_s)
+
+    @property
+    def resend_interval_s(self) -> float | None:
+        return None
+
+    def supports(self, event: str) -> bool:
+        return event in self.events
+
+    def _url(self) -> str:
+        assert self.config.url is not None
+        return self.config.url.get_secret_value()
+
+    @abstractmethod
+    def render(self, ev: OutboxEvent, now: datetime) -> tuple[str, Any]:
+        """The URL and JSON body for one event."""
+
+    def _accepted(self, resp: httpx.Response) -> bool:
+        return 200 <= resp.status_code < 300
+
+    def send(self, ev: OutboxEvent, now: datetime) -> SendResult:
+        url, body = self.render(ev, now)
+        headers = {k: v.get_secret_value() for k, v in self.config.headers.items()}
+        try:
+            resp = self._client.post(url, json=body, headers=headers)
+        except httpx.HTTPError as exc:
+            return SendResult(False, True, None, f"{type(exc).__name__}: {exc}")
+        code = resp.status_code
+        if self._accepted(resp):
+            return SendResult(True, False, code)
+        detail = f"HTTP {code}: {resp.text[:300]}"
+        if code in RETRYABLE or code >= 500:
+            return SendResult(False, True, code, detail, _retry_after(resp, now))
+        return SendResult(False, False, code, detail)
+
+    def close(self) -> None:
+        self._client.close()
+
+
+class WebhookHook(Hook):
+    events = frozenset({"firing", "resolved", "acknowledge"})
+
+    def render(self, ev: OutboxEvent, now: datetime) -> tuple[str, Any]:
+        body = WebhookEvent(
+            event=ev.event,
+            event_id=ev.event_id,
+            dedup_key=ev.dedup_key,
+            notification=ev.notification,
+            acknowledged_at=ev.at if ev.event == "acknowledge" else None,
+        )
+        return self._url(), body.model_dump(mode="json")
+
+
+_SLACK_ICON = {
+    "critical": ":red_circle:",
+    "warning": ":large_orange_circle:",
+    "info": ":information_source:",
+}
+
+
+def _clip(text: str, n: int) -> str:
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+class SlackHook(Hook):
+    def render(self, ev: OutboxEvent, now: datetime) -> tuple[str, Any]:
+        n = ev.notification
+        assert n is not None
+        icon = ":white_check_mark:" if n.status == "resolved" else _SLACK_ICON[n.severity]
+        head = f"[{n.status.upper()}] [{n.severity}] {n.summary}"
+        context = (
+            f"site `{n.site}` · rule `{n.rule}` · since {utc_iso(n.starts_at)}"
+            + (f" · resolved {utc_iso(n.ends_at)}" if n.ends_at else "")
+            + f" · dedup_key `{n.dedup_key}` · event `{ev.event_id}`"
+        )
+        body = {
+            "text": _clip(f"{icon} {head}", 3000),
+            "blocks": [
+                {"type": "header", "text": {"type": "plain_text", "text": _clip(head, 150)}},
+                {"type": "section", "text": {"type": "mrkdwn", "text": _clip(n.description, 3000)}},
+                {"type": "context", "elements": [{"type": "mrkdwn", "text": _clip(context, 3000)}]},
+            ],
+        }
+        return self._url(), body
+
+    def _accepted(self, resp: httpx.Response) -> bool:
+        return resp.status_code == 200
+
+
+class PagerDutyHook(Hook):
+    events = frozenset({"firing", "resolved", "acknowledge"})
+    ACTIONS: ClassVar[dict[str, str]] = {
+        "firing": "trigger",
+        "resolved": "resolve",
+        "acknowledge": "acknowledge",
+    }
+
+    def render(self, ev: OutboxEvent, now: datetime) -> tuple[str, Any]:
+        cfg = self.config
+        assert isinstance(cfg, PagerDutyHookConfig) and cfg.routing_key is not None
+        body: dict[str, Any] = {
+            "routing_key": cfg.routing_key.get_secret_value(),
+            "event_action": self.ACTIONS[ev.event],
+            "dedup_key": ev.dedup_key,
+        }
+        n = ev.notification
+        if ev.event == "firing" and n is not None:
+            body["payload"] = {
+                "summary": _clip(n.summary, 1024),
+                "source": f"{n.site}/{n.group.kind}/{n.group.id}",
+                "severity": n.severity,
+                "timestamp": utc_iso(n.starts_at),
+                "component": n.group.id,
+                "group": n.group.kind,
+                "class": n.rule,
+                "custom_details": {
+                    "description": n.description,
+                    "members": {m.entity_id: m.value for m in n.members},
+                    "labels": n.labels,
+                    "event_id": ev.event_id,
+                },
+            }
+            body["client"] = cfg.client
+        return self._url(), body
+
+    def _accepted(self, resp: httpx.Response) -> bool:
+        if not 200 <= resp.status_code < 300:
+            return False
+        try:
+            return resp.json().get("status") == "success"
+        except ValueError:
+            return True  # accepted by status code; body is informative only
+
+
+class AlertmanagerHook(Hook):
+    @property
+    def resend_interval_s(self) -> float | None:
+        assert isinstance(self.config, AlertmanagerHookConfig)
+        return self.config.resend_interval_s
+
+    def render(self, ev: OutboxEvent, now: datetime) -> tuple[str, Any]:
+        cfg = self.config
+        assert isinstance(cfg, AlertmanagerHookConfig)
+        n = ev.notification
+        assert n is not None
+        labels = {
+            **n.labels,
+            "alertname": n.rule,
+            "severity": n.severity,
+            "site": n.site,
+            "dedup_key": n.dedup_key,
+        }
+        annotations = {
+            "summary": n.summary,
+            "description": n.description,
+            "members": ", ".join(f"{m.entity_id}={m.value:g}" for m in n.members),
+            **{k: v for k, v in n.context.items() if k not in ("summary", "description")},
+        }
+        alert: dict[str, Any] = {
+            "labels": labels,
+            "annotations": annotations,
+            "startsAt": utc_iso(n.starts_at),
+        }
+        if n.status == "resolved":
+            alert["endsAt"] = utc_iso(n.ends_at or now)
+        elif cfg.resend_interval_s is not None:
+            alert["endsAt"] = utc_iso(now + timedelta(seconds=4 * cfg.resend_interval_s))
+        if cfg.generator_url:
+            alert["generatorURL"] = cfg.generator_url
+        return self._url().rstrip("/") + "/api/v2/alerts", [alert]
+
+
+_HOOK_TYPES: dict[str, type[Hook]] = {
+    "webhook": WebhookHook,
+    "slack": SlackHook,
+    "pagerduty": PagerDutyHook,
+    "alertmanager": AlertmanagerHook,
+}
+
+
+def build_hook(config: _HookConfigBase, index: int = 0, client: httpx.Client | None = None) -> Hook:
+    """A :class:`Hook` from a (secret-resolved) config."""
+    kind = config.type  # type: ignore[attr-defined]
+    return _HOOK_TYPES[kind](config, config.name or f"{kind}-{index}", client)
+
+
+def parse_hooks(
+    data: Any, source: str = "<hooks>", env: dict[str, str] | None = None
+) -> list[Hook]:
+    """Hooks from parsed YAML (``{"hooks": [...]}``); :class:`RuleFileError` names the hook."""
+    try:
+        parsed = _HooksFile.model_validate(data if isinstance(data, dict) else {"hooks": data})
+    except ValidationError as exc:
+        issues = []
+        for err in exc.errors():
+            loc = list(err["loc"])
+            where = ""
+            if len(loc) >= 2 and loc[0] == "hooks" and isinstance(loc[1], int):
+                where = f"hooks[{loc[1]}]"
+                loc = loc[2:]
+                if loc and isinstance(loc[0], str) and loc[0] in _HOOK_TYPES:
+                    loc = loc[1:]  # the discriminator's tag
+            field = ".".join(str(p) for p in loc)
+            msg = err["msg"].removeprefix("Value error, ")
+            if not field and ": " in msg:
+                field, msg = msg.split(": ", 1)
+            issues.append(RuleIssue(where, field, msg))
+        raise RuleFileError(source, issues) from None
+    hooks: list[Hook] = []
+    names: set[str] = set()
+    for i, cfg in enumerate(parsed.hooks):
+        try:
+            resolved = cfg.resolve_env(env)
+        except ValueError as exc:
+            field, _, msg = str(exc).partition(": ")
+            raise RuleFileError(source, [RuleIssue(f"hooks[{i}]", field, msg)]) from None
+        hook = build_hook(resolved, i)
+        if hook.name in names:
+            raise RuleFileError(source, [RuleIssue(f"hooks[{i}]", "name", "duplicate hook name")])
+        names.add(hook.name)
+        hooks.append(hook)
+    return hooks
+
+
+def load_hooks(path: str | Path, env: dict[str, str] | None = None) -> list[Hook]:
+    """Hooks from a YAML file's ``hooks:`` list (a rule file may hold it too)."""
+    name = str(path)
+    try:
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise RuleFileError(name, [RuleIssue("", "", f"cannot read hooks: {exc}")]) from None
+    return parse_hooks(data or {}, name, env)

@@ -1,0 +1,130 @@
+"""The alert engine's data at its boundaries: observations in, notifications and silences out.
+
+Every timestamp is an aware UTC ``datetime``; a naive one is refused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from datetime import UTC, datetime
+from typing import Annotated, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+EntityKind = Literal[
+    "gpu", "node", "rack", "pdu", "pdu_phase", "cdu", "loop", "link", "fleet", "site"
+]
+Severity = Literal["critical", "warning", "info"]
+NotificationStatus = Literal["firing", "resolved"]
+#: What an outbox row carries to a hook: a notification's status, or an acknowledgement.
+EventKind = Literal["firing", "resolved", "acknowledge"]
+
+
+def _aware_utc(ts: datetime) -> datetime:
+    if ts.tzinfo is None or ts.utcoffset() is None:
+        raise ValueError("timestamp must be timezone-aware (UTC)")
+    return ts.astimezone(UTC)
+
+
+UtcDatetime = Annotated[datetime, AfterValidator(_aware_utc)]
+
+
+def utc_iso(ts: datetime) -> str:
+    """RFC 3339 with a ``Z``: ``2026-11-29T14:00:00.250000Z``."""
+    return ts.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+class Observation(BaseModel):
+    """One value of one metric of one entity at one time: what detectors hand the engine.
+
+    ``labels`` are free context (``fleet``, ``reason``, ``time_to_breach_s`` ...) carried into
+    the notification's labels and the summary template (``{labels[reason]}``).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    metric: str = Field(min_length=1, description="e.g. gpu.temp_c, cdu.pumps_running")
+    entity_kind: EntityKind
+    entity_id: str = Field(min_length=1, description="the id the site file gives the entity")
+    value: float
+    ts: UtcDatetime
+    labels: dict[str, str] = Field(default_factory=dict)
+
+
+class GroupRef(BaseModel):
+    """The ancestor (or the entity itself) that one notification stands for."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: str
+    id: str
+
+
+class Member(BaseModel):
+    """One entity whose alert is part of a notification."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    entity_kind: str
+    entity_id: str
+    value: float = Field(description="the latest value seen for this entity")
+    since: UtcDatetime = Field(description="when its condition first held")
+
+
+class Notification(BaseModel):
+    """One page: a group of alerts of one rule, firing or resolved.
+
+    ``dedup_key`` is deterministic (``dctwin/<site>/<rule>/<group kind>/<group id>``): the
+    firing and the resolve of one incident share it, and a re-send of the same
+    (``dedup_key``, ``status``) is idempotent at every receiver; ``event_id`` tells the
+    firing and the resolve of one incident (and of a later incident) apart.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    status: NotificationStatus
+    dedup_key: str = Field(max_length=255)
+    event_id: str = Field(description="stable per (dedup_key, status, starts_at)")
+    site: str
+    rule: str
+    severity: Severity
+    group: GroupRef
+    members: list[Member]
+    summary: str
+    description: str
+    starts_at: UtcDatetime
+    ends_at: UtcDatetime | None = Field(default=None, description="set when resolved")
+    labels: dict[str, str] = Field(
+        default_factory=dict,
+        description="stable for the incident: the rule's labels, group_kind, group_id, racks",
+    )
+    context: dict[str, str] = Field(
+        default_factory=dict, description="observation labels its members share (may change)"
+    )
+
+
+def event_id(dedup_key: str, status: str, starts_at: datetime) -> str:
+    """A short deterministic id for one event of one incident."""
+    raw = f"{dedup_key}\x1f{status}\x1f{utc_iso(starts_at)}"
+    return hashlib.sha256(raw.encode()).hexdigest()[:32]
+
+
+class Silence(BaseModel):
+    """Mutes notifications whose fields all match ``matchers`` from ``starts_at`` to ``ends_at``.
+
+    Matcher keys: ``rule``, ``severity``, ``dedup_key``, ``group_kind``, ``group_id``,
+    ``entity_id`` (matches members: a silenced member is left out of its group, and a group
+    whose members are all silenced is not sent), or any label of the notification.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str | None = None
+    matchers: dict[str, str] = Field(min_length=1)
+    starts_at: UtcDatetime
+    ends_at: UtcDatetime
+    created_by: str = ""
+    comment: str = ""
+
+    def active(self, now: datetime) -> bool:
+        return self.starts_at <= now < self.ends_at

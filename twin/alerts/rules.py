@@ -1,0 +1,364 @@
+"""Alert rules in YAML, validated by pydantic; a bad file is refused whole with its rule named.
+
+A rule file::
+
+    rules:
+      - name: gpu_temp_high              # unique; the Alertmanager alertname
+        type: threshold                  # threshold | forecast_breach | residual | drift
+                                         # | fleet_underuse
+        metric: gpu.temp_c               # Observation.metric it watches
+        entity_kind: gpu                 # Observation.entity_kind it watches
+        op: ">="                         # > >= < <=
+        value: 84                        # fires when `value op threshold` holds ...
+        clear_value: 80                  # ... and resolves only once past this (hysteresis)
+        for_s: 60                        # the condition must hold this long first
+        severity: warning                # critical | warning | info
+        group_by: rack                   # none | node | rack | cdu | pdu | fleet
+        group_wait_s: 0                  # hold a new group's first page to gather members
+        resolve_if_absent_s: null        # resolve when the entity reports nothing this long
+        summary: "GPU {entity_id} at {value:.1f} °C"
+        labels: {team: facilities}       # static labels, carried into every payload
+        inhibits:                        # while this rule fires for X, mute rule `r` below X
+          - {rule: other_rule, along: cooling, hold_s: 300}   # along: cooling | power;
+                                         # hold_s: keep muting while the effect decays
+
+Types set validation and defaults; evaluation is the same for all (one state machine in
+:mod:`twin.alerts.engine`):
+
+- ``threshold``: as written.
+- ``forecast_breach``: a time-to-breach metric under a horizon; ``horizon_s`` is required,
+  ``op`` defaults to ``<=`` and ``value`` to ``horizon_s``.
+- ``residual``: a k-sigma residual held ``for_s`` (m minutes); ``op`` must be ``>``/``>=``.
+- ``drift`` and ``fleet_underuse``: event-like observations (a calibration drift event, an
+  underused fleet); ``op`` defaults to ``>``, ``value`` to 0 (any positive value fires);
+  set ``resolve_if_absent_s`` when the detector only reports while the event holds.
+  ``fleet_underuse`` watches ``entity_kind: fleet`` by default.
+
+Summary templates are :meth:`str.format` strings over ``rule``, ``entity_kind``,
+``entity_id``, ``value``, ``threshold``, ``severity``, ``group_kind``, ``group_id``,
+``count`` (members) and ``labels`` (``{labels[fleet]}``; a missing label renders as ``?``).
+
+Errors raise :class:`RuleFileError`; its message names the file, the rule (by name, else by
+index) and the field::
+
+    rules.yaml: rule 'gpu_temp' (rules[0]): op: Input should be '>', '>=', '<' or '<='
+"""
+
+from __future__ import annotations
+
+import operator
+import string
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from twin.alerts.model import EntityKind, Severity
+
+__all__ = [
+    "OPS",
+    "InhibitRule",
+    "Rule",
+    "RuleFileError",
+    "RuleIssue",
+    "RuleSet",
+    "load_rules",
+    "parse_rules",
+    "render_summary",
+]
+
+Op = Literal[">", ">=", "<", "<="]
+OPS: dict[str, Callable[[float, float], bool]] = {
+    ">": operator.gt,
+    ">=": operator.ge,
+    "<": operator.lt,
+    "<=": operator.le,
+}
+RuleType = Literal["threshold", "forecast_breach", "residual", "drift", "fleet_underuse"]
+GroupBy = Literal["none", "node", "rack", "cdu", "pdu", "fleet"]
+
+
+class InhibitRule(BaseModel):
+    """While the owning rule fires for entity X, alerts of ``rule`` on X or below X are muted."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    rule: str
+    along: Literal["cooling", "power"]
+    hold_s: float = Field(
+        default=0.0, ge=0, description="keep muting this long after the inhibiting alert clears"
+    )
+
+
+class Rule(BaseModel):
+    """One alert rule; see the module docstring for the fields."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_.\-]*$", max_length=100)
+    type: RuleType = "threshold"
+    metric: str = Field(min_length=1)
+    entity_kind: EntityKind | None = None
+    op: Op | None = None
+    value: float | None = None
+    clear_value: float | None = None
+    horizon_s: float | None = Field(default=None, gt=0)
+    for_s: float = Field(default=0.0, ge=0)
+    severity: Severity = "warning"
+    group_by: GroupBy = "none"
+    group_wait_s: float = Field(default=0.0, ge=0)
+    resolve_if_absent_s: float | None = Field(default=None, gt=0)
+    summary: str = "{rule} on {entity_id}: {value:g}"
+    labels: dict[str, str] = Field(default_factory=dict)
+    inhibits: list[InhibitRule] = Field(default_factory=list)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _type_defaults(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        kind = data.get("type", "threshold")
+        if kind == "forecast_breach":
+            data.setdefault("op", "<=")
+            if "horizon_s" in data:
+                data.setdefault("value", data["horizon_s"])
+        elif kind in ("drift", "fleet_underuse"):
+            data.setdefault("op", ">")
+            data.setdefault("value", 0.0)
+            if kind == "fleet_underuse":
+                data.setdefault("entity_kind", "fleet")
+        return data
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Rule:
+        if self.type == "forecast_breach" and self.horizon_s is None:
+            raise ValueError("horizon_s: required for type forecast_breach")
+        if self.entity_kind is None:
+            raise ValueError("entity_kind: required")
+        if self.op is None:
+            raise ValueError("op: required")
+        if self.value is None:
+            raise ValueError("value: required")
+        if self.type == "forecast_breach" and self.op not in ("<", "<="):
+            raise ValueError("op: a forecast_breach fires when time to breach is < or <=")
+        if self.type == "residual" and self.op not in (">", ">="):
+            raise ValueError("op: a residual rule fires above k sigma (> or >=)")
+        if self.clear_value is not None:
+            above = self.op in (">", ">=")
+            if (above and self.clear_value > self.value) or (
+                not above and self.clear_value < self.value
+            ):
+                side = "at or below" if above else "at or above"
+                raise ValueError(
+                    f"clear_value: must be {side} value {self.value:g} for op {self.op!r}"
+                    f" (hysteresis), got {self.clear_value:g}"
+                )
+        try:
+            render_summary(self.summary, _sample_context(self))
+        except (KeyError, IndexError, ValueError, AttributeError) as exc:
+            raise ValueError(f"summary: bad template {self.summary!r}: {exc!r}") from None
+        return self
+
+    # ---- evaluation helpers ---------------------------------------------------------------
+
+    @property
+    def threshold(self) -> float:
+        assert self.value is not None
+        return self.value
+
+    @property
+    def clear_threshold(self) -> float:
+        return self.threshold if self.clear_value is None else self.clear_value
+
+    def breached(self, value: float) -> bool:
+        """The firing condition."""
+        assert self.op is not None
+        return OPS[self.op](value, self.threshold)
+
+    def still_breached(self, value: float) -> bool:
+        """While firing: True until the value is past ``clear_value``."""
+        assert self.op is not None
+        return OPS[self.op](value, self.clear_threshold)
+
+
+class _AnyLabels(dict[str, str]):
+    def __missing__(self, key: str) -> str:
+        return "?"
+
+
+def _sample_context(rule: Rule) -> dict[str, Any]:
+    return {
+        "rule": rule.name,
+        "entity_kind": rule.entity_kind or "gpu",
+        "entity_id": "x",
+        "value": 1.0,
+        "threshold": rule.value if rule.value is not None else 0.0,
+        "severity": rule.severity,
+        "group_kind": "rack",
+        "group_id": "x",
+        "count": 1,
+        "labels": {},
+    }
+
+
+def render_summary(template: str, context: Mapping[str, Any]) -> str:
+    """``template.format_map(context)``; ``labels`` lookups of missing keys give ``?``."""
+    ctx = dict(context)
+    ctx["labels"] = _AnyLabels(ctx.get("labels") or {})
+    return string.Formatter().vformat(template, (), ctx)
+
+
+@dataclass(frozen=True)
+class RuleSet:
+    """Validated rules, by name, with an index by (metric, entity_kind)."""
+
+    rules: tuple[Rule, ...] = ()
+    source: str = "<rules>"
+
+    def __post_init__(self) -> None:
+        names = [r.name for r in self.rules]
+        if len(set(names)) != len(names):
+            raise ValueError(f"duplicate rule names in {names}")
+
+    def __iter__(self) -> Iterator[Rule]:
+        return iter(self.rules)
+
+    def __len__(self) -> int:
+        return len(self.rules)
+
+    def by_name(self) -> dict[str, Rule]:
+        return {r.name: r for r in self.rules}
+
+    def index(self) -> dict[tuple[str, str], list[Rule]]:
+        out: dict[tuple[str, str], list[Rule]] = {}
+        for r in self.rules:
+            assert r.entity_kind is not None
+            out.setdefault((r.metric, r.entity_kind), []).append(r)
+        return out
+
+
+@dataclass(frozen=True)
+class RuleIssue:
+    """One problem: the rule (name or ``rules[i]``; empty for the file), the field, the text."""
+
+    rule: str
+    field: str
+    message: str
+    line: int | None = None
+
+
+class RuleFileError(ValueError):
+    """A rule file that cannot be read, parsed or validated; names file, rule and field."""
+
+    def __init__(self, path: str, issues: list[RuleIssue]) -> None:
+        self.path = path
+        self.issues = issues
+        lines = []
+        for i in issues:
+            where = f"{path}:{i.line}" if i.line else path
+            parts = [where]
+            if i.rule:
+                parts.append(f"rule {i.rule}")
+            if i.field:
+                parts.append(i.field)
+            lines.append(": ".join([*parts, i.message]))
+        super().__init__("\n".join(lines))
+
+
+def _loc(loc: tuple[str | int, ...]) -> str:
+    out = ""
+    for p in loc:
+        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
+    return out
+
+
+def _rule_label(raw: Any, index: int) -> str:
+    if isinstance(raw, dict) and isinstance(raw.get("name"), str):
+        return f"{raw['name']!r} (rules[{index}])"
+    return f"rules[{index}]"
+
+
+def parse_rules(text: str, source: str = "<rules>") -> RuleSet:
+    """Parse and validate rule-file text; raise :class:`RuleFileError` naming every problem.
+
+    Keys other than ``rules`` are allowed at the top level only for ``hooks`` (see
+    :mod:`twin.alerts.hooks`), so one file may hold both.
+    """
+    try:
+        data = yaml.safe_load(text)
+    except yaml.MarkedYAMLError as exc:
+        line = exc.problem_mark.line + 1 if exc.problem_mark is not None else None
+        msg = f"invalid YAML: {exc.problem or exc}"
+        raise RuleFileError(source, [RuleIssue("", "", msg, line)]) from None
+    except yaml.YAMLError as exc:
+        raise RuleFileError(source, [RuleIssue("", "", f"invalid YAML: {exc}")]) from None
+    if not isinstance(data, dict) or not isinstance(data.get("rules"), list):
+        raise RuleFileError(source, [RuleIssue("", "rules", "the file must hold `rules: [...]`")])
+    extra = sorted(set(data) - {"rules", "hooks"})
+    if extra:
+        raise RuleFileError(
+            source, [RuleIssue("", k, "unknown top-level key (rules, hooks)") for k in extra]
+        )
+    issues: list[RuleIssue] = []
+    rules: list[Rule] = []
+    first: dict[str, int] = {}
+    raws: list[Any] = data["rules"]
+    for i, raw in enumerate(raws):
+        label = _rule_label(raw, i)
+        if not isinstance(raw, dict):
+            issues.append(RuleIssue(label, "", "a rule must be a mapping"))
+            continue
+        try:
+            rule = Rule.model_validate(raw)
+        except ValidationError as exc:
+            for err in exc.errors():
+                field = _loc(err["loc"])
+                msg = err["msg"]
+                if not field and msg.startswith("Value error, "):
+                    msg = msg.removeprefix("Value error, ")
+                    if ": " in msg:
+                        field, msg = msg.split(": ", 1)
+                issues.append(RuleIssue(label, field, msg))
+            continue
+        if rule.name in first:
+            issues.append(
+                RuleIssue(
+                    label, "name", f"duplicate rule name (first at rules[{first[rule.name]}])"
+                )
+            )
+            continue
+        first[rule.name] = i
+        rules.append(rule)
+    names = {r.name for r in rules} | {
+        raw["name"] for raw in raws if isinstance(raw, dict) and isinstance(raw.get("name"), str)
+    }
+    for i, raw in enumerate(raws):
+        if not isinstance(raw, dict) or not isinstance(raw.get("inhibits"), list):
+            continue
+        for j, inh in enumerate(raw["inhibits"]):
+            target = inh.get("rule") if isinstance(inh, dict) else None
+            if isinstance(target, str) and target not in names:
+                issues.append(
+                    RuleIssue(
+                        _rule_label(raw, i),
+                        f"inhibits[{j}].rule",
+                        f"unknown rule {target!r}; the file has {sorted(names)}",
+                    )
+                )
+    if issues:
+        raise RuleFileError(source, issues)
+    return RuleSet(tuple(rules), source)
+
+
+def load_rules(path: str | Path) -> RuleSet:
+    """Read and validate a rule file (see :func:`parse_rules`)."""
+    name = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise RuleFileError(name, [RuleIssue("", "", f"cannot read rule file: {exc}")]) from None
+    return parse_rules(text, name)

@@ -1,0 +1,195 @@
+"""Where an entity sits in the power and cooling trees, for grouping and inhibition.
+
+Entities are ``(kind, id)`` pairs. Parents, from :meth:`Topology.from_site`:
+
+======================  =================================================================
+entity                  parents
+======================  =================================================================
+gpu ``node:i`` / UUID   node
+node                    rack; the PDU phase it draws from on each of its rack's PDUs
+                        (``<pdu>/L<n>``: the node's ``phase``, else spread by position in
+                        the rack, as the simulator does); its fleet (grouping only)
+rack                    its PDUs (power); its CDU (cooling)
+pdu_phase ``pdu/Ln``    pdu
+pdu ``pdu/<breaker>``   pdu (the whole unit)
+cdu ``cdu/<pump>``      cdu (the loop)
+loop ``<cdu>``          cdu
+======================  =================================================================
+
+``along="power"`` follows node -> rack -> PDU phase/PDU, ``along="cooling"`` follows
+node -> rack -> CDU. An entity the site does not list has no ancestors: it is still
+alertable, grouped as itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Literal
+
+from twin.site.model import Site
+
+Entity = tuple[str, str]
+Tree = Literal["power", "cooling"]
+
+_KIND_WORD = {
+    "gpu": "GPU",
+    "node": "node",
+    "rack": "rack",
+    "pdu": "PDU",
+    "pdu_phase": "PDU phase",
+    "cdu": "CDU",
+    "loop": "loop",
+    "link": "link",
+    "fleet": "fleet",
+    "site": "site",
+}
+
+
+def kind_word(kind: str) -> str:
+    """``"cdu"`` -> ``"CDU"``: the kind as a person writes it."""
+    return _KIND_WORD.get(kind, kind)
+
+
+@dataclass
+class Topology:
+    """Parent links of a site along the power and cooling trees, and fleet membership."""
+
+    site_name: str = "site"
+    power: dict[Entity, list[Entity]] = field(default_factory=dict)
+    cooling: dict[Entity, list[Entity]] = field(default_factory=dict)
+    fleet: dict[Entity, Entity] = field(default_factory=dict)
+
+    @classmethod
+    def from_site(cls, site: Site) -> Topology:
+        topo = cls(site_name=site.name)
+        pw, cool = topo.power, topo.cooling
+
+        def link(tree: dict[Entity, list[Entity]], child: Entity, parent: Entity) -> None:
+            parents = tree.setdefault(child, [])
+            if parent not in parents:
+                parents.append(parent)
+
+        for rack in site.racks:
+            r = ("rack", rack.name)
+            for p in rack.pdus:
+                link(pw, r, ("pdu", p))
+            if rack.cdu is not None:
+                link(cool, r, ("cdu", rack.cdu))
+            for k, node in enumerate(rack.nodes):
+                n = ("node", node.name)
+                link(pw, n, r)
+                link(cool, n, r)
+                phase = node.phase or f"L{k % 3 + 1}"
+                for p in rack.pdus:
+                    pdu = site.pdu_by_name.get(p)
+                    ph = phase if pdu is None or pdu.phases == 3 else "L1"
+                    link(pw, n, ("pdu_phase", f"{p}/{ph}"))
+                gpus = [*node.gpu_ids(), *(node.gpu_uuids or ())]
+                for g in gpus:
+                    link(pw, ("gpu", g), n)
+                    link(cool, ("gpu", g), n)
+        for pdu in site.pdus:
+            for i in range(1, pdu.phases + 1):
+                link(pw, ("pdu_phase", f"{pdu.name}/L{i}"), ("pdu", pdu.name))
+            for b in pdu.breakers:
+                link(pw, ("pdu", f"{pdu.name}/{b.name}"), ("pdu", pdu.name))
+        for cdu in site.cdus:
+            link(cool, ("loop", cdu.name), ("cdu", cdu.name))
+            for pump in cdu.pumps:
+                link(cool, ("cdu", f"{cdu.name}/{pump}"), ("cdu", cdu.name))
+        for node_name, fl in site.fleet_of_node.items():
+            topo.fleet[("node", node_name)] = ("fleet", fl.name)
+        return topo
+
+    # ---- queries ---------------------------------------------------------------------------
+
+    def _tree(self, along: Tree) -> dict[Entity, list[Entity]]:
+        return self.power if along == "power" else self.cooling
+
+    def ancestors(self, entity: Entity, along: Tree) -> list[Entity]:
+        """Every ancestor of ``entity`` along one tree, nearest first (the entity excluded)."""
+        tree = self._tree(along)
+        out: list[Entity] = []
+        frontier = list(tree.get(entity, ()))
+        while frontier:
+            nxt: list[Entity] = []
+            for e in frontier:
+                if e not in out and e != entity:
+                    out.append(e)
+                    nxt.extend(tree.get(e, ()))
+            frontier = nxt
+        return out
+
+    def is_under(self, entity: Entity, ancestor: Entity, along: Tree) -> bool:
+        """True when ``ancestor`` is ``entity`` itself or above it along the tree."""
+        return entity == ancestor or ancestor in self.ancestors(entity, along)
+
+    def group_of(self, entity: Entity, group_by: str) -> Entity:
+        """The entity's nearest ancestor of kind ``group_by`` (itself when of that kind).
+
+        ``group_by="none"``, or no such ancestor: the entity itself. ``"fleet"`` goes through
+        the entity's node; ``"pdu"`` takes the first PDU of the rack (its A feed as listed).
+        """
+        if group_by in ("none", entity[0]):
+            return entity
+        if group_by == "fleet":
+            node = entity if entity[0] == "node" else self._nearest(entity, "node")
+            return self.fleet.get(node, entity) if node is not None else entity
+        return self._nearest(entity, group_by) or entity
+
+    def _nearest(self, entity: Entity, kind: str) -> Entity | None:
+        for along in ("cooling", "power") if kind in ("cdu", "loop") else ("power", "cooling"):
+            for e in self.ancestors(entity, along):  # type: ignore[arg-type]
+                if e[0] == kind:
+                    return e
+        return None
+
+    def children(self, entity: Entity) -> list[Entity]:
+        """Direct children of ``entity`` in either tree, or in its fleet (sorted)."""
+        out: set[Entity] = set()
+        for tree in (self.power, self.cooling):
+            for child, parents in tree.items():
+                if entity in parents:
+                    out.add(child)
+        out.update(n for n, f in self.fleet.items() if f == entity)
+        return sorted(out)
+
+    def children_of_kind(self, entity: Entity, kinds: Iterable[str]) -> list[str]:
+        wanted = set(kinds)
+        return [c[1] for c in self.children(entity) if c[0] in wanted]
+
+    def describe(self, entity: Entity) -> str:
+        """One line naming the entity and what hangs below it, for a page's description."""
+        kind, name = entity
+        word = kind_word(kind)
+        if kind in ("cdu", "loop"):
+            racks = self.children_of_kind(("cdu", name.split("/")[0]), ["rack"])
+            nodes = sorted({n for r in racks for n in self.children_of_kind(("rack", r), ["node"])})
+            if racks:
+                return f"{word} {name} cools racks {', '.join(racks)} (nodes {', '.join(nodes)})"
+        if kind == "pdu":
+            racks = self.children_of_kind(("pdu", name.split("/")[0]), ["rack"])
+            if racks:
+                return f"{word} {name} feeds racks {', '.join(racks)}"
+        if kind == "pdu_phase":
+            nodes = self.children_of_kind(entity, ["node"])
+            if nodes:
+                return f"{word} {name} feeds nodes {', '.join(nodes)}"
+        if kind == "rack":
+            nodes = self.children_of_kind(entity, ["node"])
+            up = [f"{kind_word(k)} {i}" for k, i in self.cooling.get(entity, [])]
+            up += [f"{kind_word(k)} {i}" for k, i in self.power.get(entity, [])]
+            tail = f"; served by {', '.join(up)}" if up else ""
+            if nodes:
+                return f"{word} {name} holds nodes {', '.join(nodes)}{tail}"
+        if kind == "node":
+            parents = self.power.get(entity, [])
+            rack = next((i for k, i in parents if k == "rack"), None)
+            if rack is not None:
+                return f"{word} {name} in rack {rack}"
+        if kind == "fleet":
+            nodes = self.children_of_kind(entity, ["node"])
+            if nodes:
+                return f"{word} {name} of nodes {', '.join(nodes)}"
+        return f"{word} {name}"
