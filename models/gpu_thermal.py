@@ -22,6 +22,7 @@ __all__ = [
     "RcFit",
     "fit_rc",
     "predict_temp_c",
+    "r_at_flow_k_per_w",
     "rc_simulate",
     "rc_step",
     "steady_temp_c",
@@ -30,6 +31,54 @@ __all__ = [
 ]
 
 F64 = NDArray[np.float64]
+
+#: Share of a cold plate's R that is convective at design flow [A]: physics.md §2.2 says the
+#: convective term "usually dominates"; half is the conservative reading.
+CONVECTIVE_SHARE = 0.5
+#: h ~ Re^0.8 for turbulent flow (Dittus-Boelter), physics.md §2.2.
+FLOW_EXPONENT = 0.8
+
+
+def r_at_flow_k_per_w(
+    r_nominal_k_per_w: ArrayLike,
+    flow_ratio: ArrayLike,
+    conv_share: ArrayLike = CONVECTIVE_SHARE,
+    exponent: float = FLOW_EXPONENT,
+) -> F64:
+    r"""A cold plate's thermal resistance at a flow other than the one it was fitted at.
+
+    Parameters
+    ----------
+    r_nominal_k_per_w : array_like
+        R at the reference (design or calibration) flow. [K/W]
+    flow_ratio : array_like
+        Flow over the reference flow, clipped at 1e-3 (a stopped loop). [1]
+    conv_share : array_like, default CONVECTIVE_SHARE
+        Share of R that is convective at the reference flow. [1]
+    exponent : float, default 0.8
+        Convective coefficient exponent on flow.
+
+    Returns
+    -------
+    numpy.ndarray
+        R at that flow. [K/W]
+
+    Notes
+    -----
+    .. math:: R(\dot V) = R_0\,\left[(1 - s) + s\,(\dot V / \dot V_0)^{-0.8}\right]
+
+    The conductive part (TIM, base) does not depend on flow; the convective part follows
+    h ~ Re^0.8. A loop that loses one of two pumps (flow ~0.65) raises R by ~20 %; a loop
+    with no flow raises it without bound, and the GPU throttles.
+
+    References
+    ----------
+    physics.md §2.2.
+    """
+    r0 = np.asarray(r_nominal_k_per_w, dtype=float)
+    ratio = np.maximum(np.asarray(flow_ratio, dtype=float), 1e-3)
+    share = np.asarray(conv_share, dtype=float)
+    return r0 * ((1.0 - share) + share * ratio ** (-exponent))
 
 
 def steady_temp_c(

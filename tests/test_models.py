@@ -291,3 +291,22 @@ def test_allreduce_and_utilization() -> None:
 def test_allreduce_volume_between_s_and_2s(n: int, size: float) -> None:
     v = float(network.allreduce_bytes_per_rank(size, n))
     assert size <= v * (1 + 1e-12) and v < 2 * size
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    r=st.floats(0.005, 0.5),
+    lo=st.floats(0.01, 5.0),
+    hi=st.floats(0.01, 5.0),
+    share=st.floats(0.0, 1.0),
+)
+def test_more_flow_never_raises_cold_plate_resistance(
+    r: float, lo: float, hi: float, share: float
+) -> None:
+    lo, hi = min(lo, hi), max(lo, hi)
+    r_lo = gpu_thermal.r_at_flow_k_per_w(r, lo, share)
+    r_hi = gpu_thermal.r_at_flow_k_per_w(r, hi, share)
+    assert r_hi <= r_lo + 1e-12
+    assert gpu_thermal.r_at_flow_k_per_w(r, 1.0, share) == pytest.approx(r)
+    # the conductive part stays whatever the flow
+    assert r_hi >= (1.0 - share) * r - 1e-12

@@ -514,6 +514,17 @@ def test_pump_failure_lowers_flow_and_raises_return(
     heat_b = series(base, "cdu", "cdu-1", "heat_kw", 200)
     heat_f = series(rows, "cdu", "cdu-1", "heat_kw", 200)
     assert heat_f.mean() == pytest.approx(heat_b.mean(), rel=0.03)
+    # less flow through the cold plates: R rises by its convective half, (flow ratio)^-0.8
+    truth = make(site).truth()["gpus"]["trn-a01-n1:0"]
+    ratio = flow_f.mean() / flow_b.mean()
+    rise = truth["r_k_per_w"] * 0.5 * (ratio**-0.8 - 1.0)
+    p_gpu = series(rows, "gpu", "trn-a01-n1:0", "power_w", 200).mean()
+    t_b = series(base, "gpu", "trn-a01-n1:0", "temp_c", 200).mean()
+    t_f = series(rows, "gpu", "trn-a01-n1:0", "temp_c", 200).mean()
+    p_b = series(base, "gpu", "trn-a01-n1:0", "power_w", 200).mean()
+    expected = rise * p_gpu + truth["r_k_per_w"] * (p_gpu - p_b)
+    assert t_f - t_b == pytest.approx(expected, abs=0.5)
+    assert t_f - t_b > 2.0
 
 
 def test_phase_overload_takes_the_phase_toward_its_rating(

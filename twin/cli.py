@@ -233,10 +233,23 @@ def serve(
     calibrate_holdout: Annotated[
         float, typer.Option(help="Last seconds of that window held out to score the fit.")
     ] = 1200.0,
+    detect_every: Annotated[
+        float,
+        typer.Option(
+            help="Recompute headroom and hot spots and evaluate alert rules every this many s"
+            " (needs --site); 0: off."
+        ),
+    ] = 60.0,
+    rules: Annotated[
+        Path | None, typer.Option(help="Alert rule file (e.g. deploy/alert_rules.yaml).")
+    ] = None,
+    hooks: Annotated[
+        Path | None, typer.Option(help="Alert hook file (e.g. deploy/alert_hooks.yaml).")
+    ] = None,
     verbose: bool = False,
 ) -> None:
-    """Run the twin service: ingest MQTT telemetry into the DuckDB store and refit the model
-    on a schedule (Ctrl-C stops)."""
+    """Run the twin service: ingest MQTT telemetry into the DuckDB store, refit the model and
+    recompute headroom, hot spots and alerts on a schedule (Ctrl-C stops)."""
     from twin.ingest import Ingester, IngestLimits
     from twin.ingest.mqtt_service import MqttIngestService, ServiceOptions
 
@@ -274,6 +287,15 @@ def serve(
             holdout_s=calibrate_holdout,
         )
         scheduler.start()
+    detector = delivery = None
+    if site_obj is not None and detect_every > 0:
+        from twin.detect import DetectionScheduler
+
+        engine = None
+        if rules is not None:
+            engine, delivery = _alerting(store, site_obj, rules, hooks)
+        detector = DetectionScheduler(store, site_obj, interval_s=detect_every, engine=engine)
+        detector.start()
     stopping = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())
     err.print(f"serving: {cfg.describe()} -> {db} (Ctrl-C stops)", highlight=False)
@@ -284,6 +306,10 @@ def serve(
         pass
     if scheduler is not None:
         scheduler.stop()
+    if detector is not None:
+        detector.stop()
+    if delivery is not None:
+        delivery.stop()
     service.stop()
     store.close()
     typer.echo(json.dumps(ingester.counters.as_dict()))
@@ -451,6 +477,158 @@ def calibrate(
             )
     for e in result["events"]:
         out.print(f"[yellow]event[/] {e['id']}: {e['detail']}")
+
+
+def _alerting(store, site_obj, rules: Path, hooks: Path | None):
+    """The alert engine on the store, and the delivery thread of its outbox (started)."""
+    from twin.alerts import AlertEngine, Delivery, Outbox, RuleFileError, Topology, load_rules
+    from twin.alerts.hooks import load_hooks
+
+    try:
+        rule_set = load_rules(rules)
+        hook_list = load_hooks(hooks) if hooks is not None else []
+    except RuleFileError as e:
+        raise _fail(str(e)) from None
+    if not hook_list:
+        err.print("[yellow]no --hooks: alerts are kept in the store's outbox, not sent[/]")
+    outbox = Outbox(store.cursor(), hook_list)
+    engine = AlertEngine(rule_set, Topology.from_site(site_obj), outbox)
+    delivery = Delivery(outbox, interval_s=1.0).start() if hook_list else None
+    return engine, delivery
+
+
+def _existing_store(db: Path):
+    if not db.exists():
+        raise _fail(f"--db {db}: no such store (run `dctwin serve` or `dctwin ingest` first)")
+    return _store(db, read_only=True)
+
+
+@app.command()
+def headroom(
+    db: DbOpt = Path("dctwin.duckdb"),
+    site: SiteOpt = None,
+    horizon: Annotated[float, typer.Option(help="Seconds ahead.")] = 3600.0,
+    step: Annotated[float, typer.Option(help="Seconds between path points.")] = 60.0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Headroom of every GPU, PDU phase, rack, CDU, loop and link: now, its minimum over the
+    horizon, and the time to breach at p50 and p90 of the load forecast."""
+    from twin.headroom import compute_headroom
+
+    site_obj = _site(site or DEMO_SITE, required=True)
+    with _existing_store(db) as store:
+        try:
+            report = compute_headroom(store, site_obj, horizon_s=horizon, step_s=step)
+        except ValueError as e:
+            raise _fail(str(e)) from None
+    if as_json:
+        typer.echo(report.model_dump_json())
+        return
+    out = Console()
+    out.print(f"headroom at {report.data_until:%Y-%m-%d %H:%M:%S} UTC, load: {report.load_basis}")
+    rows = sorted(report.rows, key=lambda r: (r.breach_in_s_p90 is None, r.headroom_now or 0))
+    for r in rows[:40]:
+        when = "" if r.breach_in_s_p90 is None else f"  breach p90 in {r.breach_in_s_p90:.0f} s"
+        out.print(
+            f"{r.kind:9} {r.id:24} {r.quantity:14} {r.headroom_now:9.2f} {r.unit:5}"
+            f" (min p50 {r.headroom_min_p50:.2f}, p90 {r.headroom_min_p90:.2f}){when}",
+            highlight=False,
+        )
+    for p in report.problems:
+        err.print(f"[yellow]{p}[/]")
+
+
+@app.command()
+def hotspots(
+    db: DbOpt = Path("dctwin.duckdb"),
+    site: SiteOpt = None,
+    k_sigma: Annotated[float, typer.Option(help="Residual over the model, in sigma.")] = 3.0,
+    minutes: Annotated[int, typer.Option(help="For this many minutes in a row.")] = 5,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """GPUs and racks running hotter than they should (catalog limit, calibrated model,
+    thermal-resistance drift, ASHRAE inlet)."""
+    from twin.hotspots import find_hotspots
+
+    site_obj = _site(site or DEMO_SITE, required=True)
+    with _existing_store(db) as store:
+        try:
+            report = find_hotspots(store, site_obj, k_sigma=k_sigma, minutes=minutes)
+        except ValueError as e:
+            raise _fail(str(e)) from None
+    if as_json:
+        typer.echo(report.model_dump_json())
+        return
+    for h in report.hotspots:
+        typer.echo(f"{h.kind} {h.id} {h.reason}: {h.detail}")
+    if not report.hotspots:
+        typer.echo("no hot spots")
+    for p in report.problems:
+        err.print(f"[yellow]{p}[/]")
+
+
+@app.command()
+def fleets(
+    db: DbOpt = Path("dctwin.duckdb"),
+    site: SiteOpt = None,
+    window: Annotated[float, typer.Option(help="Seconds of activity to look at.")] = 86400.0,
+    threshold: Annotated[
+        float, typer.Option(help="Flag a fleet whose activity p95 stays under this (0..1).")
+    ] = 0.3,
+    target_util: Annotated[
+        float, typer.Option(help="Utilization the remaining GPUs would run at (0..1).")
+    ] = 0.7,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Underused inference fleets: GPUs that would serve their p95 load, and the kW freed."""
+    from twin.fleets import fleets_command_payload
+
+    site_path = site or DEMO_SITE
+    _site(site_path, required=True)
+    if not db.exists():
+        raise _fail(f"--db {db}: no such store")
+    try:
+        payload = fleets_command_payload(db, site_path, window, threshold, target_util)
+    except ValueError as e:
+        raise _fail(str(e)) from None
+    if as_json:
+        typer.echo(json.dumps(payload, default=str))
+        return
+    for f in payload["fleets"]:
+        mark = "UNDERUSED" if f["flagged"] else "ok"
+        typer.echo(f"{f['fleet']:16} {mark:9} {f['reason']}")
+
+
+@app.command()
+def forecast(
+    db: DbOpt = Path("dctwin.duckdb"),
+    site: SiteOpt = None,
+    horizon: Annotated[float, typer.Option(help="Seconds ahead.")] = 6 * 3600.0,
+    step: Annotated[float, typer.Option(help="Seconds per forecast step.")] = 300.0,
+    backtest: Annotated[
+        bool, typer.Option(help="Backtest on the store's history instead of forecasting.")
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Load forecast (p05/p50/p90/p95 W) per fleet and per rack, or its backtest."""
+    from twin.forecast import forecast_site, run_backtest
+
+    site_obj = _site(site or DEMO_SITE, required=True)
+    with _existing_store(db) as store:
+        newest = store.con.execute("SELECT max(ts) FROM node").fetchall()[0][0]
+        if newest is None:
+            raise _fail(f"--db {db}: no node power samples to forecast from")
+        try:
+            if backtest:
+                result = run_backtest(store, site_obj, now=newest, horizon_s=horizon, step_s=step)
+            else:
+                result = forecast_site(store, site_obj, now=newest, horizon_s=horizon, step_s=step)
+        except ValueError as e:
+            raise _fail(str(e)) from None
+    if as_json:
+        typer.echo(result.model_dump_json())
+        return
+    typer.echo(result.model_dump_json(indent=1))
 
 
 @app.command()

@@ -682,6 +682,9 @@ class SiteSimulator:
         self._pump_rated_w = cdu_model.pump_rated_power_w(
             self._max_flow, self._design_dp, np.maximum(self._cdu_npumps, 1), PUMP_EFFICIENCY
         )
+        self._flow_nominal = cdu_model.parallel_pump_flow_lpm(
+            self._cdu_npumps.astype(float), PUMP_SPEED, self._h0, self._kp, self._ks
+        )
         self._loop_tau = LOOP_TAU_S * _spread(rng, 0.2, n_cdus)
         self._fw_drift = _uniform(rng, FW_DRIFT_K, n_cdus)
         self._fw_period = _uniform(rng, FW_DRIFT_PERIOD_S, n_cdus)
@@ -771,14 +774,26 @@ class SiteSimulator:
                 self._temp, prev["ref"], prev["power"], prev["r"], self._c, dt
             )
             self._mem_temp = gpu_thermal.rc_step(
-                self._mem_temp, prev["ref"], prev["power"], self._mem_r, self._mem_c, dt
+                self._mem_temp, prev["ref"], prev["power"], prev["mem_r"], self._mem_c, dt
             )
             self._energy_j = self._energy_j + prev["power"] * dt
 
         # -- workload and power
         activity = self._activity(t)
         p_demand = gpu_power.gpu_power_w(activity, self._idle, self._limit, self._gamma)
-        r_eff = self._r.copy()
+        # -- pumps and loop flow; a cold plate's R rises as its flow falls (physics.md §2.2)
+        n_cdus = len(self._cdus)
+        pump_running = np.ones(len(self._pump_ids), bool)
+        for p_i, _, _ in self._active("pump_failure", t):
+            pump_running[p_i] = False
+        n_running = np.bincount(self._pump_cdu, weights=pump_running, minlength=n_cdus)
+        flow = cdu_model.parallel_pump_flow_lpm(n_running, PUMP_SPEED, self._h0, self._kp, self._ks)
+        flow_ratio = np.ones(self._n_gpus)
+        if n_cdus:
+            cdu_ratio = flow / np.maximum(self._flow_nominal, 1e-9)
+            flow_ratio = np.where(self._gpu_liquid, cdu_ratio[np.maximum(self._gpu_cdu, 0)], 1.0)
+        r_eff = gpu_thermal.r_at_flow_k_per_w(self._r, flow_ratio)
+        mem_r_eff = gpu_thermal.r_at_flow_k_per_w(self._mem_r, flow_ratio)
         for kind in ("cold_plate", "cold_plate_decay"):
             for g_i, mag, k in self._active(kind, t):
                 r_eff[g_i] *= 1.0 + float(mag) * self.faults[k].ramp_fraction(t)  # type: ignore[arg-type]
@@ -813,8 +828,8 @@ class SiteSimulator:
         power = self._idle + dynamic * frac
         if first:
             self._temp = gpu_thermal.steady_temp_c(ref, power, r_eff)
-            self._mem_temp = gpu_thermal.steady_temp_c(ref, power, self._mem_r)
-        self._prev = {"ref": ref, "power": power, "r": r_eff}
+            self._mem_temp = gpu_thermal.steady_temp_c(ref, power, mem_r_eff)
+        self._prev = {"ref": ref, "power": power, "r": r_eff, "mem_r": mem_r_eff}
         throttle = np.where(p_demand >= self._limit - 1e-9, THROTTLE_SW_POWER_CAP, 0)
         throttle = throttle | np.where(frac < 1.0, THROTTLE_SW_THERMAL, 0)
         throttle = throttle | np.where(hw_slow, THROTTLE_HW_THERMAL, 0)
@@ -862,15 +877,9 @@ class SiteSimulator:
         )
 
         # -- CDUs
-        n_cdus = len(self._cdus)
         rack_liquid_kw = self._capture * rack_power / 1000.0
         has = self._rack_cdu >= 0
         heat_true = np.bincount(self._rack_cdu[has], weights=rack_liquid_kw[has], minlength=n_cdus)
-        pump_running = np.ones(len(self._pump_ids), bool)
-        for p_i, _, _ in self._active("pump_failure", t):
-            pump_running[p_i] = False
-        n_running = np.bincount(self._pump_cdu, weights=pump_running, minlength=n_cdus)
-        flow = cdu_model.parallel_pump_flow_lpm(n_running, PUMP_SPEED, self._h0, self._kp, self._ks)
         ret_target = np.zeros(n_cdus)
         for fluid in self._cdu_fluids:
             m = self._cdu_fluid == fluid

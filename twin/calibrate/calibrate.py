@@ -10,6 +10,7 @@ measured inputs, and the errors (MAE, CV(RMSE), NMBE, MAPE) are stored with the 
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -31,6 +32,9 @@ from twin.store import Store
 FLEET_BAND = 0.50
 #: ... and this far above its own history (the median of its earlier usable fits), if any.
 OWN_BAND = 0.20
+#: Largest standard error of a rack's capture fraction for it to count as identified: a
+#: usable per-rack value is then within ±0.02 (issue 3's tolerance) at two standard errors.
+CAPTURE_MAX_STDERR = 0.01
 #: Temperature prediction horizon for the held-out quality figure (the issue's 10 minutes). [s]
 TEMP_HORIZON_S = 600.0
 
@@ -86,7 +90,7 @@ def index_site(site: Site) -> SiteIndex:
     )
 
 
-def _gpu_reference(idx: SiteIndex, cdu: Window, node: Window, pdu: Window) -> np.ndarray:
+def gpu_reference(idx: SiteIndex, cdu: Window, node: Window, pdu: Window) -> np.ndarray:
     """Reference temperature per GPU: its CDU's supply (liquid) or its node's inlet air."""
     t = cdu.n_steps
     ref = np.full((t, len(idx.gpu_ids)), np.nan)
@@ -109,6 +113,19 @@ def _gpu_reference(idx: SiteIndex, cdu: Window, node: Window, pdu: Window) -> np
                         break
         ref[:, air] = inlet
     return ref
+
+
+def gpu_flow_ratio(
+    idx: SiteIndex, flow_ref_lpm: dict[str, float], flow_now_lpm: np.ndarray
+) -> np.ndarray:
+    """Per GPU: its loop's flow now over the flow its R was fitted at (1 for air or unknown)."""
+    ratio = np.ones(len(idx.gpu_ids))
+    for c_i, name in enumerate(idx.cdu_names):
+        ref = flow_ref_lpm.get(name)
+        now = flow_now_lpm[c_i] if c_i < len(flow_now_lpm) else np.nan
+        if ref and ref > 0 and np.isfinite(now):
+            ratio[idx.gpu_cdu == c_i] = now / ref
+    return ratio
 
 
 def _quality(kind: str, ids: list[str], quantity: str, meas: np.ndarray, pred: np.ndarray):
@@ -184,7 +201,7 @@ def calibrate(
     activity[:, no_sm] = gpu.values["util_pct"][:, no_sm] / 100.0
     with np.errstate(all="ignore"):  # a GPU that never reported its limit: NaN, no warning
         limit = np.fmax.reduce(gpu.values["power_limit_w"], axis=0)
-    ref = _gpu_reference(idx, cdu, node, pdu)
+    ref = gpu_reference(idx, cdu, node, pdu)
     fit, hold = slice(0, split), slice(split, None)
 
     results: dict[str, Any] = {"params": [], "quality": []}
@@ -272,7 +289,12 @@ def calibrate(
     # 4. liquid capture per rack, from each CDU's heat balance
     if idx.cdu_names:
         cf = fit_capture_fraction(
-            rack_in[fit], cdu.values["heat_kw"][fit], idx.rack_cdu, idx.rack_prior, dt_s=step_s
+            rack_in[fit],
+            cdu.values["heat_kw"][fit],
+            idx.rack_cdu,
+            idx.rack_prior,
+            dt_s=step_s,
+            max_stderr=CAPTURE_MAX_STDERR,
         )
         params(
             "rack",
@@ -282,6 +304,10 @@ def calibrate(
             capture_fraction=(cf.fraction, cf.stderr),
             capture_identifiable=(cf.identifiable.astype(float), None),
         )
+        # the flow the GPUs' R values were fitted at: R at another flow scales from it
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            flow_ref = np.nanmedian(cdu.values["flow_lpm"][fit], axis=0)
         params(
             "cdu",
             idx.cdu_names,
@@ -289,6 +315,7 @@ def calibrate(
             cf.cdu_reason,
             capture_fraction=(cf.cdu_fraction, cf.cdu_fraction_stderr),
             lag_tau_s=(cf.lag_tau_s, None),
+            flow_ref_lpm=(flow_ref, None),
         )
         ret = cdu.values["return_temp_c"]
         pred_ret = predict_return_temp_c(

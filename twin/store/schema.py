@@ -114,6 +114,13 @@ def ddl() -> list[str]:
         "CREATE TABLE IF NOT EXISTS calibration_events (run_id BIGINT NOT NULL,"
         " kind VARCHAR NOT NULL, id VARCHAR NOT NULL, param VARCHAR NOT NULL, value DOUBLE,"
         " own_median DOUBLE, fleet_median DOUBLE, detail VARCHAR)",
+        # headroom: one row per limit per report (twin/headroom.py)
+        "CREATE TABLE IF NOT EXISTS headroom (computed_at TIMESTAMPTZ NOT NULL,"
+        " data_until TIMESTAMPTZ NOT NULL, kind VARCHAR NOT NULL, id VARCHAR NOT NULL,"
+        " quantity VARCHAR NOT NULL, unit VARCHAR NOT NULL, limit_value DOUBLE,"
+        " value_now DOUBLE, headroom_now DOUBLE, headroom_min_p50 DOUBLE,"
+        " headroom_min_p90 DOUBLE, breach_in_s_p50 DOUBLE, breach_in_s_p90 DOUBLE,"
+        " rack VARCHAR, cdu VARCHAR, basis VARCHAR)",
     ]
     for kind in KINDS:
         cols = ", ".join(f"{c} {_sql_type(kind, c)}" for c in quantity_columns(kind))

@@ -7,6 +7,8 @@ of Arrow batches; no value from a message is ever pasted into SQL.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -152,6 +154,24 @@ class Store:
         except Exception:
             con.execute("ROLLBACK")
             raise
+
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        """One transaction: committed when the block ends, rolled back if it raises."""
+        self.con.execute("BEGIN TRANSACTION")
+        try:
+            yield
+        except BaseException:
+            self.con.execute("ROLLBACK")
+            raise
+        self.con.execute("COMMIT")
+
+    def insert_arrow(self, table: str, data: pa.Table) -> None:
+        """Append an Arrow table whose columns match ``table``'s, in order."""
+        known = {r[0] for r in self.con.execute("SHOW TABLES").fetchall()}
+        if table not in known:
+            raise StoreError(f"no table {table!r} in the store")
+        self._insert(table, data)
 
     def _insert(self, table: str, data: pa.Table) -> None:
         self.con.register("_batch", data)

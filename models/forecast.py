@@ -1,0 +1,559 @@
+r"""Load forecasts for fleets and racks: a point forecast (p50), conformal quantiles, a
+seasonal-naive baseline and a rolling-origin backtest.
+
+Every function takes a regular-grid history ``(T, N)`` of power [W] (any unit works), one column
+per series, NaN where a step has no reading; row ``i`` is at ``start_s + i * step_s`` (epoch
+seconds, UTC). A forecast covers the next ``horizon_steps`` grid steps after the last row, i.e.
+times ``start_s + (T + j) * step_s`` for ``j = 0 .. H-1``. Each series has a kind, ``"training"``
+or ``"inference"``.
+
+Models
+------
+**Inference** (daily and weekly cycle). Weighted least squares on Fourier terms of the hour of
+the day (``K = 6`` harmonics by default: a clipped sine or any smooth daily shape is captured to
+a few tenths of a percent), with a separate profile for weekend days (Saturday and Sunday UTC)
+when the history holds at least ``1.5`` days of each day type, else one profile for all days.
+Observations are weighted with a recency half-life (14 days), so a slowly changing load is
+followed. Why this and not a seasonal profile (mean of the same hour over past days): the
+regression pools every sample into ``2 (2K + 1)`` numbers, so per-sample noise (bursty per-GPU
+load) averages out over weeks instead of over the handful of days a profile would average, and
+a missing day costs nothing. Two interacting day-type profiles rather than a multiplicative
+weekend factor, because power is not proportional to load (idle power, ``a^gamma``).
+
+**Training** (level with checkpoint dips). The level is the median over the recent
+``level_window_s`` (6 h): robust to checkpoint dips and job gaps, which are short and take less
+than half the time. Periodic dips are searched on the recent ``dip_window_s`` (12 h): a step is a
+dip when it lies below ``level - max(6 sigma, 0.2 |level|)`` (sigma from the MAD); for each
+candidate period ``P`` (2 steps to ``max_dip_period_s``, at least 3 whole cycles), the history is
+folded at ``P`` and the phase with the most dips is scored by its dip fraction; the shortest
+period whose best phase dips in at least 60 % of the cycles (while some phase dips in under 30 %)
+wins, and the forecast takes the median dip value at those phases. With no such period (dips
+aliased away by a coarse step, or restarted at random with each job) the forecast is the level
+alone. Job gaps (idle between jobs, warm-up ramps) are not in the point forecast; they are in
+the quantiles, through the residuals.
+
+**Recent-residual correction** (both kinds). With ``r`` the residual of the model above on the
+history and ``m_t`` the mean residual over the last ``recent_s`` (1 h), the forecast at lead
+``h`` adds ``beta(h) m_T`` where ``beta(h) = sum m_t r_{t+h} / sum m_t^2`` is fitted on the
+history and clipped to [0, 1]. If the residuals are white (noise), ``beta`` is about 0 and
+nothing changes; if they persist (a job level that differs from the recent median, an
+inference day busier than usual, an ongoing job gap), the correction carries over with the
+persistence the data show.
+
+Quantiles
+---------
+Split-conformal by horizon bucket: the model is refitted at ``n_calib`` origins inside the
+history (each using only the data before it) and forecasts the next ``H`` steps; the
+out-of-sample residuals are pooled per series and per lead-time bucket (buckets double in length
+so short leads keep their tighter spread), and their empirical 5/50/90/95 % quantiles are added
+to the point forecast: no Gaussian assumption, and the bimodal spread of training jobs (busy or
+between jobs) comes through as it is. ``p05``-``p95`` is the central 90 % prediction interval;
+``p90`` is the level exceeded with 10 % probability, for headroom.
+
+Baseline
+--------
+:func:`seasonal_naive`: for inference, the value one season (``season_s``, one day by default;
+one week is available) before the target step; for training, the last valid value
+(persistence): a training job has no daily cycle, and the value one checkpoint period ago is the
+last value except at dips.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+from scipy.signal import fftconvolve
+
+__all__ = [
+    "KINDS",
+    "BacktestResult",
+    "Forecast",
+    "backtest",
+    "forecast",
+    "last_valid",
+    "point_forecast",
+    "seasonal_naive",
+]
+
+F64 = NDArray[np.float64]
+KINDS = ("training", "inference")
+DAY_S = 86400.0
+WEEK_S = 7 * DAY_S
+QUANTILES = (0.05, 0.5, 0.9, 0.95)
+
+
+@dataclass(frozen=True)
+class Forecast:
+    """Quantile forecasts, shape ``(H, N)`` each, on the times ``t_s`` (epoch seconds)."""
+
+    t_s: F64
+    p05: F64
+    p50: F64
+    p90: F64
+    p95: F64
+    point: F64
+    dip_period_s: list[float | None] = field(default_factory=list)
+    n_calib: int = 0
+
+
+@dataclass(frozen=True)
+class BacktestResult:
+    """Rolling-origin backtest: per series (arrays of length N) and overall figures.
+
+    ``improvement = 1 - mae_p50 / mae_baseline``; ``coverage_90`` is the share of actuals
+    inside ``[p05, p95]``; ``below_p90`` the share at or under ``p90``.
+    """
+
+    mae_p50: F64
+    mae_baseline: F64
+    improvement: F64
+    coverage_90: F64
+    below_p90: F64
+    n: NDArray[np.int64]
+    overall_mae_p50: float
+    overall_mae_baseline: float
+    overall_improvement: float
+    overall_coverage_90: float
+    overall_below_p90: float
+    origins: list[int]
+    horizon_steps: int
+
+
+# ---- helpers ----------------------------------------------------------------------------------
+
+
+def _as_history(history: ArrayLike) -> F64:
+    y = np.asarray(history, dtype=float)
+    if y.ndim == 1:
+        y = y[:, None]
+    if y.ndim != 2:
+        raise ValueError(f"history must be (T, N), got shape {y.shape}")
+    return y
+
+
+def _check_kinds(kinds: Sequence[str], n: int) -> list[str]:
+    ks = list(kinds)
+    if len(ks) != n:
+        raise ValueError(f"{len(ks)} kinds for {n} series")
+    bad = sorted({k for k in ks if k not in KINDS})
+    if bad:
+        raise ValueError(f"unknown series kind(s) {bad}; expected one of {KINDS}")
+    return ks
+
+
+def _fourier(t_s: F64, period_s: float, k: int) -> F64:
+    """Columns ``[1, cos(w t), sin(w t), ..., cos(k w t), sin(k w t)]``, shape ``(T, 2k + 1)``."""
+    w = 2 * np.pi * np.mod(t_s, period_s)[:, None] / period_s
+    h = np.arange(1, k + 1)[None, :]
+    return np.concatenate([np.ones((len(t_s), 1)), np.cos(w * h), np.sin(w * h)], axis=1)
+
+
+def _weekend(t_s: F64) -> NDArray[np.bool_]:
+    """Saturday or Sunday (UTC); 1970-01-01 was a Thursday."""
+    dow = (np.floor_divide(t_s, DAY_S).astype(np.int64) + 3) % 7  # Monday = 0
+    return dow >= 5
+
+
+def last_valid(y: F64) -> F64:
+    """Last finite value of each column (NaN where none)."""
+    ok = np.isfinite(y)
+    idx = np.where(ok.any(axis=0), y.shape[0] - 1 - np.argmax(ok[::-1], axis=0), -1)
+    out = np.full(y.shape[1], np.nan)
+    has = idx >= 0
+    out[has] = y[idx[has], np.nonzero(has)[0]]
+    return out
+
+
+# ---- the two models ---------------------------------------------------------------------------
+
+
+def _design(t_s: F64, harmonics: int, split_weekend: bool) -> F64:
+    f = _fourier(t_s, DAY_S, harmonics)
+    if not split_weekend:
+        return f
+    we = _weekend(t_s)[:, None]
+    return np.concatenate([f * ~we, f * we], axis=1)
+
+
+def _inference_fit(
+    y: F64, t_s: F64, t_future: F64, harmonics: int, half_life_s: float
+) -> tuple[F64, F64]:
+    """Fitted values on the history and on ``t_future`` for inference series ``y`` (T, n)."""
+    ok = np.isfinite(y)
+    we = _weekend(t_s)
+    per_day = DAY_S / max(float(t_s[1] - t_s[0]) if len(t_s) > 1 else DAY_S, 1e-9)
+    n_we = (ok & we[:, None]).sum(axis=0) / per_day
+    n_wd = (ok & ~we[:, None]).sum(axis=0) / per_day
+    fit_hist = np.full(y.shape, np.nan)
+    fit_fut = np.full((len(t_future), y.shape[1]), np.nan)
+    w = np.exp2(-(t_s[-1] - t_s) / half_life_s) if half_life_s > 0 else np.ones(len(t_s))
+    for split in (True, False):
+        cols = np.nonzero(((n_we >= 1.5) & (n_wd >= 1.5)) == split)[0]
+        if not len(cols):
+            continue
+        x = _design(t_s, harmonics, split)
+        xf = _design(t_future, harmonics, split)
+        # series with the same validity mask share one solve (the usual case: no gaps)
+        groups: dict[bytes, list[int]] = {}
+        for c in cols:
+            groups.setdefault(ok[:, c].tobytes(), []).append(int(c))
+        for members in groups.values():
+            group = np.array(members)
+            mask = ok[:, group[0]]
+            if mask.sum() < x.shape[1] * 2:
+                continue
+            xm = x[mask]
+            wm = w[mask][:, None]
+            a = xm.T @ (xm * wm)
+            a[np.diag_indices_from(a)] += 1e-9 * np.trace(a) / len(a)
+            coef = np.linalg.solve(a, (xm * wm).T @ y[mask][:, group])
+            fit_hist[:, group] = x @ coef
+            fit_fut[:, group] = xf @ coef
+    # too little data for a daily profile: the recent median, as for training
+    missing = ~np.isfinite(fit_fut).all(axis=0)
+    if missing.any():
+        with warnings.catch_warnings():  # a series with no data at all stays NaN
+            warnings.simplefilter("ignore", RuntimeWarning)
+            lvl = np.nanmedian(y[-max(1, int(per_day // 4)) :, missing], axis=0)
+        fit_hist[:, missing] = lvl
+        fit_fut[:, missing] = lvl
+    return fit_hist, fit_fut
+
+
+def _training_fit(
+    y: F64,
+    step_s: float,
+    horizon_steps: int,
+    level_window_s: float,
+    dip_window_s: float,
+    max_dip_period_s: float,
+) -> tuple[F64, F64, list[float | None]]:
+    """Level (+ periodic dips) on the history and the next ``horizon_steps`` for ``y`` (T, n)."""
+    t_n, n = y.shape
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        lw = max(1, round(level_window_s / step_s))
+        level = np.nanmedian(y[-lw:], axis=0)
+        empty = ~np.isfinite(level)
+        if empty.any():  # nothing recent: the median of the whole history
+            level[empty] = np.nanmedian(y[:, empty], axis=0)
+        fit_hist = np.broadcast_to(level, y.shape).copy()
+        fit_fut = np.broadcast_to(level, (horizon_steps, n)).copy()
+        periods: list[float | None] = [None] * n
+        dw = min(t_n, max(1, round(dip_window_s / step_s)))
+        recent = y[-dw:]
+        sigma = 1.4826 * np.nanmedian(np.abs(recent - level), axis=0)
+        thr = level - np.maximum(6 * sigma, 0.2 * np.abs(level))
+        dip = np.where(np.isfinite(recent), recent < thr, np.nan)
+        found = np.zeros(n, bool)
+        p_max = min(dw // 3, int(max_dip_period_s // step_s))
+        for p in range(2, p_max + 1):
+            if found.all():
+                break
+            k = dw // p
+            folded = dip[-k * p :].reshape(k, p, n)
+            frac = np.nanmean(folded, axis=0)  # (p, n)
+            best = np.nanmax(frac, axis=0)
+            worst = np.nanmin(frac, axis=0)
+            base = np.nanmean(dip, axis=0)
+            new = ~found & (k >= 8) & (best >= 0.75) & (worst < 0.3) & (base <= 0.5 * best)
+            for j in np.nonzero(new)[0]:
+                found[j] = True
+                periods[j] = p * step_s
+                phases = np.nonzero(frac[:, j] >= 0.5)[0]
+                vals = y[-k * p :, j].reshape(k, p)[:, phases]
+                isdip = folded[:, phases, j] == 1
+                dip_val = np.nanmedian(np.where(isdip, vals, np.nan), axis=0)
+                # phase of a row i (absolute) is (i - (t_n - k p)) mod p
+                hist_phase = (np.arange(t_n) - (t_n - k * p)) % p
+                fut_phase = (np.arange(t_n, t_n + horizon_steps) - (t_n - k * p)) % p
+                for ph, v in zip(phases, dip_val, strict=True):
+                    if np.isfinite(v):
+                        fit_hist[hist_phase == ph, j] = v
+                        fit_fut[fut_phase == ph, j] = v
+    return fit_hist, fit_fut, periods
+
+
+def _residual_correction(
+    y: F64, fit_hist: F64, horizon_steps: int, recent_steps: int
+) -> tuple[F64, F64]:
+    """``beta(h) * m_T`` (H, n): the recent median residual carried forward, and ``beta``."""
+    r = y - fit_hist
+    t_n, n = r.shape
+    win = max(1, min(recent_steps, t_n))
+    windows = np.lib.stride_tricks.sliding_window_view(r, win, axis=0)  # (t_n - win + 1, n, win)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        m = np.nanmedian(windows, axis=2)  # m[i] belongs to row i + win - 1
+    m_now = m[-1]
+    # beta(h) = sum_t m_t r_{t+h} / sum_t m_t^2 over pairs where both exist: cross-correlations
+    # for every lead at once (FFT), m placed on the row it belongs to
+    mm = np.zeros((t_n, n))
+    mm[win - 1 :] = np.where(np.isfinite(m), m, 0.0)
+    ok_r = np.isfinite(r)
+    rz = np.where(ok_r, r, 0.0)
+    num = fftconvolve(mm[::-1], rz, axes=0)[t_n : t_n + horizon_steps]
+    den = fftconvolve((mm * mm)[::-1], ok_r.astype(float), axes=0)[t_n : t_n + horizon_steps]
+    beta = np.zeros((horizon_steps, n))
+    h_ok = min(horizon_steps, max(0, t_n - win - 10))  # leads with at least ~10 pairs
+    with np.errstate(invalid="ignore", divide="ignore"):
+        b = np.where(den > 1e-12 * max(float(den.max(initial=0.0)), 1e-300), num / den, 0.0)
+    beta[:h_ok] = np.clip(b[:h_ok], 0.0, 1.0)
+    corr = beta * np.where(np.isfinite(m_now), m_now, 0.0)
+    return corr, beta
+
+
+def point_forecast(
+    history: ArrayLike,
+    start_s: float,
+    step_s: float,
+    horizon_steps: int,
+    kinds: Sequence[str],
+    *,
+    harmonics: int = 6,
+    half_life_s: float = 14 * DAY_S,
+    level_window_s: float = 6 * 3600.0,
+    dip_window_s: float = 12 * 3600.0,
+    max_dip_period_s: float = 2 * 3600.0,
+    recent_s: float = 3600.0,
+) -> tuple[F64, list[float | None]]:
+    """Point forecast (the model's median), shape ``(horizon_steps, N)``, and the detected
+    checkpoint period [s] per series (None: none detected, or an inference series).
+
+    Parameters
+    ----------
+    history : array_like
+        ``(T, N)`` series on a regular grid, NaN in gaps. [W]
+    start_s : float
+        Epoch time of row 0. [s]
+    step_s : float
+        Grid step. [s]
+    horizon_steps : int
+        Number of future steps.
+    kinds : sequence of str
+        ``"training"`` or ``"inference"`` per series.
+    """
+    y = _as_history(history)
+    ks = _check_kinds(kinds, y.shape[1])
+    t_n, n = y.shape
+    t_s = start_s + step_s * np.arange(t_n)
+    t_fut = start_s + step_s * np.arange(t_n, t_n + horizon_steps)
+    fit_hist = np.full(y.shape, np.nan)
+    fut = np.full((horizon_steps, n), np.nan)
+    periods: list[float | None] = [None] * n
+    inf = np.array([k == "inference" for k in ks])
+    if inf.any():
+        fh, ff = _inference_fit(y[:, inf], t_s, t_fut, harmonics, half_life_s)
+        fit_hist[:, inf], fut[:, inf] = fh, ff
+    if (~inf).any():
+        fh, ff, pr = _training_fit(
+            y[:, ~inf], step_s, horizon_steps, level_window_s, dip_window_s, max_dip_period_s
+        )
+        fit_hist[:, ~inf], fut[:, ~inf] = fh, ff
+        for j, p in zip(np.nonzero(~inf)[0], pr, strict=True):
+            periods[j] = p
+    corr, _ = _residual_correction(y, fit_hist, horizon_steps, round(recent_s / step_s))
+    return fut + corr, periods
+
+
+def _buckets(horizon_steps: int, n_calib: int, min_count: int) -> list[tuple[int, int]]:
+    """Lead-time buckets [lo, hi) that double in length, each with >= ``min_count`` residuals."""
+    base = max(1, int(np.ceil(min_count / max(n_calib, 1))))
+    out: list[tuple[int, int]] = []
+    lo, length = 0, base
+    while lo < horizon_steps:
+        hi = min(horizon_steps, lo + length)
+        if horizon_steps - hi < length:  # a short remainder joins this bucket
+            hi = horizon_steps
+        out.append((lo, hi))
+        lo, length = hi, length * 2
+    return out
+
+
+class _Points:
+    """Point forecasts from ``y[:o]`` for origins ``o``, memoized: a backtest's forecasts share
+    most of their calibration origins."""
+
+    def __init__(
+        self,
+        y: F64,
+        start_s: float,
+        step_s: float,
+        h_n: int,
+        kinds: list[str],
+        model_kw: dict[str, float],
+    ) -> None:
+        self.y, self.start_s, self.step_s, self.h_n = y, start_s, step_s, h_n
+        self.kinds, self.model_kw = kinds, model_kw
+        self._cache: dict[int, tuple[F64, list[float | None]]] = {}
+
+    def __call__(self, o: int) -> tuple[F64, list[float | None]]:
+        if o not in self._cache:
+            self._cache[o] = point_forecast(
+                self.y[:o],
+                self.start_s,
+                self.step_s,
+                self.h_n,
+                self.kinds,
+                **self.model_kw,  # type: ignore[arg-type]
+            )
+        return self._cache[o]
+
+
+def _forecast_at(
+    points: _Points, o: int, n_calib: int, calib_spacing_s: float, min_bucket_count: int
+) -> Forecast:
+    """The forecast from ``y[:o]``, its quantiles from calibration origins before ``o``."""
+    y, step_s, h_n = points.y, points.step_s, points.h_n
+    n = y.shape[1]
+    point, periods = points(o)
+    t_fut = points.start_s + step_s * np.arange(o, o + h_n)
+    spacing = max(1, round(calib_spacing_s / step_s))
+    min_fit = max(2, int(np.ceil(DAY_S / step_s)))
+    origins = [c for c in (o - h_n - k * spacing for k in range(n_calib)) if c >= min_fit]
+    res = np.full((len(origins), h_n, n), np.nan)
+    for i, c in enumerate(origins):
+        res[i] = y[c : c + h_n] - points(c)[0]
+    q = {qq: np.zeros((h_n, n)) for qq in QUANTILES}
+    if origins:
+        for b_lo, b_hi in _buckets(h_n, len(origins), min_bucket_count):
+            r = res[:, b_lo:b_hi].reshape(-1, n)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)
+                qs = np.nanquantile(r, QUANTILES, axis=0)  # (4, n)
+            for i, qq in enumerate(QUANTILES):
+                q[qq][b_lo:b_hi] = np.where(np.isfinite(qs[i]), qs[i], 0.0)
+    p50 = point
+    p05 = np.minimum(point + q[0.05], p50)
+    p90 = np.maximum(point + q[0.9], p50)
+    p95 = np.maximum(point + q[0.95], p90)
+    return Forecast(t_fut, p05, p50, p90, p95, point, periods, len(origins))
+
+
+def forecast(
+    history: ArrayLike,
+    start_s: float,
+    step_s: float,
+    horizon_steps: int,
+    kinds: Sequence[str],
+    *,
+    n_calib: int = 16,
+    calib_spacing_s: float = 6 * 3600.0,
+    min_bucket_count: int = 64,
+    **model_kw: float,
+) -> Forecast:
+    """p05, p50, p90 and p95 forecasts for the next ``horizon_steps`` steps.
+
+    The point forecast is :func:`point_forecast`; the quantiles add the empirical quantiles of
+    out-of-sample residuals per series and per lead-time bucket. The residuals come from
+    ``n_calib`` calibration origins ``T - H - k * calib_spacing_s`` (k = 0, 1, ...; each with at
+    least one day of data before it), where the model is refitted on the data before the origin
+    and scored on the ``H`` steps after it. With too little history for any calibration origin
+    the quantiles equal the point forecast (``n_calib = 0`` in the result). Units follow
+    ``history``.
+    """
+    y = _as_history(history)
+    ks = _check_kinds(kinds, y.shape[1])
+    points = _Points(y, start_s, step_s, int(horizon_steps), ks, dict(model_kw))
+    return _forecast_at(points, y.shape[0], n_calib, calib_spacing_s, min_bucket_count)
+
+
+def seasonal_naive(
+    history: ArrayLike,
+    start_s: float,
+    step_s: float,
+    horizon_steps: int,
+    kinds: Sequence[str],
+    *,
+    season_s: float = DAY_S,
+) -> F64:
+    """The baseline, ``(horizon_steps, N)``: inference series repeat the value one season
+    (``season_s``) before each target step (the latest full season for leads beyond one
+    season); training series repeat their last valid value (persistence). A series with less
+    than one season of history falls back to persistence.
+    """
+    y = _as_history(history)
+    ks = _check_kinds(kinds, y.shape[1])
+    t_n, n = y.shape
+    last = last_valid(y)
+    out = np.broadcast_to(last, (horizon_steps, n)).copy()
+    s = round(season_s / step_s)
+    if s >= 1 and t_n >= s:
+        j = np.arange(horizon_steps)
+        k = (j // s) + 1  # smallest k with t_n + j - k s <= t_n - 1
+        src = t_n + j - k * s
+        inf = np.array([kk == "inference" for kk in ks])
+        out[:, inf] = y[src][:, inf]
+    return out
+
+
+def backtest(
+    history: ArrayLike,
+    start_s: float,
+    step_s: float,
+    horizon_steps: int,
+    kinds: Sequence[str],
+    origins: Sequence[int],
+    *,
+    season_s: float = DAY_S,
+    n_calib: int = 16,
+    calib_spacing_s: float = 6 * 3600.0,
+    min_bucket_count: int = 64,
+    **model_kw: float,
+) -> BacktestResult:
+    """Rolling-origin backtest: at each origin row ``o`` forecast from ``history[:o]`` exactly as
+    :func:`forecast` would (calibration origins before ``o`` included; point forecasts shared
+    between origins are computed once) and score the next ``horizon_steps`` rows (NaN actuals
+    skipped) against :func:`seasonal_naive`.
+
+    Overall figures pool every scored step of every series: ``overall_mae_*`` is the mean
+    absolute error over them (units of ``history``) and the improvement is ``1 - sum |e_p50| /
+    sum |e_baseline|``.
+    """
+    y = _as_history(history)
+    ks = _check_kinds(kinds, y.shape[1])
+    t_n, n = y.shape
+    h_n = int(horizon_steps)
+    used = [int(o) for o in origins if 0 < int(o) <= t_n - 1]
+    ae = np.zeros(n)
+    ae_b = np.zeros(n)
+    inside = np.zeros(n)
+    below = np.zeros(n)
+    cnt = np.zeros(n, np.int64)
+    points = _Points(y, start_s, step_s, h_n, ks, dict(model_kw))
+    for o in used:
+        actual = y[o : o + h_n]
+        h = actual.shape[0]
+        fc = _forecast_at(points, o, n_calib, calib_spacing_s, min_bucket_count)
+        base = seasonal_naive(y[:o], start_s, step_s, h_n, ks, season_s=season_s)[:h]
+        ok = np.isfinite(actual) & np.isfinite(fc.p50[:h]) & np.isfinite(base)
+        a = np.where(ok, actual, 0.0)
+        ae += np.where(ok, np.abs(a - np.nan_to_num(fc.p50[:h])), 0).sum(axis=0)
+        ae_b += np.where(ok, np.abs(a - np.nan_to_num(base)), 0).sum(axis=0)
+        inside += (ok & (actual >= fc.p05[:h]) & (actual <= fc.p95[:h])).sum(axis=0)
+        below += (ok & (actual <= fc.p90[:h])).sum(axis=0)
+        cnt += ok.sum(axis=0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        c = np.where(cnt > 0, cnt, np.nan)
+        mae, mae_b = ae / c, ae_b / c
+        impr = 1.0 - mae / mae_b
+        total = cnt.sum()
+        return BacktestResult(
+            mae_p50=mae,
+            mae_baseline=mae_b,
+            improvement=impr,
+            coverage_90=inside / c,
+            below_p90=below / c,
+            n=cnt,
+            overall_mae_p50=float(ae.sum() / total) if total else float("nan"),
+            overall_mae_baseline=float(ae_b.sum() / total) if total else float("nan"),
+            overall_improvement=float(1 - ae.sum() / ae_b.sum()) if ae_b.sum() else float("nan"),
+            overall_coverage_90=float(inside.sum() / total) if total else float("nan"),
+            overall_below_p90=float(below.sum() / total) if total else float("nan"),
+            origins=used,
+            horizon_steps=h_n,
+        )

@@ -1,0 +1,259 @@
+"""Headroom, hot spots and alerts on the simulator's injected faults, end to end.
+
+Two healthy hours of the small site are simulated, ingested and calibrated once; each test
+copies that store, replays the same seed with its fault starting at the 2-hour mark, ingests
+minute by minute, and runs the twin's detection after every minute, as `dctwin serve` does.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from collectors.simulator import SiteSimulator, parse_fault
+from twin.alerts import AlertEngine, Outbox, Topology, load_rules
+from twin.calibrate.calibrate import calibrate, save_run
+from twin.detect import detect, observations
+from twin.headroom import compute_headroom, latest_headroom, save_headroom
+from twin.hotspots import find_hotspots
+from twin.ingest import Ingester, IngestLimits
+from twin.site import Site, load_site
+from twin.store import Store
+
+from .conftest import REPO, SMALL_SITE
+from .test_alerts_hooks import Recorder, check_schemas, hooks_for
+
+SEED = 21
+BASE_S = 7200
+START = datetime(2026, 11, 23, 6, 0, tzinfo=UTC)  # a Monday morning, 2 h before the faults
+
+
+@pytest.fixture(scope="module")
+def site() -> Site:
+    return load_site(SMALL_SITE)
+
+
+@pytest.fixture(scope="module")
+def base_db(site: Site, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Two healthy hours, ingested and calibrated."""
+    db = tmp_path_factory.mktemp("detect") / "base.duckdb"
+    sim = SiteSimulator(site, seed=SEED, start=START)
+    with Store(db) as store:
+        ing = Ingester(store, site, IngestLimits(max_past_s=0))
+        batch: list[tuple[str, bytes]] = []
+        for _ in range(BASE_S):
+            batch.extend(sim.step())
+        ing.ingest(batch)
+        save_run(store, calibrate(store, site, window_s=BASE_S, holdout_s=1200.0))
+    return db
+
+
+class Replay:
+    """The base store plus the same simulation, now with faults, a minute at a time."""
+
+    def __init__(self, site: Site, base_db: Path, tmp: Path, faults: list[str]):
+        self.db = tmp / "replay.duckdb"
+        shutil.copy(base_db, self.db)
+        self.store = Store(self.db)
+        self.site = site
+        self.sim = SiteSimulator(
+            site, seed=SEED, start=START, faults=[parse_fault(f) for f in faults]
+        )
+        for _ in range(BASE_S):  # same seed: the same first two hours, not ingested again
+            self.sim.step()
+        self.ingester = Ingester(self.store, site, IngestLimits(max_past_s=0))
+        self.samples: list[tuple[str, bytes]] = []
+
+    def minute(self) -> list[tuple[str, bytes]]:
+        batch: list[tuple[str, bytes]] = []
+        for _ in range(60):
+            batch.extend(self.sim.step())
+        self.ingester.ingest(batch)
+        return batch
+
+    @property
+    def minutes_in(self) -> float:
+        return (self.sim.elapsed_s - BASE_S) / 60.0
+
+
+@pytest.fixture
+def replay(site: Site, base_db: Path, tmp_path: Path) -> Iterator[object]:
+    made: list[Replay] = []
+
+    def make(*faults: str) -> Replay:
+        r = Replay(site, base_db, tmp_path, list(faults))
+        made.append(r)
+        return r
+
+    yield make
+    for r in made:
+        r.store.close()
+
+
+def _gpu_temp(batch: list[tuple[str, bytes]], gid: str) -> list[float]:
+    out = []
+    for topic, payload in batch:
+        if "/gpu/" in topic:
+            for s in json.loads(payload)["samples"]:
+                if s["id"] == gid:
+                    out.append(s["temp_c"])
+    return out
+
+
+def test_degrading_cold_plate_is_a_hot_spot_before_slowdown(site: Site, replay) -> None:
+    gpu = "trn-r01-n1:3"
+    r = replay(f"cold_plate_decay:{gpu}@2h+1h")
+    limit = site.nodes[0].gpu_spec.max_operating_temp_c
+    flagged_at = reached_at = None
+    false_alarms: set[str] = set()
+    for _ in range(45):
+        batch = r.minute()
+        if reached_at is None and max(_gpu_temp(batch, gpu)) >= limit - 0.5:
+            reached_at = r.minutes_in
+        report = find_hotspots(r.store, site)
+        above = {h.id for h in report.hotspots if h.reason == "above_model"}
+        if gpu in above and flagged_at is None:
+            flagged_at = r.minutes_in
+            spot = next(h for h in report.hotspots if h.id == gpu)
+            assert spot.excess > 0 and spot.residual_sigma >= 3.0
+            assert limit - spot.value > 10.0  # flagged while still far from slowdown
+        false_alarms |= above - {gpu}
+    assert flagged_at is not None and reached_at is not None
+    assert flagged_at < reached_at - 10, (flagged_at, reached_at)
+    assert not false_alarms
+
+
+def test_cdu_losing_its_pumps_pages_once_mutes_its_gpus_and_resolves(
+    site: Site, replay, tmp_path: Path
+) -> None:
+    recs = {s: Recorder(s) for s in ("webhook", "slack", "pagerduty", "alertmanager")}
+    for rec in recs.values():
+        rec.start()
+    try:
+        r = replay("pump_failure:cdu-1/pump1@125m+10m", "pump_failure:cdu-1/pump2@125m+10m")
+        outbox = Outbox(r.store, hooks_for(recs))
+        engine = AlertEngine(
+            load_rules(REPO / "deploy" / "alert_rules.yaml"),
+            Topology.from_site(site),
+            outbox,
+            clock=lambda: datetime.now(UTC),
+        )
+        gpu_hot = 0
+        pumps_seen: list[float] = []
+        for _ in range(30):
+            r.minute()
+            d = detect(r.store, site)
+            obs = observations(d)
+            pumps_seen += [o.value for o in obs if o.metric == "cdu.pumps_running"]
+            gpu_hot += sum(o.value <= 5.0 for o in obs if o.metric == "headroom.gpu.k_to_slowdown")
+            engine.evaluate(obs, now=d.now)
+            outbox.deliver(d.now)
+        check_schemas(recs)
+        assert min(pumps_seen) == 0 and pumps_seen[-1] == 2
+        assert gpu_hot > 0  # the GPUs did heat up to their limit: there was something to mute
+        key = "dctwin/small/cdu_pump_lost/cdu/cdu-1"
+        web = recs["webhook"].accepted()
+        assert [(b["event"], b["dedup_key"]) for b in web] == [("firing", key), ("resolved", key)]
+        page = web[0]["notification"]
+        assert page["group"] == {"kind": "cdu", "id": "cdu-1"} and "r01" in page["description"]
+        pd = [(b["event_action"], b["dedup_key"]) for b in recs["pagerduty"].accepted()]
+        assert pd == [("trigger", key), ("resolve", key)]
+        every = json.dumps([q.body for rec in recs.values() for q in rec.requests])
+        assert "gpu_temp_high" not in every and "gpu_hotspot_residual" not in every
+    finally:
+        for rec in recs.values():
+            rec.stop()
+
+
+def test_creeping_phase_is_forecast_to_breach_before_it_does(site: Site, replay) -> None:
+    phase = "pdu-r01-a/L1"
+    r = replay(f"phase_creep:{phase}@2h+1h")
+    limit = 0.8 * 32
+    forecasts: list[tuple[float, float]] = []  # (minute, predicted breach minute)
+    breached_at = None
+    for _ in range(60):
+        batch = r.minute()
+        for topic, payload in batch:
+            if topic.endswith("/pdu-r01-a"):
+                for s in json.loads(payload)["samples"]:
+                    if s["id"] == phase and s["current_a"] >= limit and breached_at is None:
+                        breached_at = r.minutes_in
+        if breached_at is None:
+            rep = compute_headroom(r.store, site)
+            row = next(x for x in rep.rows if x.kind == "pdu_phase" and x.id == phase)
+            assert row.limit == pytest.approx(limit)
+            if row.breach_in_s_p50 is not None:
+                forecasts.append((r.minutes_in, r.minutes_in + row.breach_in_s_p50 / 60.0))
+    assert breached_at is not None
+    early = [(m, p) for m, p in forecasts if m <= breached_at - 15]
+    assert early, forecasts  # a time to breach was given at least 15 min ahead
+    for m, p in early[-5:]:  # and the latest ones point at the real breach within 5 min
+        assert abs(p - breached_at) <= 5.0, (m, p, breached_at)
+    # the other phases of the rack see no breach coming
+    rows = {x.id: x for x in compute_headroom(r.store, site).rows if x.kind == "pdu_phase"}
+    assert rows["pdu-r01-a/L2"].breach_in_s_p50 is None
+    assert rows["pdu-r01-b/L1"].breach_in_s_p50 is None
+
+
+def test_headroom_is_stored_and_covers_every_limit(site: Site, base_db: Path, tmp_path) -> None:
+    db = tmp_path / "h.duckdb"
+    shutil.copy(base_db, db)
+    with Store(db) as store:
+        report = compute_headroom(store, site)
+        assert report.load_basis == "persistence"  # two hours: too little for a forecast
+        kinds = {(x.kind, x.quantity) for x in report.rows}
+        assert kinds == {
+            ("gpu", "temp_c"),
+            ("pdu_phase", "current_a"),
+            ("rack", "power_kw"),
+            ("cdu", "heat_kw"),
+            ("cdu", "flow_lpm"),
+            ("loop", "return_temp_c"),
+            ("link", "traffic_gbps"),
+        }
+        gpus = [x for x in report.rows if x.kind == "gpu"]
+        assert len(gpus) == 24 and all("calibrated" in x.basis for x in gpus)
+        for x in report.rows:  # healthy site: room everywhere, no breach within the hour
+            assert x.headroom_now > 0, x
+            assert x.breach_in_s_p50 is None, x
+            assert x.headroom_min_p90 <= x.headroom_min_p50 + 1e-9, x
+        # GPU headroom = limit - measured temperature; rack limit = the weaker feed's 80 %
+        rack = next(x for x in report.rows if x.kind == "rack" and x.id == "r01")
+        assert rack.limit == pytest.approx(3**0.5 * 415 * 0.8 * 32 / 1000, rel=0.03)
+        n = save_headroom(store, report)
+        stored = latest_headroom(store)
+        assert n == len(stored) == len(report.rows)
+
+
+def test_headroom_command_prints_json(base_db: Path, tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from twin.cli import app
+
+    db = tmp_path / "c.duckdb"
+    shutil.copy(base_db, db)
+    res = CliRunner().invoke(
+        app, ["headroom", "--db", str(db), "--site", str(SMALL_SITE), "--json"]
+    )
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output)
+    assert out["load_basis"] == "persistence"
+    assert any(r["kind"] == "cdu" for r in out["rows"])
+    res = CliRunner().invoke(
+        app, ["hotspots", "--db", str(db), "--site", str(SMALL_SITE), "--json"]
+    )
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output)["hotspots"] == []
+    res = CliRunner().invoke(
+        app, ["headroom", "--db", str(tmp_path / "none.duckdb"), "--site", str(SMALL_SITE)]
+    )
+    assert res.exit_code != 0 and "none.duckdb" in res.output
+
+
+def test_seasons_start_on_monday() -> None:
+    assert START.weekday() == 0 and START + timedelta(seconds=BASE_S) < datetime.now(UTC)

@@ -1,0 +1,120 @@
+"""Underused inference fleets on the simulated small site: one 48-hour run (2-minute ticks)
+whose inference fleet (infer-small, rack r02, 8 GPUs) is switched to low load
+(``fleet_idle``) for the second day. The first day is normal load, the second is idle.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from datetime import UTC, datetime, timedelta
+
+import numpy as np
+import pytest
+import yaml
+
+from collectors.simulator import SiteSimulator, parse_fault
+from twin.calibrate.windows import load_window
+from twin.fleets import fleet_report_json, fleets_command_payload, underused_fleets
+from twin.ingest import Ingester, IngestLimits
+from twin.site import Site, load_site
+from twin.store import Store
+
+from .conftest import SMALL_SITE
+
+STEP_S = 120.0
+DAY = timedelta(days=1)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    site = load_site(SMALL_SITE)
+    start = (datetime.now(UTC) - timedelta(days=3)).replace(minute=0, second=0, microsecond=0)
+    idle = parse_fault("fleet_idle:infer-small@1d")
+    sim = SiteSimulator(site, seed=7, start=start, rate_hz=1 / STEP_S, faults=[idle])
+    db = tmp_path_factory.mktemp("fleets") / "fleets.duckdb"
+    store = Store(db)
+    ing = Ingester(store, site, IngestLimits(max_past_s=0))
+    msgs: list[tuple[str, bytes]] = []
+    for _ in range(int(2 * DAY.total_seconds() / STEP_S)):
+        msgs.extend(sim.step())
+    ing.ingest(msgs)
+    end = sim.sim_time + timedelta(seconds=STEP_S)
+    yield store, site, start, end, sim.truth(), db
+    store.close()
+
+
+def _fleet(report, name):
+    return next(f for f in report.fleets if f.fleet == name)
+
+
+def test_idle_inference_fleet_is_flagged_with_gpus_and_kw(run):
+    store, site, _start, end, truth, _ = run
+    rep = underused_fleets(store, site, now=end, window_s=86400, threshold=0.3, target_util=0.7)
+    assert [f.fleet for f in rep.fleets] == ["infer-small"]  # inference fleets only
+    f = _fleet(rep, "infer-small")
+    assert f.flagged, f.reason
+    assert f.gpus == 8 and f.gpus_reporting == 8 and f.activity_source == "sm_active"
+    # independent check from the raw samples: fleet-mean SM activity per 60 s bucket
+    ids = [g for n in site.nodes if n.name == "inf-r02-n1" for g in n.gpu_ids()]
+    w = load_window(store, "gpu", end - DAY, end, quantities=["sm_active"], step_s=STEP_S, ids=ids)
+    mean_a = np.nanmean(w.values["sm_active"], axis=1)
+    mean_a = mean_a[np.isfinite(mean_a)]
+    assert f.activity_p95 == pytest.approx(np.quantile(mean_a, 0.95), abs=0.005)
+    assert f.activity_p95 < 0.1  # fleet_idle: level 0.03 plus per-GPU noise clipped at 0
+    assert f.gpus_needed == max(1, math.ceil(8 * f.activity_p95 / 0.7 - 1e-9)) == 1
+    assert f.gpus_to_reclaim == 7
+    # power per GPU near the simulator's idle power, plus the host's non-GPU share
+    gpus = [g for g, t in truth["gpus"].items() if t["fleet"] == "infer-small"]
+    idle = np.mean([truth["gpus"][g]["idle_w"] for g in gpus])
+    limit = np.mean([truth["gpus"][g]["limit_w"] for g in gpus])
+    assert idle <= f.gpu_power_mean_w <= idle + 0.2 * (limit - idle)
+    assert f.non_gpu_power_per_gpu_w > 0
+    expected_kw = 7 * (f.gpu_power_mean_w + f.non_gpu_power_per_gpu_w) / 1000
+    assert f.kw_freed == pytest.approx(expected_kw, rel=1e-3)
+    assert 0.7 < f.kw_freed < 3.0  # 7 idle H100s (~80-100 W each) and their host share
+    json.loads(fleet_report_json(rep))
+
+
+def test_normal_load_is_not_flagged(run):
+    store, site, _start, end, _, _ = run
+    rep = underused_fleets(store, site, now=end - DAY, window_s=86400)
+    f = _fleet(rep, "infer-small")
+    assert not f.flagged, f.reason
+    assert f.activity_p95 >= 0.3
+    assert f.gpus_needed >= 4
+
+
+def test_fleet_without_data_is_reported_not_a_crash(run):
+    store, _, _, end, _, _ = run
+    raw = yaml.safe_load(SMALL_SITE.read_text())
+    racks = raw["halls"][0]["rows"][0]["racks"]
+    racks.append(
+        {
+            "name": "r09",
+            "grid": [5, 0],
+            "pdus": ["pdu-r02-a"],
+            "nodes": [{"name": "inf-r09-n1", "model": "HGX-H100-8", "phase": "L1"}],
+        }
+    )
+    raw["fleets"].append({"name": "infer-ghost", "role": "inference", "members": ["r09"]})
+    site = Site.model_validate(raw)
+    rep = underused_fleets(store, site, now=end)
+    ghost = _fleet(rep, "infer-ghost")
+    assert not ghost.flagged and "no GPU activity" in ghost.reason
+    assert ghost.gpus == 8 and ghost.kw_freed is None
+    assert _fleet(rep, "infer-small").flagged
+    # and an empty window
+    rep = underused_fleets(store, site, now=end + 10 * DAY)
+    assert all(not f.flagged for f in rep.fleets)
+
+
+def test_fleets_command_payload(run):
+    store, _, _, _, _, db = run
+    store.con.execute("CHECKPOINT")
+    store.close()
+    payload = fleets_command_payload(db, SMALL_SITE, window_s=86400, threshold=0.3, target_util=0.7)
+    json.dumps(payload)
+    f = payload["fleets"][0]
+    assert f["fleet"] == "infer-small" and f["flagged"] and f["gpus_to_reclaim"] == 7
+    assert payload["assumptions"]

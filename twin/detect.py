@@ -1,0 +1,250 @@
+"""One detection pass: headroom, hot spots, pumps and fleets, turned into alert observations.
+
+:func:`detect` computes what the twin knows about its limits from the store (headroom through
+the calibrated chain, hot spots, running pumps, underused fleets) and :func:`observations`
+turns it into the :class:`twin.alerts.Observation` list the alert engine evaluates. The metric
+names are the ones ``deploy/alert_rules.yaml`` uses:
+
+=========================================  ======  ==============================================
+metric                                      entity  value
+=========================================  ======  ==============================================
+``headroom.gpu.k_to_slowdown``              gpu     K from the max operating temperature, now
+``headroom.gpu.time_to_breach_p90_s``       gpu     s until the p90 path reaches it [#]_
+``headroom.pdu_phase.time_to_breach_p50_s`` phase   s until the p50 current reaches 80 % [#]_
+``headroom.pdu_phase.a_to_limit``           phase   A left to the derated limit, now
+``headroom.rack.kw_to_limit``               rack    kW left on the weaker feed, now
+``headroom.cdu.capacity_free_fraction``     cdu     share of the CDU's capacity free, now
+``headroom.loop.k_to_return_limit``         cdu     K from the return limit, now
+``hotspot.gpu.residual_sigma``              gpu     smallest minute residual over the model / σ
+``hotspot.gpu.over_limit_k``                gpu     K over the catalog limit (only when over)
+``hotspot.rack.inlet_c``                    rack    inlet air °C (every rack with a reading)
+``drift.gpu.r_k_per_w``                     gpu     R over its fleet's median - 1 (drift events)
+``cdu.pumps_running``                       cdu     pumps turning (speed > 5 %)
+``fleet.underused_gpus``                    fleet   GPUs to reclaim (flagged fleets only)
+=========================================  ======  ==============================================
+
+.. [#] Without a breach inside the horizon the value is twice the horizon, labelled
+   ``beyond_horizon``, so a rule's ``clear_value`` above the horizon resolves it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from pydantic import BaseModel
+
+from twin.alerts import AlertEngine
+from twin.alerts.model import Observation
+from twin.fleets import FleetReport, underused_fleets
+from twin.headroom import HeadroomReport, compute_headroom, save_headroom
+from twin.hotspots import HotSpotReport, find_hotspots
+from twin.site import Site
+from twin.store import Store
+
+log = logging.getLogger(__name__)
+
+#: A pump turning slower than this is counted as stopped. [%]
+PUMP_RUNNING_MIN_PCT = 5.0
+
+
+class PumpState(BaseModel):
+    cdu: str
+    pumps: int
+    running: int
+    stopped: list[str]
+
+
+@dataclass
+class Detection:
+    now: datetime
+    headroom: HeadroomReport
+    hotspots: HotSpotReport
+    pumps: list[PumpState]
+    fleets: FleetReport | None
+
+
+def pump_states(store: Store, site: Site, now: datetime, window_s: float = 60.0) -> list[PumpState]:
+    """Pumps turning per CDU, from each pump's speed over the last ``window_s``."""
+    start = now - timedelta(seconds=window_s)
+    rows = store.con.execute(
+        "SELECT id, arg_max(pump_speed_pct, ts) FROM cdu WHERE ts > ? AND ts <= ? AND"
+        " pump_speed_pct IS NOT NULL GROUP BY id",
+        [start, now],
+    ).fetchall()
+    speed = dict(rows)
+    out = []
+    for c in site.cdus:
+        seen = {p: speed[f"{c.name}/{p}"] for p in c.pumps if f"{c.name}/{p}" in speed}
+        if not seen:
+            continue  # no pump telemetry: say nothing rather than "0 running"
+        stopped = [p for p, v in seen.items() if v is None or v < PUMP_RUNNING_MIN_PCT]
+        out.append(
+            PumpState(
+                cdu=c.name, pumps=len(c.pumps), running=len(seen) - len(stopped), stopped=stopped
+            )
+        )
+    return out
+
+
+def detect(
+    store: Store,
+    site: Site,
+    *,
+    now: datetime | None = None,
+    horizon_s: float = 3600.0,
+    fleets: bool = True,
+) -> Detection:
+    """Everything the alert engine is fed, computed once from the store."""
+    headroom = compute_headroom(store, site, now=now, horizon_s=horizon_s)
+    now = headroom.data_until
+    hot = find_hotspots(store, site, now=now)
+    pumps = pump_states(store, site, now)
+    fleet_report = underused_fleets(store, site, now=now) if fleets and site.fleets else None
+    return Detection(now=now, headroom=headroom, hotspots=hot, pumps=pumps, fleets=fleet_report)
+
+
+def observations(d: Detection) -> list[Observation]:
+    """The alert engine's input for one detection pass (see the table in the module doc)."""
+    ts = d.now
+    out: list[Observation] = []
+
+    def obs(metric: str, kind: str, sid: str, value: float, **labels: str) -> None:
+        out.append(
+            Observation(
+                metric=metric,
+                entity_kind=kind,  # type: ignore[arg-type]
+                entity_id=sid,
+                value=value,
+                ts=ts,
+                labels=labels,
+            )
+        )
+
+    beyond = 2.0 * d.headroom.horizon_s
+    for r in d.headroom.rows:
+        if r.headroom_now is None:
+            continue
+        if r.kind == "gpu":
+            obs("headroom.gpu.k_to_slowdown", "gpu", r.id, r.headroom_now, limit_c=f"{r.limit:g}")
+            b = r.breach_in_s_p90
+            obs(
+                "headroom.gpu.time_to_breach_p90_s",
+                "gpu",
+                r.id,
+                beyond if b is None else b,
+                **({"beyond_horizon": "true"} if b is None else {}),
+            )
+        elif r.kind == "pdu_phase":
+            obs("headroom.pdu_phase.a_to_limit", "pdu_phase", r.id, r.headroom_now)
+            b = r.breach_in_s_p50
+            labels = {"limit_a": f"{r.limit:g}", "current_a": f"{r.value_now:.1f}"}
+            if b is None:
+                labels["beyond_horizon"] = "true"
+            obs(
+                "headroom.pdu_phase.time_to_breach_p50_s",
+                "pdu_phase",
+                r.id,
+                beyond if b is None else b,
+                **labels,
+            )
+        elif r.kind == "rack":
+            obs("headroom.rack.kw_to_limit", "rack", r.id, r.headroom_now)
+        elif r.kind == "cdu" and r.quantity == "heat_kw" and r.limit > 0:
+            obs(
+                "headroom.cdu.capacity_free_fraction",
+                "cdu",
+                r.id,
+                r.headroom_now / r.limit,
+                free_kw=f"{r.headroom_now:.1f}",
+            )
+        elif r.kind == "loop":
+            obs("headroom.loop.k_to_return_limit", "cdu", r.id, r.headroom_now)
+    for gid, z in d.hotspots.residual_sigma.items():
+        obs("hotspot.gpu.residual_sigma", "gpu", gid, z)
+    for h in d.hotspots.hotspots:
+        if h.reason == "over_limit":
+            obs("hotspot.gpu.over_limit_k", "gpu", h.id, h.excess, detail=h.detail)
+        elif h.reason == "r_drift" and h.reference:
+            obs("drift.gpu.r_k_per_w", "gpu", h.id, h.value / h.reference - 1.0, detail=h.detail)
+    for rack, value in d.hotspots.rack_inlet_c.items():
+        obs("hotspot.rack.inlet_c", "rack", rack, value)
+    for p in d.pumps:
+        obs(
+            "cdu.pumps_running",
+            "cdu",
+            p.cdu,
+            float(p.running),
+            pumps=str(p.pumps),
+            stopped=",".join(p.stopped),
+        )
+    if d.fleets is not None:
+        for f in d.fleets.fleets:
+            if f.flagged and f.gpus_to_reclaim:
+                obs(
+                    "fleet.underused_gpus",
+                    "fleet",
+                    f.fleet,
+                    float(f.gpus_to_reclaim),
+                    kw_freed=f"{f.kw_freed or 0:.1f}",
+                    reason=f.reason,
+                )
+    return out
+
+
+class DetectionScheduler:
+    """Inside `dctwin serve`: every ``interval_s``, detect, store the headroom, and hand the
+    observations to the alert engine (whose outbox a :class:`twin.alerts.Delivery` drains)."""
+
+    def __init__(
+        self,
+        store: Store,
+        site: Site,
+        *,
+        interval_s: float = 60.0,
+        horizon_s: float = 3600.0,
+        engine: AlertEngine | None = None,
+    ):
+        self.store = store.cursor()
+        self.site = site
+        self.interval_s = interval_s
+        self.horizon_s = horizon_s
+        self.engine = engine
+        self.runs = 0
+        self.failures = 0
+        self.last: Detection | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="dctwin-detect", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.store.close()
+
+    def run_once(self) -> Detection | None:
+        try:
+            d = detect(self.store, self.site, horizon_s=self.horizon_s)
+        except ValueError as e:  # nothing in the store yet
+            log.info("detection skipped: %s", e)
+            return None
+        save_headroom(self.store, d.headroom)
+        if self.engine is not None:
+            sent = self.engine.evaluate(observations(d), now=d.now)
+            for n in sent:
+                log.warning("alert %s %s: %s", n.status, n.dedup_key, n.summary)
+        self.runs += 1
+        self.last = d
+        return d
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.run_once()
+            except Exception:  # never take the service down
+                self.failures += 1
+                log.exception("detection failed; the service goes on and retries next time")

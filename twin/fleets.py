@@ -1,0 +1,265 @@
+"""Underused inference fleets: how busy each inference fleet's GPUs were over a window, and how
+many GPUs (and kW) it could give back.
+
+For every inference fleet of the site, over ``[now - window_s, now)``:
+
+- a GPU's activity is its SM activity (``sm_active``, 0..1), or ``util_pct / 100`` in samples
+  where ``sm_active`` is missing (GPU-Util saturates at 100 % for any kernel, so that fallback
+  overstates the load and a fleet judged on it is flagged later, never wrongly);
+- each GPU is averaged per ``step_s`` bucket; the fleet's activity in a bucket is the mean over
+  its GPUs that reported, and its total load in GPU-equivalents is that mean times the fleet's
+  GPU count; ``activity_p50``/``activity_p95`` and ``load_p95_gpu_eq`` are quantiles over the
+  buckets (DuckDB ``quantile_cont``);
+- ``gpus_needed = ceil(load_p95_gpu_eq / target_util)`` (at least 1), ``gpus_to_reclaim`` the
+  rest, and ``kw_freed = gpus_to_reclaim * (mean board power per GPU + non-GPU node power per
+  GPU) / 1000``, both measured over the window: the reclaimed GPUs' share of the fleet's input
+  power, which is what powering them down (with their share of the hosts) or repurposing them
+  frees. The load moved onto the remaining GPUs raises their power a little; that is not
+  subtracted.
+- a fleet is flagged when ``activity_p95 < threshold`` and at least one GPU can be reclaimed.
+
+Everything is computed in two parameterized DuckDB queries; nothing is done per sample in
+Python.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from twin.site import Site, load_site
+from twin.store import Store
+
+__all__ = [
+    "FleetReport",
+    "FleetUsage",
+    "fleet_report_json",
+    "fleets_command_payload",
+    "underused_fleets",
+]
+
+ASSUMPTIONS = [
+    "activity = sm_active (0..1); util_pct/100 where sm_active is missing (overstates load)",
+    "fleet load [GPU-equivalents] = mean activity of the reporting GPUs x the fleet's GPU count,"
+    " per time bucket; p50/p95 are over the buckets of the window",
+    "gpus_needed = ceil(p95 load / target_util), at least 1",
+    "kw_freed = reclaimed GPUs x (mean measured board power per GPU + (mean node input power"
+    " - mean GPU board power of its node) per GPU): the reclaimed GPUs' share of the fleet's"
+    " input power; the extra power of the GPUs that take over their load is not subtracted",
+]
+
+
+class FleetUsage(BaseModel):
+    fleet: str
+    role: str
+    gpus: int = Field(description="GPUs of the fleet in the site model")
+    gpus_reporting: int = Field(description="GPUs with activity samples in the window")
+    buckets: int = Field(description="time buckets with data")
+    activity_source: str | None = Field(description="sm_active | util_pct | mixed")
+    activity_mean: float | None
+    activity_p50: float | None
+    activity_p95: float | None
+    load_p95_gpu_eq: float | None = Field(description="p95 of total load [GPU-equivalents]")
+    gpus_needed: int | None
+    gpus_to_reclaim: int | None
+    gpu_power_mean_w: float | None = Field(description="mean board power per GPU [W]")
+    non_gpu_power_per_gpu_w: float | None = Field(
+        description="mean node input power not drawn by GPU boards, per GPU [W]"
+    )
+    kw_freed: float | None
+    flagged: bool
+    reason: str
+
+
+class FleetReport(BaseModel):
+    site: str
+    window_start: datetime
+    window_end: datetime
+    window_s: float
+    step_s: float
+    threshold: float = Field(description="flag when activity p95 is below this")
+    target_util: float
+    assumptions: list[str]
+    fleets: list[FleetUsage]
+
+
+def _r(v: Any, nd: int = 4) -> float | None:
+    return None if v is None or not math.isfinite(float(v)) else round(float(v), nd)
+
+
+def underused_fleets(
+    store: Store,
+    site: Site,
+    now: datetime | None = None,
+    window_s: float = 86400.0,
+    threshold: float = 0.3,
+    target_util: float = 0.7,
+    step_s: float = 60.0,
+) -> FleetReport:
+    """The underused-fleet report for every inference fleet (see the module docstring)."""
+    if not 0 < target_util <= 1:
+        raise ValueError(f"target_util must be in (0, 1], got {target_util}")
+    end = (now or datetime.now(UTC)).astimezone(UTC)
+    start = end - timedelta(seconds=window_s)
+    fleet_of = site.fleet_of_node
+    nodes = {n.name: n for n in site.nodes}
+    fleets = [f for f in site.fleets if f.role == "inference"]
+    gpu_ids: list[str] = []
+    gpu_fleet: list[str] = []
+    gpu_node: list[str] = []
+    n_gpus: dict[str, int] = {f.name: 0 for f in fleets}
+    for name, f in fleet_of.items():
+        if f.role != "inference":
+            continue
+        ids = nodes[name].gpu_ids()
+        gpu_ids += ids
+        gpu_fleet += [f.name] * len(ids)
+        gpu_node += [name] * len(ids)
+        n_gpus[f.name] += len(ids)
+    con = store.con
+    step_us = round(step_s * 1e6)
+    rows = con.execute(
+        "WITH m AS (SELECT unnest($1::VARCHAR[]) AS id, unnest($2::VARCHAR[]) AS fleet),"
+        " g AS (SELECT m.fleet, x.id,"
+        "   (epoch_us(x.ts) - epoch_us($3::TIMESTAMPTZ)) // $5 AS b,"
+        "   avg(coalesce(x.sm_active, x.util_pct / 100.0)) AS a,"
+        "   count(x.sm_active) AS n_sm,"
+        "   count(x.util_pct) FILTER (WHERE x.sm_active IS NULL) AS n_util"
+        "   FROM gpu x JOIN m USING (id) WHERE x.ts >= $3 AND x.ts < $4 GROUP BY ALL),"
+        " f AS (SELECT fleet, b, avg(a) AS a FROM g WHERE a IS NOT NULL GROUP BY ALL)"
+        " SELECT f.fleet, count(*), avg(f.a), quantile_cont(f.a, 0.5), quantile_cont(f.a, 0.95),"
+        "   (SELECT count(DISTINCT id) FROM g WHERE g.fleet = f.fleet AND g.a IS NOT NULL),"
+        "   (SELECT sum(n_sm) FROM g WHERE g.fleet = f.fleet),"
+        "   (SELECT sum(n_util) FROM g WHERE g.fleet = f.fleet)"
+        " FROM f GROUP BY f.fleet",
+        [gpu_ids, gpu_fleet, start, end, step_us],
+    ).fetchall()
+    act = {r[0]: r[1:] for r in rows}
+    # power: mean board power per GPU, and node input power beyond its GPUs' boards
+    prow = con.execute(
+        "WITH m AS (SELECT unnest($1::VARCHAR[]) AS id, unnest($2::VARCHAR[]) AS fleet,"
+        "   unnest($3::VARCHAR[]) AS node),"
+        " gp AS (SELECT m.fleet, m.node, x.id, avg(x.power_w) AS p FROM gpu x JOIN m USING (id)"
+        "   WHERE x.ts >= $4 AND x.ts < $5 GROUP BY ALL),"
+        " np AS (SELECT id AS node, avg(power_w) AS p FROM node"
+        "   WHERE ts >= $4 AND ts < $5 AND id IN (SELECT DISTINCT node FROM m) GROUP BY ALL),"
+        " per_node AS (SELECT gp.fleet, gp.node, sum(gp.p) AS gpu_w, count(gp.p) AS n,"
+        "   any_value(np.p) AS node_w FROM gp LEFT JOIN np USING (node) GROUP BY ALL)"
+        " SELECT fleet, sum(gpu_w) / sum(n), sum(node_w - gpu_w) FILTER (WHERE node_w IS NOT NULL)"
+        "   / sum(n) FILTER (WHERE node_w IS NOT NULL) FROM per_node GROUP BY fleet",
+        [gpu_ids, gpu_fleet, gpu_node, start, end],
+    ).fetchall()
+    power = {r[0]: (r[1], r[2]) for r in prow}
+    out: list[FleetUsage] = []
+    for f in fleets:
+        g = n_gpus[f.name]
+        a = act.get(f.name)
+        if a is None or not a[0]:
+            reason = (
+                "no GPU in the site model" if g == 0 else "no GPU activity samples in the window"
+            )
+            out.append(
+                FleetUsage(
+                    fleet=f.name,
+                    role=f.role,
+                    gpus=g,
+                    gpus_reporting=0,
+                    buckets=0,
+                    activity_source=None,
+                    activity_mean=None,
+                    activity_p50=None,
+                    activity_p95=None,
+                    load_p95_gpu_eq=None,
+                    gpus_needed=None,
+                    gpus_to_reclaim=None,
+                    gpu_power_mean_w=None,
+                    non_gpu_power_per_gpu_w=None,
+                    kw_freed=None,
+                    flagged=False,
+                    reason=reason,
+                )
+            )
+            continue
+        buckets, mean_a, p50, p95, reporting, n_sm, n_util = a
+        source = "mixed" if n_sm and n_util else ("sm_active" if n_sm else "util_pct")
+        load95 = p95 * g
+        needed = max(1, math.ceil(load95 / target_util - 1e-9))
+        reclaim = max(0, g - needed)
+        gpu_w, non_gpu_w = power.get(f.name, (None, None))
+        per_gpu_w = (gpu_w or 0.0) + max(0.0, non_gpu_w or 0.0)
+        kw = reclaim * per_gpu_w / 1000.0 if gpu_w is not None else None
+        flagged = p95 < threshold and reclaim > 0
+        if flagged:
+            reason = (
+                f"activity p95 {p95:.3f} < {threshold}: {needed} of {g} GPUs serve the p95 load"
+                f" ({load95:.2f} GPU-eq) at {target_util:.0%}; {reclaim} can be reclaimed"
+            )
+        elif p95 >= threshold:
+            reason = f"activity p95 {p95:.3f} >= {threshold}"
+        else:
+            reason = f"activity p95 {p95:.3f} < {threshold} but all {g} GPUs are needed"
+        if source != "sm_active":
+            reason += f" (activity from {source}: GPU-Util overstates load)"
+        out.append(
+            FleetUsage(
+                fleet=f.name,
+                role=f.role,
+                gpus=g,
+                gpus_reporting=int(reporting or 0),
+                buckets=int(buckets),
+                activity_source=source,
+                activity_mean=_r(mean_a),
+                activity_p50=_r(p50),
+                activity_p95=_r(p95),
+                load_p95_gpu_eq=_r(load95, 3),
+                gpus_needed=needed,
+                gpus_to_reclaim=reclaim,
+                gpu_power_mean_w=_r(gpu_w, 1),
+                non_gpu_power_per_gpu_w=_r(non_gpu_w, 1),
+                kw_freed=_r(kw, 3),
+                flagged=flagged,
+                reason=reason,
+            )
+        )
+    return FleetReport(
+        site=site.name,
+        window_start=start,
+        window_end=end,
+        window_s=window_s,
+        step_s=step_s,
+        threshold=threshold,
+        target_util=target_util,
+        assumptions=ASSUMPTIONS,
+        fleets=out,
+    )
+
+
+def fleet_report_json(report: FleetReport, indent: int | None = 2) -> str:
+    """The report as JSON text (timestamps ISO 8601, UTC)."""
+    return report.model_dump_json(indent=indent)
+
+
+def fleets_command_payload(
+    db_path: str | Path,
+    site_path: str | Path,
+    window_s: float = 86400.0,
+    threshold: float = 0.3,
+    target_util: float = 0.7,
+    now: datetime | None = None,
+) -> dict[str, Any]:
+    """What ``dctwin fleets --db PATH --json`` prints: the report as a JSON-ready dict.
+
+    Opens the store read-only. ``now`` defaults to just after the newest GPU sample in the
+    store (a recorded or replayed file is judged on its own last day, not on the wall clock).
+    """
+    site = load_site(site_path)
+    with Store(db_path, read_only=True) as store:
+        if now is None:
+            newest = store.con.execute("SELECT max(ts) FROM gpu").fetchall()[0][0]
+            now = (newest + timedelta(microseconds=1)) if newest else datetime.now(UTC)
+        report = underused_fleets(store, site, now, window_s, threshold, target_util)
+    return report.model_dump(mode="json")

@@ -1,0 +1,641 @@
+"""Headroom: how far each limit is, now and over a horizon, through the calibrated chain.
+
+For every GPU (K to its max operating temperature, where thermal slowdown starts), PDU phase
+and branch breaker (A to the derated limit), rack (kW to what one feed can carry), CDU (kW of
+capacity at the flow it has, L/min of flow over what the heat needs at the return limit), loop
+(K to the return-temperature limit) and link (Gb/s), this module computes the headroom now,
+its minimum over the horizon and the time until it reaches zero, at p50 and p90 of the load.
+
+The load path of each rack comes from the forecast (``twin.forecast``) when it can be made;
+otherwise from persistence, with the 90th percentile of the last hour's power over its present
+value as the p90 path (``basis`` says which). The physics then carries it, device by device:
+
+- GPU: power = present power x the rack's load ratio, capped at the enforced limit;
+  temperature = the calibrated RC model (``models.gpu_thermal.predict_temp_c``) from the
+  present temperature over the present coolant supply (or inlet air), with the GPU's fitted R,
+  C and coolant offset (catalog R and tau where no usable fit exists yet).
+- PDU phase / breaker: present current x the load ratio of the racks it feeds, plus the
+  recent linear trend of the current that the rack load does not explain (load creeping onto
+  a phase); the p90 path adds 1.28 standard errors of that slope.
+- Rack: present input power x load ratio, against the capacity of its weaker feed (A/B
+  redundant feeds: either must carry the whole rack), 80 % of the rating (NEC 210.20(A)).
+- CDU: heat = sum of fitted capture fraction x rack power path; capacity scaled by present flow
+  over rated flow (``models.cdu.available_capacity_kw``); flow needed to carry the heat with
+  the return at its limit (``models.coolant.flow_for_heat_lpm``).
+- Loop: return temperature = supply + heat / (rho V c_p) at the present flow.
+- Link: the busier direction x the load ratio of its node's rack (site-wide ratio for switch
+  links), against capacity.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import warnings
+from datetime import UTC, datetime, timedelta
+from typing import Any, Literal
+
+import numpy as np
+import pyarrow as pa
+from pydantic import BaseModel
+
+from models import cdu as cdu_model
+from models import coolant, gpu_thermal
+from twin.calibrate.calibrate import gpu_flow_ratio, gpu_reference, index_site
+from twin.calibrate.windows import Window, load_window
+from twin.site import Site
+from twin.store import Store
+
+log = logging.getLogger(__name__)
+
+#: Continuous loads are held to 80 % of a breaker's rating (NEC 210.20(A), physics.md §4.3).
+DERATE = 0.8
+#: z of the one-sided 90 % quantile of a normal distribution.
+Z90 = 1.2816
+#: Seconds averaged for "now" values (currents, power, flow) to take out sensor noise.
+NOW_WINDOW_S = 60.0
+#: Window of the phase-current trend. [s]
+TREND_WINDOW_S = 900.0
+#: Window of the persistence p90. [s]
+PERSISTENCE_WINDOW_S = 3600.0
+
+Kind = Literal["gpu", "pdu_phase", "rack", "cdu", "loop", "link"]
+
+
+class HeadroomRow(BaseModel):
+    """Headroom of one limit of one entity. ``headroom_*`` = limit - value, in ``unit``."""
+
+    kind: Kind
+    id: str
+    quantity: str
+    unit: str
+    limit: float
+    value_now: float | None
+    headroom_now: float | None
+    headroom_min_p50: float | None
+    headroom_min_p90: float | None
+    breach_in_s_p50: float | None  # None: no breach within the horizon; 0: breached now
+    breach_in_s_p90: float | None
+    rack: str | None = None
+    cdu: str | None = None
+    basis: str = ""
+
+
+class HeadroomReport(BaseModel):
+    computed_at: datetime
+    data_until: datetime
+    horizon_s: float
+    step_s: float
+    load_basis: str
+    rows: list[HeadroomRow]
+    problems: list[str]
+
+
+def _f(x: Any) -> float | None:
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
+def _breach_in_s(headroom: np.ndarray, step_s: float) -> np.ndarray:
+    """First time (s) each column's headroom path is <= 0; NaN when it never is."""
+    hit = headroom <= 0
+    first = np.argmax(hit, axis=0).astype(float)
+    first[~hit.any(axis=0)] = np.nan
+    return first * step_s
+
+
+def _nanmin0(a: np.ndarray) -> np.ndarray:
+    with np.errstate(all="ignore"):
+        out = np.fmin.reduce(a, axis=0)
+    return out
+
+
+def _last(a: np.ndarray) -> np.ndarray:
+    """Last non-NaN value of each column (NaN if none)."""
+    ok = ~np.isnan(a)
+    idx = a.shape[0] - 1 - np.argmax(ok[::-1], axis=0)
+    out = a[idx, np.arange(a.shape[1])]
+    out[~ok.any(axis=0)] = np.nan
+    return out
+
+
+def _mean(a: np.ndarray) -> np.ndarray:
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return np.nanmean(a, axis=0)
+
+
+def _latest_params(store: Store) -> dict[tuple[str, str, str], float]:
+    """(kind, id, param) -> value of the newest run's usable parameters."""
+    rows = store.con.execute(
+        "SELECT kind, id, param, value FROM calibration_params WHERE usable AND value IS NOT"
+        " NULL AND run_id = (SELECT max(run_id) FROM calibration_runs)"
+    ).fetchall()
+    return {(k, i, p): v for k, i, p, v in rows}
+
+
+def _pdu_capacity_kw(pdu: Any, pf: float) -> float:
+    """Real power one PDU can carry continuously: derated current on every phase."""
+    amps = DERATE * pdu.rated_current_a
+    if pdu.phases == 1:
+        return pdu.voltage_v * amps * pf / 1000.0
+    return math.sqrt(3.0) * pdu.voltage_v * amps * pf / 1000.0
+
+
+def _ratio_paths_persistence(
+    rack_hist_w: np.ndarray, rack_now_w: np.ndarray, n: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """p50 = the present load; p90 = the last hour's 90th percentile over the present."""
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        q90 = np.nanquantile(rack_hist_w, 0.9, axis=0)
+    r90 = np.where(rack_now_w > 0, np.maximum(q90 / rack_now_w, 1.0), 1.0)
+    r90 = np.nan_to_num(r90, nan=1.0)
+    p50 = np.ones((n, rack_hist_w.shape[1]))
+    return p50, np.broadcast_to(r90, (n, r90.size)).copy()
+
+
+def _forecast_ratio_paths(
+    store: Store, site: Site, now: datetime, horizon_s: float, step_s: float
+) -> tuple[np.ndarray, np.ndarray, str] | None:
+    """Rack load ratio paths (p50, p90), each (n_steps + 1, n_racks), from twin.forecast."""
+    try:
+        from twin.forecast import rack_ratio_paths
+    except ImportError:
+        return None
+    try:
+        return rack_ratio_paths(store, site, now, horizon_s, step_s)
+    except ValueError as e:  # not enough history for a forecast: persistence instead
+        log.info("headroom: no load forecast (%s); using persistence", e)
+        return None
+
+
+def compute_headroom(
+    store: Store,
+    site: Site,
+    *,
+    now: datetime | None = None,
+    horizon_s: float = 3600.0,
+    step_s: float = 60.0,
+    use_forecast: bool = True,
+) -> HeadroomReport:
+    """Headroom of every limit of ``site`` from the store's newest data and calibration."""
+    if not (horizon_s > 0 and step_s > 0 and horizon_s >= step_s):
+        raise ValueError(f"horizon_s ({horizon_s}) and step_s ({step_s}) must be > 0, h >= step")
+    problems: list[str] = []
+    if now is None:
+        newest = store.con.execute("SELECT max(ts) FROM gpu").fetchall()[0][0]
+        if newest is None:
+            raise ValueError("the store holds no GPU samples: nothing to compute headroom from")
+        now = newest
+    now = now.astimezone(UTC)
+    idx = index_site(site)
+    n = round(horizon_s / step_s) + 1  # path samples, the first is "now"
+    end = now + timedelta(seconds=1)
+    w_start = end - timedelta(seconds=NOW_WINDOW_S)
+    gpu = load_window(
+        store,
+        "gpu",
+        w_start,
+        end,
+        ids=idx.gpu_ids,
+        quantities=["power_w", "temp_c", "power_limit_w"],
+    )
+    cdu = load_window(
+        store,
+        "cdu",
+        w_start,
+        end,
+        ids=idx.cdu_names,
+        quantities=["supply_temp_c", "return_temp_c", "flow_lpm", "heat_kw"],
+    )
+    node = load_window(store, "node", w_start, end, quantities=["inlet_temp_c", "power_w"])
+    pdu_hist = load_window(
+        store,
+        "pdu",
+        end - timedelta(seconds=max(TREND_WINDOW_S, PERSISTENCE_WINDOW_S)),
+        end,
+        step_s=60.0,
+        quantities=["power_w", "current_a", "inlet_temp_c", "power_factor"],
+    )
+    pdu_now = _tail(pdu_hist, NOW_WINDOW_S)
+    link = load_window(store, "link", w_start, end, quantities=["tx_bps", "rx_bps"])
+
+    # ---- rack input power: sum of the rack's PDU units (feeds)
+    racks = site.racks
+    pdu_pos = {p: i for i, p in enumerate(pdu_hist.ids)}
+    rack_hist = np.full((pdu_hist.n_steps, len(racks)), np.nan)
+    for r_i, r in enumerate(racks):
+        cols = [pdu_pos[p] for p in r.pdus if p in pdu_pos]
+        if cols:
+            feeds = pdu_hist.values["power_w"][:, cols]
+            rack_hist[:, r_i] = np.where(
+                np.isnan(feeds).all(axis=1), np.nan, np.nansum(feeds, axis=1)
+            )
+    rack_now = _last(rack_hist)
+    # the IT load of each rack (sum of its nodes' input power), the load the forecast and the
+    # ratio paths describe; a rack without node power falls back on its PDUs
+    node_hist = load_window(
+        store,
+        "node",
+        pdu_hist.start,
+        end,
+        step_s=60.0,
+        ids=[nd.name for nd in site.nodes],
+        quantities=["power_w"],
+    )
+    it_hist = rack_hist.copy()
+    node_cols = {nd: i for i, nd in enumerate(node_hist.ids)}
+    for r_i, r in enumerate(racks):
+        cols = [node_cols[nd.name] for nd in r.nodes]
+        if cols:
+            p_nodes = node_hist.values["power_w"][:, cols]
+            if not np.isnan(p_nodes[-1]).any():
+                it_hist[:, r_i] = p_nodes.sum(axis=1)
+    it_now = _last(it_hist)
+    if np.isnan(rack_now).any():
+        missing = [racks[i].name for i in np.flatnonzero(np.isnan(rack_now))]
+        problems.append(f"no recent PDU power for racks {missing}: their headroom is unknown")
+
+    # ---- load ratio paths per rack
+    paths = _forecast_ratio_paths(store, site, now, horizon_s, step_s) if use_forecast else None
+    if paths is not None and paths[0].shape == (n, len(racks)):
+        r50, r90, basis = paths
+    else:
+        r50, r90 = _ratio_paths_persistence(it_hist, it_now, n)
+        basis = "persistence"
+    rack_of_rack = {r.name: i for i, r in enumerate(racks)}
+    rows: list[HeadroomRow] = []
+
+    def emit(
+        kind: Kind,
+        ids: list[str],
+        quantity: str,
+        unit: str,
+        limit: np.ndarray,
+        now_v: np.ndarray,
+        path50: np.ndarray,
+        path90: np.ndarray,
+        *,
+        higher_is_worse: bool = True,
+        rack: list[str | None] | None = None,
+        cdu_of: list[str | None] | None = None,
+        basis_of: list[str] | None = None,
+    ) -> None:
+        sign = 1.0 if higher_is_worse else -1.0
+        h_now = sign * (limit - now_v)
+        h50 = sign * (limit[None, :] - path50)
+        h90 = sign * (limit[None, :] - path90)
+        b50, b90 = _breach_in_s(h50, step_s), _breach_in_s(h90, step_s)
+        min50, min90 = _nanmin0(h50), _nanmin0(h90)
+        for i, sid in enumerate(ids):
+            if not math.isfinite(now_v[i]):
+                continue
+            rows.append(
+                HeadroomRow(
+                    kind=kind,
+                    id=sid,
+                    quantity=quantity,
+                    unit=unit,
+                    limit=float(limit[i]),
+                    value_now=_f(now_v[i]),
+                    headroom_now=_f(h_now[i]),
+                    headroom_min_p50=_f(min50[i]),
+                    headroom_min_p90=_f(min90[i]),
+                    breach_in_s_p50=_f(b50[i]),
+                    breach_in_s_p90=_f(b90[i]),
+                    rack=rack[i] if rack else None,
+                    cdu=cdu_of[i] if cdu_of else None,
+                    basis=(basis_of[i] if basis_of else basis),
+                )
+            )
+
+    # ---- racks: kW against the weaker feed
+    pf_now = _mean(pdu_now.values["power_factor"])
+    cap_kw = np.full(len(racks), np.nan)
+    pdus = site.pdu_by_name
+    for r_i, r in enumerate(racks):
+        feeds: dict[str, float] = {}
+        for p in r.pdus:
+            pf = pf_now[pdu_pos[p]] if p in pdu_pos and np.isfinite(pf_now[pdu_pos[p]]) else 1.0
+            feeds[pdus[p].feed] = feeds.get(pdus[p].feed, 0.0) + _pdu_capacity_kw(pdus[p], pf)
+        cap_kw[r_i] = min(feeds.values()) if feeds else np.nan
+    rack_kw_now = rack_now / 1000.0
+    emit(
+        "rack",
+        [r.name for r in racks],
+        "power_kw",
+        "kW",
+        cap_kw,
+        rack_kw_now,
+        rack_kw_now[None, :] * r50,
+        rack_kw_now[None, :] * r90,
+        rack=[r.name for r in racks],
+        cdu_of=[r.cdu for r in racks],
+    )
+
+    # ---- PDU phases and breakers: current x load ratio + unexplained trend
+    phase_ids, phase_limit, phase_racks = [], [], []
+    for p in site.pdus:
+        fed = [rack_of_rack[r.name] for r in racks if p.name in r.pdus]
+        for k in range(1, p.phases + 1 if p.phases == 3 else 2):
+            phase_ids.append(f"{p.name}/L{k}")
+            phase_limit.append(DERATE * p.rated_current_a)
+            phase_racks.append(fed)
+        for b in p.breakers:
+            phase_ids.append(f"{p.name}/{b.name}")
+            phase_limit.append(DERATE * b.rated_current_a)
+            phase_racks.append(fed)
+    if phase_ids:
+        cur_hist = pdu_hist.select(phase_ids).values["current_a"]
+        cur_now = _mean(_tail_array(cur_hist, NOW_WINDOW_S, pdu_hist.step_s))
+        ratio50 = np.ones((n, len(phase_ids)))
+        ratio90 = np.ones((n, len(phase_ids)))
+        load_hist = np.ones((cur_hist.shape[0], len(phase_ids)))
+        for j, fed in enumerate(phase_racks):
+            if fed:
+                w = np.nan_to_num(rack_now[fed], nan=0.0)
+                wsum = w.sum() or 1.0
+                ratio50[:, j] = (r50[:, fed] * w).sum(axis=1) / wsum
+                ratio90[:, j] = (r90[:, fed] * w).sum(axis=1) / wsum
+                total_now = np.nansum(it_now[fed])
+                if total_now > 0:
+                    load_hist[:, j] = np.nansum(it_hist[:, fed], axis=1) / total_now
+        slope, slope_se = _unexplained_trend(cur_hist, load_hist, pdu_hist.step_s)
+        t = np.arange(n)[:, None] * step_s
+        path50 = cur_now[None, :] * ratio50 + slope[None, :] * t
+        path90 = cur_now[None, :] * ratio90 + (slope + Z90 * slope_se)[None, :] * t
+        name_of = [r.name for r in racks]
+        emit(
+            "pdu_phase",
+            phase_ids,
+            "current_a",
+            "A",
+            np.array(phase_limit),
+            cur_now,
+            path50,
+            path90,
+            rack=[name_of[f[0]] if len(f) == 1 else None for f in phase_racks],
+            basis_of=[
+                basis + (", trend" if s != 0 else "")
+                for s in np.nan_to_num(slope)  # a trend was significant and applied
+            ],
+        )
+
+    # ---- GPUs: temperature to the max operating temperature
+    params = _latest_params(store)
+    power_now = _mean(gpu.values["power_w"])
+    temp_now = _last(gpu.values["temp_c"])
+    with np.errstate(all="ignore"):
+        plimit = np.fmax.reduce(gpu.values["power_limit_w"], axis=0)
+    ref_now = _last(gpu_reference(idx, cdu, node, _tail(pdu_hist, NOW_WINDOW_S)))
+    nodes = {nd.name: nd for nd in site.nodes}
+    g = len(idx.gpu_ids)
+    r_k = np.empty(g)
+    c_j = np.empty(g)
+    off = np.zeros(g)
+    t_max = np.empty(g)
+    gpu_basis = []
+    for i, gid in enumerate(idx.gpu_ids):
+        nd = nodes[idx.gpu_node[i]]
+        spec = nd.gpu_spec
+        liquid = idx.gpu_cdu[i] >= 0
+        t_max[i] = spec.max_operating_temp_c
+        fitted_r = params.get(("gpu", gid, "r_k_per_w"))
+        fitted_c = params.get(("gpu", gid, "c_j_per_k"))
+        if fitted_r is not None and fitted_c is not None:
+            r_k[i], c_j[i] = fitted_r, fitted_c
+            off[i] = params.get(("gpu", gid, "offset_k"), 0.0)
+            gpu_basis.append(f"{basis}, calibrated")
+        else:
+            r_nom = spec.r_liquid_k_per_w if liquid else spec.r_air_k_per_w
+            tau = spec.tau_liquid_s if liquid else spec.tau_air_s
+            r_k[i], c_j[i] = r_nom, tau / r_nom
+            gpu_basis.append(f"{basis}, catalog R and tau (no usable fit)")
+    # R at the loop's present flow (fitted at the calibration window's flow)
+    flow_ref = {i_: v for (k_, i_, p_), v in params.items() if k_ == "cdu" and p_ == "flow_ref_lpm"}
+    r_k = gpu_thermal.r_at_flow_k_per_w(
+        r_k, gpu_flow_ratio(idx, flow_ref, _mean(cdu.values["flow_lpm"]))
+    )
+    gpu_r50 = r50[:, idx.gpu_rack]
+    gpu_r90 = r90[:, idx.gpu_rack]
+    cap = np.where(np.isfinite(plimit), plimit, np.inf)
+    p50 = np.minimum(power_now[None, :] * gpu_r50, cap)
+    p90 = np.minimum(power_now[None, :] * gpu_r90, cap)
+    with np.errstate(all="ignore"):
+        t50 = gpu_thermal.predict_temp_c(temp_now, ref_now, p50, r_k, c_j, step_s, off)
+        t90 = gpu_thermal.predict_temp_c(temp_now, ref_now, p90, r_k, c_j, step_s, off)
+    emit(
+        "gpu",
+        idx.gpu_ids,
+        "temp_c",
+        "K",
+        t_max,
+        temp_now,
+        t50,
+        t90,
+        rack=[racks[k].name for k in idx.gpu_rack],
+        cdu_of=[idx.cdu_names[k] if k >= 0 else None for k in idx.gpu_cdu],
+        basis_of=gpu_basis,
+    )
+
+    # ---- CDUs and their loops
+    if idx.cdu_names:
+        cdus = site.cdus
+        supply = _last(cdu.values["supply_temp_c"])
+        flow = _mean(cdu.values["flow_lpm"])
+        heat_now = _mean(cdu.values["heat_kw"])
+        capture = np.array(
+            [
+                params.get(("rack", r.name, "capture_fraction"), idx.rack_prior[i])
+                for i, r in enumerate(racks)
+            ]
+        )
+        capture = np.where(idx.rack_cdu >= 0, capture, 0.0)
+        rack_w50 = np.nan_to_num(rack_now)[None, :] * r50 * capture[None, :]
+        rack_w90 = np.nan_to_num(rack_now)[None, :] * r90 * capture[None, :]
+        heat50 = np.zeros((n, len(cdus)))
+        heat90 = np.zeros((n, len(cdus)))
+        for r_i, c_i in enumerate(idx.rack_cdu):
+            if c_i >= 0:
+                heat50[:, c_i] += rack_w50[:, r_i] / 1000.0
+                heat90[:, c_i] += rack_w90[:, r_i] / 1000.0
+        # anchor the modelled heat on the measured heat now (the model's bias is not headroom)
+        with np.errstate(all="ignore"):
+            scale = np.where(heat50[0] > 0, heat_now / heat50[0], 1.0)
+        scale = np.nan_to_num(scale, nan=1.0)
+        heat50, heat90 = heat50 * scale, heat90 * scale
+        rated = np.array([c.capacity_kw for c in cdus], float)
+        max_flow = np.array([c.max_flow_lpm for c in cdus], float)
+        cap_now = cdu_model.available_capacity_kw(rated, 0.0, flow, max_flow)
+        names = [c.name for c in cdus]
+        emit("cdu", names, "heat_kw", "kW", cap_now, heat_now, heat50, heat90, cdu_of=names)
+        ret_limit = np.array([c.return_limit_c for c in cdus], float)
+        need50 = np.empty_like(heat50)
+        need90 = np.empty_like(heat90)
+        ret50 = np.empty_like(heat50)
+        ret90 = np.empty_like(heat90)
+        for c_i, c in enumerate(cdus):
+            rise = max(ret_limit[c_i] - supply[c_i], 0.1)
+            need50[:, c_i] = coolant.flow_for_heat_lpm(heat50[:, c_i], rise, c.coolant, supply[c_i])
+            need90[:, c_i] = coolant.flow_for_heat_lpm(heat90[:, c_i], rise, c.coolant, supply[c_i])
+            ret50[:, c_i] = coolant.return_temp_c(supply[c_i], heat50[:, c_i], flow[c_i], c.coolant)
+            ret90[:, c_i] = coolant.return_temp_c(supply[c_i], heat90[:, c_i], flow[c_i], c.coolant)
+        # flow: headroom = present flow - flow needed; as "limit - value" with limit = flow
+        emit(
+            "cdu",
+            names,
+            "flow_lpm",
+            "L/min",
+            flow,
+            need50[0],
+            need50,
+            need90,
+            cdu_of=names,
+        )
+        emit(
+            "loop",
+            names,
+            "return_temp_c",
+            "K",
+            ret_limit,
+            _last(cdu.values["return_temp_c"]),
+            ret50,
+            ret90,
+            cdu_of=names,
+        )
+
+    # ---- links
+    if site.links:
+        link_names = [lk.name for lk in site.links]
+        lw = link.select(link_names)
+        busy = np.fmax(_mean(lw.values["tx_bps"]), _mean(lw.values["rx_bps"])) / 1e9
+        node_rack = {nd.name: rack_of_rack[site.rack_of_node[nd.name].name] for nd in site.nodes}
+        w = np.nan_to_num(rack_now)
+        site50 = (r50 * w).sum(axis=1) / (w.sum() or 1.0)
+        site90 = (r90 * w).sum(axis=1) / (w.sum() or 1.0)
+        l50 = np.empty((n, len(link_names)))
+        l90 = np.empty((n, len(link_names)))
+        for j, lk in enumerate(site.links):
+            ri = node_rack.get(lk.a, node_rack.get(lk.b))
+            l50[:, j] = busy[j] * (r50[:, ri] if ri is not None else site50)
+            l90[:, j] = busy[j] * (r90[:, ri] if ri is not None else site90)
+        emit(
+            "link",
+            link_names,
+            "traffic_gbps",
+            "Gb/s",
+            np.array([lk.capacity_gbps for lk in site.links], float),
+            busy,
+            l50,
+            l90,
+        )
+
+    return HeadroomReport(
+        computed_at=datetime.now(UTC),
+        data_until=now,
+        horizon_s=horizon_s,
+        step_s=step_s,
+        load_basis=basis,
+        rows=rows,
+        problems=problems,
+    )
+
+
+def _tail(w: Window, seconds: float) -> Window:
+    """The last ``seconds`` of a window."""
+    k = max(1, round(seconds / w.step_s))
+    return Window(
+        w.kind,
+        w.start + timedelta(seconds=max(w.n_steps - k, 0) * w.step_s),
+        w.step_s,
+        w.ids,
+        {q: a[-k:] for q, a in w.values.items()},
+    )
+
+
+def _tail_array(a: np.ndarray, seconds: float, step_s: float) -> np.ndarray:
+    return a[-max(1, round(seconds / step_s)) :]
+
+
+def _unexplained_trend(
+    cur_hist: np.ndarray, load_hist: np.ndarray, step_s: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """Slope (A/s) and its standard error of the current the rack load does not explain.
+
+    Per phase, over the last :data:`TREND_WINDOW_S`: least squares of
+    ``I(t) = a + k * load(t) / load_now + b * t``; ``b`` is the trend. A slope whose |t| < 3
+    is set to zero: no trend is claimed from noise.
+    """
+    k = max(3, round(TREND_WINDOW_S / step_s))
+    y_all, x_all = cur_hist[-k:], load_hist[-k:]
+    t = np.arange(y_all.shape[0], dtype=float) * step_s
+    n_cols = y_all.shape[1]
+    slope, se = np.zeros(n_cols), np.zeros(n_cols)
+    for j in range(n_cols):  # a few hundred phases: one 3-column least squares each
+        ok = ~(np.isnan(y_all[:, j]) | np.isnan(x_all[:, j]))
+        if ok.sum() < 6:
+            continue
+        x = np.column_stack([np.ones(ok.sum()), x_all[ok, j], t[ok] - t[ok].mean()])
+        coef, *_ = np.linalg.lstsq(x, y_all[ok, j], rcond=None)
+        resid = y_all[ok, j] - x @ coef
+        s2 = float(resid @ resid) / max(ok.sum() - 3, 1)
+        cov = s2 * np.linalg.pinv(x.T @ x)
+        b_se = math.sqrt(max(cov[2, 2], 0.0))
+        if abs(coef[2]) > 3 * b_se:
+            slope[j], se[j] = coef[2], b_se
+    return slope, se
+
+
+# ---- store -------------------------------------------------------------------------------------
+
+HEADROOM_SCHEMA = pa.schema(
+    [
+        pa.field("computed_at", pa.timestamp("us", tz="UTC")),
+        pa.field("data_until", pa.timestamp("us", tz="UTC")),
+        pa.field("kind", pa.string()),
+        pa.field("id", pa.string()),
+        pa.field("quantity", pa.string()),
+        pa.field("unit", pa.string()),
+        pa.field("limit_value", pa.float64()),
+        pa.field("value_now", pa.float64()),
+        pa.field("headroom_now", pa.float64()),
+        pa.field("headroom_min_p50", pa.float64()),
+        pa.field("headroom_min_p90", pa.float64()),
+        pa.field("breach_in_s_p50", pa.float64()),
+        pa.field("breach_in_s_p90", pa.float64()),
+        pa.field("rack", pa.string()),
+        pa.field("cdu", pa.string()),
+        pa.field("basis", pa.string()),
+    ]
+)
+
+
+def save_headroom(store: Store, report: HeadroomReport, keep: int = 1440) -> int:
+    """Store a report (one row per limit) and keep only the newest ``keep`` reports."""
+    cols: dict[str, list[Any]] = {f.name: [] for f in HEADROOM_SCHEMA}
+    for r in report.rows:
+        cols["computed_at"].append(report.computed_at)
+        cols["data_until"].append(report.data_until)
+        d = r.model_dump()
+        d["limit_value"] = d.pop("limit")
+        for k in HEADROOM_SCHEMA.names[2:]:
+            cols[k].append(d[k])
+    table = pa.Table.from_pydict(cols, schema=HEADROOM_SCHEMA)
+    with store.transaction():
+        store.insert_arrow("headroom", table)
+        store.con.execute(
+            "DELETE FROM headroom WHERE computed_at NOT IN (SELECT DISTINCT computed_at FROM"
+            " headroom ORDER BY computed_at DESC LIMIT ?)",
+            [keep],
+        )
+    return len(report.rows)
+
+
+def latest_headroom(store: Store) -> list[dict[str, Any]]:
+    """The newest stored report's rows."""
+    res = store.con.sql(
+        "SELECT * FROM headroom WHERE computed_at = (SELECT max(computed_at) FROM headroom)"
+        " ORDER BY kind, id, quantity"
+    )
+    return res.to_arrow_table().to_pylist()

@@ -1,0 +1,308 @@
+"""Hot spots: GPUs and racks running hotter than they should, with the reason.
+
+Four detectors, each on the store's newest data:
+
+- ``over_limit``: a GPU at or over its max operating temperature (where thermal slowdown
+  starts) or its HBM at or over the HBM limit, from the catalog.
+- ``above_model``: a GPU measured above its calibrated RC model's prediction (given the measured
+  power and coolant) by ``k_sigma`` standard deviations in every one of the last ``minutes``
+  minutes. The model runs from the measured temperature at the start of a window a few
+  minutes longer than that, so its start is forgotten (tau is seconds to a minute) and what
+  remains is the gap between the GPU and its healthy self: a fouling cold plate or paste
+  pumping out shows here long before the GPU slows down. The standard deviation is the GPU's
+  own held-out error from its calibration (RMSE ~ 1.25 MAE), at least ``MIN_SIGMA_K``.
+- ``r_drift``: the calibration's drift events (a GPU's R over its fleet and its own history).
+- ``inlet_high``: rack inlet air above the ASHRAE TC 9.9 recommended envelope's 27 °C.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from datetime import UTC, datetime, timedelta
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import BaseModel
+
+from models import gpu_thermal
+from twin.calibrate.calibrate import gpu_flow_ratio, gpu_reference, index_site
+from twin.calibrate.windows import load_window
+from twin.site import Site
+from twin.store import Store
+
+#: Upper end of the ASHRAE TC 9.9 recommended inlet range (18-27 °C), 2021 thermal guidelines.
+ASHRAE_RECOMMENDED_MAX_C = 27.0
+#: Floor of the residual's standard deviation: the sensors' 1 K resolution, averaged. [K]
+MIN_SIGMA_K = 0.3
+#: sigma = RMSE; for normal errors RMSE = sqrt(pi / 2) * MAE.
+RMSE_PER_MAE = math.sqrt(math.pi / 2.0)
+#: Extra minutes the model runs before the judged window, to forget its starting point.
+WARMUP_MIN = 3
+
+Reason = Literal["over_limit", "above_model", "r_drift", "inlet_high"]
+
+
+class HotSpot(BaseModel):
+    kind: Literal["gpu", "rack"]
+    id: str
+    reason: Reason
+    value: float  # the measured quantity (°C), or R (K/W) for r_drift
+    reference: float | None  # the limit, the model's prediction, or the fleet median
+    excess: float  # value - reference, in the quantity's unit
+    sigma: float | None = None  # above_model: the residual's standard deviation [K]
+    residual_sigma: float | None = None  # above_model: the smallest minute mean / sigma
+    rack: str | None = None
+    detail: str
+
+
+class HotSpotReport(BaseModel):
+    computed_at: datetime
+    data_until: datetime
+    k_sigma: float
+    minutes: int
+    hotspots: list[HotSpot]
+    residual_sigma: dict[str, float]  # every GPU with a calibrated model: min minute residual/σ
+    rack_inlet_c: dict[str, float]  # every rack with an inlet reading: the last minute's warmest
+    problems: list[str]
+
+
+def _latest_run(store: Store) -> int | None:
+    rows = store.con.execute("SELECT max(run_id) FROM calibration_runs").fetchall()
+    return rows[0][0]
+
+
+def find_hotspots(
+    store: Store,
+    site: Site,
+    *,
+    now: datetime | None = None,
+    k_sigma: float = 3.0,
+    minutes: int = 5,
+) -> HotSpotReport:
+    """Every hot spot of ``site`` from the store's newest data and calibration."""
+    if k_sigma <= 0 or minutes < 1:
+        raise ValueError(f"k_sigma ({k_sigma}) must be > 0 and minutes ({minutes}) >= 1")
+    if now is None:
+        newest = store.con.execute("SELECT max(ts) FROM gpu").fetchall()[0][0]
+        if newest is None:
+            raise ValueError("the store holds no GPU samples: nothing to look at")
+        now = newest
+    now = now.astimezone(UTC)
+    idx = index_site(site)
+    racks = site.racks
+    nodes = {nd.name: nd for nd in site.nodes}
+    problems: list[str] = []
+    out: list[HotSpot] = []
+    end = now + timedelta(seconds=1)
+    span_s = 60.0 * (minutes + WARMUP_MIN)
+    start = end - timedelta(seconds=span_s)
+    gpu = load_window(
+        store, "gpu", start, end, ids=idx.gpu_ids, quantities=["power_w", "temp_c", "mem_temp_c"]
+    )
+    cdu = load_window(
+        store, "cdu", start, end, ids=idx.cdu_names, quantities=["supply_temp_c", "flow_lpm"]
+    )
+    node = load_window(store, "node", start, end, quantities=["inlet_temp_c"])
+    pdu = load_window(store, "pdu", start, end, quantities=["inlet_temp_c"])
+    temp = gpu.values["temp_c"]
+    last_min = slice(-60, None)
+
+    # ---- over the catalog limits (the last minute's mean)
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        t_now = np.nanmean(temp[last_min], axis=0)
+        m_now = np.nanmean(gpu.values["mem_temp_c"][last_min], axis=0)
+    for i, gid in enumerate(idx.gpu_ids):
+        spec = nodes[idx.gpu_node[i]].gpu_spec
+        rack = racks[idx.gpu_rack[i]].name
+        for value, limit, what in (
+            (t_now[i], spec.max_operating_temp_c, "GPU at its max operating temperature"),
+            (m_now[i], spec.hbm_max_temp_c, "HBM at its temperature limit"),
+        ):
+            if np.isfinite(value) and value >= limit:
+                out.append(
+                    HotSpot(
+                        kind="gpu",
+                        id=gid,
+                        reason="over_limit",
+                        value=float(value),
+                        reference=limit,
+                        excess=float(value - limit),
+                        rack=rack,
+                        detail=f"{what}: {value:.1f} °C >= {limit:g} °C",
+                    )
+                )
+
+    # ---- above the calibrated model
+    run = _latest_run(store)
+    residual_sigma: dict[str, float] = {}
+    if run is None:
+        problems.append("no calibration run yet: the model-residual detector has nothing to use")
+    else:
+        params = {
+            (i_, p): v
+            for i_, p, v in store.con.execute(
+                "SELECT id, param, value FROM calibration_params WHERE run_id = ? AND usable"
+                " AND param IN ('r_k_per_w', 'c_j_per_k', 'offset_k', 'flow_ref_lpm')",
+                [run],
+            ).fetchall()
+        }
+        flow_ref = {i_: v for (i_, p), v in params.items() if p == "flow_ref_lpm"}
+        mae = dict(
+            store.con.execute(
+                "SELECT id, mae FROM calibration_quality WHERE run_id = ? AND kind = 'gpu' AND"
+                " quantity LIKE 'temp_c@%'",
+                [run],
+            ).fetchall()
+        )
+        g = len(idx.gpu_ids)
+        r = np.array([params.get((gid, "r_k_per_w"), np.nan) for gid in idx.gpu_ids])
+        c = np.array([params.get((gid, "c_j_per_k"), np.nan) for gid in idx.gpu_ids])
+        off = np.array([params.get((gid, "offset_k"), 0.0) for gid in idx.gpu_ids])
+        sigma = np.array(
+            [
+                max(MIN_SIGMA_K, RMSE_PER_MAE * m) if (m := mae.get(gid)) is not None else np.nan
+                for gid in idx.gpu_ids
+            ]
+        )
+        # R at the loop's flow over the window (it was fitted at the calibration's flow)
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            flow_now = np.nanmean(cdu.values["flow_lpm"], axis=0)
+        r = gpu_thermal.r_at_flow_k_per_w(r, gpu_flow_ratio(idx, flow_ref, flow_now))
+        ref = gpu_reference(idx, cdu, node, pdu)
+        power = _hold(gpu.values["power_w"])
+        ref = _hold(ref)
+        t0 = _first(temp)
+        with np.errstate(all="ignore"):
+            pred = gpu_thermal.predict_temp_c(t0, ref, power, r, c, 1.0, off)
+        resid = temp - pred
+        n_t = resid.shape[0]
+        judged = resid[max(n_t - 60 * minutes, 0) :]
+        usable = np.isfinite(r) & np.isfinite(c) & np.isfinite(sigma)
+        if judged.shape[0] >= 60 * minutes:
+            per_min = judged[: 60 * minutes].reshape(minutes, 60, g)
+            with np.errstate(all="ignore"), warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)
+                means = np.nanmean(per_min, axis=1)  # (minutes, g)
+                worst = np.nanmin(means, axis=0) / sigma
+                pred_now = np.nanmean(pred[last_min], axis=0)
+            for i, gid in enumerate(idx.gpu_ids):
+                if not usable[i] or not np.isfinite(worst[i]):
+                    continue
+                residual_sigma[gid] = float(worst[i])
+                if worst[i] >= k_sigma:
+                    out.append(
+                        HotSpot(
+                            kind="gpu",
+                            id=gid,
+                            reason="above_model",
+                            value=float(t_now[i]),
+                            reference=float(pred_now[i]),
+                            excess=float(t_now[i] - pred_now[i]),
+                            sigma=float(sigma[i]),
+                            residual_sigma=float(worst[i]),
+                            rack=racks[idx.gpu_rack[i]].name,
+                            detail=(
+                                f"{t_now[i] - pred_now[i]:.1f} K above its calibrated model "
+                                f"({worst[i]:.1f} sigma or more in each of the last {minutes} "
+                                f"min; sigma {sigma[i]:.2f} K)"
+                            ),
+                        )
+                    )
+        else:
+            problems.append(f"less than {minutes} min of GPU data: no model-residual check")
+        # ---- drift events of the latest run
+        for gid, param, value, fleet, detail in store.con.execute(
+            "SELECT id, param, value, fleet_median, detail FROM calibration_events"
+            " WHERE run_id = ? AND kind = 'gpu'",
+            [run],
+        ).fetchall():
+            gi = idx.gpu_ids.index(gid) if gid in idx.gpu_ids else None
+            out.append(
+                HotSpot(
+                    kind="gpu",
+                    id=gid,
+                    reason="r_drift",
+                    value=float(value),
+                    reference=None if fleet is None else float(fleet),
+                    excess=float(value - fleet) if fleet is not None else 0.0,
+                    rack=racks[idx.gpu_rack[gi]].name if gi is not None else None,
+                    detail=f"{param}: {detail}",
+                )
+            )
+
+    # ---- rack inlet air over the ASHRAE recommended envelope
+    inlet = _rack_inlet(site, node, pdu)
+    for name, value in inlet.items():
+        if value > ASHRAE_RECOMMENDED_MAX_C:
+            out.append(
+                HotSpot(
+                    kind="rack",
+                    id=name,
+                    reason="inlet_high",
+                    value=value,
+                    reference=ASHRAE_RECOMMENDED_MAX_C,
+                    excess=value - ASHRAE_RECOMMENDED_MAX_C,
+                    rack=name,
+                    detail=(
+                        f"inlet air {value:.1f} °C above the ASHRAE recommended "
+                        f"{ASHRAE_RECOMMENDED_MAX_C:g} °C"
+                    ),
+                )
+            )
+    return HotSpotReport(
+        computed_at=datetime.now(UTC),
+        data_until=now,
+        k_sigma=k_sigma,
+        minutes=minutes,
+        hotspots=out,
+        residual_sigma=residual_sigma,
+        rack_inlet_c=inlet,
+        problems=problems,
+    )
+
+
+def _hold(a: np.ndarray) -> np.ndarray:
+    """Forward-fill NaN along time (then back-fill the start)."""
+    out = a.copy()
+    for j in range(out.shape[1]):
+        col = out[:, j]
+        ok = ~np.isnan(col)
+        if not ok.any():
+            continue
+        idx = np.where(ok, np.arange(len(col)), 0)
+        np.maximum.accumulate(idx, out=idx)
+        filled = col[idx]
+        filled[: np.argmax(ok)] = col[np.argmax(ok)]
+        out[:, j] = filled
+    return out
+
+
+def _first(a: np.ndarray) -> np.ndarray:
+    ok = ~np.isnan(a)
+    i = np.argmax(ok, axis=0)
+    v = a[i, np.arange(a.shape[1])]
+    v[~ok.any(axis=0)] = np.nan
+    return v
+
+
+def _rack_inlet(site: Site, node: Any, pdu: Any) -> dict[str, float]:
+    """The last minute's warmest inlet reading per rack: its nodes', else its PDUs'."""
+    out: dict[str, float] = {}
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        node_now = np.nanmean(node.values["inlet_temp_c"][-60:], axis=0) if node.ids else []
+        pdu_now = np.nanmean(pdu.values["inlet_temp_c"][-60:], axis=0) if pdu.ids else []
+    node_pos = {n: i for i, n in enumerate(node.ids)}
+    pdu_pos = {p: i for i, p in enumerate(pdu.ids)}
+    for rack in site.racks:
+        vals = [node_now[node_pos[n.name]] for n in rack.nodes if n.name in node_pos]
+        vals = [v for v in vals if np.isfinite(v)]
+        if not vals:
+            vals = [pdu_now[pdu_pos[p]] for p in rack.pdus if p in pdu_pos]
+            vals = [v for v in vals if np.isfinite(v)]
+        if vals:
+            out[rack.name] = float(max(vals))
+    return out
