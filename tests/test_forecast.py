@@ -207,3 +207,22 @@ def test_forecast_site_result(simulated):
     rack = {e.id: e for e in res.entities}
     assert rack["r01"].model == "training" and rack["r02"].model == "inference"
     res.model_dump_json()  # serializable
+
+
+def test_headroom_uses_the_forecast_once_a_day_of_history_exists(simulated):
+    from twin.forecast import rack_ratio_paths
+    from twin.headroom import compute_headroom
+
+    store, site, _, _ = simulated
+    last = store.con.execute("SELECT max(ts) FROM gpu").fetchall()[0][0]
+    r50, r90, basis = rack_ratio_paths(store, site, last, 3600.0, 60.0)
+    assert r50.shape == r90.shape == (61, 4)
+    assert basis.startswith("forecast (4 of 4 racks")
+    assert (r90 >= r50).all() and np.isfinite(r50).all()
+    report = compute_headroom(store, site, now=last)
+    assert report.load_basis == basis
+    # an inference rack's p50 path follows the daily cycle: not flat over the hour
+    assert np.ptp(r50[:, 1]) > 0 or np.ptp(r50[:, 3]) > 0
+    # an hour into the recording there is no forecast yet (headroom falls back on persistence)
+    with pytest.raises(ValueError, match="history"):
+        rack_ratio_paths(store, site, last - timedelta(days=DAYS - 0.05), 3600.0, 60.0)

@@ -241,6 +241,13 @@ def rack_ratio_paths(
     and p90: persistence) and the basis says how many racks were forecast. Raises ValueError
     when no rack has enough history, so the caller can fall back on its own persistence.
     """
+    oldest = store.con.execute(
+        "SELECT min(ts) FROM node WHERE ts >= ?", [now - timedelta(days=14)]
+    ).fetchall()[0][0]
+    if oldest is None or (now - oldest).total_seconds() < MIN_RATIO_HISTORY_S:
+        raise ValueError(
+            f"less than {MIN_RATIO_HISTORY_S / 3600:g} h of node power history for a forecast"
+        )
     fc = forecast_site(
         store,
         site,
