@@ -222,9 +222,9 @@ def test_headroom_is_stored_and_covers_every_limit(site: Site, base_db: Path, tm
             assert x.headroom_now > 0, x
             assert x.breach_in_s_p50 is None, x
             assert x.headroom_min_p90 <= x.headroom_min_p50 + 1e-9, x
-        # GPU headroom = limit - measured temperature; rack limit = the weaker feed's 80 %
+        # rack limit = its two feeds' 80 % together
         rack = next(x for x in report.rows if x.kind == "rack" and x.id == "r01")
-        assert rack.limit == pytest.approx(3**0.5 * 415 * 0.8 * 32 / 1000, rel=0.03)
+        assert rack.limit == pytest.approx(2 * 3**0.5 * 415 * 0.8 * 32 / 1000, rel=0.03)
         n = save_headroom(store, report)
         stored = latest_headroom(store)
         assert n == len(stored) == len(report.rows)

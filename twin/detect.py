@@ -12,7 +12,7 @@ metric                                      entity  value
 ``headroom.gpu.time_to_breach_p90_s``       gpu     s until the p90 path reaches it [#]_
 ``headroom.pdu_phase.time_to_breach_p50_s`` phase   s until the p50 current reaches 80 % [#]_
 ``headroom.pdu_phase.a_to_limit``           phase   A left to the derated limit, now
-``headroom.rack.kw_to_limit``               rack    kW left on the weaker feed, now
+``headroom.rack.kw_to_limit``               rack    kW left on its feeds together, now
 ``headroom.cdu.capacity_free_fraction``     cdu     share of the CDU's capacity free, now
 ``headroom.loop.k_to_return_limit``         cdu     K from the return limit, now
 ``hotspot.gpu.residual_sigma``              gpu     smallest minute residual over the model / σ

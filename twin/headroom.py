@@ -17,8 +17,9 @@ value as the p90 path (``basis`` says which). The physics then carries it, devic
 - PDU phase / breaker: present current x the load ratio of the racks it feeds, plus the
   recent linear trend of the current that the rack load does not explain (load creeping onto
   a phase); the p90 path adds 1.28 standard errors of that slope.
-- Rack: present input power x load ratio, against the capacity of its weaker feed (A/B
-  redundant feeds: either must carry the whole rack), 80 % of the rating (NEC 210.20(A)).
+- Rack: present input power x load ratio, against what its feeds carry together at 80 % of
+  their rating (NEC 210.20(A)). Whether one feed could carry the rack alone is a what-if
+  (``fail_feed``), seen on the surviving feed's phases.
 - CDU: heat = sum of fitted capture fraction x rack power path; capacity scaled by present flow
   over rated flow (``models.cdu.available_capacity_kw``); flow needed to carry the heat with
   the return at its limit (``models.coolant.flow_for_heat_lpm``).
@@ -310,7 +311,7 @@ def compute_headroom(
                 )
             )
 
-    # ---- racks: kW against the weaker feed
+    # ---- racks: kW against its feeds together
     pf_now = _mean(pdu_now.values["power_factor"])
     cap_kw = np.full(len(racks), np.nan)
     pdus = site.pdu_by_name
@@ -319,7 +320,7 @@ def compute_headroom(
         for p in r.pdus:
             pf = pf_now[pdu_pos[p]] if p in pdu_pos and np.isfinite(pf_now[pdu_pos[p]]) else 1.0
             feeds[pdus[p].feed] = feeds.get(pdus[p].feed, 0.0) + _pdu_capacity_kw(pdus[p], pf)
-        cap_kw[r_i] = min(feeds.values()) if feeds else np.nan
+        cap_kw[r_i] = sum(feeds.values()) if feeds else np.nan
     rack_kw_now = rack_now / 1000.0
     emit(
         "rack",

@@ -167,6 +167,9 @@ class SiteSimulator:
         self.start = start.astimezone(UTC)
         self.rate_hz = float(rate_hz)
         self.dt_s = 1.0 / self.rate_hz
+        # Below 1 Hz a reading stands for the mean of the 1 Hz readings over its interval, so
+        # measurement noise falls as 1/sqrt(dt); workload processes are not measurement noise.
+        self._meas = 1.0 / math.sqrt(max(self.dt_s, 1.0))
         self.faults: tuple[Fault, ...] = tuple(faults)
         self.published: dict[str, int] = dict.fromkeys(KINDS, 0)
         self.messages: dict[str, int] = dict.fromkeys(KINDS, 0)
@@ -644,10 +647,10 @@ class SiteSimulator:
                 self._fleet_inference[self._gpu_fleet], _uniform(rng, INFER_GPU_SHARE, g), 1.0
             ),
         )
-        self._noise_sigma = np.where(
+        self._noise_sigma = np.where(  # white (training, idle) noise averages like a reading
             self._fleet_training[self._gpu_fleet],
-            TRAIN_NOISE,
-            np.where(self._fleet_inference[self._gpu_fleet], INFER_NOISE, IDLE_NOISE),
+            TRAIN_NOISE * self._meas,
+            np.where(self._fleet_inference[self._gpu_fleet], INFER_NOISE, IDLE_NOISE * self._meas),
         )
         phi_infer = math.exp(-self.dt_s / INFER_NOISE_TAU_S)
         self._noise_phi = np.where(self._fleet_inference[self._gpu_fleet], phi_infer, 0.0)
@@ -912,15 +915,17 @@ class SiteSimulator:
         g = self._n_gpus
         self._m_gpu = {
             "activity": activity,
-            "power": np.maximum(power * (1 + POWER_NOISE * rng.standard_normal(g)), 0.0),
-            "temp": self._temp + TEMP_NOISE_K * rng.standard_normal(g),
-            "mem_temp": self._mem_temp + TEMP_NOISE_K * rng.standard_normal(g),
+            "power": np.maximum(
+                power * (1 + POWER_NOISE * self._meas * rng.standard_normal(g)), 0.0
+            ),
+            "temp": self._temp + TEMP_NOISE_K * self._meas * rng.standard_normal(g),
+            "mem_temp": self._mem_temp + TEMP_NOISE_K * self._meas * rng.standard_normal(g),
             "clock": self._sm_clock * np.where(frac < 1.0, frac, 1.0),
             "throttle": throttle,
         }
         inlet_meas = rack_air[self._node_rack] + 0.2 * rng.standard_normal(n_nodes)
         self._m_node = {
-            "power": node_in * (1 + NODE_POWER_NOISE * rng.standard_normal(n_nodes)),
+            "power": node_in * (1 + NODE_POWER_NOISE * self._meas * rng.standard_normal(n_nodes)),
             "inlet": inlet_meas,
             "cpu": np.clip(3.0 + 25.0 * node_act + rng.standard_normal(n_nodes), 0.0, 100.0),
         }
@@ -941,9 +946,9 @@ class SiteSimulator:
             "pf": np.clip(pf3 + 0.002 * rng.standard_normal(nc), 0.0, 1.0),
             "breaker_i": br_i * (1 + 0.003 * rng.standard_normal(len(br_i))),
         }
-        sup_m = supply + CDU_TEMP_NOISE_K * rng.standard_normal(n_cdus)
-        ret_m = self._cdu_return + CDU_TEMP_NOISE_K * rng.standard_normal(n_cdus)
-        flow_m = flow * (1 + CDU_FLOW_NOISE * rng.standard_normal(n_cdus))
+        sup_m = supply + CDU_TEMP_NOISE_K * self._meas * rng.standard_normal(n_cdus)
+        ret_m = self._cdu_return + CDU_TEMP_NOISE_K * self._meas * rng.standard_normal(n_cdus)
+        flow_m = flow * (1 + CDU_FLOW_NOISE * self._meas * rng.standard_normal(n_cdus))
         heat_m = np.zeros(n_cdus)
         fw_ret = np.zeros(n_cdus)
         for fluid in self._cdu_fluids:
@@ -955,10 +960,11 @@ class SiteSimulator:
             "supply": sup_m,
             "return": ret_m,
             "flow": flow_m,
-            "dp": dp * (1 + CDU_FLOW_NOISE * rng.standard_normal(n_cdus)),
-            "fw_supply": fw_supply + CDU_TEMP_NOISE_K * rng.standard_normal(n_cdus),
-            "fw_return": fw_ret + CDU_TEMP_NOISE_K * rng.standard_normal(n_cdus),
-            "fw_flow": self._fw_flow * (1 + CDU_FLOW_NOISE * rng.standard_normal(n_cdus)),
+            "dp": dp * (1 + CDU_FLOW_NOISE * self._meas * rng.standard_normal(n_cdus)),
+            "fw_supply": fw_supply + CDU_TEMP_NOISE_K * self._meas * rng.standard_normal(n_cdus),
+            "fw_return": fw_ret + CDU_TEMP_NOISE_K * self._meas * rng.standard_normal(n_cdus),
+            "fw_flow": self._fw_flow
+            * (1 + CDU_FLOW_NOISE * self._meas * rng.standard_normal(n_cdus)),
             "heat": np.maximum(heat_m, 0.0),
             "pump_w": cdu_pump_w,
             "pump_speed": pump_speed,
@@ -966,7 +972,7 @@ class SiteSimulator:
         }
         nl = self._n_links
         if nl:
-            rates = flows * (1 + LINK_NOISE * rng.standard_normal(2 * nl))
+            rates = flows * (1 + LINK_NOISE * self._meas * rng.standard_normal(2 * nl))
             cap2 = np.repeat(self._link_capacity_bps, 2)
             rates = np.clip(rates, 0.0, 0.98 * cap2)
             self._link_errors = self._link_errors + (rng.random(nl) < LINK_ERROR_PROB)

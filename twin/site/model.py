@@ -148,6 +148,10 @@ class Cdu(_Strict):
     supply_setpoint_c: float = Field(default=32.0, description="TCS supply setpoint [°C]")
     fw_supply_temp_c: float = Field(default=25.0, description="design facility water supply [°C]")
     return_limit_c: float = Field(default=50.0, description="TCS return temperature limit [°C]")
+    loop: Name | None = Field(
+        default=None,
+        description="TCS loop shared with other CDUs (a failed CDU's racks move to its peers)",
+    )
 
     @field_validator("model")
     @classmethod

@@ -1,0 +1,146 @@
+"""`dctwin record`, `dctwin replay` and `dctwin whatif` (registered in twin/cli.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+
+def _cli():
+    from twin import cli
+
+    return cli
+
+
+def record(
+    out: Annotated[Path, typer.Option("--out", help="Bundle directory to write.")],
+    db: Annotated[Path, typer.Option("--db", help="DuckDB store file.")] = Path("dctwin.duckdb"),
+    site: Annotated[Path | None, typer.Option("--site", help="Site YAML file.")] = None,
+    start: Annotated[str | None, typer.Option(help="ISO 8601 start (default: oldest).")] = None,
+    end: Annotated[str | None, typer.Option(help="ISO 8601 end (default: newest).")] = None,
+    resolution: Annotated[
+        float, typer.Option(help="Average into buckets of this many s; 0: raw samples.")
+    ] = 10.0,
+    overwrite: Annotated[bool, typer.Option(help="Replace an existing bundle.")] = False,
+) -> None:
+    """Export a time range of the store as a bundle: Parquet, the site file, the calibration."""
+    from datetime import timedelta
+
+    from twin.replay.bundle import BundleError
+    from twin.replay.bundle import record as write_bundle
+
+    cli = _cli()
+    site_path = site or cli.DEMO_SITE
+    cli._site(site_path, required=True)
+    if not db.exists():
+        raise cli._fail(f"--db {db}: no such store")
+    with cli._store(db, read_only=True) as store:
+        lo, hi = store.con.execute("SELECT min(ts), max(ts) FROM gpu").fetchall()[0]
+        if lo is None:
+            raise cli._fail(f"--db {db}: no GPU samples to record")
+        t0 = cli._parse_time(start, "--start") if start else lo
+        t1 = cli._parse_time(end, "--end") if end else hi + timedelta(seconds=resolution or 1)
+        try:
+            manifest = write_bundle(
+                store, site_path, out, t0, t1, resolution_s=resolution, overwrite=overwrite
+            )
+        except BundleError as e:
+            raise cli._fail(str(e)) from None
+    size = sum(f.stat().st_size for f in out.iterdir())
+    typer.echo(
+        json.dumps({"out": str(out), "bytes": size, **json.loads(manifest.model_dump_json())})
+    )
+
+
+def replay(
+    bundle: Annotated[Path, typer.Argument(help="Bundle directory (dctwin record).")],
+    db: Annotated[
+        Path | None, typer.Option("--db", help="Ingest straight into this (separate) store.")
+    ] = None,
+    broker: Annotated[
+        str | None, typer.Option(help="Publish to this broker (host:port) instead.")
+    ] = None,
+    speed: Annotated[
+        float, typer.Option(help="Recorded seconds per wall second; 0: as fast as possible.")
+    ] = 0.0,
+    shift_to_now: Annotated[
+        bool, typer.Option(help="Move the recording so it ends now (for a live console).")
+    ] = False,
+) -> None:
+    """Feed a bundle through the ingest path: into a separate store, or over MQTT to a
+    running `dctwin serve`."""
+    from twin.ingest import Ingester, IngestLimits
+    from twin.replay.bundle import Bundle, BundleError
+    from twin.replay.replay import replay as run_replay
+
+    cli = _cli()
+    if (db is None) == (broker is None):
+        raise cli._fail("give exactly one of --db (direct) or --broker (over MQTT)")
+    try:
+        b = Bundle.load(bundle)
+    except BundleError as e:
+        raise cli._fail(str(e)) from None
+    if db is not None:
+        with cli._store(db) as store:
+            ingester = Ingester(store, b.site, IngestLimits(max_future_s=0, max_past_s=0))
+            stats = run_replay(b, sink=ingester.ingest, speed=speed, shift_to_now=shift_to_now)
+            store.rollup()
+        stats["ingest"] = ingester.counters.as_dict()
+    else:
+        from collectors.mqtt import BrokerError
+
+        try:
+            stats = run_replay(
+                b, broker=cli._broker(broker), speed=speed, shift_to_now=shift_to_now
+            )
+        except BrokerError as e:
+            raise cli._fail(str(e)) from None
+    typer.echo(json.dumps(stats))
+
+
+def whatif(
+    bundle: Annotated[Path, typer.Argument(help="Bundle directory (dctwin record).")],
+    scenarios: Annotated[list[Path], typer.Argument(help="Scenario YAML files.")],
+    out: Annotated[Path, typer.Option("--out", help="Report directory.")] = Path("whatif-report"),
+    rules: Annotated[
+        Path | None,
+        typer.Option(help="Alert rule file whose alerts the report lists (default: deploy's)."),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the results as JSON.")] = False,
+) -> None:
+    """Run the baseline and each scenario through the calibrated twin; write report.md and
+    report.html (verdict, headroom, time over limits, first breach, alerts, energy)."""
+    from twin.alerts import RuleFileError, load_rules
+    from twin.replay.bundle import Bundle, BundleError
+    from twin.replay.report import write_report
+    from twin.replay.scenario import ScenarioError, load_scenario
+    from twin.replay.whatif import load, run
+
+    cli = _cli()
+    try:
+        b = Bundle.load(bundle)
+        loaded = [load_scenario(p, b.site) for p in scenarios]
+    except (BundleError, ScenarioError) as e:
+        raise cli._fail(str(e)) from None
+    rule_path = rules or cli.REPO / "deploy" / "alert_rules.yaml"
+    try:
+        rule_set = load_rules(rule_path) if rule_path.exists() else None
+    except RuleFileError as e:
+        raise cli._fail(str(e)) from None
+    data = load(b)
+    base = run(data, None, rule_set)
+    runs = [run(data, s, rule_set) for s in loaded]
+    md, html = write_report(b, base, runs, out)
+    if as_json:
+        typer.echo(
+            json.dumps([r.model_dump(mode="json", exclude={"series"}) for r in [base, *runs]])
+        )
+        return
+    for r in runs:
+        typer.echo(f"{r.name}: {r.verdict}")
+        for reason in r.reasons:
+            typer.echo(f"  - {reason}")
+    typer.echo(f"report: {md} {html}")

@@ -1,0 +1,1 @@
+"""Replay recorded telemetry and run what-if scenarios through the calibrated twin."""
