@@ -235,24 +235,32 @@ def fit_quality(measured: ArrayLike, predicted: ArrayLike) -> FitQuality:
 _ROW_BLOCK = 256  # rows per block of the column statistics (bounds temporaries below 32 MB)
 
 
-def _column_stats(v: F64) -> tuple[NDArray[np.int64], F64, NDArray[np.int64]]:
+def _column_stats(
+    v: F64, *, std: bool = True, runs: bool = True
+) -> tuple[NDArray[np.int64], F64, NDArray[np.int64]]:
     """Per column: valid count, standard deviation and longest run of identical readings.
 
     The run is counted in intervals between consecutive equal finite readings. One pass over
     blocks of rows, so that a (3,600 x 10,000) array needs no full-size temporary; values are
-    shifted by a per-column reference before squaring to keep the variance exact.
+    shifted by a per-column reference before squaring to keep the variance exact. With ``std``
+    or ``runs`` False that figure is skipped (returned as zeros): a check that does not use it
+    costs a count only.
     """
     n_t, n_c = v.shape
     n = np.zeros(n_c, dtype=np.int64)
     s1 = np.zeros(n_c)
     s2 = np.zeros(n_c)
+    run = np.zeros(n_c, dtype=np.int32)
+    longest = np.zeros(n_c, dtype=np.int32)
+    if not std and not runs:  # count only
+        ok = np.isfinite(v)
+        n += n_t if ok.all() else ok.sum(axis=0)
+        return n, s2, longest.astype(np.int64)
     head = v[: min(n_t, 64)]
     ok_head = np.isfinite(head)
     first = np.argmax(ok_head, axis=0) if n_t else np.zeros(n_c, dtype=np.int64)
     shift = head[first, np.arange(n_c)] if n_t else np.zeros(n_c)
     shift = np.where(np.isfinite(shift), shift, 0.0)  # first valid reading of the column
-    run = np.zeros(n_c, dtype=np.int32)
-    longest = np.zeros(n_c, dtype=np.int32)
     for k0 in range(0, n_t, _ROW_BLOCK):
         blk = v[k0 : k0 + _ROW_BLOCK]
         dev = blk - shift
@@ -262,8 +270,11 @@ def _column_stats(v: F64) -> tuple[NDArray[np.int64], F64, NDArray[np.int64]]:
         else:
             n += ok.sum(axis=0)
             dev = np.where(ok, dev, 0.0)
-        s1 += dev.sum(axis=0)
-        s2 += np.einsum("tn,tn->n", dev, dev)
+        if std:
+            s1 += dev.sum(axis=0)
+            s2 += np.einsum("tn,tn->n", dev, dev)
+        if not runs:
+            continue
         same = np.zeros(blk.shape, dtype=np.int32)  # NaN != NaN, so a gap ends a run
         if k0:
             np.equal(blk, v[k0 - 1 : k0 - 1 + len(blk)], out=same, casting="unsafe")
@@ -325,7 +336,7 @@ def data_problems(
     if v.ndim == 1:
         v = v[:, None]
     n_t = v.shape[0]
-    n, std, run = _column_stats(v)
+    n, std, run = _column_stats(v, std=flat_std > 0, runs=max_stuck_s is not None)
     gap = 1.0 - n / max(n_t, 1)
     run_s = run * dt_s
     few = n < min_samples

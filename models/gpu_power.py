@@ -393,9 +393,8 @@ def fit_power_curve(
         ),
     )
     use = np.isfinite(act) & np.isfinite(power)
-    if limit_w is not None:
-        lim = np.broadcast_to(np.asarray(limit_w, dtype=float), act.shape)
-        use &= ~(power >= 0.99 * lim)
+    if limit_w is not None:  # 0.99 x the limit before broadcasting: no (T, N) temporary
+        use &= ~(power >= 0.99 * np.asarray(limit_w, dtype=float))
     n_used = use.sum(axis=0)
     gpu, w, a_m, p_m, within, total = _bin_stats(act, power, use)
 

@@ -721,10 +721,12 @@ def fit_rc(
         valid_g = np.isfinite(t_g)
         all_valid = bool(valid_g.all())
         valid: NDArray[np.bool_] | None = None if all_valid else valid_g
-        t_w = t_g.astype(dtype)
+        # C order: the passes run over blocks of rows (a reference made by fancy indexing,
+        # ``supply[:, gpu_cdu]``, comes in Fortran order and would be read with a stride)
+        t_w = t_g.astype(dtype, order="C")
         if valid is not None:
             t_w[~valid] = 0.0
-        p_w, ref_w = p_g.astype(dtype), ref_g.astype(dtype)
+        p_w, ref_w = p_g.astype(dtype, order="C"), ref_g.astype(dtype, order="C")
         mom = _one_step_moments(t_w, ref_w, p_w, valid)
         r0, tau0, off0 = _linear_seed(mom, dt)
         t0 = np.where(valid_g[0], t_g[0], ref_g[0] + off0 + r0 * p_g[0])

@@ -3,7 +3,7 @@
 The fitters in ``models`` take arrays shaped (T, N): time along axis 0, one column per device,
 NaN where a device reported nothing in a step. This module does the one query per kind that
 builds them: DuckDB hashes the ids, numpy maps the hashes to columns, so no string is handled
-per sample in Python.
+per sample in Python, and the result is scattered into the arrays one record batch at a time.
 """
 
 from __future__ import annotations
@@ -84,37 +84,44 @@ def load_window(
     if not ids or not n_steps:
         return Window(kind, start, step_s, list(ids), values)
     # No join and no string per sample in Python: DuckDB hashes each id, numpy maps the hashes
-    # of the wanted ids to columns (searchsorted), and NULLs arrive as NaN.
+    # of the wanted ids to columns, and NULLs arrive as NaN. The result is streamed in record
+    # batches (DuckDB's row groups, ~120 k rows) and scattered into the arrays batch by batch,
+    # so no full-size Arrow table or concatenated column is ever made: at 36 M rows those
+    # copies cost more than the query (fresh memory is slow to fault in).
     known = con.sql("SELECT hash(id) AS h, id FROM (SELECT unnest($1) AS id)", params=[ids])
     hash_of = dict((i, h) for h, i in known.fetchall())
+    n_ids = len(ids)
     wanted = np.array([hash_of[i] for i in ids], dtype=np.uint64)
-    if len(np.unique(wanted)) != len(wanted):
-        raise ValueError(f"64-bit hash collision among the {len(ids)} {kind} ids")
+    if len(np.unique(wanted)) != n_ids:
+        raise ValueError(f"64-bit hash collision among the {n_ids} {kind} ids")
     # a direct lookup table indexed by the low bits of the hash, sized so that no two wanted
-    # ids share a slot: one gather per sample instead of a search
-    bits = max(10, int(np.ceil(np.log2(len(ids) * 64))))
-    while len(np.unique(wanted & np.uint64((1 << bits) - 1))) != len(wanted):
+    # ids share a slot: one gather per sample instead of a search; empty slots hold n_ids
+    bits = max(10, int(np.ceil(np.log2(n_ids * 64))))
+    while len(np.unique(wanted & np.uint64((1 << bits) - 1))) != n_ids:
         bits += 1
     mask = np.uint64((1 << bits) - 1)
-    lut = np.full(1 << bits, -1, dtype=np.int64)
-    lut[(wanted & mask).astype(np.int64)] = np.arange(len(ids))
-    res = con.sql(
+    lut = np.full(1 << bits, n_ids, dtype=np.int64)
+    lut[(wanted & mask).astype(np.int64)] = np.arange(n_ids)
+    wanted_at = np.append(wanted, np.uint64(0))  # the hash a column holds; index n_ids: none
+    query = con.sql(
         "SELECT hash(id) AS h, (epoch_us(ts) - epoch_us($1::TIMESTAMPTZ)) // $2 AS step, "
         + ", ".join(f"coalesce({c}::DOUBLE, 'NaN'::DOUBLE) AS {c}" for c in cols)
         + f" FROM {kind} WHERE ts >= $1 AND ts < $3",
         params=[start, step_us, end],
-    ).to_arrow_table()
-    h = res.column("h").to_numpy()
-    col = lut[(h & mask).astype(np.int64)]
-    step = res.column("step").to_numpy()
-    ok = (col >= 0) & (step >= 0) & (step < n_steps)
-    ok[ok] = wanted[col[ok]] == h[ok]  # a slot holds one wanted id; others land here too
-    if ok.all():
-        flat = step * len(ids) + col
-        sel = slice(None)
-    else:
-        flat = step[ok] * len(ids) + col[ok]
-        sel = ok
-    for c in cols:
-        values[c].reshape(-1)[flat] = res.column(c).to_numpy()[sel]
+    )
+    flat_values = [values[c].reshape(-1) for c in cols]
+    with query.to_arrow_reader() as reader:  # holds the connection until it is read out
+        for batch in reader:
+            h = batch.column(0).to_numpy(zero_copy_only=False)
+            col = lut[(h & mask).astype(np.int64)]
+            step = batch.column(1).to_numpy(zero_copy_only=False)
+            # a slot holds one wanted id, but other ids land on it too; steps are in range by the
+            # WHERE clause, checked anyway (as unsigned, so negative ones fail as well)
+            ok = (col < n_ids) & (wanted_at[col] == h) & (step.view(np.uint64) < n_steps)
+            if ok.all():
+                flat, sel = step * n_ids + col, slice(None)
+            else:
+                flat, sel = step[ok] * n_ids + col[ok], ok
+            for i, dest in enumerate(flat_values):
+                dest[flat] = batch.column(i + 2).to_numpy(zero_copy_only=False)[sel]
     return Window(kind, start, step_s, list(ids), values)

@@ -1,0 +1,63 @@
+"""load_window: dense (time x device) arrays from the store, checked against a plain pivot."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import numpy as np
+import pyarrow as pa
+
+from twin.calibrate.windows import load_window
+from twin.store import Store
+from twin.store.schema import arrow_schema
+
+
+def test_streamed_read_matches_a_pivot_with_gaps_nulls_and_a_subset_of_ids(tmp_path) -> None:
+    # 400 GPUs x 600 s = 240,000 rows: more than one record batch of the streamed read
+    rng = np.random.default_rng(0)
+    n_ids, n_t = 400, 600
+    t0 = datetime(2026, 11, 1, tzinfo=UTC)
+    ids = [f"n{i // 8}:{i % 8}" for i in range(n_ids)]
+    ts = np.repeat(np.arange(n_t), n_ids)
+    who = np.tile(np.arange(n_ids), n_t)
+    keep = ~((who == 7) & (ts >= 100) & (ts < 200))  # a gap for one GPU
+    power = rng.uniform(50, 700, ts.size)
+    temp = rng.uniform(30, 80, ts.size)
+    temp_null = rng.random(ts.size) < 0.01  # NULL readings
+    cols = {
+        "ts": [t0 + timedelta(seconds=int(s)) for s in ts[keep]],
+        "source": [ids[w].split(":")[0] for w in who[keep]],
+        "id": [ids[w] for w in who[keep]],
+    }
+    schema = arrow_schema("gpu")
+    for f in schema:
+        if f.name in cols:
+            continue
+        if f.name == "power_w":
+            cols[f.name] = power[keep].tolist()
+        elif f.name == "temp_c":
+            cols[f.name] = [
+                None if z else v for v, z in zip(temp[keep], temp_null[keep], strict=True)
+            ]
+        else:
+            cols[f.name] = [None] * int(keep.sum())
+    with Store(tmp_path / "w.duckdb") as store:
+        store.insert_arrow("gpu", pa.table(cols, schema=schema))
+        subset = [*ids[::3], "not-there:0"]
+        w = load_window(
+            store,
+            "gpu",
+            t0,
+            t0 + timedelta(seconds=n_t),
+            ids=subset,
+            quantities=["power_w", "temp_c"],
+        )
+    assert w.ids == subset and w.values["power_w"].shape == (n_t, len(subset))
+    exp_p = np.full((n_t, n_ids), np.nan)
+    exp_t = np.full((n_t, n_ids), np.nan)
+    exp_p[ts[keep], who[keep]] = power[keep]
+    exp_t[ts[keep], who[keep]] = np.where(temp_null[keep], np.nan, temp[keep])
+    cols_idx = list(range(0, n_ids, 3))
+    np.testing.assert_array_equal(w.values["power_w"][:, :-1], exp_p[:, cols_idx])
+    np.testing.assert_array_equal(w.values["temp_c"][:, :-1], exp_t[:, cols_idx])
+    assert np.isnan(w.values["power_w"][:, -1]).all()  # an id with no data: all NaN
