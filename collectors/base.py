@@ -8,12 +8,13 @@ collector is a plain object that is easy to test against a fake or a local proto
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 from typing import Any, Protocol, runtime_checkable
 
 from collectors.contract import encode, topic_for
 
-__all__ = ["Collector", "CollectorError", "MessageBuilder"]
+__all__ = ["Collector", "CollectorError", "MessageBuilder", "parse_duration_s"]
 
 Message = tuple[str, bytes]
 
@@ -63,3 +64,15 @@ class MessageBuilder:
             samples=clean,
         )
         return topic_for(self.site, kind, source), payload
+
+
+_UNIT_S = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([smhd]?)\s*$", re.IGNORECASE)
+
+
+def parse_duration_s(text: str, what: str = "duration") -> float:
+    """Seconds from ``600``, ``600s``, ``10m``, ``1.5h`` or ``1d``; ValueError naming ``what``."""
+    m = _DURATION.match(text)
+    if not m:
+        raise ValueError(f"{what} {text!r} is not a time like 600, 600s, 10m, 1.5h or 1d")
+    return float(m.group(1)) * _UNIT_S[m.group(2).lower()]

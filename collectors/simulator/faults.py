@@ -19,10 +19,11 @@ Examples: ``cold_plate:trn-a01-n1:3@10m``, ``pump_failure:cdu-1/pump1@20m+15m``,
 from __future__ import annotations
 
 import math
-import re
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from collectors.base import parse_duration_s
 
 __all__ = [
     "FAULT_KINDS",
@@ -48,9 +49,6 @@ FAULT_KINDS: tuple[str, ...] = (
 RAMPED_KINDS = frozenset({"phase_creep", "cold_plate_decay"})
 #: ramp length of a ramped fault given without +DURATION [s]
 RAMP_DEFAULT_S = 3600.0
-
-_UNIT_S = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([smhd]?)\s*$", re.IGNORECASE)
 
 
 class Fault(BaseModel):
@@ -116,14 +114,6 @@ class Fault(BaseModel):
 
 def _fmt(seconds: float) -> str:
     return f"{seconds:.6f}".rstrip("0").rstrip(".") + "s"
-
-
-def parse_duration_s(text: str, what: str = "duration") -> float:
-    """Seconds from ``600``, ``600s``, ``10m``, ``1.5h`` or ``1d``; ValueError naming ``what``."""
-    m = _DURATION.match(text)
-    if not m:
-        raise ValueError(f"{what} {text!r} is not a time like 600, 600s, 10m, 1.5h or 1d")
-    return float(m.group(1)) * _UNIT_S[m.group(2).lower()]
 
 
 def parse_fault(spec: str) -> Fault:

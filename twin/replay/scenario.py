@@ -29,7 +29,7 @@ from typing import Annotated, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from collectors.simulator.faults import parse_duration_s
+from collectors.base import parse_duration_s
 from twin.site import Site
 from twin.site.catalog import NODE_MODELS
 

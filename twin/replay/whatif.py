@@ -138,7 +138,8 @@ def _grid(bundle: Bundle, kind: str, ids: list[str], quantities: list[str], t0, 
     out = {q: np.full((n, len(ids)), np.nan) for q in quantities}
     if kind not in bundle.manifest.rows:
         return out
-    t = bundle.table(kind, quantities)
+    present = [q for q in quantities if q in bundle.manifest.resolutions.get(kind, {})]
+    t = bundle.table(kind, present)
     ts = t.column("ts").cast(pa.timestamp("us", tz="UTC")).to_numpy().astype("int64")
     start_us = int(t0.timestamp() * 1e6)
     row = np.round((ts - start_us) / (dt_s * 1e6)).astype(np.int64)
@@ -147,7 +148,7 @@ def _grid(bundle: Bundle, kind: str, ids: list[str], quantities: list[str], t0, 
     lut = np.array([pos.get(s, -1) for s in enc.dictionary.to_pylist()], dtype=np.int64)
     col = lut[enc.indices.to_numpy(zero_copy_only=False)]
     ok = (col >= 0) & (row >= 0) & (row < n)
-    for q in quantities:
+    for q in present:
         v = t.column(q).to_numpy(zero_copy_only=False).astype(float)
         out[q][row[ok], col[ok]] = v[ok]
     return out

@@ -1,0 +1,317 @@
+"""What-if benchmark: 24 h of a site at 10 s, read from a bundle and run through the twin.
+
+Builds a synthetic site of ``--gpus`` GPUs (racks of four 8-GPU HGX H200 DLC nodes, a CDU per
+eight racks, an A/B PDU pair per rack, half training and half inference) and a 24-hour bundle
+of it at 10 s, written with the bundle writer (numpy workload: a training level with dips and an
+inference daily cycle, powers from the catalog curve, temperatures from the catalog RC model;
+no calibration, so the twin uses the catalog). Then times what ``dctwin whatif`` does: read the
+bundle onto its grid, run the baseline and three scenarios (+3 °C facility water, a CDU losing
+a pump, four more racks on a CDU), write the report.
+
+    .venv/bin/python bench/bench_whatif.py --gpus 1000
+    .venv/bin/python bench/bench_whatif.py --gpus 10000
+
+Target (issue 7): replay plus what-if of 24 h of a 1,000-GPU site in <= 60 s (1,440x real
+time). ``replay`` here is the what-if's pass over the recording; feeding the bundle through
+the MQTT/ingest path is measured separately (``--ingest``), as it is bounded by the ingest rate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from twin.replay.bundle import RESOLUTION, Bundle, Manifest, _quantize, write_parquet
+from twin.replay.report import write_report
+from twin.replay.scenario import Scenario
+from twin.replay.whatif import load, run
+
+START = datetime(2026, 11, 23, tzinfo=UTC)
+DT = 10.0
+NODE_GPUS = 8
+RACK_NODES = 4
+CDU_RACKS = 8
+
+
+def make_site(n_gpus: int) -> dict:
+    n_racks = max(1, math.ceil(n_gpus / (NODE_GPUS * RACK_NODES)))
+    racks, pdus, cdus = [], [], []
+    train, infer = [], []
+    for r in range(n_racks):
+        name = f"r{r:04d}"
+        nodes = [{"name": f"{name}-n{k}", "model": "HGX-H200-8-DLC"} for k in range(RACK_NODES)]
+        racks.append(
+            {
+                "name": name,
+                "grid": [r % 40, r // 40],
+                "pdus": [f"{name}-a", f"{name}-b"],
+                "cdu": f"cdu-{r // CDU_RACKS}",
+                "nodes": nodes,
+            }
+        )
+        for feed in ("a", "b"):
+            pdus.append(
+                {
+                    "name": f"{name}-{feed}",
+                    "feed": feed.upper(),
+                    "voltage_v": 415,
+                    "rated_current_a": 60,
+                }
+            )
+        (train if r % 2 == 0 else infer).append(name)
+    for c in range(math.ceil(n_racks / CDU_RACKS)):
+        cdus.append(
+            {
+                "name": f"cdu-{c}",
+                "model": "ROW-CDU-1500",
+                "capacity_kw": 350,
+                "max_flow_lpm": 525,
+                "fw_supply_temp_c": 30,
+            }
+        )
+    return {
+        "name": "bench",
+        "halls": [{"name": "hall", "rows": [{"name": "row", "racks": racks}]}],
+        "pdus": pdus,
+        "cdus": cdus,
+        "fleets": [
+            {"name": "train", "role": "training", "members": train},
+            {"name": "infer", "role": "inference", "members": infer or train[:1]},
+        ],
+    }
+
+
+def _table(kind: str, ts: np.ndarray, ids: list[str], sources: list[str], cols: dict) -> pa.Table:
+    n_t, n = len(ts), len(ids)
+    data = {
+        "ts": pa.array(np.repeat(ts, n), pa.timestamp("us", tz="UTC")),
+        "source": pa.array(np.tile(np.array(sources, dtype=object), n_t)),
+        "id": pa.array(np.tile(np.array(ids, dtype=object), n_t)),
+    }
+    for q, res in RESOLUTION[kind].items():
+        v = cols.get(q)
+        if v is not None:
+            data[q] = pa.array(v.reshape(-1))
+        else:  # not measured: nulls (integers cannot hold NaN)
+            data[q] = pa.nulls(n_t * n, pa.int64() if res is None else pa.float64())
+    t = pa.table(data)
+    idx = np.lexsort((np.repeat(np.arange(n_t), n), np.tile(np.arange(n), n_t)))
+    return t.take(pa.array(idx))
+
+
+def make_bundle(site_raw: dict, out: Path) -> None:
+    from twin.site import Site
+
+    site = Site.model_validate(site_raw)
+    out.mkdir(parents=True)
+    (out / "site.yaml").write_text(yaml.safe_dump(site_raw))
+    n_t = round(86400 / DT)
+    t_s = np.arange(n_t) * DT
+    ts = (START.timestamp() * 1e6 + t_s * 1e6).astype(np.int64)
+    rng = np.random.default_rng(0)
+    nodes = site.nodes
+    gpu_ids = [g for nd in nodes for g in nd.gpu_ids()]
+    gpu_src = [nd.name for nd in nodes for _ in nd.gpu_ids()]
+    fleet = site.fleet_of_node
+    training = np.array([fleet[nd.name].role == "training" for nd in nodes for _ in nd.gpu_ids()])
+    g = len(gpu_ids)
+    daily = 0.15 + 0.5 * np.maximum(0, np.sin(2 * np.pi * (t_s / 3600 - 8) / 24))
+    dips = (t_s % 1800) < 60
+    act = np.where(training[None, :], np.where(dips[:, None], 0.1, 0.9), daily[:, None])
+    act = np.clip(act + 0.03 * rng.standard_normal((n_t, g)), 0, 1)
+    power = 75 + (700 - 75) * act**0.9
+    supply = 34.0
+    temp = supply + 0.03 * power + 0.3 * rng.standard_normal((n_t, g))
+    rows = {
+        "gpu": _table(
+            "gpu",
+            ts,
+            gpu_ids,
+            gpu_src,
+            {
+                "power_w": power,
+                "temp_c": temp,
+                "mem_temp_c": temp + 3,
+                "sm_active": act,
+                "power_limit_w": np.full((n_t, g), 700.0),
+            },
+        )
+    }
+    node_p = power.reshape(n_t, len(nodes), NODE_GPUS).sum(axis=2) * 1.1 / 0.96 + 800
+    rows["node"] = _table(
+        "node",
+        ts,
+        [nd.name for nd in nodes],
+        [nd.name for nd in nodes],
+        {"power_w": node_p, "inlet_temp_c": np.full(node_p.shape, 24.0)},
+    )
+    racks = site.racks
+    rack_p = node_p.reshape(n_t, len(racks), RACK_NODES).sum(axis=2)
+    pdu_ids, pdu_src, pdu_pw, pdu_cur = [], [], [], []
+    for r_i, r in enumerate(racks):
+        for p in r.pdus:
+            pdu_ids.append(p)
+            pdu_src.append(p)
+            pdu_pw.append(rack_p[:, r_i] / 2)
+            pdu_cur.append(np.full(n_t, np.nan))
+            for k in (1, 2, 3):
+                pdu_ids.append(f"{p}/L{k}")
+                pdu_src.append(p)
+                pdu_pw.append(rack_p[:, r_i] / 6)
+                pdu_cur.append(rack_p[:, r_i] / 6 / (240 * 0.98))
+    rows["pdu"] = _table(
+        "pdu",
+        ts,
+        pdu_ids,
+        pdu_src,
+        {"power_w": np.column_stack(pdu_pw), "current_a": np.column_stack(pdu_cur)},
+    )
+    cdus = site.cdus
+    heat = np.zeros((n_t, len(cdus)))
+    for r_i, r in enumerate(racks):
+        heat[:, int(r.cdu.split("-")[1])] += 0.75 * rack_p[:, r_i] / 1000
+    flow = np.full(heat.shape, 420.0)
+    ret = supply + heat / (1.03 * 3.9 * flow / 60)
+    c_ids, c_src, c_cols = (
+        [],
+        [],
+        {
+            q: []
+            for q in (
+                "supply_temp_c",
+                "return_temp_c",
+                "flow_lpm",
+                "heat_kw",
+                "fw_supply_temp_c",
+                "pump_speed_pct",
+            )
+        },
+    )
+    for i, c in enumerate(cdus):
+        for sid, vals in (
+            (
+                c.name,
+                {
+                    "supply_temp_c": np.full(n_t, supply),
+                    "return_temp_c": ret[:, i],
+                    "flow_lpm": flow[:, i],
+                    "heat_kw": heat[:, i],
+                    "fw_supply_temp_c": np.full(n_t, 30.0),
+                },
+            ),
+            *((f"{c.name}/{p}", {"pump_speed_pct": np.full(n_t, 80.0)}) for p in c.pumps),
+        ):
+            c_ids.append(sid)
+            c_src.append(c.name)
+            for q in c_cols:
+                c_cols[q].append(vals.get(q, np.full(n_t, np.nan)))
+    rows["cdu"] = _table(
+        "cdu", ts, c_ids, c_src, {q: np.column_stack(v) for q, v in c_cols.items()}
+    )
+    counts = {}
+    for kind, t in rows.items():
+        write_parquet(_quantize(kind, t), out / f"{kind}.parquet")
+        counts[kind] = t.num_rows
+    m = Manifest(
+        site=site.name,
+        start=START,
+        end=START + timedelta(days=1),
+        resolution_s=DT,
+        rows=counts,
+        resolutions={k: dict(RESOLUTION[k]) for k in counts},
+        calibration_run=None,
+        created_at=datetime.now(UTC),
+        notes="bench_whatif",
+    )
+    (out / "manifest.json").write_text(m.model_dump_json())
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--gpus", type=int, default=1000)
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        site_raw = make_site(args.gpus)
+        t0 = time.perf_counter()
+        make_bundle(site_raw, Path(tmp) / "b")
+        t_make = time.perf_counter() - t0
+        scen = [
+            Scenario.model_validate(
+                {"name": "fw-plus-3", "changes": [{"op": "facility_water", "delta_k": 3}]}
+            ),
+            Scenario.model_validate(
+                {
+                    "name": "cdu-0-pump",
+                    "changes": [{"op": "fail_pump", "cdu": "cdu-0", "pump": "pump1"}],
+                }
+            ),
+            Scenario.model_validate(
+                {
+                    "name": "plus-4-racks",
+                    "changes": [
+                        {
+                            "op": "add_racks",
+                            "count": 4,
+                            "node_model": "HGX-H200-8-DLC",
+                            "nodes_per_rack": 4,
+                            "cdu": "cdu-0",
+                            "fleet": "infer",
+                            "like_rack": "r0000",
+                        }
+                    ],
+                }
+            ),
+        ]
+        t0 = time.perf_counter()
+        b = Bundle.load(Path(tmp) / "b")
+        d = load(b)
+        t_load = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        base = run(d, None)
+        t_base = time.perf_counter() - t0
+        t_sc = []
+        runs = []
+        for s in scen:
+            t1 = time.perf_counter()
+            runs.append(run(d, s))
+            t_sc.append(time.perf_counter() - t1)
+        t1 = time.perf_counter()
+        write_report(b, base, runs, Path(tmp) / "report")
+        t_report = time.perf_counter() - t1
+        total = t_load + t_base + sum(t_sc) + t_report
+        gpus = len(d.idx.gpu_ids)
+    res = {
+        "gpus": gpus,
+        "hours": 24,
+        "step_s": DT,
+        "make_bundle_s": round(t_make, 1),
+        "load_s": round(t_load, 2),
+        "baseline_s": round(t_base, 2),
+        "scenarios_s": [round(x, 2) for x in t_sc],
+        "report_s": round(t_report, 2),
+        "load_plus_baseline_plus_one_scenario_s": round(t_load + t_base + t_sc[0], 2),
+        "total_s": round(total, 2),
+        "x_real_time_one_scenario": round(86400 / (t_load + t_base + t_sc[0]), 0),
+        "verdicts": {r.name: r.verdict for r in runs},
+    }
+    print(json.dumps(res))
+    if args.json:
+        args.json.write_text(json.dumps(res, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
