@@ -94,21 +94,24 @@ def make_site(n_gpus: int) -> dict:
 
 
 def _table(kind: str, ts: np.ndarray, ids: list[str], sources: list[str], cols: dict) -> pa.Table:
+    """Rows in (id, ts) order, ids and sources dictionary-encoded (no per-row Python strings)."""
     n_t, n = len(ts), len(ids)
+    id_idx = np.repeat(np.arange(n, dtype=np.int32), n_t)
+    src_names = sorted(set(sources))
+    src_pos = {x: i for i, x in enumerate(src_names)}
+    src_of = np.array([src_pos[x] for x in sources], dtype=np.int32)
     data = {
-        "ts": pa.array(np.repeat(ts, n), pa.timestamp("us", tz="UTC")),
-        "source": pa.array(np.tile(np.array(sources, dtype=object), n_t)),
-        "id": pa.array(np.tile(np.array(ids, dtype=object), n_t)),
+        "ts": pa.array(np.tile(ts, n), pa.timestamp("us", tz="UTC")),
+        "source": pa.DictionaryArray.from_arrays(pa.array(src_of[id_idx]), pa.array(src_names)),
+        "id": pa.DictionaryArray.from_arrays(pa.array(id_idx), pa.array(ids)),
     }
     for q, res in RESOLUTION[kind].items():
         v = cols.get(q)
         if v is not None:
-            data[q] = pa.array(v.reshape(-1))
+            data[q] = pa.array(np.ascontiguousarray(v.T).reshape(-1))
         else:  # not measured: nulls (integers cannot hold NaN)
             data[q] = pa.nulls(n_t * n, pa.int64() if res is None else pa.float64())
-    t = pa.table(data)
-    idx = np.lexsort((np.repeat(np.arange(n_t), n), np.tile(np.arange(n), n_t)))
-    return t.take(pa.array(idx))
+    return pa.table(data)
 
 
 def make_bundle(site_raw: dict, out: Path) -> None:

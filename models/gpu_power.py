@@ -245,8 +245,8 @@ def _parabola_best(cand: F64, sse: F64) -> tuple[F64, NDArray[np.intp]]:
     kk = np.clip(k, 1, cand.shape[0] - 2)
     cols = np.arange(n)
     y0, y1, y2 = sse[kk - 1, cols], sse[kk, cols], sse[kk + 1, cols]
-    den = y0 - 2 * y1 + y2
-    with np.errstate(divide="ignore", invalid="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore"):  # a GPU with no data: NaN, refused
+        den = y0 - 2 * y1 + y2
         shift = np.where(den > 0, 0.5 * (y0 - y2) / den, 0.0)
     g_k = cand[kk, cols] + np.clip(shift, -1.0, 1.0) * (cand[kk + 1, cols] - cand[kk, cols])
     at_edge = (k == 0) | (k == cand.shape[0] - 1)
@@ -467,7 +467,8 @@ def fit_power_curve(
     gram[:, 1, 2] = gram[:, 2, 1] = s[3]
     gram[:, 2, 2] = s[4]
     sigma2 = (sse_b + within) / np.maximum(total - 3.0, 1.0)
-    cov = safe_pinv(gram) * sigma2[:, None, None]
+    with np.errstate(invalid="ignore"):  # a GPU with no data: NaN, refused below
+        cov = safe_pinv(gram) * sigma2[:, None, None]
     se_idle = np.sqrt(np.maximum(cov[:, 0, 0], 0.0))
     se_lim = np.sqrt(np.maximum(cov[:, 0, 0] + cov[:, 1, 1] + 2 * cov[:, 0, 1], 0.0))
     se_g = np.sqrt(np.maximum(cov[:, 2, 2], 0.0))

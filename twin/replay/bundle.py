@@ -191,12 +191,16 @@ def _read_kind(store: Store, kind: str, start: datetime, end: datetime, res_s: f
     return t.rename_columns(["ts", *t.column_names[1:]])
 
 
+def _dict(col: pa.ChunkedArray) -> pa.ChunkedArray:
+    return col if pa.types.is_dictionary(col.type) else col.dictionary_encode()
+
+
 def _quantize(kind: str, table: pa.Table) -> pa.Table:
     """Each quantity as an integer multiple of its resolution (nulls kept)."""
     out: dict[str, pa.Array] = {
         "ts": table.column("ts").cast(pa.timestamp("us", tz="UTC")),
-        "source": table.column("source").dictionary_encode(),
-        "id": table.column("id").dictionary_encode(),
+        "source": _dict(table.column("source")),
+        "id": _dict(table.column("id")),
     }
     for q in _columns(kind):
         col = table.column(q)

@@ -594,7 +594,6 @@ def run(d: _Data, scenario: Scenario | None, rules: Any = None) -> RunResult:
     temp_meas = d.gpu["temp_c"]
     t_out = np.empty((n, g))
     throttled_s = 0.0
-    p_final = p_s.copy()
     for lo in range(0, g, GPU_CHUNK):
         sl = slice(lo, min(lo + GPU_CHUNK, g))
         liq = liquid[sl]
@@ -630,7 +629,6 @@ def run(d: _Data, scenario: Scenario | None, rules: Any = None) -> RunResult:
             xs = gpu_thermal.rc_step(xs, ref_s[k - 1] + off, p_sc[k - 1], r_s[k - 1], c_j, dt)
             tb[k], tsc[k] = xb, xs
         t_out[:, sl] = np.nan_to_num(temp_meas[:, sl], nan=0.0) + (tsc - tb)
-        p_final[:, sl] = p_sc
     judge("gpu", idx.gpu_ids, "°C", t_out, gp["tmax"])
     for nr in new:  # new GPUs: the catalog RC model at steady state over their loop's supply
         gs = nr["gspec"]
