@@ -221,3 +221,35 @@ def test_record_and_replay_round_trip_through_the_ingest_path(tmp_path: Path) ->
         ).fetchall()
     for (i1, a), (i2, c) in zip(src_means, dst_means, strict=True):
         assert i1 == i2 and c == pytest.approx(a, abs=2.5)  # 5 W recording resolution
+
+
+@pytest.mark.mqtt
+def test_replay_over_mqtt_to_a_running_service_shifted_to_now(broker, tmp_path: Path) -> None:
+    from collectors.mqtt import wait_until
+
+    from .test_mqtt_ingest import Service
+
+    site = load_site(SMALL_SITE)
+    start = datetime(2026, 11, 20, 12, 0, tzinfo=UTC)
+    sim = SiteSimulator(site, seed=4, start=start)
+    with Store(tmp_path / "src.duckdb") as src:
+        Ingester(src, site, IngestLimits(max_past_s=0)).ingest(
+            [m for _ in range(120) for m in sim.step()]
+        )
+        record(src, SMALL_SITE, tmp_path / "b", start, start + timedelta(minutes=2))
+    svc = Service(broker, tmp_path / "live.duckdb")
+    try:
+        res = CliRunner().invoke(
+            app,
+            ["replay", str(tmp_path / "b"), "--broker", broker.address, "--shift-to-now"],
+            env=broker.client_env(),
+        )
+        assert res.exit_code == 0, res.output
+        assert json.loads(res.output)["messages"] > 0
+        assert wait_until(lambda: svc.count() == 24 * 12, 20), svc.ingester.counters.as_dict()
+    finally:
+        svc.stop()
+    with Store(tmp_path / "live.duckdb", read_only=True) as live:
+        newest = live.con.execute("SELECT max(ts) FROM gpu").fetchall()[0][0]
+        assert abs((datetime.now(UTC) - newest).total_seconds()) < 120  # shifted to now
+        assert live.status()["dead_letters"] == {}
