@@ -126,6 +126,20 @@ class BacktestResult:
 # ---- helpers ----------------------------------------------------------------------------------
 
 
+def _quiet_nan(fn):  # type: ignore[no-untyped-def]
+    """Series with no data stay NaN (and are reported so); numpy's warnings about them add
+    nothing."""
+    import functools
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):  # type: ignore[no-untyped-def]
+        with warnings.catch_warnings(), np.errstate(all="ignore"):
+            warnings.simplefilter("ignore", RuntimeWarning)
+            return fn(*args, **kwargs)
+
+    return wrapper
+
+
 def _as_history(history: ArrayLike) -> F64:
     y = np.asarray(history, dtype=float)
     if y.ndim == 1:
@@ -307,6 +321,7 @@ def _residual_correction(
     return corr, beta
 
 
+@_quiet_nan
 def point_forecast(
     history: ArrayLike,
     start_s: float,
@@ -434,6 +449,7 @@ def _forecast_at(
     return Forecast(t_fut, p05, p50, p90, p95, point, periods, len(origins))
 
 
+@_quiet_nan
 def forecast(
     history: ArrayLike,
     start_s: float,
@@ -491,6 +507,7 @@ def seasonal_naive(
     return out
 
 
+@_quiet_nan
 def backtest(
     history: ArrayLike,
     start_s: float,

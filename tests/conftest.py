@@ -57,3 +57,15 @@ def wye_pdu(name: str, feed: str, breaker_prefix: str = "cb") -> dict:
 
 def has_mosquitto_pub() -> bool:
     return shutil.which("mosquitto_pub") is not None
+
+
+@pytest.fixture(autouse=True)
+def _keep_main_module() -> Iterator[None]:
+    """Streamlit's AppTest runs page scripts as ``__main__``; a receiver child started later
+    with multiprocessing's spawn would re-run that script. Put the real ``__main__`` back."""
+    import sys
+
+    main = sys.modules.get("__main__")
+    yield
+    if main is not None:
+        sys.modules["__main__"] = main

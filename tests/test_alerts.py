@@ -330,6 +330,11 @@ def test_restart_neither_repages_nor_forgets_to_resolve(topo: Topology, tmp_path
             fired[0].starts_at,
         )
         assert e.active() == []
+        # with no hooks at all, every notification is still in the history
+        hist = store.con.execute(
+            "SELECT status, dedup_key FROM alert_history ORDER BY created_at"
+        ).fetchall()
+        assert hist == [("firing", fired[0].dedup_key), ("resolved", fired[0].dedup_key)]
 
 
 # ---- rule files ----------------------------------------------------------------------------

@@ -55,6 +55,8 @@ def test_sim_to_serve_lands_exactly_the_published_samples(broker, tmp_path):
             "60",
             "--calibrate-holdout",
             "10",
+            "--api-port",
+            "0",
         ],
         stdout=log.open("wb"),
         stderr=subprocess.STDOUT,
@@ -187,6 +189,11 @@ def test_demo_runs_and_stops_cleanly(tmp_path):
 
 
 def test_every_command_has_help():
-    for cmd in ["sim", "serve", "ingest", "export", "status", "maintain", "broker", "demo"]:
-        r = run(cmd, "--help")
+    commands = [
+        *("sim", "serve", "ingest", "export", "status", "calibrate", "maintain", "broker"),
+        *("demo", "headroom", "hotspots", "fleets", "forecast", "record", "replay", "whatif"),
+        *("collect nvml", "collect dcgm", "collect redfish", "collect snmp"),
+    ]
+    for cmd in commands:
+        r = run(*cmd.split(), "--help")
         assert r.returncode == 0 and "Usage" in r.stdout, (cmd, r.stderr)

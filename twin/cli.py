@@ -25,6 +25,8 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from collectors.mqtt import BrokerConfig, BrokerError
+from twin import cli_replay
+from twin.cli_collect import collect_app
 
 app = typer.Typer(
     name="dctwin",
@@ -35,7 +37,10 @@ app = typer.Typer(
 )
 err = Console(stderr=True, soft_wrap=True)
 
-DEMO_SITE = Path(__file__).resolve().parents[1] / "sample_telemetry" / "demo_site.yaml"
+REPO = Path(__file__).resolve().parents[1]
+DEMO_SITE = REPO / "sample_telemetry" / "demo_site.yaml"
+DEMO_RULES = REPO / "deploy" / "alert_rules.yaml"
+DASHBOARDS = REPO / "dashboards"
 
 BrokerOpt = Annotated[
     str | None,
@@ -246,10 +251,31 @@ def serve(
     hooks: Annotated[
         Path | None, typer.Option(help="Alert hook file (e.g. deploy/alert_hooks.yaml).")
     ] = None,
+    api: Annotated[bool, typer.Option("--api/--no-api", help="Serve the HTTP API.")] = True,
+    api_host: Annotated[
+        str, typer.Option(help="Address the HTTP API listens on (default: localhost only).")
+    ] = "127.0.0.1",
+    api_port: Annotated[int, typer.Option(help="HTTP API port (0: any free port).")] = 8420,
+    api_token: Annotated[
+        str | None,
+        typer.Option(
+            envvar="DCTWIN_API_TOKEN",
+            show_default=False,
+            help="Bearer token for the API's writes (acknowledge, silences); without one,"
+            " writes are refused. Default: DCTWIN_API_TOKEN.",
+        ),
+    ] = None,
+    whatif_bundles: Annotated[
+        Path, typer.Option(help="Directory of recorded bundles the API's what-if jobs use.")
+    ] = REPO / "sample_telemetry",
+    whatif_scenarios: Annotated[
+        Path, typer.Option(help="Directory of scenario YAML files the what-if jobs offer.")
+    ] = REPO / "sample_telemetry" / "scenarios",
     verbose: bool = False,
 ) -> None:
     """Run the twin service: ingest MQTT telemetry into the DuckDB store, refit the model and
-    recompute headroom, hot spots and alerts on a schedule (Ctrl-C stops)."""
+    recompute headroom, hot spots and alerts on a schedule, and serve the HTTP API with
+    /metrics (Ctrl-C stops)."""
     from twin.ingest import Ingester, IngestLimits
     from twin.ingest.mqtt_service import MqttIngestService, ServiceOptions
 
@@ -287,15 +313,46 @@ def serve(
             holdout_s=calibrate_holdout,
         )
         scheduler.start()
-    detector = delivery = None
+    detector = delivery = engine = None
     if site_obj is not None and detect_every > 0:
         from twin.detect import DetectionScheduler
 
-        engine = None
         if rules is not None:
             engine, delivery = _alerting(store, site_obj, rules, hooks)
         detector = DetectionScheduler(store, site_obj, interval_s=detect_every, engine=engine)
         detector.start()
+    api_server = None
+    if api:
+        from twin.api import ApiContext, ApiError, ApiServer
+        from twin.api.whatif import whatif_router
+
+        ctx = ApiContext(
+            store,
+            site=site_obj,
+            ingester=ingester,
+            detector=detector,
+            calibrator=scheduler,
+            engine=engine,
+            service=service,
+            token=api_token or None,
+        )
+        reports = db.with_name(db.name + ".whatif")
+        ctx.routers.append(whatif_router(ctx, whatif_bundles, whatif_scenarios, reports))
+        try:
+            api_server = ApiServer(ctx, host=api_host, port=api_port).start()
+        except ApiError as e:
+            for part in (scheduler, detector, delivery):
+                if part is not None:
+                    part.stop()
+            service.stop()
+            store.close()
+            raise _fail(str(e)) from None
+        writes = "token required" if api_token else "off (no --api-token / DCTWIN_API_TOKEN)"
+        err.print(
+            f"api: {api_server.url} (OpenAPI at {api_server.url}/docs, Prometheus at"
+            f" {api_server.url}/metrics; writes: {writes})",
+            highlight=False,
+        )
     stopping = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())
     err.print(f"serving: {cfg.describe()} -> {db} (Ctrl-C stops)", highlight=False)
@@ -304,6 +361,8 @@ def serve(
             pass
     except KeyboardInterrupt:
         pass
+    if api_server is not None:
+        api_server.stop()
     if scheduler is not None:
         scheduler.stop()
     if detector is not None:
@@ -490,7 +549,10 @@ def _alerting(store, site_obj, rules: Path, hooks: Path | None):
     except RuleFileError as e:
         raise _fail(str(e)) from None
     if not hook_list:
-        err.print("[yellow]no --hooks: alerts are kept in the store's outbox, not sent[/]")
+        err.print(
+            "[yellow]no --hooks: alerts are kept in the store (alert_history, GET"
+            " /api/v1/alerts), not sent[/]"
+        )
     outbox = Outbox(store.cursor(), hook_list)
     engine = AlertEngine(rule_set, Topology.from_site(site_obj), outbox)
     delivery = Delivery(outbox, interval_s=1.0).start() if hook_list else None
@@ -654,6 +716,20 @@ def broker(
         b.stop()
 
 
+def _port(preferred: int) -> int:
+    """``preferred`` when it is free on 127.0.0.1, else any free port."""
+    import socket
+
+    for port in (preferred, 0):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return int(sock.getsockname()[1])
+    raise _fail("no free TCP port on 127.0.0.1")
+
+
 @app.command()
 def demo(
     site: SiteOpt = None,
@@ -665,19 +741,52 @@ def demo(
         float | None, typer.Option(help="Stop after this many wall seconds (default: Ctrl-C).")
     ] = None,
     seed: int = 0,
+    api_port: Annotated[
+        int, typer.Option(help="HTTP API port (another free one when it is taken).")
+    ] = 8420,
+    console: Annotated[
+        bool, typer.Option("--console/--no-console", help="Start the Streamlit console.")
+    ] = True,
+    console_port: Annotated[
+        int, typer.Option(help="Console port (another free one when it is taken).")
+    ] = 8501,
+    rules: Annotated[
+        Path | None, typer.Option(help="Alert rules (default: deploy/alert_rules.yaml).")
+    ] = None,
+    fault: Annotated[
+        list[str] | None,
+        typer.Option(help="A simulator fault, KIND:TARGET@START[+DURATION]; repeatable."),
+    ] = None,
+    detect_every: Annotated[
+        float, typer.Option(help="Headroom, hot spots and alerts every this many s.")
+    ] = 60.0,
 ) -> None:
-    """One command: a local broker, the simulated demo site publishing live, and the service."""
+    """One command: a local broker, the simulated demo site publishing live, the service with
+    its HTTP API, and the console."""
+    import secrets
+
     from twin.broker import start_broker
 
     site_path = site or DEMO_SITE
     _site(site_path, required=True)
     if broker_kind not in ("auto", "mosquitto", "embedded"):
         raise _fail(f"--broker-kind {broker_kind!r}: expected auto, mosquitto or embedded")
+    rules_path = rules or DEMO_RULES
+    if not rules_path.exists():
+        raise _fail(f"--rules {rules_path}: no such file")
     try:
         b = start_broker(broker_kind, port=port)  # type: ignore[arg-type]
     except RuntimeError as e:
         raise _fail(str(e)) from None
-    env = {**os.environ, **b.client_env()}
+    api_port = _port(api_port)
+    api_url = f"http://127.0.0.1:{api_port}"
+    token = os.environ.get("DCTWIN_API_TOKEN") or secrets.token_urlsafe(18)
+    env = {
+        **os.environ,
+        **b.client_env(),
+        "DCTWIN_API_TOKEN": token,
+        "DCTWIN_API_URL": api_url,
+    }
     # The service's session exists before the simulator's first poll: nothing published
     # while the service is still starting is lost.
     from collectors.contract import TOPIC_PREFIX
@@ -696,7 +805,22 @@ def demo(
     procs: list[tuple[str, subprocess.Popen[bytes]]] = []
     try:
         serve_p = subprocess.Popen(
-            [*me, "serve", "--broker", b.address, "--db", str(db), "--site", str(site_path)],
+            [
+                *me,
+                "serve",
+                "--broker",
+                b.address,
+                "--db",
+                str(db),
+                "--site",
+                str(site_path),
+                "--rules",
+                str(rules_path),
+                "--detect-every",
+                str(detect_every),
+                "--api-port",
+                str(api_port),
+            ],
             env=env,
         )
         procs.append(("service", serve_p))
@@ -712,15 +836,43 @@ def demo(
                 str(seed),
                 "--speed",
                 str(speed),
+                *[a for f in fault or [] for a in ("--fault", f)],
             ],
             env=env,
         )
         procs.append(("simulator", sim_p))
+        console_line = "  console    off (--no-console)\n"
+        if console:
+            console_port = _port(console_port)
+            console_p = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "streamlit",
+                    "run",
+                    str(DASHBOARDS / "app.py"),
+                    "--server.headless",
+                    "true",
+                    "--server.address",
+                    "127.0.0.1",
+                    "--server.port",
+                    str(console_port),
+                    "--browser.gatherUsageStats",
+                    "false",
+                ],
+                env=env,
+                stdout=subprocess.DEVNULL,
+            )
+            procs.append(("console", console_p))
+            console_line = f"  console    http://127.0.0.1:{console_port}\n"
         err.print(
             "[bold]dctwin demo[/]\n"
             f"  broker     {b.kind} at mqtt://{b.address}\n"
             f"  simulator  site {site_path} publishing dctwin/v1/# at {speed:g}x real time\n"
-            f"  service    ingesting into {db}\n"
+            f"  service    ingesting into {db}, alert rules {rules_path}\n"
+            f"  api        {api_url} (OpenAPI at {api_url}/docs, {api_url}/metrics)\n"
+            f"{console_line}"
+            f"  token      writes (acknowledge, silence) need 'Authorization: Bearer {token}'\n"
             f"  inspect    dctwin status --db {db} (after Ctrl-C: the service holds the file)\n"
             "  Ctrl-C stops everything.",
             highlight=False,
@@ -734,7 +886,8 @@ def demo(
     except KeyboardInterrupt:
         pass
     finally:
-        for name, p in reversed(procs):  # simulator first, then the service (it flushes)
+        # console first, then the simulator, then the service (it flushes what arrived)
+        for name, p in reversed(procs):
             if p.poll() is None:
                 if name == "service":
                     time.sleep(1.0)  # let the broker deliver the simulator's last poll
@@ -746,6 +899,11 @@ def demo(
         b.stop()
         err.print("demo stopped.")
 
+
+app.add_typer(collect_app, name="collect")
+app.command()(cli_replay.record)
+app.command()(cli_replay.replay)
+app.command()(cli_replay.whatif)
 
 if __name__ == "__main__":
     app()

@@ -34,6 +34,10 @@ _DDL = (
     " next_attempt_at TIMESTAMPTZ NOT NULL, last_error VARCHAR, last_status_code INTEGER,"
     " delivered_at TIMESTAMPTZ, state VARCHAR NOT NULL DEFAULT 'pending',"
     " next_resend_at TIMESTAMPTZ)",
+    # every notification the engine made, hooks or none: the alert history
+    "CREATE TABLE IF NOT EXISTS alert_history (created_at TIMESTAMPTZ NOT NULL,"
+    " dedup_key VARCHAR NOT NULL, status VARCHAR NOT NULL, event_id VARCHAR NOT NULL,"
+    " rule VARCHAR NOT NULL, severity VARCHAR NOT NULL, payload VARCHAR NOT NULL)",
     "CREATE TABLE IF NOT EXISTS alert_state (key VARCHAR PRIMARY KEY, kind VARCHAR NOT NULL,"
     " state VARCHAR NOT NULL, updated_at TIMESTAMPTZ NOT NULL)",
     "CREATE TABLE IF NOT EXISTS alert_silences (id VARCHAR PRIMARY KEY,"

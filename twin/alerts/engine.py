@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
@@ -287,6 +288,8 @@ class AlertEngine:
         self._holds: dict[str, _Hold] = {}
         self._dirty: set[str] = set()
         self._index = rules.index()
+        # evaluate runs in the detection thread, active/acknowledge in the API's threads
+        self._lock = threading.RLock()
         self._load_state()
 
     @property
@@ -318,6 +321,12 @@ class AlertEngine:
         self, observations: Iterable[Observation], now: datetime | None = None
     ) -> list[Notification]:
         """Run one evaluation; return the notifications to send (and enqueue them)."""
+        with self._lock:
+            return self._evaluate(observations, now)
+
+    def _evaluate(
+        self, observations: Iterable[Observation], now: datetime | None
+    ) -> list[Notification]:
         now = (now or self.clock()).astimezone(UTC)
         rules = self.rules.by_name()
         cleared: dict[str, datetime] = {}  # group key -> when its last member cleared
@@ -567,6 +576,10 @@ class AlertEngine:
 
     def active(self) -> list[dict[str, Any]]:
         """Open incidents (paged or not) with their members, for the API and the console."""
+        with self._lock:
+            return self._active()
+
+    def _active(self) -> list[dict[str, Any]]:
         return [
             {
                 "dedup_key": g.dedup_key,
@@ -606,6 +619,19 @@ class AlertEngine:
                             "INSERT INTO alert_state VALUES (?, ?, ?, ?)",
                             [key, key[0], obj.to_json(), now],
                         ).fetchall()
+                for note in notifications:
+                    cur.execute(
+                        "INSERT INTO alert_history VALUES (?, ?, ?, ?, ?, ?, ?)",
+                        [
+                            now,
+                            note.dedup_key,
+                            note.status,
+                            note.event_id,
+                            note.rule,
+                            note.severity,
+                            note.model_dump_json(),
+                        ],
+                    ).fetchall()
                 if self.outbox is not None and notifications:
                     self.outbox.enqueue_many(notifications, now)
         except duckdb.Error:

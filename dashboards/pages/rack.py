@@ -1,0 +1,136 @@
+"""Rack: its nodes and GPUs, its PDU phases against their limits, its CDU loop."""
+
+from __future__ import annotations
+
+import pandas as pd
+import plotly.graph_objects as go
+import streamlit as st
+
+from dashboards import ui
+
+ui.page("Rack", "🗄️")
+
+racks = ui.fetch("/api/v1/racks")
+names = [r["name"] for r in racks["racks"]] if racks else []
+wanted = st.query_params.get("rack") or st.session_state.get("rack")
+if names:
+    rack = st.selectbox(
+        "Rack", names, index=names.index(wanted) if wanted in names else 0, key="rack_pick"
+    )
+    st.session_state["rack"] = rack
+    st.query_params["rack"] = rack
+else:
+    rack = None
+
+
+def body() -> None:
+    if rack is None:
+        return
+    d = ui.fetch(f"/api/v1/racks/{rack}")
+    if d is None:
+        return
+    s = d["rack"]
+    st.caption(
+        f"{s['hall']} / {s['row']} · grid ({s['grid_col']}, {s['grid_row']}) · fleet"
+        f" {s['fleet'] or '–'} · CDU {s['cdu'] or 'none (air)'} · PDUs {', '.join(s['pdus'])}"
+    )
+    c = st.columns(5)
+    c[0].metric("IT power", ui.fmt(s["power_kw"], "kW"))
+    c[1].metric(
+        "Feed limit",
+        ui.fmt(s["power_limit_kw"], "kW"),
+        f"{ui.fmt(s['headroom_kw'], 'kW')} headroom",
+        delta_color="off",
+    )
+    c[2].metric(
+        "Hottest GPU",
+        ui.fmt(s["gpu_temp_max_c"], "°C"),
+        f"{ui.fmt(s['gpu_headroom_min_k'], 'K')} to slowdown",
+        delta_color="off",
+    )
+    c[3].metric("Inlet air", ui.fmt(s["inlet_temp_c"], "°C"))
+    c[4].metric("Active alerts", s["alerts"])
+
+    st.subheader("Nodes and GPUs")
+    rows = []
+    for n in d["nodes"]:
+        for g in n["gpus"]:
+            rows.append({"node": n["name"], **g})
+    gdf = pd.DataFrame(rows)
+    if not gdf.empty:
+        fig = go.Figure()
+        fig.add_bar(x=gdf["id"], y=gdf["temp_c"], name="GPU temperature [°C]")
+        fig.add_scatter(
+            x=gdf["id"],
+            y=gdf["temp_c"] + gdf["headroom_k"],
+            mode="markers",
+            marker={"symbol": "line-ew-open", "size": 14, "color": "red"},
+            name="max operating temperature [°C]",
+        )
+        fig.update_layout(height=320, margin={"t": 30, "b": 10}, yaxis_title="°C")
+        st.plotly_chart(fig, key="rack_gpus")
+    ndf = pd.DataFrame([{k: v for k, v in n.items() if k != "gpus"} for n in d["nodes"]]).rename(
+        columns={
+            "power_w": "power [W]",
+            "inlet_temp_c": "inlet [°C]",
+            "outlet_temp_c": "outlet [°C]",
+            "fan_speed_pct": "fans [%]",
+        }
+    )
+    st.dataframe(ndf, hide_index=True)
+    if not gdf.empty:
+        st.dataframe(
+            gdf.rename(
+                columns={
+                    "power_w": "power [W]",
+                    "temp_c": "temp [°C]",
+                    "mem_temp_c": "HBM [°C]",
+                    "util_pct": "util [%]",
+                    "power_limit_w": "limit [W]",
+                    "headroom_k": "headroom [K]",
+                }
+            ),
+            hide_index=True,
+        )
+
+    st.subheader("PDU phases")
+    pdf = pd.DataFrame(d["phases"])
+    if not pdf.empty:
+        fig = go.Figure()
+        fig.add_bar(x=pdf["id"], y=pdf["current_a"], name="current [A]")
+        fig.add_scatter(
+            x=pdf["id"],
+            y=pdf["limit_a"],
+            mode="markers",
+            name="80 % derated limit [A]",
+            marker={"symbol": "line-ew-open", "size": 18, "color": "red"},
+        )
+        fig.update_layout(height=300, margin={"t": 30, "b": 10}, yaxis_title="A")
+        st.plotly_chart(fig, key="rack_phases")
+
+    st.subheader("Cooling loop")
+    cdu = d["cdu"]
+    if cdu is None:
+        st.info("Air-cooled: this rack has no CDU loop.")
+    else:
+        c = st.columns(5)
+        c[0].metric("Supply", ui.fmt(cdu["supply_temp_c"], "°C"))
+        c[1].metric(
+            "Return",
+            ui.fmt(cdu["return_temp_c"], "°C"),
+            f"{ui.fmt(cdu['return_headroom_k'], 'K')} to limit",
+            delta_color="off",
+        )
+        c[2].metric("Flow", ui.fmt(cdu["flow_lpm"], "L/min"))
+        c[3].metric(
+            "Heat",
+            ui.fmt(cdu["heat_kw"], "kW"),
+            f"{ui.fmt(cdu['capacity_used_pct'], '%', 0)} of capacity",
+            delta_color="off",
+        )
+        running = sum(1 for p in cdu["pumps"] if p["running"])
+        c[4].metric("Pumps running", f"{running} / {len(cdu['pumps'])}")
+        st.caption(f"CDU {cdu['name']} serves racks {', '.join(cdu['racks'])}")
+
+
+ui.live(body)

@@ -1,0 +1,200 @@
+"""The Streamlit console, every page, with Streamlit's AppTest against a running API."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from .apiservice import PUMP_KEY, REPO, TOKEN, RunningService, start_service
+
+DASH = REPO / "dashboards"
+PAGES = sorted((DASH / "pages").glob("*.py"))
+
+
+@pytest.fixture(scope="module")
+def svc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningService]:
+    s = start_service(tmp_path_factory.mktemp("console") / "console.duckdb")
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+def env(svc: RunningService, monkeypatch: pytest.MonkeyPatch) -> RunningService:
+    monkeypatch.setenv("DCTWIN_API_URL", svc.url)
+    monkeypatch.setenv("DCTWIN_API_TOKEN", TOKEN)
+    return svc
+
+
+def run(page: Path | str, **query: str) -> AppTest:
+    at = AppTest.from_file(str(page), default_timeout=60)
+    for k, v in query.items():
+        at.query_params[k] = v
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert not at.error, [e.value for e in at.error]
+    return at
+
+
+def metrics(at: AppTest) -> dict[str, str]:
+    return {m.label: m.value for m in at.metric}
+
+
+def plotly_json(at: AppTest) -> list[dict]:
+    return [json.loads(p.proto.spec) for p in at.get("plotly_chart")]
+
+
+def text(at: AppTest) -> str:
+    parts = [m.value for m in at.markdown] + [c.value for c in at.caption]
+    parts += [i.value for i in at.info] + [s.value for s in at.success]
+    parts += [w.value for w in at.warning]
+    return "\n".join(str(p) for p in parts)
+
+
+def test_every_page_is_tested() -> None:
+    assert {p.stem for p in PAGES} == {
+        "overview",
+        "floor",
+        "rack",
+        "power",
+        "cooling",
+        "network",
+        "fleets",
+        "alerts",
+        "calibration",
+        "whatif",
+    }
+
+
+def test_app_opens_on_the_overview(env: RunningService) -> None:
+    at = run(DASH / "app.py")
+    assert "IT power" in metrics(at)
+
+
+def test_overview(env: RunningService) -> None:
+    at = run(DASH / "pages" / "overview.py")
+    m = metrics(at)
+    assert m["IT power"].endswith("kW") and m["Cooling load (CDUs)"].endswith("kW")
+    assert m["Active alerts"] == "1" and m["Data age"].endswith("s")
+    assert "cdu_pump_lost" in text(at) and "Closest to their limits" in text(at)
+    tight = at.dataframe[1].value  # the ten limits closest to breach, with bars
+    assert len(tight) == 10 and tight["limit used"].between(0, 100).all()
+    assert len(at.dataframe) == 3
+
+
+def test_floor_shows_every_rack_coloured_by_the_chosen_metric(env: RunningService) -> None:
+    at = run(DASH / "pages" / "floor.py")
+    fig = plotly_json(at)[0]
+    names = {n for n in fig["data"][0]["customdata"]}
+    assert names == {r.name for r in env.site.racks}
+    assert "IT power" in fig["layout"]["title"]["text"]
+    at.selectbox(key="floor_metric").set_value("gpu_headroom_min_k").run()
+    assert not at.exception
+    assert "GPU headroom" in plotly_json(at)[0]["layout"]["title"]["text"]
+    assert at.selectbox(key="floor_rack").options == ["r01", "r02"]
+
+
+def test_rack(env: RunningService) -> None:
+    at = run(DASH / "pages" / "rack.py", rack="r01")
+    assert at.selectbox(key="rack_pick").value == "r01"
+    m = metrics(at)
+    assert m["IT power"].endswith("kW") and m["Pumps running"] == "1 / 2"
+    assert m["Supply"].endswith("°C") and m["Flow"].endswith("L/min")
+    assert len(plotly_json(at)) == 2  # GPU temperatures, PDU phases
+    at.selectbox(key="rack_pick").set_value("r02").run()
+    assert not at.exception
+    assert "Air-cooled" in text(at)
+
+
+def test_power(env: RunningService) -> None:
+    at = run(DASH / "pages" / "power.py")
+    figs = plotly_json(at)
+    assert any("IT power" in f["layout"]["title"]["text"] for f in figs if "title" in f["layout"])
+    assert at.dataframe
+
+
+def test_cooling(env: RunningService) -> None:
+    at = run(DASH / "pages" / "cooling.py")
+    m = metrics(at)
+    assert m["Pumps running"] == "1 / 2" and m["Capacity used"].endswith("%")
+    fig = plotly_json(at)[0]
+    assert {d["name"] for d in fig["data"]} == {"cdu-1 supply", "cdu-1 return"}
+
+
+def test_network(env: RunningService) -> None:
+    at = run(DASH / "pages" / "network.py")
+    assert metrics(at)["Links"] == "2" and plotly_json(at)
+
+
+def test_fleets(env: RunningService) -> None:
+    at = run(DASH / "pages" / "fleets.py")
+    assert "Underused fleets" in metrics(at) and metrics(at)["Power freed"].endswith("kW")
+    assert len(plotly_json(at)) == 2  # activity and forecast
+
+
+def test_alerts_acknowledge_and_silence(env: RunningService) -> None:
+    at = run(DASH / "pages" / "alerts.py")
+    buttons = [b for b in at.button if b.label == "Acknowledge"]
+    assert len(buttons) == 1 and PUMP_KEY in buttons[0].key
+    buttons[0].click().run()
+    assert not at.exception and not at.error
+    assert f"Acknowledged {PUMP_KEY}" in text(at)
+    assert "Acknowledged by console" in text(at)
+    assert not [b for b in at.button if b.label == "Acknowledge"]
+    at.text_input[0].set_value("gpu_temp_high")
+    at.button[-1].click().run()  # the form's submit
+    assert "Silenced {'rule': 'gpu_temp_high'}" in text(at)
+    assert any(b.label == "End" for b in at.button)
+
+
+def test_alerts_without_a_token_say_so(env: RunningService, monkeypatch) -> None:
+    monkeypatch.delenv("DCTWIN_API_TOKEN")
+    at = run(DASH / "pages" / "alerts.py")
+    assert "No DCTWIN_API_TOKEN" in text(at)
+
+
+def test_calibration(env: RunningService) -> None:
+    at = run(DASH / "pages" / "calibration.py")
+    assert "run 1 of 1" in text(at)
+    assert plotly_json(at) and at.dataframe
+
+
+def test_whatif_offers_the_bundles_and_scenarios(env: RunningService) -> None:
+    at = run(DASH / "pages" / "whatif.py")
+    assert "No what-if jobs yet" in text(at)
+    assert "demo_bundle" in at.selectbox[0].options
+    assert "facility-water-plus-3c" in at.multiselect[0].options
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.stem)
+def test_a_page_whose_api_is_down_shows_an_error_box(
+    page: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DCTWIN_API_URL", "http://127.0.0.1:9")
+    at = AppTest.from_file(str(page), default_timeout=60)
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert at.error and "http://127.0.0.1:9" in at.error[0].value
+    assert "cannot reach the API" in at.error[0].value
+
+
+def test_the_console_talks_only_to_the_api() -> None:
+    """dashboards/ imports neither the store nor DuckDB nor the twin: it reads the HTTP API."""
+    import ast
+
+    for path in DASH.rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
+            for name in names:
+                top = name.split(".")[0]
+                assert top not in {"duckdb", "twin", "collectors", "models"}, (path, name)

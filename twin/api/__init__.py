@@ -1,0 +1,20 @@
+"""The HTTP API of `dctwin serve`: FastAPI on uvicorn, in a thread of the service process.
+
+``ApiServer(ApiContext(store, site=..., ingester=..., engine=..., token=...)).start()``;
+the endpoints are in :mod:`twin.api.app`, the response models in :mod:`twin.api.models`,
+the Prometheus metrics in :mod:`twin.api.metrics`.
+"""
+
+from twin.api.app import ARROW_STREAM, create_app
+from twin.api.context import ApiContext
+from twin.api.server import DEFAULT_HOST, DEFAULT_PORT, ApiError, ApiServer
+
+__all__ = [
+    "ARROW_STREAM",
+    "DEFAULT_HOST",
+    "DEFAULT_PORT",
+    "ApiContext",
+    "ApiError",
+    "ApiServer",
+    "create_app",
+]

@@ -1,0 +1,152 @@
+"""``/metrics``: the twin's figures in the Prometheus exposition format.
+
+A custom collector reads the store at scrape time (no background state):
+
+========================================  ===================================================
+metric                                    labels / meaning
+========================================  ===================================================
+``dctwin_headroom``                       kind, id, quantity, unit: headroom now, latest report
+``dctwin_headroom_min_p90``               same labels: minimum over the horizon at p90 load
+``dctwin_headroom_report_timestamp_seconds``  when the latest report was computed
+``dctwin_ingest_messages_received_total``     messages received since the service started
+``dctwin_ingest_messages_stored_total``       messages stored since the service started
+``dctwin_ingest_duplicates_total``            duplicates dropped since the service started
+``dctwin_ingest_samples_total``               kind: samples stored since the service started
+``dctwin_ingest_dead_letters_total``          reason: dead letters since the service started
+``dctwin_dead_letters``                       reason: dead letters kept in the store (all time)
+``dctwin_newest_sample_timestamp_seconds``    kind: newest sample in the store
+``dctwin_calibration_mae``                    device_class, quantity: median MAE, newest run
+``dctwin_calibration_cv_rmse``                device_class, quantity: median CV(RMSE)
+``dctwin_alerts_active``                      severity: open incidents
+========================================  ===================================================
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from twin.api import queries
+
+if TYPE_CHECKING:
+    from twin.api.context import ApiContext
+
+log = logging.getLogger(__name__)
+
+
+def _ok(v: float | None) -> bool:
+    return v is not None and math.isfinite(v)
+
+
+class StoreCollector(Collector):
+    """Collects the metrics in the module docstring from an :class:`ApiContext`."""
+
+    def __init__(self, ctx: ApiContext, active_alerts: object) -> None:
+        self.ctx = ctx
+        self.active_alerts = active_alerts  # () -> list of active incident dicts
+
+    def collect(self) -> Iterator[Metric]:
+        db = self.ctx.db()
+        labels = ["kind", "id", "quantity", "unit"]
+        now_g = GaugeMetricFamily(
+            "dctwin_headroom",
+            "Headroom to the limit now (limit - value), in `unit`.",
+            labels=labels,
+        )
+        p90_g = GaugeMetricFamily(
+            "dctwin_headroom_min_p90",
+            "Smallest headroom over the forecast horizon at the p90 load, in `unit`.",
+            labels=labels,
+        )
+        computed_at, _, rows = queries.headroom_latest(db)
+        for r in rows:
+            lv = [r["kind"], r["id"], r["quantity"], r["unit"]]
+            if _ok(r["headroom_now"]):
+                now_g.add_metric(lv, r["headroom_now"])
+            if _ok(r["headroom_min_p90"]):
+                p90_g.add_metric(lv, r["headroom_min_p90"])
+        yield now_g
+        yield p90_g
+        ts_g = GaugeMetricFamily(
+            "dctwin_headroom_report_timestamp_seconds",
+            "Unix time the latest headroom report was computed.",
+        )
+        if computed_at is not None:
+            ts_g.add_metric([], computed_at.timestamp())
+        yield ts_g
+
+        ing = self.ctx.ingester
+        if ing is not None:
+            c = ing.counters
+            for name, value, doc in (
+                ("received", c.received, "MQTT messages received by the ingest."),
+                ("stored", c.stored_messages, "Messages stored in the store."),
+            ):
+                yield CounterMetricFamily(f"dctwin_ingest_messages_{name}", doc, value=float(value))
+            yield CounterMetricFamily(
+                "dctwin_ingest_duplicates", "Duplicate messages dropped.", value=c.duplicates
+            )
+            s = CounterMetricFamily(
+                "dctwin_ingest_samples", "Samples stored, per kind.", labels=["kind"]
+            )
+            for kind, n in sorted(dict(c.samples).items()):
+                s.add_metric([kind], float(n))
+            yield s
+            d = CounterMetricFamily(
+                "dctwin_ingest_dead_letters",
+                "Messages refused since the service started, per reason.",
+                labels=["reason"],
+            )
+            for reason, n in sorted(dict(c.dead_letters).items()):
+                d.add_metric([reason], float(n))
+            yield d
+        stored = GaugeMetricFamily(
+            "dctwin_dead_letters", "Dead letters kept in the store, per reason.", labels=["reason"]
+        )
+        for reason, n in db.con.execute(
+            "SELECT reason, count(*) FROM dead_letters GROUP BY reason ORDER BY reason"
+        ).fetchall():
+            stored.add_metric([reason], float(n))
+        yield stored
+        newest = GaugeMetricFamily(
+            "dctwin_newest_sample_timestamp_seconds",
+            "Unix time of the newest sample in the store, per kind.",
+            labels=["kind"],
+        )
+        for kind, ts in queries.newest_all(db).items():
+            if ts is not None:
+                newest.add_metric([kind], ts.timestamp())
+        yield newest
+
+        mae = GaugeMetricFamily(
+            "dctwin_calibration_mae",
+            "Median held-out MAE of the newest calibration, in the quantity's unit.",
+            labels=["device_class", "quantity"],
+        )
+        cv = GaugeMetricFamily(
+            "dctwin_calibration_cv_rmse",
+            "Median held-out CV(RMSE) of the newest calibration (a fraction).",
+            labels=["device_class", "quantity"],
+        )
+        for cls, quantity, m, c_ in queries.calibration_quality(db, self.ctx.site):
+            if _ok(m):
+                mae.add_metric([cls, quantity], m)  # type: ignore[arg-type]
+            if _ok(c_):
+                cv.add_metric([cls, quantity], c_)  # type: ignore[arg-type]
+        yield mae
+        yield cv
+
+        alerts = GaugeMetricFamily(
+            "dctwin_alerts_active", "Open alert incidents, per severity.", labels=["severity"]
+        )
+        counts: dict[str, int] = {"critical": 0, "warning": 0, "info": 0}
+        for a in self.active_alerts():  # type: ignore[operator]
+            counts[a["severity"]] = counts.get(a["severity"], 0) + 1
+        for sev, n in counts.items():
+            alerts.add_metric([sev], float(n))
+        yield alerts

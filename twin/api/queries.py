@@ -1,0 +1,489 @@
+"""The API's reads of the store, parameterized: no request value is ever pasted into SQL.
+
+Table and column names come only from the wire contract's lists (:data:`KINDS`,
+:data:`QUANTITIES`) and this module's constants, after the request's names were checked
+against them. Every result is fetched whole (``fetchall`` or ``to_arrow_table``): DuckDB must
+not be left with an unfinished result on a cursor.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+import pyarrow as pa
+
+from collectors.contract import KINDS, QUANTITIES
+from twin.site import Site
+from twin.store import Store
+
+#: Raw samples up to this span, 1-minute rollups up to ROLLUP_1H_OVER_S, 1-hour beyond. [s]
+RAW_UP_TO_S = 2 * 3600.0
+ROLLUP_1H_OVER_S = 2 * 86400.0
+
+ACK_DDL = (
+    "CREATE TABLE IF NOT EXISTS alert_acks (dedup_key VARCHAR NOT NULL,"
+    " incident_start TIMESTAMPTZ, acked_at TIMESTAMPTZ NOT NULL, acked_by VARCHAR NOT NULL,"
+    " comment VARCHAR NOT NULL)"
+)
+
+
+def _f(x: Any) -> float | None:
+    if x is None:
+        return None
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
+def check_kind(kind: str) -> str:
+    """``kind`` if the contract knows it, else ValueError naming the known ones."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown kind {kind!r}; expected one of {', '.join(KINDS)}")
+    return kind
+
+
+def check_quantity(kind: str, quantity: str) -> str:
+    if quantity not in QUANTITIES[kind]:
+        raise ValueError(
+            f"unknown quantity {quantity!r} of kind {kind!r}; expected one of"
+            f" {', '.join(QUANTITIES[kind])}"
+        )
+    return quantity
+
+
+def pick_resolution(span_s: float) -> str:
+    """Raw up to 2 h, 1-minute rollups up to 2 days, 1-hour rollups beyond."""
+    if span_s <= RAW_UP_TO_S:
+        return "raw"
+    if span_s <= ROLLUP_1H_OVER_S:
+        return "1m"
+    return "1h"
+
+
+def newest(db: Store, kind: str) -> datetime | None:
+    return db.con.execute(f"SELECT max(ts) FROM {check_kind(kind)}").fetchall()[0][0]
+
+
+def newest_all(db: Store) -> dict[str, datetime | None]:
+    return {k: newest(db, k) for k in KINDS}
+
+
+def unknown_ids(db: Store, kind: str, ids: list[str], site: Site | None) -> list[str]:
+    """The ids of ``ids`` that name nothing: not in the site, not among the store's
+    unknown ids, and (without a site) never seen in the store."""
+    if not ids:
+        return []
+    if site is not None:
+        left = [i for i in ids if not site.is_known(kind, i)]
+        if not left:
+            return []
+        rows = db.con.execute(
+            "SELECT id FROM unknown_ids WHERE kind = ? AND id IN (SELECT unnest(?))",
+            [kind, left],
+        ).fetchall()
+        seen = {r[0] for r in rows}
+        return [i for i in left if i not in seen]
+    rows = db.con.execute(
+        f"SELECT DISTINCT id FROM {check_kind(kind)} WHERE id IN (SELECT unnest(?))", [ids]
+    ).fetchall()
+    seen = {r[0] for r in rows}
+    return [i for i in ids if i not in seen]
+
+
+def latest(
+    db: Store,
+    kind: str,
+    *,
+    since: datetime,
+    ids: list[str] | None = None,
+    quantities: list[str] | None = None,
+    id_filter: str | None = None,
+) -> pa.Table:
+    """Per device: the newest timestamp since ``since`` and each quantity's newest non-null
+    value (DuckDB's ``arg_max`` skips NULLs). ``id_filter``: ``"whole"`` keeps ids without a
+    ``/`` (a PDU or CDU as a whole), ``"parts"`` those with one (phases, breakers, pumps)."""
+    check_kind(kind)
+    cols = quantities or list(QUANTITIES[kind])
+    for q in cols:
+        check_quantity(kind, q)
+    aggs = ", ".join(f"arg_max({q}, ts) AS {q}" for q in cols)
+    where = "ts >= ?"
+    params: list[Any] = [since]
+    if ids is not None:
+        where += " AND id IN (SELECT unnest(?))"
+        params.append(ids)
+    if id_filter == "whole":
+        where += " AND NOT contains(id, '/')"
+    elif id_filter == "parts":
+        where += " AND contains(id, '/')"
+    sql = (
+        f"SELECT id, max(ts) AS ts, arg_max(source, ts) AS source, {aggs} FROM {kind}"
+        f" WHERE {where} GROUP BY id ORDER BY id"
+    )
+    return db.con.sql(sql, params=params).to_arrow_table()
+
+
+def latest_by_id(db: Store, kind: str, since: datetime, **kw: Any) -> dict[str, dict[str, Any]]:
+    return {r["id"]: r for r in latest(db, kind, since=since, **kw).to_pylist()}
+
+
+def series_count(
+    db: Store,
+    kind: str,
+    quantity: str,
+    ids: list[str] | None,
+    start: datetime,
+    end: datetime,
+    resolution: str,
+    agg: str | None = None,
+) -> int:
+    table, tcol, vcol = _series_source(kind, quantity, resolution)
+    sql, params = _series_where(tcol, vcol, ids, start, end)
+    what = f"count(DISTINCT {tcol})" if agg else "count(*)"
+    return int(db.con.execute(f"SELECT {what} FROM {table} WHERE {sql}", params).fetchall()[0][0])
+
+
+#: Aggregates across devices of ``/api/v1/series?agg=``, to their SQL functions.
+AGGREGATES = {"sum": "sum", "mean": "avg", "min": "min", "max": "max"}
+
+
+def _series_source(kind: str, quantity: str, resolution: str) -> tuple[str, str, str]:
+    check_quantity(check_kind(kind), quantity)
+    if resolution == "raw":
+        return kind, "ts", quantity
+    if resolution not in ("1m", "1h"):
+        raise ValueError(f"unknown resolution {resolution!r}; expected raw, 1m or 1h")
+    return f"{kind}_{resolution}", "bucket", f"{quantity}_avg"
+
+
+def _series_where(
+    tcol: str, vcol: str, ids: list[str] | None, start: datetime, end: datetime
+) -> tuple[str, list[Any]]:
+    sql = f"{tcol} >= ? AND {tcol} < ? AND {vcol} IS NOT NULL"
+    params: list[Any] = [start, end]
+    if ids is not None:
+        sql += " AND id IN (SELECT unnest(?))"
+        params.append(ids)
+    return sql, params
+
+
+def series(
+    db: Store,
+    kind: str,
+    quantity: str,
+    ids: list[str] | None,
+    start: datetime,
+    end: datetime,
+    resolution: str,
+    agg: str | None = None,
+    ordered: bool = True,
+) -> pa.Table:
+    """Columns ``ts``, ``id``, ``value`` (and ``min``, ``max`` for rollups), ordered by id and
+    time, or (``ordered=False``: sorting millions of rows costs far more than reading them)
+    in storage order; ``value`` is the raw sample or the bucket mean. With ``agg`` (a key of
+    :data:`AGGREGATES`), one series (id = ``agg``) of that aggregate across the devices per
+    rollup bucket (of the bucket means: ``sum`` is the site's mean power in the bucket)."""
+    table, tcol, vcol = _series_source(kind, quantity, resolution)
+    where, params = _series_where(tcol, vcol, ids, start, end)
+    if agg is not None:
+        if resolution == "raw":
+            raise ValueError("agg= needs a rollup resolution (1m or 1h): devices poll apart")
+        fn = AGGREGATES[agg]
+        sql = (
+            f"SELECT {tcol} AS ts, ? AS id, CAST({fn}({vcol}) AS DOUBLE) AS value FROM {table}"
+            f" WHERE {where} GROUP BY {tcol} ORDER BY {tcol}"
+        )
+        return db.con.sql(sql, params=[agg, *params]).to_arrow_table()
+    extra = "" if resolution == "raw" else f", {quantity}_min AS min, {quantity}_max AS max"
+    sql = (
+        f"SELECT {tcol} AS ts, id, CAST({vcol} AS DOUBLE) AS value{extra} FROM {table}"
+        f" WHERE {where}{' ORDER BY id, ts' if ordered else ''}"
+    )
+    return db.con.sql(sql, params=params).to_arrow_table()
+
+
+# ---- headroom --------------------------------------------------------------------------------
+
+HEADROOM_COLS = (
+    "kind, id, quantity, unit, limit_value, value_now, headroom_now, headroom_min_p50,"
+    " headroom_min_p90, breach_in_s_p50, breach_in_s_p90, rack, cdu, basis"
+)
+
+
+def _headroom_row(r: tuple[Any, ...]) -> dict[str, Any]:
+    names = [c.strip() for c in HEADROOM_COLS.split(",")]
+    d = dict(zip(names, r, strict=True))
+    d["limit"] = d.pop("limit_value")
+    for k in (
+        "limit",
+        "value_now",
+        "headroom_now",
+        "headroom_min_p50",
+        "headroom_min_p90",
+        "breach_in_s_p50",
+        "breach_in_s_p90",
+    ):
+        d[k] = _f(d[k])
+    return d
+
+
+def headroom_latest(
+    db: Store, kind: str | None = None, rack: str | None = None, cdu: str | None = None
+) -> tuple[datetime | None, datetime | None, list[dict[str, Any]]]:
+    """(computed_at, data_until, rows) of the newest stored headroom report."""
+    head = db.con.execute(
+        "SELECT computed_at, max(data_until) FROM headroom WHERE computed_at ="
+        " (SELECT max(computed_at) FROM headroom) GROUP BY computed_at"
+    ).fetchall()
+    if not head:
+        return None, None, []
+    computed_at, data_until = head[0]
+    where = "computed_at = ?"
+    params: list[Any] = [computed_at]
+    for col, value in (("kind", kind), ("rack", rack), ("cdu", cdu)):
+        if value is not None:
+            where += f" AND {col} = ?"
+            params.append(value)
+    rows = db.con.execute(
+        f"SELECT {HEADROOM_COLS} FROM headroom WHERE {where} ORDER BY kind, id, quantity", params
+    ).fetchall()
+    return computed_at, data_until, [_headroom_row(r) for r in rows]
+
+
+def headroom_summary(db: Store) -> tuple[datetime | None, list[dict[str, Any]], list[dict]]:
+    """Per kind of limit: count, smallest headroom now and where, breaches; and the ten limits
+    closest to breach (smallest headroom as a share of the limit)."""
+    latest_at = db.con.execute("SELECT max(computed_at) FROM headroom").fetchall()[0][0]
+    if latest_at is None:
+        return None, [], []
+    rows = db.con.execute(
+        "SELECT kind, any_value(unit), count(*), min(headroom_now), arg_min(id, headroom_now),"
+        " count_if(headroom_now <= 0), count_if(breach_in_s_p90 IS NOT NULL)"
+        " FROM headroom WHERE computed_at = ? GROUP BY kind ORDER BY kind",
+        [latest_at],
+    ).fetchall()
+    summary = [
+        {
+            "kind": k,
+            "unit": u,
+            "count": int(n),
+            "min_headroom": _f(m),
+            "min_id": mid,
+            "breached_now": int(b),
+            "breach_within_horizon_p90": int(b90),
+        }
+        for k, u, n, m, mid, b, b90 in rows
+    ]
+    tight = db.con.execute(
+        f"SELECT {HEADROOM_COLS} FROM headroom WHERE computed_at = ? AND headroom_now IS NOT NULL"
+        " ORDER BY headroom_now / nullif(abs(limit_value), 0) NULLS LAST, kind, id LIMIT 10",
+        [latest_at],
+    ).fetchall()
+    return latest_at, summary, [_headroom_row(r) for r in tight]
+
+
+# ---- calibration -----------------------------------------------------------------------------
+
+
+def calibration_summary(db: Store, site: Site | None) -> dict[str, Any]:
+    """The newest run: per device class, parameter spread, fit quality and usable share."""
+    runs = db.con.execute(
+        "SELECT run_id, fitted_at, window_start, window_end, holdout_start, gpus, seconds"
+        " FROM calibration_runs ORDER BY run_id DESC"
+    ).fetchall()
+    if not runs:
+        return {"run": None, "runs": 0, "classes": [], "events": []}
+    run = dict(
+        zip(
+            (
+                "run_id",
+                "fitted_at",
+                "window_start",
+                "window_end",
+                "holdout_start",
+                "gpus",
+                "seconds",
+            ),
+            runs[0],
+            strict=True,
+        )
+    )
+    run_id = run["run_id"]
+    gpu_class: dict[str, str] = {}
+    if site is not None:
+        for n in site.nodes:
+            for gid in (*n.gpu_ids(), *(n.gpu_uuids or ())):
+                gpu_class[gid] = f"gpu:{n.gpu_model or n.spec.gpu}"
+    cls_sql = "CASE WHEN kind = 'gpu' THEN coalesce(cls, 'gpu') ELSE kind END"
+    cmap = "(SELECT unnest(?) AS id, unnest(?) AS cls)"
+    cargs: list[Any] = [list(gpu_class) or [""], list(gpu_class.values()) or [""]]
+    params = db.con.execute(
+        f"SELECT {cls_sql} AS c, param, median(value) FILTER (WHERE usable),"
+        " quantile_cont(value, 0.1) FILTER (WHERE usable),"
+        " quantile_cont(value, 0.9) FILTER (WHERE usable), count(value) FILTER (WHERE usable)"
+        f" FROM calibration_params p LEFT JOIN {cmap} USING (id) WHERE run_id = ?"
+        " GROUP BY c, param ORDER BY c, param",
+        [*cargs, run_id],
+    ).fetchall()
+    usable = db.con.execute(
+        f"SELECT {cls_sql} AS c, count(DISTINCT id), avg(CAST(usable AS DOUBLE))"
+        f" FROM calibration_params p LEFT JOIN {cmap} USING (id) WHERE run_id = ?"
+        " GROUP BY c",
+        [*cargs, run_id],
+    ).fetchall()
+    reasons = db.con.execute(
+        f"SELECT {cls_sql} AS c, reason, count(*) FROM calibration_params p"
+        f" LEFT JOIN {cmap} USING (id) WHERE run_id = ? AND NOT usable"
+        " GROUP BY c, reason",
+        [*cargs, run_id],
+    ).fetchall()
+    quality = db.con.execute(
+        f"SELECT {cls_sql} AS c, quantity, median(mae), median(cv_rmse), median(nmbe),"
+        f" median(mape), count(*) FROM calibration_quality q LEFT JOIN {cmap} USING (id)"
+        " WHERE run_id = ? GROUP BY c, quantity ORDER BY c, quantity",
+        [*cargs, run_id],
+    ).fetchall()
+    events = db.con.execute(
+        "SELECT kind, id, param, value, own_median, fleet_median, detail FROM calibration_events"
+        " WHERE run_id = ? ORDER BY kind, id",
+        [run_id],
+    ).fetchall()
+    classes: dict[str, dict[str, Any]] = {}
+
+    def cls(c: str) -> dict[str, Any]:
+        return classes.setdefault(
+            c,
+            {
+                "device_class": c,
+                "devices": 0,
+                "usable_fraction": 0.0,
+                "params": [],
+                "quality": [],
+                "unusable_reasons": {},
+            },
+        )
+
+    for c, n, frac in usable:
+        cls(c).update(devices=int(n), usable_fraction=_f(frac) or 0.0)
+    for c, p, med, p10, p90, n in params:
+        cls(c)["params"].append(
+            {"param": p, "median": _f(med), "p10": _f(p10), "p90": _f(p90), "n": int(n)}
+        )
+    for c, reason, n in reasons:
+        cls(c)["unusable_reasons"][reason or "unknown"] = int(n)
+    for c, q, mae, cv, nmbe, mape, n in quality:
+        cls(c)["quality"].append(
+            {
+                "quantity": q,
+                "mae": _f(mae),
+                "cv_rmse": _f(cv),
+                "nmbe": _f(nmbe),
+                "mape": _f(mape),
+                "devices": int(n),
+            }
+        )
+    keys = ("kind", "id", "param", "value", "own_median", "fleet_median", "detail")
+    return {
+        "run": run,
+        "runs": len(runs),
+        "classes": [classes[c] for c in sorted(classes)],
+        "events": [dict(zip(keys, e, strict=True)) for e in events],
+    }
+
+
+def calibration_quality(
+    db: Store, site: Site | None
+) -> list[tuple[str, str, float | None, float | None]]:
+    """(device class, quantity, MAE, CV(RMSE)) of the newest run, for /metrics."""
+    out = []
+    for c in calibration_summary(db, site)["classes"]:
+        for q in c["quality"]:
+            out.append((c["device_class"], q["quantity"], q["mae"], q["cv_rmse"]))
+    return out
+
+
+# ---- alerts ----------------------------------------------------------------------------------
+
+
+def acks(db: Store) -> list[tuple[str, datetime | None, datetime, str, str]]:
+    return db.con.execute(
+        "SELECT dedup_key, incident_start, acked_at, acked_by, comment FROM alert_acks"
+        " ORDER BY acked_at"
+    ).fetchall()
+
+
+def alert_history(db: Store, limit: int) -> list[dict[str, Any]]:
+    """Firing and resolved notifications the engine made (whether or not hooks are set up),
+    and acknowledge events from the outbox, newest first."""
+    rows = db.con.execute(
+        "SELECT dedup_key, status, event_id, created_at, payload FROM alert_history"
+        " UNION ALL SELECT dedup_key, status, event_id, min(created_at), any_value(payload)"
+        " FROM alert_outbox WHERE status = 'acknowledge' GROUP BY dedup_key, status, event_id"
+        " ORDER BY 4 DESC LIMIT ?",
+        [limit],
+    ).fetchall()
+    return [
+        {"dedup_key": k, "status": s, "event_id": e, "at": at, "payload": p}
+        for k, s, e, at, p in rows
+    ]
+
+
+# ---- site index ------------------------------------------------------------------------------
+
+
+@dataclass
+class SiteIndex:
+    """Lookups the endpoints need, built once from the site."""
+
+    site: Site
+    gpu_node: dict[str, tuple[str, int]] = field(default_factory=dict)
+    node_rack: dict[str, str] = field(default_factory=dict)
+    rack_where: dict[str, tuple[str, str]] = field(default_factory=dict)
+    pdu_racks: dict[str, list[str]] = field(default_factory=dict)
+    cdu_racks: dict[str, list[str]] = field(default_factory=dict)
+    fleet_of_rack: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def build(cls, site: Site) -> SiteIndex:
+        idx = cls(site)
+        for h in site.halls:
+            for row in h.rows:
+                for r in row.racks:
+                    idx.rack_where[r.name] = (h.name, row.name)
+                    for p in r.pdus:
+                        idx.pdu_racks.setdefault(p, []).append(r.name)
+                    if r.cdu:
+                        idx.cdu_racks.setdefault(r.cdu, []).append(r.name)
+                    for n in r.nodes:
+                        idx.node_rack[n.name] = r.name
+                        for i, gid in enumerate(n.gpu_ids()):
+                            idx.gpu_node[gid] = (n.name, i)
+                        for i, uuid in enumerate(n.gpu_uuids or ()):
+                            idx.gpu_node[uuid] = (n.name, i)
+        fleet_of = site.fleet_of_node
+        for r in site.racks:
+            names = {fleet_of[n.name].name for n in r.nodes if n.name in fleet_of}
+            if names:
+                idx.fleet_of_rack[r.name] = ",".join(sorted(names))
+        return idx
+
+    def racks_of(self, entity: str) -> set[str]:
+        """Racks an alert entity or group id lies in (a CDU or PDU: the racks it serves)."""
+        if entity in self.rack_where:
+            return {entity}
+        if entity in self.node_rack:
+            return {self.node_rack[entity]}
+        if entity in self.gpu_node:
+            return {self.node_rack[self.gpu_node[entity][0]]}
+        head = entity.split("/", 1)[0]
+        if head in self.pdu_racks:
+            return set(self.pdu_racks[head])
+        if head in self.cdu_racks:
+            return set(self.cdu_racks[head])
+        return set()
+
+
+def since(ts: datetime | None, seconds: float) -> datetime | None:
+    return None if ts is None else ts - timedelta(seconds=seconds)

@@ -1,0 +1,166 @@
+"""What-if jobs over the API: run scenarios on a recorded bundle in the service, in the
+background, and read their results and reports.
+
+- ``GET /api/v1/whatif``: the bundles and scenarios the service knows, and every job.
+- ``POST /api/v1/whatif`` (token): ``{"bundle": NAME, "scenarios": [NAME, ...]}`` starts a job.
+- ``GET /api/v1/whatif/{job}``: its state and, once done, the baseline and scenario results.
+- ``GET /api/v1/whatif/{job}/report.html`` and ``/report.md``: the report.
+
+Bundles are the directories holding a ``manifest.json`` under the bundle directory; scenarios
+the ``*.yaml`` files of the scenario directory (both given to ``dctwin serve``). Jobs run one at
+a time in a worker thread; the what-if never touches the live store.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
+
+from fastapi import APIRouter, Depends, HTTPException
+from fastapi.responses import FileResponse
+from pydantic import BaseModel, Field
+
+from twin.api.app import token_check
+from twin.api.context import ApiContext
+
+log = logging.getLogger(__name__)
+
+
+class WhatifRequest(BaseModel):
+    bundle: str = Field(description="a bundle name from GET /api/v1/whatif")
+    scenarios: list[str] = Field(min_length=1, max_length=20, description="scenario names")
+
+
+class WhatifJob(BaseModel):
+    job: str
+    bundle: str
+    scenarios: list[str]
+    state: Literal["queued", "running", "done", "failed"]
+    created_at: datetime
+    finished_at: datetime | None = None
+    error: str | None = None
+    verdicts: dict[str, str] = Field(default_factory=dict)
+    results: list[dict[str, Any]] | None = None
+
+
+class WhatifIndex(BaseModel):
+    bundles: list[str]
+    scenarios: list[str]
+    reports: list[WhatifJob]
+
+
+def whatif_router(
+    ctx: ApiContext, bundle_dir: Path, scenario_dir: Path, out_dir: Path
+) -> APIRouter:
+    """The what-if routes, reading bundles and scenarios from the given directories."""
+    from twin.alerts import load_rules
+    from twin.replay.bundle import Bundle, BundleError
+    from twin.replay.report import write_report
+    from twin.replay.scenario import ScenarioError, load_scenario
+    from twin.replay.whatif import load, run
+
+    router = APIRouter(tags=["what-if"])
+    jobs: dict[str, WhatifJob] = {}
+    lock = threading.Lock()
+    queue_lock = threading.Lock()  # one job at a time: each holds a day of a site in memory
+    rules_path = Path(__file__).resolve().parents[2] / "deploy" / "alert_rules.yaml"
+
+    def bundles() -> dict[str, Path]:
+        if not bundle_dir.is_dir():
+            return {}
+        return {p.parent.name: p.parent for p in sorted(bundle_dir.glob("*/manifest.json"))}
+
+    def scenarios() -> dict[str, Path]:
+        if not scenario_dir.is_dir():
+            return {}
+        return {p.stem: p for p in sorted(scenario_dir.glob("*.yaml"))}
+
+    def work(job: WhatifJob) -> None:
+        with queue_lock:
+            with lock:
+                job.state = "running"
+            try:
+                b = Bundle.load(bundles()[job.bundle])
+                loaded = [load_scenario(scenarios()[s], b.site) for s in job.scenarios]
+                rules = load_rules(rules_path) if rules_path.exists() else None
+                data = load(b)
+                base = run(data, None, rules)
+                runs = [run(data, s, rules) for s in loaded]
+                write_report(b, base, runs, out_dir / job.job)
+                results = [
+                    r.model_dump(mode="json", exclude={"gpu_mean_temp_c"}) for r in [base, *runs]
+                ]
+                with lock:
+                    job.results = results
+                    job.verdicts = {r.name: r.verdict for r in runs}
+                    job.state = "done"
+            except (BundleError, ScenarioError, ValueError, OSError) as e:
+                with lock:
+                    job.state, job.error = "failed", str(e)
+            except Exception as e:  # the job fails, never the service
+                log.exception("what-if job %s failed", job.job)
+                with lock:
+                    job.state, job.error = "failed", f"{type(e).__name__}: {e}"
+            finally:
+                job.finished_at = datetime.now(UTC)
+
+    @router.get("/api/v1/whatif", response_model=WhatifIndex)
+    def index() -> WhatifIndex:
+        """The bundles and scenarios this service can run, and its jobs (newest first)."""
+        with lock:
+            reports = [j.model_copy(update={"results": None}) for j in jobs.values()]
+        reports.sort(key=lambda j: j.created_at, reverse=True)
+        return WhatifIndex(bundles=list(bundles()), scenarios=list(scenarios()), reports=reports)
+
+    @router.post(
+        "/api/v1/whatif",
+        response_model=WhatifJob,
+        status_code=202,
+        dependencies=[Depends(token_check(ctx))],
+    )
+    def start(req: WhatifRequest) -> WhatifJob:
+        """Start a job: the baseline and each scenario on the bundle (token required)."""
+        if req.bundle not in bundles():
+            raise HTTPException(404, f"no bundle {req.bundle!r}; there are {list(bundles())}")
+        unknown = [s for s in req.scenarios if s not in scenarios()]
+        if unknown:
+            raise HTTPException(404, f"no scenario {unknown}; there are {list(scenarios())}")
+        job = WhatifJob(
+            job=uuid.uuid4().hex[:12],
+            bundle=req.bundle,
+            scenarios=req.scenarios,
+            state="queued",
+            created_at=datetime.now(UTC),
+        )
+        with lock:
+            jobs[job.job] = job
+        threading.Thread(target=work, args=(job,), name=f"whatif-{job.job}", daemon=True).start()
+        return job
+
+    def get(job: str) -> WhatifJob:
+        with lock:
+            found = jobs.get(job)
+        if found is None:
+            raise HTTPException(404, f"no what-if job {job!r}")
+        return found
+
+    @router.get("/api/v1/whatif/{job}", response_model=WhatifJob)
+    def status(job: str) -> WhatifJob:
+        """A job's state and, once done, its results (baseline first)."""
+        return get(job)
+
+    @router.get("/api/v1/whatif/{job}/report.{ext}")
+    def report(job: str, ext: Literal["html", "md"]) -> FileResponse:
+        """The job's report (HTML with plots, or Markdown)."""
+        j = get(job)
+        path = out_dir / j.job / f"report.{ext}"
+        if j.state != "done" or not path.is_file():
+            raise HTTPException(409, f"job {job} is {j.state}: no report yet")
+        media = "text/html" if ext == "html" else "text/markdown"
+        return FileResponse(path, media_type=media)
+
+    return router
