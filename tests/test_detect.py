@@ -123,6 +123,7 @@ def test_degrading_cold_plate_is_a_hot_spot_before_slowdown(site: Site, replay) 
             assert spot.excess > 0 and spot.residual_sigma >= 3.0
             assert limit - spot.value > 10.0  # flagged while still far from slowdown
         false_alarms |= above - {gpu}
+    print(f"cold plate: flagged at {flagged_at} min, 87 °C reached at {reached_at} min")
     assert flagged_at is not None and reached_at is not None
     assert flagged_at < reached_at - 10, (flagged_at, reached_at)
     assert not false_alarms
