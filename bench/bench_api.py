@@ -396,7 +396,8 @@ def bench_browser(api_url: str) -> dict | str:
                 pg.get_by_text("cdu_pump_lost").or_(pg.get_by_text("No active alerts")).or_(
                     pg.get_by_text("Alerting is off")
                 ).first.wait_for(timeout=60_000)
-                pg.locator('[data-testid="stDataFrame"]').nth(2).wait_for(timeout=60_000)
+                pg.locator('[data-testid="stDataFrame"]').first.wait_for(timeout=60_000)
+                pg.locator('[data-testid="stTable"]').nth(1).wait_for(timeout=60_000)
                 pg.wait_for_function(
                     "() => { const w = document.querySelector('[data-testid=\"stStatusWidget\"]');"
                     " return !w || !w.innerText.includes('Running'); }",
@@ -410,7 +411,7 @@ def bench_browser(api_url: str) -> dict | str:
                 pg = b.new_page(viewport={"width": 1440, "height": 1000})
                 t = time.perf_counter()
                 pg.goto(f"{url}whatif")
-                pg.get_by_text("arrive with issue 7").wait_for(timeout=60_000)
+                pg.get_by_text("offers no what-if jobs").wait_for(timeout=60_000)
                 if i:
                     base.append(time.perf_counter() - t)
                 pg.close()

@@ -48,7 +48,8 @@ def body() -> None:
             df["smallest headroom"] = [
                 ui.fmt(v, u, 2) for v, u in zip(df["min_headroom"], df["unit"], strict=True)
             ]
-            st.dataframe(
+            # small tables as static HTML: the interactive grid is the slowest thing to boot
+            st.table(
                 df[
                     [
                         "kind",
@@ -58,14 +59,15 @@ def body() -> None:
                         "breached_now",
                         "breach_within_horizon_p90",
                     ]
-                ].rename(
+                ]
+                .rename(
                     columns={
                         "min_id": "where",
                         "breached_now": "breached now",
                         "breach_within_horizon_p90": "breach within horizon (p90)",
                     }
-                ),
-                hide_index=True,
+                )
+                .set_index("kind")
             )
             tight = pd.DataFrame(ov["tightest"])
             if not tight.empty:
@@ -113,7 +115,7 @@ def body() -> None:
             {"kind": k, "newest sample": ui.ago(t), "age [s]": ing["lag_s"][k]}
             for k, t in ing["newest"].items()
         ]
-        st.dataframe(pd.DataFrame(rows), hide_index=True)
+        st.table(pd.DataFrame(rows).set_index("kind"))
         if ing["dead_letters_stored"]:
             st.warning(f"dead letters by reason: {ing['dead_letters_stored']}")
 
