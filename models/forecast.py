@@ -300,9 +300,11 @@ def _residual_correction(
     t_n, n = r.shape
     win = max(1, min(recent_steps, t_n))
     windows = np.lib.stride_tricks.sliding_window_view(r, win, axis=0)  # (t_n - win + 1, n, win)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        m = np.nanmedian(windows, axis=2)  # m[i] belongs to row i + win - 1
+    # a window with no finite residual has no median (NaN); computed without numpy's warning,
+    # which catch_warnings cannot hold back reliably when the API runs this in worker threads
+    has = np.isfinite(windows).any(axis=2)
+    m = np.nanmedian(np.where(has[..., None], windows, 0.0), axis=2)  # row i + win - 1
+    m[~has] = np.nan
     m_now = m[-1]
     # beta(h) = sum_t m_t r_{t+h} / sum_t m_t^2 over pairs where both exist: cross-correlations
     # for every lead at once (FFT), m placed on the row it belongs to
