@@ -61,3 +61,19 @@ def test_streamed_read_matches_a_pivot_with_gaps_nulls_and_a_subset_of_ids(tmp_p
     np.testing.assert_array_equal(w.values["power_w"][:, :-1], exp_p[:, cols_idx])
     np.testing.assert_array_equal(w.values["temp_c"][:, :-1], exp_t[:, cols_idx])
     assert np.isnan(w.values["power_w"][:, -1]).all()  # an id with no data: all NaN
+
+
+def test_column_helpers_fill_and_pick_per_device() -> None:
+    from twin.calibrate.windows import first_valid, hold_fill, last_valid
+
+    nan = np.nan
+    a = np.array([[nan, 1.0, nan], [2.0, nan, nan], [nan, 3.0, nan], [4.0, nan, nan]])
+    np.testing.assert_array_equal(first_valid(a), [2.0, 1.0, nan])
+    np.testing.assert_array_equal(last_valid(a), [4.0, 3.0, nan])
+    forward = hold_fill(a)
+    np.testing.assert_array_equal(forward[:, 0], [nan, 2.0, 2.0, 4.0])
+    np.testing.assert_array_equal(forward[:, 1], [1.0, 1.0, 3.0, 3.0])
+    assert np.isnan(forward[:, 2]).all()  # a device with no reading stays unknown
+    both = hold_fill(a, backfill=True)
+    np.testing.assert_array_equal(both[:, 0], [2.0, 2.0, 2.0, 4.0])
+    assert np.isnan(a[0, 0])  # the input is not changed

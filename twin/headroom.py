@@ -43,7 +43,7 @@ from pydantic import BaseModel
 from models import cdu as cdu_model
 from models import coolant, gpu_thermal
 from twin.calibrate.calibrate import gpu_flow_ratio, gpu_reference, index_site
-from twin.calibrate.windows import Window, load_window
+from twin.calibrate.windows import Window, last_valid, load_window
 from twin.site import Site
 from twin.store import Store
 
@@ -108,15 +108,6 @@ def _breach_in_s(headroom: np.ndarray, step_s: float) -> np.ndarray:
 def _nanmin0(a: np.ndarray) -> np.ndarray:
     with np.errstate(all="ignore"):
         out = np.fmin.reduce(a, axis=0)
-    return out
-
-
-def _last(a: np.ndarray) -> np.ndarray:
-    """Last non-NaN value of each column (NaN if none)."""
-    ok = ~np.isnan(a)
-    idx = a.shape[0] - 1 - np.argmax(ok[::-1], axis=0)
-    out = a[idx, np.arange(a.shape[1])]
-    out[~ok.any(axis=0)] = np.nan
     return out
 
 
@@ -233,7 +224,7 @@ def compute_headroom(
             rack_hist[:, r_i] = np.where(
                 np.isnan(feeds).all(axis=1), np.nan, np.nansum(feeds, axis=1)
             )
-    rack_now = _last(rack_hist)
+    rack_now = last_valid(rack_hist)
     # the IT load of each rack (sum of its nodes' input power), the load the forecast and the
     # ratio paths describe; a rack without node power falls back on its PDUs
     node_hist = load_window(
@@ -253,7 +244,7 @@ def compute_headroom(
             p_nodes = node_hist.values["power_w"][:, cols]
             if not np.isnan(p_nodes[-1]).any():
                 it_hist[:, r_i] = p_nodes.sum(axis=1)
-    it_now = _last(it_hist)
+    it_now = last_valid(it_hist)
     if np.isnan(rack_now).any():
         missing = [racks[i].name for i in np.flatnonzero(np.isnan(rack_now))]
         problems.append(f"no recent PDU power for racks {missing}: their headroom is unknown")
@@ -386,10 +377,10 @@ def compute_headroom(
     # ---- GPUs: temperature to the max operating temperature
     params = _latest_params(store)
     power_now = _mean(gpu.values["power_w"])
-    temp_now = _last(gpu.values["temp_c"])
+    temp_now = last_valid(gpu.values["temp_c"])
     with np.errstate(all="ignore"):
         plimit = np.fmax.reduce(gpu.values["power_limit_w"], axis=0)
-    ref_now = _last(gpu_reference(idx, cdu, node, _tail(pdu_hist, NOW_WINDOW_S)))
+    ref_now = last_valid(gpu_reference(idx, cdu, node, _tail(pdu_hist, NOW_WINDOW_S)))
     nodes = {nd.name: nd for nd in site.nodes}
     g = len(idx.gpu_ids)
     r_k = np.empty(g)
@@ -443,7 +434,7 @@ def compute_headroom(
     # ---- CDUs and their loops
     if idx.cdu_names:
         cdus = site.cdus
-        supply = _last(cdu.values["supply_temp_c"])
+        supply = last_valid(cdu.values["supply_temp_c"])
         flow = _mean(cdu.values["flow_lpm"])
         heat_now = _mean(cdu.values["heat_kw"])
         capture = np.array(
@@ -500,7 +491,7 @@ def compute_headroom(
             "return_temp_c",
             "K",
             ret_limit,
-            _last(cdu.values["return_temp_c"]),
+            last_valid(cdu.values["return_temp_c"]),
             ret50,
             ret90,
             cdu_of=names,

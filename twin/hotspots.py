@@ -27,7 +27,7 @@ from pydantic import BaseModel
 
 from models import gpu_thermal
 from twin.calibrate.calibrate import gpu_flow_ratio, gpu_reference, index_site
-from twin.calibrate.windows import load_window
+from twin.calibrate.windows import first_valid, hold_fill, load_window
 from twin.site import Site
 from twin.store import Store
 
@@ -172,9 +172,9 @@ def find_hotspots(
             flow_now = np.nanmean(cdu.values["flow_lpm"], axis=0)
         r = gpu_thermal.r_at_flow_k_per_w(r, gpu_flow_ratio(idx, flow_ref, flow_now))
         ref = gpu_reference(idx, cdu, node, pdu)
-        power = _hold(gpu.values["power_w"])
-        ref = _hold(ref)
-        t0 = _first(temp)
+        power = hold_fill(gpu.values["power_w"], backfill=True)
+        ref = hold_fill(ref, backfill=True)
+        t0 = first_valid(temp)
         with np.errstate(all="ignore"):
             pred = gpu_thermal.predict_temp_c(t0, ref, power, r, c, 1.0, off)
         resid = temp - pred
@@ -262,30 +262,6 @@ def find_hotspots(
         rack_inlet_c=inlet,
         problems=problems,
     )
-
-
-def _hold(a: np.ndarray) -> np.ndarray:
-    """Forward-fill NaN along time (then back-fill the start)."""
-    out = a.copy()
-    for j in range(out.shape[1]):
-        col = out[:, j]
-        ok = ~np.isnan(col)
-        if not ok.any():
-            continue
-        idx = np.where(ok, np.arange(len(col)), 0)
-        np.maximum.accumulate(idx, out=idx)
-        filled = col[idx]
-        filled[: np.argmax(ok)] = col[np.argmax(ok)]
-        out[:, j] = filled
-    return out
-
-
-def _first(a: np.ndarray) -> np.ndarray:
-    ok = ~np.isnan(a)
-    i = np.argmax(ok, axis=0)
-    v = a[i, np.arange(a.shape[1])]
-    v[~ok.any(axis=0)] = np.nan
-    return v
 
 
 def _rack_inlet(site: Site, node: Any, pdu: Any) -> dict[str, float]:

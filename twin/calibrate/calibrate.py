@@ -23,7 +23,7 @@ from models.cdu import fit_capture_fraction, predict_return_temp_c
 from models.electrical import fit_rack_power
 from models.gpu_power import fit_power_curve
 from models.gpu_thermal import fit_rc, predict_temp_c
-from twin.calibrate.windows import Window, load_window
+from twin.calibrate.windows import Window, first_valid, hold_fill, load_window
 from twin.site import Site
 from twin.store import Store
 
@@ -255,9 +255,9 @@ def calibrate(
         if n_ahead > 1:
             h = slice(split, split + n_ahead)
             pred = predict_temp_c(
-                _first_valid(temp[h]),
+                first_valid(temp[h]),
                 ref[h],
-                _hold_fill(power[h]),
+                hold_fill(power[h]),
                 rc.r_k_per_w,
                 rc.c_j_per_k,
                 step_s,
@@ -319,15 +319,15 @@ def calibrate(
         )
         ret = cdu.values["return_temp_c"]
         pred_ret = predict_return_temp_c(
-            _hold_fill(cdu.values["supply_temp_c"][hold]),
-            _hold_fill(rack_in[hold]),
+            hold_fill(cdu.values["supply_temp_c"][hold]),
+            hold_fill(rack_in[hold]),
             np.nan_to_num(cf.fraction),
             idx.rack_cdu,
-            _hold_fill(cdu.values["flow_lpm"][hold]),
+            hold_fill(cdu.values["flow_lpm"][hold]),
             idx.cdu_fluid,
             lag_tau_s=np.nan_to_num(cf.lag_tau_s),
             dt_s=step_s,
-            return0_c=_first_valid(ret[hold]),
+            return0_c=first_valid(ret[hold]),
         )
         results["quality"].extend(
             _quality("cdu", idx.cdu_names, "return_temp_c", ret[hold], pred_ret)
@@ -356,26 +356,6 @@ def _f(x: Any) -> float | None:
 def _median(values: list[float | None]) -> float | None:
     finite = [v for v in values if v is not None and np.isfinite(v)]
     return float(np.median(finite)) if finite else None
-
-
-def _first_valid(a: np.ndarray) -> np.ndarray:
-    """Per column, the first non-NaN value (NaN if none)."""
-    ok = ~np.isnan(a)
-    first = np.argmax(ok, axis=0)
-    out = a[first, np.arange(a.shape[1])]
-    out[~ok.any(axis=0)] = np.nan
-    return out
-
-
-def _hold_fill(a: np.ndarray) -> np.ndarray:
-    """Carry the last valid value forward along time (a reading missing for a step)."""
-    a = a.copy()
-    mask = np.isnan(a)
-    if not mask.any():
-        return a
-    idx = np.where(~mask, np.arange(a.shape[0])[:, None], 0)
-    np.maximum.accumulate(idx, axis=0, out=idx)
-    return a[idx, np.arange(a.shape[1])]
 
 
 def _drift_events(store: Store, idx: SiteIndex, rc) -> list[dict[str, Any]]:

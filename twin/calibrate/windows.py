@@ -125,3 +125,38 @@ def load_window(
             for i, dest in enumerate(flat_values):
                 dest[flat] = batch.column(i + 2).to_numpy(zero_copy_only=False)[sel]
     return Window(kind, start, step_s, list(ids), values)
+
+
+# ---- per-column helpers on (time x device) arrays ----------------------------------------------
+
+
+def first_valid(a: np.ndarray) -> np.ndarray:
+    """Per column, the first non-NaN value (NaN if none)."""
+    ok = ~np.isnan(a)
+    out = a[np.argmax(ok, axis=0), np.arange(a.shape[1])]
+    out[~ok.any(axis=0)] = np.nan
+    return out
+
+
+def last_valid(a: np.ndarray) -> np.ndarray:
+    """Per column, the last non-NaN value (NaN if none)."""
+    ok = ~np.isnan(a)
+    out = a[a.shape[0] - 1 - np.argmax(ok[::-1], axis=0), np.arange(a.shape[1])]
+    out[~ok.any(axis=0)] = np.nan
+    return out
+
+
+def hold_fill(a: np.ndarray, *, backfill: bool = False) -> np.ndarray:
+    """Carry the last valid value forward along time (a reading missing for a step); with
+    ``backfill``, leading NaNs take the first valid value. All-NaN columns stay NaN."""
+    ok = ~np.isnan(a)
+    if ok.all():
+        return a.copy()
+    idx = np.where(ok, np.arange(a.shape[0])[:, None], 0)
+    np.maximum.accumulate(idx, axis=0, out=idx)
+    out = np.take_along_axis(a, idx, axis=0)
+    if backfill:
+        first = np.argmax(ok, axis=0)
+        head = np.arange(a.shape[0])[:, None] < first[None, :]
+        out = np.where(head, a[first, np.arange(a.shape[1])][None, :], out)
+    return out

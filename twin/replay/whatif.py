@@ -45,6 +45,7 @@ from pydantic import BaseModel
 from models import cdu as cdu_model
 from models import coolant, electrical, gpu_power, gpu_thermal
 from twin.calibrate.calibrate import index_site
+from twin.calibrate.windows import hold_fill
 from twin.replay.bundle import Bundle
 from twin.replay.scenario import (
     AddRacks,
@@ -154,19 +155,6 @@ def _grid(bundle: Bundle, kind: str, ids: list[str], quantities: list[str], t0, 
     return out
 
 
-def _hold(a: F64) -> F64:
-    """Forward-fill NaN along time, back-fill the start; all-NaN columns stay NaN."""
-    out = a.copy()
-    ok = ~np.isnan(out)
-    idx = np.where(ok, np.arange(out.shape[0])[:, None], 0)
-    np.maximum.accumulate(idx, axis=0, out=idx)
-    out = np.take_along_axis(out, idx, axis=0)
-    first = np.argmax(ok, axis=0)
-    head = np.arange(out.shape[0])[:, None] < first[None, :]
-    out = np.where(head, out[first, np.arange(out.shape[1])][None, :], out)
-    return out
-
-
 def load(bundle: Bundle) -> _Data:
     """Read a bundle onto its time grid."""
     m = bundle.manifest
@@ -188,17 +176,17 @@ def load(bundle: Bundle) -> _Data:
     no_sm = np.isnan(act).all(axis=0)
     act[:, no_sm] = gpu["util_pct"][:, no_sm] / 100.0
     for q in ("power_w", "temp_c", "sm_active"):
-        gpu[q] = _hold(gpu[q])
+        gpu[q] = hold_fill(gpu[q], backfill=True)
     node_ids = [nd.name for nd in site.nodes]
     node = _grid(bundle, "node", node_ids, ["power_w", "inlet_temp_c"], t0, dt, n)
-    node = {q: _hold(v) for q, v in node.items()}
+    node = {q: hold_fill(v, backfill=True) for q, v in node.items()}
     pdu_ids: list[str] = []
     for p in site.pdus:
         pdu_ids.append(p.name)
         pdu_ids += [f"{p.name}/L{k}" for k in range(1, (3 if p.phases == 3 else 1) + 1)]
         pdu_ids += [f"{p.name}/{b.name}" for b in p.breakers]
     pdu = _grid(bundle, "pdu", pdu_ids, ["power_w", "current_a", "inlet_temp_c"], t0, dt, n)
-    pdu = {q: _hold(v) for q, v in pdu.items()}
+    pdu = {q: hold_fill(v, backfill=True) for q, v in pdu.items()}
     cdu = _grid(
         bundle,
         "cdu",
@@ -208,17 +196,17 @@ def load(bundle: Bundle) -> _Data:
         dt,
         n,
     )
-    cdu = {q: _hold(v) for q, v in cdu.items()}
+    cdu = {q: hold_fill(v, backfill=True) for q, v in cdu.items()}
     pump_ids = [f"{c.name}/{p}" for c in site.cdus for p in c.pumps]
     pumps = _grid(bundle, "cdu", pump_ids, ["pump_speed_pct"], t0, dt, n)["pump_speed_pct"]
     pump_speed: dict[str, F64] = {}
     k = 0
     for c in site.cdus:
-        pump_speed[c.name] = _hold(pumps[:, k : k + len(c.pumps)])
+        pump_speed[c.name] = hold_fill(pumps[:, k : k + len(c.pumps)], backfill=True)
         k += len(c.pumps)
     links = [lk.name for lk in site.links]
     link = _grid(bundle, "link", links, ["tx_bps", "rx_bps"], t0, dt, n)
-    link = {q: np.nan_to_num(_hold(v)) for q, v in link.items()}
+    link = {q: np.nan_to_num(hold_fill(v, backfill=True)) for q, v in link.items()}
     pos = {p: i for i, p in enumerate(pdu_ids)}
     rack_in = np.zeros((n, len(idx.rack_names)))
     for r, pdus in enumerate(idx.rack_pdus):
