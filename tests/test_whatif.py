@@ -253,3 +253,17 @@ def test_replay_over_mqtt_to_a_running_service_shifted_to_now(broker, tmp_path: 
         newest = live.con.execute("SELECT max(ts) FROM gpu").fetchall()[0][0]
         assert abs((datetime.now(UTC) - newest).total_seconds()) < 120  # shifted to now
         assert live.status()["dead_letters"] == {}
+
+
+def test_the_alerts_the_rule_file_would_have_sent(data) -> None:
+    from twin.alerts import load_rules
+
+    r = run(data, None, load_rules(REPO / "deploy" / "alert_rules.yaml"))
+    pump = [(a["status"], a["group"]) for a in r.alerts if a["rule"] == "cdu_pump_lost"]
+    # the recording's 30-min pump failure on cdu-2 (10:00-10:30): one page, one resolve
+    assert pump == [("firing", "cdu cdu-2"), ("resolved", "cdu cdu-2")]
+    first = next(a for a in r.alerts if a["rule"] == "cdu_pump_lost")
+    assert first["at"].startswith("2026-11-23T10:0")
+    # the degrading cold plate takes trn-a03-n2:5 within 5 K of its limit
+    hot = [a for a in r.alerts if a["rule"] == "gpu_temp_high" and a["status"] == "firing"]
+    assert hot and all("a03" in a["group"] for a in hot)
