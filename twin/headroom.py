@@ -44,6 +44,7 @@ from models import cdu as cdu_model
 from models import coolant, gpu_thermal
 from twin.calibrate.calibrate import gpu_flow_ratio, gpu_reference, index_site
 from twin.calibrate.windows import Window, last_valid, load_window
+from twin.forecast import rack_ratio_paths
 from twin.site import Site
 from twin.store import Store
 
@@ -151,10 +152,6 @@ def _forecast_ratio_paths(
     store: Store, site: Site, now: datetime, horizon_s: float, step_s: float
 ) -> tuple[np.ndarray, np.ndarray, str] | None:
     """Rack load ratio paths (p50, p90), each (n_steps + 1, n_racks), from twin.forecast."""
-    try:
-        from twin.forecast import rack_ratio_paths
-    except ImportError:
-        return None
     try:
         return rack_ratio_paths(store, site, now, horizon_s, step_s)
     except ValueError as e:  # not enough history for a forecast: persistence instead
