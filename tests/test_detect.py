@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import shutil
 from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -254,7 +254,3 @@ def test_headroom_command_prints_json(base_db: Path, tmp_path: Path) -> None:
         app, ["headroom", "--db", str(tmp_path / "none.duckdb"), "--site", str(SMALL_SITE)]
     )
     assert res.exit_code != 0 and "none.duckdb" in res.output
-
-
-def test_seasons_start_on_monday() -> None:
-    assert START.weekday() == 0 and START + timedelta(seconds=BASE_S) < datetime.now(UTC)
