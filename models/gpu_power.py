@@ -131,8 +131,8 @@ def _bin_stats(
 ) -> tuple[NDArray[np.int64], F64, F64, F64, F64, F64]:
     """Per (GPU, activity bin) sufficient statistics of the samples in ``use``.
 
-    Returns the GPU index, count, mean activity and mean power of every occupied bin (sorted by
-    GPU, then bin), and per GPU the within-bin sum of squares of power and the total count.
+    Returns the GPU index, count, mean activity, mean power and within-bin sum of squares of
+    power of every occupied bin (sorted by GPU, then bin), and per GPU the total count.
     ``act`` must already lie in [0, 1] (NaN allowed).
 
     One pass over blocks of ``_COL_BLOCK`` GPUs, so the bincount targets stay cache-sized and
@@ -142,7 +142,6 @@ def _bin_stats(
     n_gpu = act.shape[1]
     nb = _ACT_BINS + 1
     parts = []
-    within = np.zeros(n_gpu)
     total = np.zeros(n_gpu)
     for j0 in range(0, n_gpu, _COL_BLOCK):
         j1 = min(j0 + _COL_BLOCK, n_gpu)
@@ -165,14 +164,14 @@ def _bin_stats(
         a_m = s_a[occ] / w
         p_m = s_p[occ] / w
         g = occ // nb
-        within[j0:j1] = np.bincount(g, weights=s_pp[occ] - w * p_m**2, minlength=nc)
+        wss = np.maximum(s_pp[occ] - w * p_m**2, 0.0)
         total[j0:j1] = np.bincount(g, weights=w, minlength=nc)
-        parts.append((g + j0, w, a_m, p_m))
+        parts.append((g + j0, w, a_m, p_m, wss))
     if not parts:
         e = np.zeros(0)
-        return np.zeros(0, dtype=np.int64), e, e, e, within, total
-    gpu, w, a_m, p_m = (np.concatenate(x) for x in zip(*parts, strict=True))
-    return gpu.astype(np.int64), w, a_m, p_m, within, total
+        return np.zeros(0, dtype=np.int64), e, e, e, e, total
+    gpu, w, a_m, p_m, wss = (np.concatenate(x) for x in zip(*parts, strict=True))
+    return gpu.astype(np.int64), w, a_m, p_m, wss, total
 
 
 class _Bins:
@@ -253,6 +252,33 @@ def _parabola_best(cand: F64, sse: F64) -> tuple[F64, NDArray[np.intp]]:
     return np.clip(np.where(at_edge, cand[k, cols], g_k), *_GAMMA_RANGE), k
 
 
+def _fit_on_bins(bins: _Bins) -> tuple[F64, F64, F64]:
+    """Idle, span and gamma per GPU: gamma on a grid, the other two in closed form for each.
+
+    Coarse grid of step 0.05, refined by a parabola, then a fine grid of step 0.005 over
+    +-0.05 around the coarse optimum, refined again. The fine grid is searched over +-0.015
+    first; the parabola then uses the same three points as on the full +-0.05 grid wherever
+    the minimum lies inside that window, and the GPUs whose minimum falls on the window's edge
+    are searched again over the full grid.
+    """
+    grid_g = np.arange(_GAMMA_RANGE[0], _GAMMA_RANGE[1] + 1e-9, 0.05)
+    sse = np.stack([bins.ls(g)[2] for g in grid_g])
+    best, _ = _parabola_best(np.broadcast_to(grid_g[:, None], sse.shape), sse)
+    step = 0.005
+    offs = np.arange(-3, 4) * step
+    cand = np.clip(best[None, :] + offs[:, None], *_GAMMA_RANGE)
+    sse = np.stack([bins.ls(c)[2] for c in cand])
+    fine, k = _parabola_best(cand, sse)
+    wide = (k == 0) | (k == offs.size - 1)
+    if wide.any():
+        sub = bins.subset(wide)
+        offs = np.arange(-10, 11) * step
+        cand = np.clip(best[None, wide] + offs[:, None], *_GAMMA_RANGE)
+        fine[wide] = _parabola_best(cand, np.stack([sub.ls(c)[2] for c in cand]))[0]
+    idle, span, _ = bins.ls(fine)
+    return idle, span, fine
+
+
 def _curve_mae(act: F64, power: F64, idle: F64, limit: F64, gamma: F64, cap: F64) -> F64:
     """MAE of :func:`gpu_power_w` (with the clamp at ``cap``) against ``power`` per GPU.
 
@@ -292,6 +318,8 @@ def fit_power_curve(
     max_gap_frac: float = 0.2,
     max_stuck_s: float | None = None,
     max_rel_stderr: float = 0.01,
+    idle_reach: float = 0.05,
+    min_idle_samples: int = 10,
     dt_s: float = 1.0,
 ) -> PowerCurveFit:
     r"""Fit idle power, effective limit and shape exponent of :func:`gpu_power_w` per GPU.
@@ -322,6 +350,12 @@ def fit_power_curve(
         the check (a GPU at its clamp can read the same power for a long time). [s]
     max_rel_stderr : float, default 0.01
         Largest relative standard error of the idle power and of the limit. [1]
+    idle_reach, min_idle_samples : float and int, default 0.05 and 10
+        The idle power is only identified from a GPU that spent at least ``min_idle_samples``
+        samples at an activity of ``idle_reach`` or less (the idle threshold of physics.md
+        §6.3, SM activity < 5 %): the shape a^gamma is an assumption near zero, so a curve
+        seen only from 0.1 up is not extrapolated down to idle, however small its standard
+        error.
     dt_s : float, default 1.0
         Sample interval, for the stuck-sensor check. [s]
 
@@ -341,9 +375,11 @@ def fit_power_curve(
     with the number of samples.
 
     The curve is refused (``usable`` False) when the activity does not span enough range or
-    levels, and when the standard error of idle or limit exceeds ``max_rel_stderr``: a
-    training GPU that sits at ~0.9 activity with a few checkpoint dips identifies the limit
-    well but the idle power only through :math:`\gamma`.
+    levels, when the GPU was never near idle, and when the standard error of idle or limit
+    exceeds ``max_rel_stderr``: a training GPU that sits at ~0.9 activity with a few
+    checkpoint dips identifies the limit well but the idle power only through
+    :math:`\gamma`. The standard errors are heteroscedasticity-consistent (the noise of a
+    board-power reading grows with the power).
 
     References
     ----------
@@ -393,10 +429,28 @@ def fit_power_curve(
         ),
     )
     use = np.isfinite(act) & np.isfinite(power)
-    if limit_w is not None:  # 0.99 x the limit before broadcasting: no (T, N) temporary
-        use &= ~(power >= 0.99 * np.asarray(limit_w, dtype=float))
-    n_used = use.sum(axis=0)
-    gpu, w, a_m, p_m, within, total = _bin_stats(act, power, use)
+    lim = None if limit_w is None else np.asarray(limit_w, dtype=float)
+    if lim is not None and lim.ndim == 2:  # a limit that changes: clamped samples one by one
+        use &= ~(power >= 0.99 * lim)
+    gpu, w, a_m, p_m, wss, _ = _bin_stats(act, power, use)
+    with np.errstate(divide="ignore"):
+        ln_a = np.log(a_m)
+    if lim is not None and lim.ndim < 2:
+        # Samples on the clamp are left out by their activity, not by their measured power:
+        # dropping the readings that noise pushed over 0.99 x the limit would keep only the
+        # low ones near it and bend the curve (and the idle power it extrapolates) down.
+        # Stage 1 fits the bins whose mean power is below 0.99 x the limit; stage 2 keeps the
+        # bins whose activity lies below where that curve reaches it.
+        cap = 0.99 * np.broadcast_to(lim, (n_gpu,))
+        keep = p_m < cap[gpu]
+        idle1, span1, gamma1 = _fit_on_bins(_Bins(gpu[keep], w[keep], ln_a[keep], p_m[keep], n_gpu))
+        with np.errstate(all="ignore"):
+            a_cap = ((cap - idle1) / span1) ** (1.0 / gamma1)
+        ok1 = np.isfinite(idle1) & (span1 > 0) & np.isfinite(gamma1)
+        keep = np.where(ok1[gpu], a_m < np.where(np.isnan(a_cap), 0.0, a_cap)[gpu], keep)
+        gpu, w, a_m, p_m, wss, ln_a = (v[keep] for v in (gpu, w, a_m, p_m, wss, ln_a))
+    total = np.bincount(gpu, weights=w, minlength=n_gpu)
+    n_used = np.rint(total).astype(np.int64)
 
     # excitation: activity spread and distinct 0.05-wide levels
     lvl = np.bincount(
@@ -427,54 +481,46 @@ def fit_power_curve(
             why.append(f"{int(levels[j])} distinct activity levels < {min_levels}")
         reasons[j] = "; ".join(why)
 
-    # gamma: coarse grid, parabola, fine grid, parabola
-    with np.errstate(divide="ignore"):
-        ln_a = np.log(a_m)
     bins = _Bins(gpu, w, ln_a, p_m, n_gpu)
-    grid_g = np.arange(_GAMMA_RANGE[0], _GAMMA_RANGE[1] + 1e-9, 0.05)
-    sse = np.stack([bins.ls(g)[2] for g in grid_g])
-    best, _ = _parabola_best(np.broadcast_to(grid_g[:, None], sse.shape), sse)
-    # Fine grid of step 0.005 over +-0.05 around the coarse optimum. It is searched over
-    # +-0.015 first; the parabola then uses the same three points as on the full +-0.05 grid
-    # wherever the minimum lies inside that window, and the GPUs whose minimum falls on the
-    # window's edge are searched again over the full grid.
-    step = 0.005
-    offs = np.arange(-3, 4) * step
-    cand = np.clip(best[None, :] + offs[:, None], *_GAMMA_RANGE)
-    sse = np.stack([bins.ls(c)[2] for c in cand])
-    fine, k = _parabola_best(cand, sse)
-    wide = (k == 0) | (k == offs.size - 1)
-    if wide.any():
-        sub = bins.subset(wide)
-        offs = np.arange(-10, 11) * step
-        cand = np.clip(best[None, wide] + offs[:, None], *_GAMMA_RANGE)
-        fine[wide] = _parabola_best(cand, np.stack([sub.ls(c)[2] for c in cand]))[0]
-    best = fine
-    idle, span, sse_b = bins.ls(best)
-    gamma = best
+    idle, span, gamma = _fit_on_bins(bins)
     limit_eff = idle + span
 
-    # standard errors from J = [1, a^g, span a^g ln a] on the bins (weights = counts)
+    # Standard errors from J = [1, a^g, span a^g ln a] on the bins, heteroscedasticity-
+    # consistent (White's sandwich, HC1): G^-1 M G^-1 n/(n-3) with G = sum_b w_b J_b J_b^T and
+    # M = sum_b S_b J_b J_b^T, S_b the sum of squared residuals of bin b. Board-power noise
+    # grows with power (a reading error relative to it), so one pooled variance would take the
+    # noise of the high-power samples for that of the idle ones and overstate the idle error
+    # several times over. J is constant across a 0.001-wide bin.
     x = np.exp(gamma[gpu] * ln_a)
     lx = x * np.where(a_m > 0, ln_a, 0.0) * span[gpu]
-    wx, wlx = w * x, w * lx
-    s = bins.seg(np.stack([wx, wlx, wx * x, wx * lx, wlx * lx]))
-    gram = np.empty((n_gpu, 3, 3))
-    gram[:, 0, 0] = bins.sw
-    gram[:, 0, 1] = gram[:, 1, 0] = s[0]
-    gram[:, 0, 2] = gram[:, 2, 0] = s[1]
-    gram[:, 1, 1] = s[2]
-    gram[:, 1, 2] = gram[:, 2, 1] = s[3]
-    gram[:, 2, 2] = s[4]
-    sigma2 = (sse_b + within) / np.maximum(total - 3.0, 1.0)
+    res_b = p_m - idle[gpu] - span[gpu] * x
+    s_b = wss + w * res_b * res_b
+
+    def gram_of(weight: F64, sum_weight: F64) -> F64:
+        wx, wlx = weight * x, weight * lx
+        s = bins.seg(np.stack([wx, wlx, wx * x, wx * lx, wlx * lx]))
+        g = np.empty((n_gpu, 3, 3))
+        g[:, 0, 0] = sum_weight
+        g[:, 0, 1] = g[:, 1, 0] = s[0]
+        g[:, 0, 2] = g[:, 2, 0] = s[1]
+        g[:, 1, 1] = s[2]
+        g[:, 1, 2] = g[:, 2, 1] = s[3]
+        g[:, 2, 2] = s[4]
+        return g
+
     with np.errstate(invalid="ignore"):  # a GPU with no data: NaN, refused below
-        cov = safe_pinv(gram) * sigma2[:, None, None]
+        g_inv = safe_pinv(gram_of(w, bins.sw))
+        meat = gram_of(s_b, bins.seg(s_b[None])[0])
+        cov = g_inv @ meat @ g_inv
+        cov *= (total / np.maximum(total - 3.0, 1.0))[:, None, None]
     se_idle = np.sqrt(np.maximum(cov[:, 0, 0], 0.0))
     se_lim = np.sqrt(np.maximum(cov[:, 0, 0] + cov[:, 1, 1] + 2 * cov[:, 0, 1], 0.0))
     se_g = np.sqrt(np.maximum(cov[:, 2, 2], 0.0))
     data_ok = np.array([r is None for r in reasons])
     fitted = np.isfinite(idle) & np.isfinite(span) & (span > 0) & (idle > 0)
-    idle_ok = data_ok & fitted & (se_idle <= max_rel_stderr * idle)
+    near_idle = cum[:, round(idle_reach * _ACT_BINS)]  # samples at activity <= reach
+    reached = near_idle >= min_idle_samples
+    idle_ok = data_ok & fitted & reached & (se_idle <= max_rel_stderr * idle)
     limit_ok = data_ok & fitted & (se_lim <= max_rel_stderr * limit_eff)
     gamma_ok = (gamma > _GAMMA_RANGE[0] + 1e-9) & (gamma < _GAMMA_RANGE[1] - 1e-9)
     for j in np.flatnonzero(data_ok & ~(fitted & idle_ok & limit_ok & gamma_ok)):
@@ -482,7 +528,13 @@ def fit_power_curve(
         if not fitted[j]:
             why.append("fit failed (idle or span not positive)")
         else:
-            if not idle_ok[j]:
+            if not reached[j]:
+                why.append(
+                    f"idle power not identifiable ({int(near_idle[j])} samples at activity <= "
+                    f"{idle_reach:g}, fewer than {min_idle_samples}: the curve is not "
+                    f"extrapolated from {q01[j]:.2f} down to idle)"
+                )
+            elif not idle_ok[j]:
                 why.append(
                     f"idle power not identifiable (standard error {100 * se_idle[j] / idle[j]:.1f}"
                     f" % > {100 * max_rel_stderr:g} %)"

@@ -758,6 +758,50 @@ def test_power_curve_refuses_idle_that_only_gamma_could_extrapolate() -> None:
         assert np.isnan(fit.idle_w[j])
         why = fit.reason[j] or ""
         assert "idle power not identifiable" in why or "distinct activity levels" in why, why
+    # GPU 1's three levels fix the curve with a small standard error, but nothing below 0.1
+    assert "0 samples at activity <= 0.05" in (fit.reason[1] or "")
+
+
+def test_power_curve_standard_errors_hold_under_power_dependent_noise() -> None:
+    # NVML's power reading errs in proportion to the power: a pooled variance would take the
+    # noise at 700 W for that at idle and overstate the idle error ~3x. The errors of 400
+    # independent fits, divided by their standard errors, must look like N(0, 1).
+    rng = np.random.default_rng(17)
+    n_t, n = 3600, 400
+    idle = rng.uniform(60.0, 90.0, n)
+    gamma = rng.uniform(0.8, 1.0, n)
+    level = rng.uniform(0.5, 0.9, n)
+    a = np.clip(level + 0.05 * rng.standard_normal((n_t, n)), 0, 1)
+    a[600:720] = np.clip(0.01 * rng.random((120, n)), 0, 1)  # two minutes at idle
+    a[720:840] = np.linspace(0.0, 1.0, 120)[:, None] * level  # and a ramp back up
+    p = gpu_power.gpu_power_w(a, idle, 700.0, gamma)
+    p = p * (1 + 0.01 * rng.standard_normal(p.shape))
+    fit = gpu_power.fit_power_curve(a, p, np.full(n, 700.0))
+    assert fit.usable.all(), [r for r in fit.reason if r][:3]
+    z = (fit.idle_w - idle) / fit.idle_stderr_w
+    assert 0.8 < np.std(z) < 1.25, np.std(z)
+    assert np.abs(z).max() < 4.5
+
+
+def test_power_curve_near_the_clamp_is_not_bent_by_the_noise() -> None:
+    # training GPUs that run close to their 700 W cap: readings that noise lifts over
+    # 0.99 x the limit must not be dropped one by one (that keeps only the low ones near the
+    # clamp and bends the curve down); the clamp is left out by activity instead
+    rng = np.random.default_rng(18)
+    n_t, n = 3600, 300
+    idle = rng.uniform(70.0, 80.0, n)
+    gamma = rng.uniform(0.8, 1.0, n)
+    a = np.clip(rng.uniform(0.95, 1.0, n) + 0.02 * rng.standard_normal((n_t, n)), 0, 1)
+    a[1200:1500] = np.clip(0.01 * rng.standard_normal((300, n)), 0, 1)  # a job gap
+    a[1500:1680] = np.linspace(0.0, 0.9, 180)[:, None]  # the next job warming up
+    p = gpu_power.gpu_power_w(a, idle, 700.0, gamma, 700.0)
+    p = p * (1 + 0.01 * rng.standard_normal(p.shape))
+    fit = gpu_power.fit_power_curve(a, p, np.full(n, 700.0))
+    assert fit.usable.mean() > 0.95
+    err = fit.idle_w / idle - 1.0
+    assert abs(np.nanmedian(err)) < 0.002, np.nanmedian(err)  # no bias ...
+    assert np.nanmax(np.abs(err)) < 0.03  # ... and every GPU within the issue's 3 %
+    assert abs(np.nanmedian(fit.gamma / gamma - 1.0)) < 0.003
 
 
 @pytest.mark.parametrize(
