@@ -166,3 +166,32 @@ def test_calibrate_cli_json(calibrated):
     r = res["classes"]["gpu:H200-SXM"]["r_k_per_w"]["median"]
     assert 0.02 < r < 0.045
     assert np.isfinite(res["classes"]["rack"]["quality"]["power_w"]["mape"])
+
+
+def test_gpu_fits_side_by_side_give_the_same_numbers_as_one_after_the_other() -> None:
+    # calibrate() runs the power curve and the two RC fits in threads; they share no state,
+    # so the results must be identical to running them in turn
+    from models.gpu_power import gpu_power_w
+    from models.gpu_thermal import rc_simulate
+    from twin.calibrate.calibrate import fit_gpu_links
+
+    rng = np.random.default_rng(21)
+    n_t, n = 1800, 24
+    act = np.repeat(rng.uniform(0.0, 1.0, (n_t // 60, n)), 60, axis=0)
+    act[600:660] = 0.0  # every GPU idles for a minute
+    power = gpu_power_w(act, 75.0, 700.0, 0.9) * (1 + 0.01 * rng.standard_normal((n_t, n)))
+    ref = np.full((n_t, n), 32.0)
+    temps = {
+        q: rc_simulate(40.0, ref, power, r, 300.0, 1.0) + rng.normal(0, 0.3, (n_t, n))
+        for q, r in (("temp_c", 0.03), ("mem_temp_c", 0.033))
+    }
+    limit = np.full(n, 700.0)
+    pc1, rc1 = fit_gpu_links(act, power, limit, temps, ref, 1.0, threads=1)
+    pc3, rc3 = fit_gpu_links(act, power, limit, temps, ref, 1.0, threads=3)
+    assert pc1.usable.all() and all(f.usable.all() for f in rc1.values())
+    for a, b in ((pc1.idle_w, pc3.idle_w), (pc1.limit_w, pc3.limit_w), (pc1.gamma, pc3.gamma)):
+        np.testing.assert_array_equal(a, b)
+    for q in temps:
+        np.testing.assert_array_equal(rc1[q].r_k_per_w, rc3[q].r_k_per_w)
+        np.testing.assert_array_equal(rc1[q].c_j_per_k, rc3[q].c_j_per_k)
+        assert rc1[q].reason == rc3[q].reason

@@ -9,8 +9,10 @@ measured inputs, and the errors (MAE, CV(RMSE), NMBE, MAPE) are stored with the 
 
 from __future__ import annotations
 
+import os
 import time
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -21,8 +23,8 @@ import pyarrow as pa
 from models import fit_quality
 from models.cdu import fit_capture_fraction, predict_return_temp_c
 from models.electrical import fit_rack_power
-from models.gpu_power import fit_power_curve
-from models.gpu_thermal import fit_rc, predict_temp_c
+from models.gpu_power import PowerCurveFit, fit_power_curve
+from models.gpu_thermal import RcFit, fit_rc, predict_temp_c
 from twin.calibrate.windows import Window, first_valid, hold_fill, load_window
 from twin.site import Site
 from twin.store import Store
@@ -128,6 +130,37 @@ def gpu_flow_ratio(
     return ratio
 
 
+def fit_gpu_links(
+    activity: np.ndarray,
+    power_w: np.ndarray,
+    limit_w: np.ndarray,
+    temps_c: dict[str, np.ndarray],
+    ref_temp_c: np.ndarray,
+    step_s: float,
+    *,
+    threads: int | None = None,
+) -> tuple[PowerCurveFit, dict[str, RcFit]]:
+    """Fit the GPU power curve and one RC model per temperature quantity, all GPUs at once.
+
+    ``activity``, ``power_w`` and every array of ``temps_c`` (``temp_c``, ``mem_temp_c``) are
+    ``(T, N)``; ``ref_temp_c`` is the coolant or inlet reference per GPU. The fits share no
+    state, and numpy releases the GIL inside its array loops, so they run side by side in
+    ``threads`` threads (default: one per fit, at most the CPU count, at least 2); 1 runs them
+    one after the other.
+    """
+    n_fits = 1 + len(temps_c)
+    workers = threads or min(n_fits, max(2, os.cpu_count() or 1))
+    if workers <= 1:
+        pc = fit_power_curve(activity, power_w, limit_w, dt_s=step_s)
+        return pc, {q: fit_rc(t, ref_temp_c, power_w, step_s) for q, t in temps_c.items()}
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="calibrate") as pool:
+        rc_jobs = {
+            q: pool.submit(fit_rc, t, ref_temp_c, power_w, step_s) for q, t in temps_c.items()
+        }
+        pc_job = pool.submit(fit_power_curve, activity, power_w, limit_w, dt_s=step_s)
+        return pc_job.result(), {q: job.result() for q, job in rc_jobs.items()}
+
+
 def _quality(kind: str, ids: list[str], quantity: str, meas: np.ndarray, pred: np.ndarray):
     q = fit_quality.fit_quality(meas, pred)
     for i, sid in enumerate(ids):
@@ -221,8 +254,11 @@ def calibrate(
                     }
                 )
 
-    # 1. GPU power curve
-    pc = fit_power_curve(activity[fit], power[fit], limit, dt_s=step_s)
+    # 1. and 2.: GPU power curve, GPU and HBM temperature (fitted side by side)
+    temps = {
+        q: gpu.values[q][fit] for q in ("temp_c", "mem_temp_c") if not np.isnan(gpu.values[q]).all()
+    }
+    pc, rc_fits = fit_gpu_links(activity[fit], power[fit], limit, temps, ref[fit], step_s)
     params(
         "gpu",
         idx.gpu_ids,
@@ -232,14 +268,11 @@ def calibrate(
         limit_w=(pc.limit_w, pc.limit_stderr_w),
         gamma=(pc.gamma, pc.gamma_stderr),
     )
-    # 2. GPU and HBM temperature
-    rc_fits = {}
     for quantity, prefix in (("temp_c", ""), ("mem_temp_c", "mem_")):
-        temp = gpu.values[quantity]
-        if np.isnan(temp).all():
+        if quantity not in rc_fits:
             continue
-        rc = fit_rc(temp[fit], ref[fit], power[fit], step_s)
-        rc_fits[quantity] = rc
+        temp = gpu.values[quantity]
+        rc = rc_fits[quantity]
         params(
             "gpu",
             idx.gpu_ids,
