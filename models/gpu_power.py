@@ -99,7 +99,8 @@ class PowerCurveFit:
     idle_stderr_w, limit_stderr_w, gamma_stderr : numpy.ndarray
         Standard errors. [W], [W], [1]
     mae_w : numpy.ndarray
-        Mean absolute error of the fitted curve (with the clamp) over every valid sample. [W]
+        Mean absolute error of the fitted curve (with the clamp) over every valid sample; NaN
+        when the fit was asked not to compute it (``in_sample_mae=False``). [W]
     n_samples : numpy.ndarray
         Samples used for the shape fit (valid and below the clamp). [1]
     activity_range : numpy.ndarray
@@ -321,6 +322,7 @@ def fit_power_curve(
     idle_reach: float = 0.05,
     min_idle_samples: int = 10,
     dt_s: float = 1.0,
+    in_sample_mae: bool = True,
 ) -> PowerCurveFit:
     r"""Fit idle power, effective limit and shape exponent of :func:`gpu_power_w` per GPU.
 
@@ -358,6 +360,9 @@ def fit_power_curve(
         error.
     dt_s : float, default 1.0
         Sample interval, for the stuck-sensor check. [s]
+    in_sample_mae : bool, default True
+        Compute ``mae_w`` (one more pass over every sample); a caller that scores the curve
+        on held-out data instead can skip it.
 
     Returns
     -------
@@ -435,20 +440,29 @@ def fit_power_curve(
     gpu, w, a_m, p_m, wss, _ = _bin_stats(act, power, use)
     with np.errstate(divide="ignore"):
         ln_a = np.log(a_m)
+    fitted: tuple[F64, F64, F64] | None = None
     if lim is not None and lim.ndim < 2:
         # Samples on the clamp are left out by their activity, not by their measured power:
         # dropping the readings that noise pushed over 0.99 x the limit would keep only the
         # low ones near it and bend the curve (and the idle power it extrapolates) down.
         # Stage 1 fits the bins whose mean power is below 0.99 x the limit; stage 2 keeps the
-        # bins whose activity lies below where that curve reaches it.
+        # bins whose activity lies below where that curve reaches it, and fits again only the
+        # GPUs whose set of bins that changes.
         cap = 0.99 * np.broadcast_to(lim, (n_gpu,))
-        keep = p_m < cap[gpu]
-        idle1, span1, gamma1 = _fit_on_bins(_Bins(gpu[keep], w[keep], ln_a[keep], p_m[keep], n_gpu))
+        keep1 = p_m < cap[gpu]
+        idle1, span1, gamma1 = _fit_on_bins(
+            _Bins(gpu[keep1], w[keep1], ln_a[keep1], p_m[keep1], n_gpu)
+        )
         with np.errstate(all="ignore"):
             a_cap = ((cap - idle1) / span1) ** (1.0 / gamma1)
         ok1 = np.isfinite(idle1) & (span1 > 0) & np.isfinite(gamma1)
-        keep = np.where(ok1[gpu], a_m < np.where(np.isnan(a_cap), 0.0, a_cap)[gpu], keep)
+        keep = np.where(ok1[gpu], a_m < np.where(np.isnan(a_cap), 0.0, a_cap)[gpu], keep1)
+        changed = np.bincount(gpu, weights=keep != keep1, minlength=n_gpu) > 0
         gpu, w, a_m, p_m, wss, ln_a = (v[keep] for v in (gpu, w, a_m, p_m, wss, ln_a))
+        if changed.any():
+            sub = _Bins(gpu, w, ln_a, p_m, n_gpu).subset(changed)
+            idle1[changed], span1[changed], gamma1[changed] = _fit_on_bins(sub)
+        fitted = idle1, span1, gamma1
     total = np.bincount(gpu, weights=w, minlength=n_gpu)
     n_used = np.rint(total).astype(np.int64)
 
@@ -482,7 +496,7 @@ def fit_power_curve(
         reasons[j] = "; ".join(why)
 
     bins = _Bins(gpu, w, ln_a, p_m, n_gpu)
-    idle, span, gamma = _fit_on_bins(bins)
+    idle, span, gamma = _fit_on_bins(bins) if fitted is None else fitted
     limit_eff = idle + span
 
     # Standard errors from J = [1, a^g, span a^g ln a] on the bins, heteroscedasticity-
@@ -549,7 +563,11 @@ def fit_power_curve(
         reasons[j] = "; ".join(why) if why else None
     usable = np.array([r is None for r in reasons])
     cap = limit_eff if limit_w is None else np.asarray(limit_w, dtype=float)
-    mae_w = np.where(data_ok & fitted, _curve_mae(act, power, idle, limit_eff, gamma, cap), np.nan)
+    mae_w = np.full(n_gpu, np.nan)
+    if in_sample_mae:
+        mae_w = np.where(
+            data_ok & fitted, _curve_mae(act, power, idle, limit_eff, gamma, cap), np.nan
+        )
 
     return PowerCurveFit(
         idle_w=np.where(idle_ok & gamma_ok, idle, np.nan),

@@ -11,6 +11,7 @@ handles 10,000 GPUs. A fitter can reuse :func:`rc_simulate` as its output-error 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -661,52 +662,96 @@ def fit_rc(
     >>> fit.r_k_per_w.round(3), (fit.c_j_per_k / 100).round(), fit.usable
     (array([0.03, 0.05]), array([3., 4.]), array([ True,  True]))
     """
-    temp = np.asarray(temp_c, dtype=float)
-    if temp.ndim == 1:
-        temp = temp[:, None]
-    n_t, n_gpu = temp.shape
-    power = np.broadcast_to(np.asarray(power_w, dtype=float), temp.shape)
+    return fit_rc_many(
+        {"": temp_c},
+        ref_temp_c,
+        power_w,
+        dt_s,
+        iterations=iterations,
+        min_samples=min_samples,
+        max_gap_frac=max_gap_frac,
+        max_stuck_s=max_stuck_s,
+        max_rel_stderr_r=max_rel_stderr_r,
+        max_rel_stderr_c=max_rel_stderr_c,
+        dtype=dtype,
+    )[""]
+
+
+def fit_rc_many(
+    temps_c: Mapping[str, ArrayLike],
+    ref_temp_c: ArrayLike,
+    power_w: ArrayLike,
+    dt_s: float,
+    *,
+    iterations: int = 8,
+    min_samples: int = 300,
+    max_gap_frac: float = 0.2,
+    max_stuck_s: float = 300.0,
+    max_rel_stderr_r: float = 0.02,
+    max_rel_stderr_c: float = 0.05,
+    dtype: type[np.floating] = np.float32,
+) -> dict[str, RcFit]:
+    """:func:`fit_rc` for several temperatures of the same GPUs (core and HBM), by name.
+
+    Every array of ``temps_c`` has the shape ``(T, N)``; power and reference are shared, so
+    their data checks, gap filling and working copies are made once. Same parameters and
+    results as :func:`fit_rc`, one :class:`RcFit` per name.
+    """
+    if not temps_c:
+        return {}
+    shape = np.shape(next(iter(temps_c.values())))
+    n_t, n_gpu = (shape[0], 1) if len(shape) == 1 else shape
+    power = np.broadcast_to(np.asarray(power_w, dtype=float), (n_t, n_gpu))
     ref = _as_time_by_device(ref_temp_c, n_t)
     dt = float(dt_s)
 
     def prefix(what: str, reasons: list[str | None]) -> list[str | None]:
         return [f"{what}: {r}" if r else None for r in reasons]
 
-    ref_problems = data_problems(
-        ref,
-        min_samples=min_samples,
-        max_gap_frac=max_gap_frac,
-        flat_std=0.0,
-        max_stuck_s=None,
-        dt_s=dt,
-    )
+    checks = {"min_samples": min_samples, "max_gap_frac": max_gap_frac, "dt_s": dt}
+    ref_problems = data_problems(ref, flat_std=0.0, max_stuck_s=None, **checks)
     if len(ref_problems) == 1:
         ref_problems = ref_problems * n_gpu
-    reasons = join_reasons(
-        prefix(
-            "temperature",
-            data_problems(
-                temp,
-                min_samples=min_samples,
-                max_gap_frac=max_gap_frac,
-                flat_std=0.05,
-                max_stuck_s=max_stuck_s,
-                dt_s=dt,
-            ),
-        ),
-        prefix(
-            "power",
-            data_problems(
-                power,
-                min_samples=min_samples,
-                max_gap_frac=max_gap_frac,
-                flat_std=0.1,
-                max_stuck_s=max_stuck_s,
-                dt_s=dt,
-            ),
-        ),
-        prefix("reference", ref_problems),
-    )
+    power_problems = data_problems(power, flat_std=0.1, max_stuck_s=max_stuck_s, **checks)
+    shared = prefix("power", power_problems), prefix("reference", ref_problems)
+    # gaps held and float32 working copies in C order, once for every temperature (the passes
+    # run over blocks of rows; a reference made by fancy indexing, ``supply[:, gpu_cdu]``,
+    # comes in Fortran order and would be read with a stride)
+    p_held = hold_gaps(np.asarray(power))
+    ref_held = hold_gaps(np.asarray(ref))
+    p_32 = p_held.astype(dtype, order="C")
+    ref_32 = ref_held.astype(dtype, order="C")
+    fits = {}
+    for name, temp_c in temps_c.items():
+        temp = np.asarray(temp_c, dtype=float)
+        if temp.ndim == 1:
+            temp = temp[:, None]
+        if temp.shape != (n_t, n_gpu):
+            raise ValueError(f"temperature {name!r} has shape {temp.shape}, not {(n_t, n_gpu)}")
+        temp_problems = data_problems(temp, flat_std=0.05, max_stuck_s=max_stuck_s, **checks)
+        reasons = join_reasons(prefix("temperature", temp_problems), *shared)
+        fits[name] = _fit_rc_one(
+            temp, reasons, p_held, ref_held, p_32, ref_32, dt, iterations,
+            max_rel_stderr_r, max_rel_stderr_c, dtype,
+        )  # fmt: skip
+    return fits
+
+
+def _fit_rc_one(
+    temp: F64,
+    reasons: list[str | None],
+    p_held: F64,
+    ref_held: F64,
+    p_32: NDArray[np.floating],
+    ref_32: NDArray[np.floating],
+    dt: float,
+    iterations: int,
+    max_rel_stderr_r: float,
+    max_rel_stderr_c: float,
+    dtype: type[np.floating],
+) -> RcFit:
+    """The fit of :func:`fit_rc` for one temperature, on inputs checked and prepared."""
+    n_gpu = temp.shape[1]
     good = np.array([r is None for r in reasons])
     cols = np.flatnonzero(good)
     out = {k: np.full(n_gpu, np.nan) for k in ("r", "c", "off", "t0", "tau", "ser", "sec")}
@@ -715,21 +760,21 @@ def fit_rc(
     usable = np.zeros(n_gpu, dtype=bool)
     if cols.size:
         sub = cols.size < n_gpu
+        one_ref = ref_held.shape[1] == 1
         t_g = temp[:, cols] if sub else temp
-        p_g = hold_gaps(np.asarray(power[:, cols] if sub else power))
-        ref_g = hold_gaps(np.asarray(ref if ref.shape[1] == 1 else ref[:, cols]))
+        p_w = np.ascontiguousarray(p_32[:, cols]) if sub else p_32
+        ref_w = ref_32 if one_ref or not sub else np.ascontiguousarray(ref_32[:, cols])
+        p0 = p_held[0, cols]
+        ref0 = ref_held[0, 0] if one_ref else ref_held[0, cols]
         valid_g = np.isfinite(t_g)
         all_valid = bool(valid_g.all())
         valid: NDArray[np.bool_] | None = None if all_valid else valid_g
-        # C order: the passes run over blocks of rows (a reference made by fancy indexing,
-        # ``supply[:, gpu_cdu]``, comes in Fortran order and would be read with a stride)
         t_w = t_g.astype(dtype, order="C")
         if valid is not None:
             t_w[~valid] = 0.0
-        p_w, ref_w = p_g.astype(dtype, order="C"), ref_g.astype(dtype, order="C")
         mom = _one_step_moments(t_w, ref_w, p_w, valid)
         r0, tau0, off0 = _linear_seed(mom, dt)
-        t0 = np.where(valid_g[0], t_g[0], ref_g[0] + off0 + r0 * p_g[0])
+        t0 = np.where(valid_g[0], t_g[0], ref0 + off0 + r0 * p0)
         lo, hi = np.log(_TAU_BOUNDS_DT[0] * dt), np.log(_TAU_BOUNDS_DT[1] * dt)
         theta = np.stack([r0, np.clip(np.log(tau0), lo, hi), off0, t0])
         theta = np.where(np.isfinite(theta), theta, np.array([[0.03], [np.log(10.0)], [0], [40]]))

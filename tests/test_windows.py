@@ -6,6 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import numpy as np
 import pyarrow as pa
+import pytest
 
 from twin.calibrate.windows import load_window
 from twin.store import Store
@@ -77,3 +78,21 @@ def test_column_helpers_fill_and_pick_per_device() -> None:
     both = hold_fill(a, backfill=True)
     np.testing.assert_array_equal(both[:, 0], [2.0, 2.0, 2.0, 4.0])
     assert np.isnan(a[0, 0])  # the input is not changed
+
+
+def test_load_max_is_the_largest_reading_per_id(tmp_path) -> None:
+    from twin.calibrate.windows import load_max
+
+    with Store(tmp_path / "m.duckdb") as store:
+        t0 = datetime(2026, 11, 29, 10, 0, tzinfo=UTC)
+        rows = [(t0 + timedelta(seconds=k), "n1", f"n1:{g}", 700.0 - 100 * (k == 3) * g)
+                for k in range(5) for g in range(2)]  # fmt: skip
+        rows.append((t0 + timedelta(seconds=9), "n1", "n1:0", 900.0))  # after the window
+        store.con.executemany(
+            "INSERT INTO gpu (ts, source, id, power_limit_w) VALUES (?, ?, ?, ?)", rows
+        )
+        end = t0 + timedelta(seconds=5)
+        got = load_max(store, "gpu", t0, end, "power_limit_w", ["n1:1", "n1:0", "n9:0"])
+    assert got[:2].tolist() == [700.0, 700.0] and np.isnan(got[2])
+    with pytest.raises(ValueError, match="no quantity"):
+        load_max(store, "gpu", t0, end, "bogus", ["n1:0"])

@@ -9,7 +9,6 @@ measured inputs, and the errors (MAE, CV(RMSE), NMBE, MAPE) are stored with the 
 
 from __future__ import annotations
 
-import os
 import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
@@ -23,9 +22,9 @@ import pyarrow as pa
 from models import fit_quality
 from models.cdu import fit_capture_fraction, predict_return_temp_c
 from models.electrical import fit_rack_power
-from models.gpu_power import PowerCurveFit, fit_power_curve
-from models.gpu_thermal import RcFit, fit_rc, predict_temp_c
-from twin.calibrate.windows import Window, first_valid, hold_fill, load_window
+from models.gpu_power import PowerCurveFit, fit_power_curve, gpu_power_w
+from models.gpu_thermal import RcFit, fit_rc_many, predict_temp_c
+from twin.calibrate.windows import Window, first_valid, hold_fill, load_max, load_window
 from twin.site import Site
 from twin.store import Store
 
@@ -144,21 +143,20 @@ def fit_gpu_links(
 
     ``activity``, ``power_w`` and every array of ``temps_c`` (``temp_c``, ``mem_temp_c``) are
     ``(T, N)``; ``ref_temp_c`` is the coolant or inlet reference per GPU. The fits share no
-    state, and numpy releases the GIL inside its array loops, so they run side by side in
-    ``threads`` threads (default: one per fit, at most the CPU count, at least 2); 1 runs them
-    one after the other.
+    state, and numpy releases the GIL inside its array loops, so the power curve runs in one
+    thread beside the RC fits (``fit_rc_many``: one after the other, sharing the checks and
+    working copies of power and reference) in another; ``threads=1`` runs everything in turn.
     """
-    n_fits = 1 + len(temps_c)
-    workers = threads or min(n_fits, max(2, os.cpu_count() or 1))
-    if workers <= 1:
-        pc = fit_power_curve(activity, power_w, limit_w, dt_s=step_s)
-        return pc, {q: fit_rc(t, ref_temp_c, power_w, step_s) for q, t in temps_c.items()}
-    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="calibrate") as pool:
-        rc_jobs = {
-            q: pool.submit(fit_rc, t, ref_temp_c, power_w, step_s) for q, t in temps_c.items()
-        }
-        pc_job = pool.submit(fit_power_curve, activity, power_w, limit_w, dt_s=step_s)
-        return pc_job.result(), {q: job.result() for q, job in rc_jobs.items()}
+    # in-sample MAE skipped: calibrate() scores the curve on its held-out window
+    pc_args = (activity, power_w, limit_w)
+    pc_kw = {"dt_s": step_s, "in_sample_mae": False}
+    if threads == 1 or not temps_c:
+        pc = fit_power_curve(*pc_args, **pc_kw)
+        return pc, fit_rc_many(temps_c, ref_temp_c, power_w, step_s)
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="calibrate") as pool:
+        rc_job = pool.submit(fit_rc_many, temps_c, ref_temp_c, power_w, step_s)
+        pc_job = pool.submit(fit_power_curve, *pc_args, **pc_kw)
+        return pc_job.result(), rc_job.result()
 
 
 def _quality(kind: str, ids: list[str], quantity: str, meas: np.ndarray, pred: np.ndarray):
@@ -206,8 +204,9 @@ def calibrate(
         end,
         step_s=step_s,
         ids=idx.gpu_ids,
-        quantities=["power_w", "temp_c", "mem_temp_c", "sm_active", "util_pct", "power_limit_w"],
+        quantities=["power_w", "temp_c", "mem_temp_c", "sm_active", "util_pct"],
     )
+    limit = load_max(store, "gpu", start, end, "power_limit_w", idx.gpu_ids)
     cdu = load_window(
         store,
         "cdu",
@@ -232,8 +231,6 @@ def calibrate(
     activity = gpu.values["sm_active"].copy()
     no_sm = np.isnan(activity).all(axis=0)
     activity[:, no_sm] = gpu.values["util_pct"][:, no_sm] / 100.0
-    with np.errstate(all="ignore"):  # a GPU that never reported its limit: NaN, no warning
-        limit = np.fmax.reduce(gpu.values["power_limit_w"], axis=0)
     ref = gpu_reference(idx, cdu, node, pdu)
     fit, hold = slice(0, split), slice(split, None)
 
@@ -268,6 +265,9 @@ def calibrate(
         limit_w=(pc.limit_w, pc.limit_stderr_w),
         gamma=(pc.gamma, pc.gamma_stderr),
     )
+    cap = np.where(np.isfinite(limit), limit, np.inf)
+    pred_p = gpu_power_w(np.clip(activity[hold], 0.0, 1.0), pc.idle_w, pc.limit_w, pc.gamma, cap)
+    results["quality"].extend(_quality("gpu", idx.gpu_ids, "power_w", power[hold], pred_p))
     for quantity, prefix in (("temp_c", ""), ("mem_temp_c", "mem_")):
         if quantity not in rc_fits:
             continue

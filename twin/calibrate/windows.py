@@ -48,6 +48,24 @@ class Window:
         return Window(self.kind, self.start, self.step_s, list(ids), out)
 
 
+def load_max(
+    store: Store, kind: str, start: datetime, end: datetime, quantity: str, ids: list[str]
+) -> np.ndarray:
+    """Largest reading of ``quantity`` per id of ``ids`` in [start, end), NaN where an id has
+    none: one aggregate query, for a per-device setting such as the enforced power limit that
+    a dense (T, N) array would only be reduced again."""
+    if kind not in QUANTITIES:
+        raise ValueError(f"unknown kind {kind!r}")
+    if quantity not in QUANTITIES[kind]:
+        raise ValueError(f"{kind} has no quantity {quantity!r}")
+    rows = store.con.execute(
+        f"SELECT id, max({quantity}) FROM {kind} WHERE ts >= ? AND ts < ? GROUP BY id",
+        [start, end],
+    ).fetchall()
+    best = {sid: v for sid, v in rows if v is not None}
+    return np.array([best.get(sid, np.nan) for sid in ids], dtype=float)
+
+
 def load_window(
     store: Store,
     kind: str,
