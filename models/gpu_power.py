@@ -449,6 +449,7 @@ def fit_power_curve(
         # bins whose activity lies below where that curve reaches it, and fits again only the
         # GPUs whose set of bins that changes.
         cap = 0.99 * np.broadcast_to(lim, (n_gpu,))
+        cap = np.where(np.isfinite(cap), cap, np.inf)  # a GPU that never reported its limit
         keep1 = p_m < cap[gpu]
         idle1, span1, gamma1 = _fit_on_bins(
             _Bins(gpu[keep1], w[keep1], ln_a[keep1], p_m[keep1], n_gpu)

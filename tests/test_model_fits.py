@@ -802,6 +802,16 @@ def test_power_curve_near_the_clamp_is_not_bent_by_the_noise() -> None:
     assert abs(np.nanmedian(err)) < 0.002, np.nanmedian(err)  # no bias ...
     assert np.nanmax(np.abs(err)) < 0.03  # ... and every GPU within the 3 %
     assert abs(np.nanmedian(fit.gamma / gamma - 1.0)) < 0.003
+    # a GPU that never reported its limit (NaN) is fitted on all its samples, not refused
+    limit = np.full(n, 700.0)
+    limit[0] = np.nan
+    a0 = np.clip(a[:, :2] * 0.8, 0, 1)  # below the clamp
+    p0 = gpu_power.gpu_power_w(a0, idle[:2], 700.0, gamma[:2]) * (
+        1 + 0.01 * rng.standard_normal(a0.shape)
+    )
+    fit0 = gpu_power.fit_power_curve(a0, p0, limit[:2])
+    assert fit0.usable.all(), fit0.reason
+    np.testing.assert_allclose(fit0.idle_w, idle[:2], rtol=0.03)
 
 
 @pytest.mark.parametrize(
