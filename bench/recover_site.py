@@ -22,7 +22,7 @@ import json
 import sys
 import tempfile
 import time
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -57,16 +57,14 @@ PREDICTION = [
 
 
 def simulate_into(
-    store: Store, site_path: Path, hours: float, seed: int, start: datetime | None = None
+    store: Store, site_path: Path, hours: float, seed: int, start: datetime = DEFAULT_START
 ) -> dict[str, Any]:
     """Simulate ``hours`` of the site at 1 Hz from ``start`` into ``store``; return the truth.
 
-    ``start`` defaults to ``hours`` + 30 min before now (the workload then depends on the
-    time of day and the weekday: pass a fixed start for a reproducible run).
+    The workload follows the time of day and the weekday, so a fixed ``start`` makes the run
+    reproducible.
     """
     site = load_site(site_path)
-    if start is None:
-        start = datetime.now(UTC) - timedelta(hours=hours + 0.5)
     start = start.replace(second=0, microsecond=0)
     sim = SiteSimulator(site, seed=seed, start=start, rate_hz=1.0)
     ingester = Ingester(store, site, IngestLimits(max_past_s=0))

@@ -229,13 +229,6 @@ class _Bins:
         return idle, span, np.where(np.isfinite(sse), np.maximum(sse, 0.0), np.inf)
 
 
-def _ls_for_gamma(
-    gamma: F64, gpu: NDArray[np.int64], w: F64, ln_a: F64, p_m: F64, n_gpu: int
-) -> tuple[F64, F64, F64]:
-    """Weighted LS of bin-mean power on [1, a^gamma] per GPU: (idle, span, between-bin SSE)."""
-    return _Bins(gpu, w, ln_a, p_m, n_gpu).ls(gamma)
-
-
 def _parabola_best(cand: F64, sse: F64) -> tuple[F64, NDArray[np.intp]]:
     """Best gamma per GPU from candidates ``cand`` (K, N) and their SSE: the grid minimum,
     refined by a parabola through it and its neighbours unless it sits at the grid's edge.
@@ -440,14 +433,15 @@ def fit_power_curve(
     gpu, w, a_m, p_m, wss, _ = _bin_stats(act, power, use)
     with np.errstate(divide="ignore"):
         ln_a = np.log(a_m)
-    fitted: tuple[F64, F64, F64] | None = None
+    stage1: tuple[F64, F64, F64] | None = None
+    changed = np.zeros(n_gpu, dtype=bool)
     if lim is not None and lim.ndim < 2:
         # Samples on the clamp are left out by their activity, not by their measured power:
         # dropping the readings that noise pushed over 0.99 x the limit would keep only the
         # low ones near it and bend the curve (and the idle power it extrapolates) down.
         # Stage 1 fits the bins whose mean power is below 0.99 x the limit; stage 2 keeps the
-        # bins whose activity lies below where that curve reaches it, and fits again only the
-        # GPUs whose set of bins that changes.
+        # bins whose activity lies below where that curve reaches it; only the GPUs whose set
+        # of bins that changes are fitted again (below).
         cap = 0.99 * np.broadcast_to(lim, (n_gpu,))
         cap = np.where(np.isfinite(cap), cap, np.inf)  # a GPU that never reported its limit
         keep1 = p_m < cap[gpu]
@@ -460,10 +454,7 @@ def fit_power_curve(
         keep = np.where(ok1[gpu], a_m < np.where(np.isnan(a_cap), 0.0, a_cap)[gpu], keep1)
         changed = np.bincount(gpu, weights=keep != keep1, minlength=n_gpu) > 0
         gpu, w, a_m, p_m, wss, ln_a = (v[keep] for v in (gpu, w, a_m, p_m, wss, ln_a))
-        if changed.any():
-            sub = _Bins(gpu, w, ln_a, p_m, n_gpu).subset(changed)
-            idle1[changed], span1[changed], gamma1[changed] = _fit_on_bins(sub)
-        fitted = idle1, span1, gamma1
+        stage1 = idle1, span1, gamma1
     total = np.bincount(gpu, weights=w, minlength=n_gpu)
     n_used = np.rint(total).astype(np.int64)
 
@@ -497,7 +488,12 @@ def fit_power_curve(
         reasons[j] = "; ".join(why)
 
     bins = _Bins(gpu, w, ln_a, p_m, n_gpu)
-    idle, span, gamma = _fit_on_bins(bins) if fitted is None else fitted
+    if stage1 is None:
+        idle, span, gamma = _fit_on_bins(bins)
+    else:
+        idle, span, gamma = stage1
+        if changed.any():
+            idle[changed], span[changed], gamma[changed] = _fit_on_bins(bins.subset(changed))
     limit_eff = idle + span
 
     # Standard errors from J = [1, a^g, span a^g ln a] on the bins, heteroscedasticity-

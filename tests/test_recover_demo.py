@@ -27,9 +27,7 @@ spec.loader.exec_module(recover_site)  # type: ignore[union-attr]
 @pytest.mark.timeout(900)  # ~3 min alone on 2 cores; more when the machine is shared
 def test_demo_site_parameters_recovered_for_every_device(tmp_path) -> None:
     with Store(tmp_path / "demo.duckdb") as store:
-        truth = recover_site.simulate_into(
-            store, DEMO_SITE, hours=2.0, seed=0, start=recover_site.DEFAULT_START
-        )
+        truth = recover_site.simulate_into(store, DEMO_SITE, hours=2.0, seed=0)
         result = calibrate(store, load_site(DEMO_SITE), window_s=7200.0, holdout_s=1200.0)
     report = recover_site.compare(result, truth)
     for name, r in report.items():
