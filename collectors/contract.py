@@ -19,14 +19,25 @@ Payload (JSON, UTF-8)::
   are visible; a repeated (kind, source, seq, ts) is a duplicate and is stored once.
 - A sample is an ``id`` plus named quantities; each name carries its unit (:data:`QUANTITIES`).
   Names the contract does not know are kept (they must still be finite numbers).
+
+Validation (every rule has a dead-letter reason in :data:`DEAD_LETTER_REASONS`): ``v`` is exactly
+the integer 1; ``seq`` and integer quantities are JSON integers within int64; floats are finite
+and within their unit's bound (:data:`UNIT_BOUNDS`; quantities the contract does not name:
+:data:`EXTRA_BOUND`); a timestamp is strict RFC 3339 (``2026-11-29T14:00:00.25Z``, ``T``/``Z`` in
+either case, offset ``±hh:mm``) or Unix seconds, between :data:`TS_MIN` and :data:`TS_MAX`; no
+object repeats a key; the topic's site is the receiving service's site. :func:`decode` checks one
+message (pydantic, and names the reason); :class:`BatchDecoder` checks whole batches column-wise
+for the ingest and accepts exactly what :func:`decode` accepts.
 """
 
 from __future__ import annotations
 
+import json
 import math
+import re
 from dataclasses import dataclass
-from datetime import UTC, datetime
-from typing import Annotated, Any, Literal
+from datetime import UTC, datetime, timedelta
+from typing import Annotated, Any
 
 import orjson
 from pydantic import (
@@ -37,12 +48,24 @@ from pydantic import (
     ValidationError,
     create_model,
 )
+from pydantic_core import from_json
 
 CONTRACT_VERSION = 1
 TOPIC_PREFIX = f"dctwin/v{CONTRACT_VERSION}"
 KINDS: tuple[str, ...] = ("gpu", "node", "pdu", "cdu", "link")
 #: Largest payload the ingest accepts; a real poll of a 72-GPU rack is ~10 KiB.
 MAX_PAYLOAD_BYTES = 1 << 20
+#: Largest value of an integer field (``seq``, counters, bitmasks): the store's BIGINT (int64).
+INT64_MAX = (1 << 63) - 1
+#: Timestamps the contract accepts, whatever the ingest's own window: from the Unix epoch to
+#: before 2262-01-01, the last full year that pandas' datetime64[ns] (used by the analysis
+#: code downstream of the store) can hold.
+TS_MIN = datetime(1970, 1, 1, tzinfo=UTC)
+TS_MAX = datetime(2262, 1, 1, tzinfo=UTC)
+#: Largest magnitude of a quantity the contract does not name.
+EXTRA_BOUND = 1e15
+#: Longest name of a quantity the contract does not name.
+MAX_EXTRA_NAME = 128
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,8 +77,47 @@ class Quantity:
     integer: bool = False
     nonnegative: bool = False
 
+    @property
+    def bound(self) -> float:
+        """Largest magnitude accepted [unit]; integers: int64."""
+        return float(INT64_MAX) if self.integer else UNIT_BOUNDS[self.unit]
+
+    @property
+    def lower(self) -> float:
+        """Smallest value accepted [unit]."""
+        if self.nonnegative:
+            return 0.0
+        return ABSOLUTE_ZERO_C if self.unit == "°C" else -self.bound
+
+
+#: Largest magnitude of a float quantity per unit: far beyond any real device (so a real
+#: reading is never refused), far below what turns a sum or mean of readings into infinity.
+#: Temperatures are also above absolute zero.
+UNIT_BOUNDS: dict[str, float] = {
+    "W": 1e9,  # a 1 GW campus; one GPU is < 2 kW, one rack < 200 kW
+    "VA": 1e9,
+    "kW": 1e6,
+    "°C": 1e4,
+    "%": 1e3,  # 0..100 by definition; some devices overshoot, none by 10x
+    "1": 1e6,  # fractions and power factors are within ±1; counters are integers
+    "J": 1e18,  # an energy counter of a 2 kW GPU after 15,000 years
+    "kWh": 1e12,
+    "MHz": 1e6,
+    "MiB": 1e12,
+    "A": 1e6,
+    "V": 1e6,
+    "Hz": 1e6,
+    "L/min": 1e7,
+    "kPa": 1e5,
+    "bit/s": 1e16,  # 10 Pbit/s
+}
+#: Absolute zero [°C] (the SI definition of the kelvin).
+ABSOLUTE_ZERO_C = -273.15
+
 
 def _q(unit: str, description: str, *, integer: bool = False, nonneg: bool = False) -> Quantity:
+    if not integer and unit not in UNIT_BOUNDS:
+        raise ValueError(f"unit {unit!r} has no bound in UNIT_BOUNDS")
     return Quantity(unit, description, integer, nonneg)
 
 
@@ -119,15 +181,21 @@ DEAD_LETTER_REASONS: dict[str, str] = {
     "oversized": f"payload larger than {MAX_PAYLOAD_BYTES} bytes",
     "bad_topic": f"topic is not {TOPIC_PREFIX}/<site>/<kind>/<source>",
     "unknown_kind": f"topic kind is not one of {', '.join(KINDS)}",
+    "wrong_site": "the topic's site is not the site this service runs",
     "malformed_json": "payload is not a JSON object",
+    "duplicate_key": "a JSON object repeats a key",
     "non_finite": "a number is NaN or infinite",
-    "bad_version": f"'v' is not {CONTRACT_VERSION}",
+    "bad_version": f"'v' is not the integer {CONTRACT_VERSION}",
     "missing_field": "a required field is absent",
     "wrong_type": "a field has the wrong type",
     "negative_value": "a quantity that cannot be negative is negative",
+    "out_of_range": "a number is beyond its unit's bound, or an integer beyond int64",
+    "bad_timestamp": "a timestamp is not strict RFC 3339 or Unix seconds",
     "ts_future": "timestamp too far in the future",
     "ts_past": "timestamp too far in the past",
     "source_mismatch": "payload 'source' differs from the topic's source",
+    "store_rejected": "valid by the contract, but the database refused it (detail: its error)",
+    "ingest_error": "the ingest itself failed on this message (a bug: the detail has the error)",
 }
 
 
@@ -150,55 +218,106 @@ def topic_for(site: str, kind: str, source: str) -> str:
     return f"{TOPIC_PREFIX}/{site}/{kind}/{source}"
 
 
-def parse_topic(topic: str) -> tuple[str, str, str]:
-    """Split a contract topic into (site, kind, source) or raise ContractError."""
+def parse_topic(topic: str, site: str | None = None) -> tuple[str, str, str]:
+    """Split a contract topic into (site, kind, source) or raise ContractError; with ``site``,
+    a topic of another site is ``wrong_site``."""
     parts = topic.split("/")
     if len(parts) != 5 or "/".join(parts[:2]) != TOPIC_PREFIX or not all(parts[2:]):
         raise ContractError(
             "bad_topic", f"topic {topic!r} is not {TOPIC_PREFIX}/<site>/<kind>/<source>"
         )
-    _, _, site, kind, source = parts
+    _, _, topic_site, kind, source = parts
     if kind not in KINDS:
         raise ContractError(
             "unknown_kind", f"kind {kind!r} in topic {topic!r}; expected one of {KINDS}"
         )
-    return site, kind, source
+    if site is not None and topic_site != site:
+        raise ContractError(
+            "wrong_site", f"topic {topic!r} is for site {topic_site!r}; this service is {site!r}"
+        )
+    return topic_site, kind, source
+
+
+# RFC 3339 section 5.6 date-time; "T" and "Z" may be lowercase (section 5.6, NOTE).
+_RFC3339 = re.compile(
+    r"\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(?:\.\d{1,9})?(?:[Zz]|[+-]\d{2}:\d{2})", re.ASCII
+)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_TS_MIN_S = (TS_MIN - _EPOCH).total_seconds()
+_TS_MAX_S = (TS_MAX - _EPOCH).total_seconds()
+
+
+class TimestampError(ValueError):
+    """A timestamp that is not strict RFC 3339 / Unix seconds, or outside TS_MIN..TS_MAX."""
+
+    def __init__(self, reason: str, detail: str):
+        super().__init__(detail)
+        self.reason = reason
+
+
+def parse_timestamp(value: Any) -> datetime:
+    """A contract timestamp (RFC 3339 string or Unix seconds) as an aware UTC datetime.
+
+    Raises :class:`TimestampError` (``bad_timestamp``, ``ts_past`` or ``ts_future``) otherwise.
+    """
+    if isinstance(value, str):
+        if len(value) > 40 or not _RFC3339.fullmatch(value):
+            raise TimestampError(
+                "bad_timestamp",
+                f"timestamp {value[:40]!r} is not RFC 3339 (e.g. 2026-11-29T14:00:00.25Z)",
+            )
+        text = value.upper()
+        frac = text.find(".")
+        if frac > 0:  # datetime takes at most 6 digits; RFC 3339 allows more: truncate
+            end = frac + 1
+            while end < len(text) and text[end].isdigit():
+                end += 1
+            if end - frac > 7:
+                text = text[: frac + 7] + text[end:]
+        try:
+            parsed = datetime.fromisoformat(text)
+            ts = parsed.astimezone(UTC)
+        except (ValueError, OverflowError) as e:
+            raise TimestampError("bad_timestamp", f"timestamp {value!r}: {e}") from None
+    elif type(value) is int or type(value) is float:
+        if not math.isfinite(value):
+            raise TimestampError("bad_timestamp", "timestamp is not finite")
+        if value < _TS_MIN_S:
+            raise TimestampError("ts_past", f"timestamp {value!r} s is before {TS_MIN.date()}")
+        if value >= _TS_MAX_S:
+            raise TimestampError("ts_future", f"timestamp {value!r} s is after {TS_MAX.date()}")
+        ts = _EPOCH + timedelta(seconds=value)
+    elif isinstance(value, datetime):  # Python callers (collectors building messages)
+        if value.tzinfo is None:
+            raise TimestampError("bad_timestamp", "timestamp has no timezone")
+        ts = value.astimezone(UTC)
+    else:
+        raise TimestampError(
+            "bad_timestamp",
+            f"timestamp must be an RFC 3339 string or Unix seconds, got {type(value).__name__}",
+        )
+    if ts < TS_MIN:
+        raise TimestampError("ts_past", f"timestamp {ts.isoformat()} is before {TS_MIN.date()}")
+    if ts >= TS_MAX:
+        raise TimestampError("ts_future", f"timestamp {ts.isoformat()} is after {TS_MAX.date()}")
+    return ts
 
 
 def _to_utc(value: Any) -> Any:
-    """Accept RFC 3339 with an offset, or Unix seconds; return an aware UTC datetime."""
-    if isinstance(value, bool):
-        raise ValueError("a timestamp cannot be a boolean")
-    if isinstance(value, int | float):
-        if not math.isfinite(value):
-            raise ValueError("timestamp is not finite")
-        return datetime.fromtimestamp(value, tz=UTC)
-    if isinstance(value, str):
-        try:
-            parsed = datetime.fromisoformat(value)
-        except ValueError as e:
-            raise ValueError(f"timestamp {value!r} is not RFC 3339") from e
-        if parsed.tzinfo is None:
-            raise ValueError(
-                f"timestamp {value!r} has no UTC offset (RFC 3339 needs 'Z' or ±hh:mm)"
-            )
-        return parsed.astimezone(UTC)
-    if isinstance(value, datetime):
-        if value.tzinfo is None:
-            raise ValueError("timestamp has no timezone")
-        return value.astimezone(UTC)
-    raise ValueError(
-        f"timestamp must be an RFC 3339 string or Unix seconds, got {type(value).__name__}"
-    )
+    try:
+        return parse_timestamp(value)
+    except TimestampError as e:
+        # pydantic reports ValueErrors as 'value_error'; the reason travels in the message
+        raise ValueError(f"[{e.reason}] {e}") from None
 
 
 Timestamp = Annotated[datetime, BeforeValidator(_to_utc)]
-_Number = Annotated[float, Field(allow_inf_nan=False, strict=True)]
+_Extra = Annotated[float, Field(allow_inf_nan=False, strict=True, ge=-EXTRA_BOUND, le=EXTRA_BOUND)]
 
 
 class _SampleBase(BaseModel):
     model_config = ConfigDict(extra="allow", allow_inf_nan=False, ser_json_inf_nan="null")
-    __pydantic_extra__: dict[str, _Number]  # quantities the contract does not name
+    __pydantic_extra__: dict[str, _Extra]  # quantities the contract does not name
 
     id: Annotated[str, Field(min_length=1, max_length=256, strict=True)]
     ts: Timestamp | None = None
@@ -209,11 +328,11 @@ def _sample_model(kind: str) -> type[_SampleBase]:
     for name, q in QUANTITIES[kind].items():
         ann: Any
         if q.integer:
-            ann = Annotated[int, Field(ge=0 if q.nonnegative else None, strict=True)]
-        else:
             ann = Annotated[
-                float, Field(ge=0 if q.nonnegative else None, allow_inf_nan=False, strict=True)
+                int, Field(ge=0 if q.nonnegative else -INT64_MAX - 1, le=INT64_MAX, strict=True)
             ]
+        else:
+            ann = Annotated[float, Field(ge=q.lower, le=q.bound, allow_inf_nan=False, strict=True)]
         fields[name] = (ann | None, None)
     return create_model(f"{kind.capitalize()}Sample", __base__=_SampleBase, **fields)
 
@@ -225,10 +344,10 @@ SAMPLE_MODELS: dict[str, type[_SampleBase]] = {k: _sample_model(k) for k in KIND
 class MessageHeader(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    v: Literal[1]
+    v: Annotated[int, Field(strict=True, ge=CONTRACT_VERSION, le=CONTRACT_VERSION)]
     collector: Annotated[str, Field(min_length=1, max_length=64, strict=True)]
     source: Annotated[str, Field(min_length=1, max_length=256, strict=True)]
-    seq: Annotated[int, Field(ge=0, strict=True)]
+    seq: Annotated[int, Field(ge=0, le=INT64_MAX, strict=True)]
     ts: Timestamp
 
 
@@ -249,22 +368,85 @@ _ERROR_REASON = {
     "model_type": "malformed_json",
     "missing": "missing_field",
     "finite_number": "non_finite",
-    "greater_than_equal": "negative_value",
-    "literal_error": "bad_version",
     "too_short": "missing_field",
 }
+_TS_REASON = re.compile(r"\[(bad_timestamp|ts_past|ts_future)\] ")
 
 
-def _reason_for(err: ValidationError) -> tuple[str, str]:
-    first = err.errors(include_url=False, include_input=False)[0]
-    loc = ".".join(str(p) for p in first["loc"])
-    reason = _ERROR_REASON.get(first["type"], "wrong_type")
-    if first["type"] == "greater_than_equal" and not loc.startswith("samples"):
-        reason = "wrong_type"  # seq < 0 is a wrong header, not a negative quantity
+def _reason_for(err: ValidationError, kind: str) -> tuple[str, str]:
+    first = err.errors(include_url=False)[0]
+    loc_parts = first["loc"]
+    loc = ".".join(str(p) for p in loc_parts)
+    etype = first["type"]
+    msg = first["msg"]
+    reason = _ERROR_REASON.get(etype, "wrong_type")
+    value = first.get("input")
+    if loc_parts == ("v",):
+        reason = "bad_version"
+    elif (
+        etype == "int_type"
+        and type(value) is float
+        and math.isfinite(value)
+        and value == int(value)
+        and abs(value) > INT64_MAX
+    ):  # an integer past 64 bits, which the JSON parser could only read as a float
+        reason = "out_of_range"
+        msg = f"integer {value:.0f} is beyond int64"
+    elif etype == "value_error" and (m := _TS_REASON.search(msg)):
+        reason = m.group(1)
+        msg = msg[m.end() :]
+    elif etype in ("greater_than_equal", "less_than_equal"):
+        reason = "out_of_range"
+        name = str(loc_parts[-1])
+        q = QUANTITIES[kind].get(name)
+        if (
+            loc.startswith("samples")
+            and q is not None
+            and q.nonnegative
+            and isinstance(value, int | float)
+            and value < 0
+        ):
+            reason = "negative_value"
+        elif loc_parts == ("seq",) and isinstance(value, int) and value < 0:
+            reason = "wrong_type"  # a negative seq is a wrong header
     where = f"{loc}: " if loc else ""
-    return reason, f"{where}{first['msg']}" + (
-        f" (and {err.error_count() - 1} more)" if err.error_count() > 1 else ""
-    )
+    more = f" (and {err.error_count() - 1} more)" if err.error_count() > 1 else ""
+    return reason, f"{where}{msg}{more}"
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ContractError("duplicate_key", f"key {key[:64]!r} appears twice in one object")
+        out[key] = value
+    return out
+
+
+def check_duplicate_keys(payload: bytes, parsed: Any) -> None:
+    """Raise ContractError(``duplicate_key``) if any JSON object of ``payload`` repeats a key.
+
+    Fast when ``payload`` is canonical orjson (what every dctwin collector sends): it then equals
+    the re-encoding of what it parsed to, which has unique keys. Otherwise the payload is parsed
+    again with a hook that sees every key.
+    """
+    if orjson.dumps(parsed) == payload:
+        return
+    try:
+        json.loads(payload, object_pairs_hook=_no_duplicates)
+    except ContractError:
+        raise
+    except (ValueError, RecursionError):
+        pass  # orjson took it; the stdlib's stricter limits are not the contract's concern
+
+
+def _has_nan_token(payload: bytes) -> bool:
+    """Whether a payload that is not strict JSON is JSON with NaN or Infinity in it."""
+    try:
+        from_json(payload, allow_inf_nan=True)
+    except ValueError:
+        return False
+    return True
 
 
 @dataclass(slots=True)
@@ -280,15 +462,28 @@ class Decoded:
     samples: list[dict[str, Any]]
 
 
-def decode(topic: str, payload: bytes) -> Decoded:
-    """Validate one message against the contract; raise ContractError naming what was wrong."""
+def decode(topic: str, payload: bytes, site: str | None = None) -> Decoded:
+    """Validate one message against the contract; raise ContractError naming what was wrong.
+
+    ``site``: the receiving service's site; a topic of another site is ``wrong_site``.
+    """
     if len(payload) > MAX_PAYLOAD_BYTES:
         raise ContractError("oversized", f"{len(payload)} bytes > {MAX_PAYLOAD_BYTES}")
-    site, kind, source = parse_topic(topic)
+    topic_site, kind, source = parse_topic(topic, site)
     try:
-        msg = MESSAGE_MODELS[kind].model_validate_json(payload)
+        parsed = orjson.loads(payload)
+    except orjson.JSONDecodeError as e:
+        reason = (
+            "non_finite" if "infinity" in str(e) or _has_nan_token(payload) else "malformed_json"
+        )
+        raise ContractError(reason, f"payload is not JSON: {e}") from None
+    if not isinstance(parsed, dict):
+        raise ContractError("malformed_json", f"payload is a JSON {type(parsed).__name__}")
+    check_duplicate_keys(payload, parsed)
+    try:
+        msg = MESSAGE_MODELS[kind].model_validate(parsed)
     except ValidationError as e:
-        raise ContractError(*_reason_for(e)) from None
+        raise ContractError(*_reason_for(e, kind)) from None
     if msg.source != source:
         raise ContractError(
             "source_mismatch", f"payload source {msg.source!r} != topic source {source!r}"
@@ -297,9 +492,393 @@ def decode(topic: str, payload: bytes) -> Decoded:
     for s in msg.samples:  # type: ignore[attr-defined]
         d = s.__dict__.copy()
         if s.__pydantic_extra__:
+            for name in s.__pydantic_extra__:
+                if len(name) > MAX_EXTRA_NAME:
+                    raise ContractError(
+                        "wrong_type",
+                        f"quantity name {name[:40]!r}... longer than {MAX_EXTRA_NAME} characters",
+                    )
             d.update(s.__pydantic_extra__)
         samples.append(d)
-    return Decoded(site, kind, source, msg.collector, msg.seq, msg.ts, samples)
+    return Decoded(topic_site, kind, source, msg.collector, msg.seq, msg.ts, samples)
+
+
+# ---- column-wise validation of whole batches (the ingest's path) -------------------------------
+
+_HEADER_KEYS = frozenset(("v", "collector", "source", "seq", "ts", "samples"))
+_NONE = type(None)
+_FLOAT_TYPES = frozenset((float, int, _NONE))
+_INT_TYPES = frozenset((int, _NONE))
+
+
+class _Refused(Exception):
+    """The fast path cannot accept a message; :func:`decode` names why (or accepts it)."""
+
+
+@dataclass(slots=True)
+class BatchMessage:
+    """One accepted message of a batch: its header; its samples are in the batch's columns."""
+
+    index: int  # position in the items given to decode_batch
+    kind: str
+    source: str
+    collector: str
+    seq: int
+    ts_us: int  # microseconds since the Unix epoch, UTC
+    n_samples: int
+
+
+@dataclass
+class DecodedBatch:
+    """What :meth:`BatchDecoder.decode_batch` made of a list of (topic, payload) items."""
+
+    messages: list[BatchMessage]
+    #: kind -> column -> Arrow array (``ts``, ``source``, ``id``, then the kind's quantities)
+    columns: dict[str, dict[str, Any]]
+    #: quantities the contract does not name: ts (us), kind, source, id, quantity, value
+    extras: dict[str, list[Any]]
+    #: (item index, why) for each refused message
+    refused: list[tuple[int, ContractError]]
+    #: item indices of duplicates (of a message already stored, or earlier in this batch)
+    duplicates: list[int]
+
+
+def _us(ts: datetime) -> int:
+    return (ts - _EPOCH) // _ONE_US
+
+
+_ONE_US = timedelta(microseconds=1)
+
+
+class BatchDecoder:
+    """Validates many messages at once, column by column, by the rules of :func:`decode`.
+
+    Per message only the header is checked in Python; the samples of all messages of one kind
+    are checked together (value types with one pass of ``map(type, ...)``, bounds with numpy).
+    A message that fails any check is handed to :func:`decode`, which names the reason, so the
+    two share one set of rules. ``window_us``: (earliest, latest) timestamp accepted [us since the
+    epoch], for the ingest's max-past/max-future limits (``ts_past``/``ts_future``).
+    """
+
+    def __init__(self, site: str | None = None):
+        self.site = site
+        self._topics: dict[str, tuple[str, str, str] | ContractError] = {}
+        self._ts_cache: dict[Any, int] = {}
+
+    def _topic(self, topic: str) -> tuple[str, str, str]:
+        t = self._topics.get(topic)
+        if t is None:
+            try:
+                t = parse_topic(topic, self.site)
+            except ContractError as e:
+                t = e
+            if len(self._topics) >= 100_000:
+                self._topics.clear()
+            self._topics[topic] = t
+        if isinstance(t, ContractError):
+            raise ContractError(t.reason, t.detail)
+        return t
+
+    def _ts_us(self, value: Any) -> int:
+        cache = self._ts_cache
+        key = (type(value), value)
+        us = cache.get(key)
+        if us is None:
+            us = _us(parse_timestamp(value))  # TimestampError: the caller refuses the message
+            if len(cache) >= 8192:
+                cache.clear()
+            cache[key] = us
+        return us
+
+    def _header(self, topic: str, payload: bytes) -> tuple[str, str, str, int, int, list]:
+        """(kind, source, collector, seq, ts_us, samples) of a message, or raise _Refused."""
+        if len(payload) > MAX_PAYLOAD_BYTES:
+            raise ContractError("oversized", f"{len(payload)} bytes > {MAX_PAYLOAD_BYTES}")
+        _, kind, source = self._topic(topic)
+        try:
+            obj = orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            raise _Refused from None
+        if type(obj) is not dict or obj.keys() != _HEADER_KEYS:
+            raise _Refused
+        v = obj["v"]
+        collector = obj["collector"]
+        seq = obj["seq"]
+        samples = obj["samples"]
+        if (
+            type(v) is not int
+            or v != CONTRACT_VERSION
+            or type(collector) is not str
+            or not 0 < len(collector) <= 64
+            or obj["source"] != source
+            or type(seq) is not int
+            or not 0 <= seq <= INT64_MAX
+            or type(samples) is not list
+            or not samples
+            or orjson.dumps(obj) != payload  # not canonical: decode() checks duplicate keys
+        ):
+            raise _Refused
+        try:
+            ts_us = self._ts_us(obj["ts"])
+        except (TimestampError, TypeError):  # TypeError: an unhashable ts (a list, a dict)
+            raise _Refused from None
+        return kind, source, collector, seq, ts_us, samples
+
+    def decode_batch(
+        self,
+        items: list[tuple[str, bytes]],
+        *,
+        is_new: Any = None,
+        window_us: tuple[int, int] | None = None,
+    ) -> DecodedBatch:
+        """Validate ``items``; ``is_new(kind, source, seq, ts_us)`` says whether a valid message
+        is not a duplicate (it must also remember the keys of this batch); it is asked in the
+        order of ``items`` within a kind, so the first of two copies is the one kept."""
+        refused: list[tuple[int, ContractError]] = []
+        duplicates: list[int] = []
+        per_kind: dict[str, list[tuple[int, str, str, int, int, list]]] = {}
+        lo, hi = window_us if window_us is not None else (None, None)
+        for i, (topic, payload) in enumerate(items):
+            try:
+                try:
+                    kind, source, collector, seq, ts_us, samples = self._header(topic, payload)
+                except _Refused:
+                    d = decode(topic, payload, self.site)  # names the reason, or accepts it
+                    kind, source, collector, seq = d.kind, d.source, d.collector, d.seq
+                    ts_us, samples = _us(d.ts), d.samples
+                self._check_window(ts_us, lo, hi)
+            except ContractError as e:
+                refused.append((i, e))
+                continue
+            per_kind.setdefault(kind, []).append((i, kind, source, collector, seq, ts_us, samples))
+        messages: list[BatchMessage] = []
+        columns: dict[str, dict[str, Any]] = {}
+        extras: dict[str, list[Any]] = {
+            n: [] for n in ("ts", "kind", "source", "id", "quantity", "value")
+        }
+        for kind, msgs in per_kind.items():
+            while msgs:
+                result = self._kind_columns(kind, msgs, lo, hi)
+                if isinstance(result, tuple):
+                    cols, ext, row_msg, ext_msg = result
+                    dups = set()
+                    if is_new is not None:
+                        dups = {m[0] for m in msgs if not is_new(kind, m[2], m[4], m[5])}
+                    if dups:  # valid, but stored before (or earlier in this batch)
+                        duplicates.extend(sorted(dups))
+                        msgs = [m for m in msgs if m[0] not in dups]
+                        cols, ext = _drop_rows(cols, ext, row_msg, ext_msg, dups)
+                    if msgs:
+                        columns[kind] = cols
+                        for k, vals in ext.items():
+                            extras[k].extend(vals)
+                    messages.extend(
+                        BatchMessage(m[0], kind, m[2], m[3], m[4], m[5], len(m[6])) for m in msgs
+                    )
+                    break
+                # some messages failed a column check: refuse them, check the rest again
+                for m in msgs:
+                    if m[0] in result:
+                        refused.append((m[0], self._why(items[m[0]], result[m[0]])))
+                msgs = [m for m in msgs if m[0] not in result]
+        messages.sort(key=lambda m: m.index)
+        return DecodedBatch(messages, columns, extras, refused, duplicates)
+
+    @staticmethod
+    def _check_window(ts_us: int, lo: int | None, hi: int | None, where: str = "ts") -> None:
+        if hi is not None and ts_us > hi:
+            raise ContractError(
+                "ts_future", f"{where} {_iso_us(ts_us)} is after the latest accepted {_iso_us(hi)}"
+            )
+        if lo is not None and ts_us < lo:
+            raise ContractError(
+                "ts_past", f"{where} {_iso_us(ts_us)} is before the earliest accepted {_iso_us(lo)}"
+            )
+
+    def _why(self, item: tuple[str, bytes], fast_detail: str) -> ContractError:
+        """The reason for a message the column checks refused: decode()'s, else the checks'."""
+        try:
+            decode(item[0], item[1], self.site)
+        except ContractError as e:
+            return e
+        # decode() accepts what the column checks refused: a sample timestamp outside the
+        # ingest's window (decode() has no window), or a disagreement between the two paths.
+        reason, _, detail = fast_detail.partition(": ")
+        return ContractError(reason if reason in DEAD_LETTER_REASONS else "wrong_type", detail)
+
+    def _kind_columns(
+        self,
+        kind: str,
+        msgs: list[tuple[int, str, str, str, int, int, list]],
+        lo: int | None,
+        hi: int | None,
+    ) -> Any:
+        """Columns of one kind's samples; or {message index: detail} of the messages to refuse
+        (then the caller drops them and calls again)."""
+        import numpy as np
+        import pyarrow as pa
+
+        quantities = QUANTITIES[kind]
+        rows: list[Any] = []
+        row_msg: list[int] = []
+        for m in msgs:
+            rows.extend(m[6])
+            row_msg.extend([m[0]] * len(m[6]))
+        n = len(rows)
+        bad: dict[int, str] = {}
+
+        def refuse(row_indices: Any, detail: str) -> None:
+            for r in row_indices:
+                bad.setdefault(row_msg[r], detail)
+
+        if set(map(type, rows)) != {dict}:
+            refuse([r for r, s in enumerate(rows) if type(s) is not dict], "wrong_type: sample")
+            return bad
+        allowed = {*quantities, "id", "ts"}
+        keys: set[str] = set().union(*rows)
+        ids = [s.get("id") for s in rows]
+        if set(map(type, ids)) != {str}:
+            refuse([r for r, v in enumerate(ids) if type(v) is not str], "wrong_type: sample id")
+        else:
+            lengths = np.fromiter(map(len, ids), dtype=np.int64, count=n)
+            refuse(np.flatnonzero((lengths < 1) | (lengths > 256)), "wrong_type: sample id length")
+        # timestamps: the message's, or the sample's own
+        msg_ts = {m[0]: m[5] for m in msgs}
+        ts = np.fromiter((msg_ts[i] for i in row_msg), dtype=np.int64, count=n)
+        if "ts" in keys:
+            for r, s in enumerate(rows):
+                v = s.get("ts")
+                if v is None:
+                    continue
+                try:
+                    us = self._ts_us(v)
+                    self._check_window(us, lo, hi, "sample ts")
+                except (TimestampError, TypeError):
+                    refuse([r], "bad_timestamp: sample ts")
+                    continue
+                except ContractError as e:
+                    refuse([r], f"{e.reason}: {e.detail}")
+                    continue
+                ts[r] = us
+        cols: dict[str, Any] = {}
+        for name, q in quantities.items():
+            if name not in keys:
+                cols[name] = pa.nulls(n, pa.int64() if q.integer else pa.float64())
+                continue
+            col = [s.get(name) for s in rows]
+            types = set(map(type, col))
+            if q.integer:
+                if not types <= _INT_TYPES:
+                    refuse(
+                        [r for r, v in enumerate(col) if type(v) not in _INT_TYPES],
+                        f"wrong_type: {name}",
+                    )
+                    continue
+                try:
+                    arr = pa.array(col, type=pa.int64())
+                except (OverflowError, pa.ArrowInvalid):
+                    refuse(
+                        [r for r, v in enumerate(col) if v is not None and not _int64(v)],
+                        f"out_of_range: {name}",
+                    )
+                    continue
+                if q.nonnegative and arr.null_count < n:
+                    vals = arr.to_numpy(zero_copy_only=False)
+                    neg = np.flatnonzero(np.nan_to_num(vals.astype(np.float64), nan=0.0) < 0)
+                    refuse(neg, f"negative_value: {name}")
+                cols[name] = arr
+            else:
+                if not types <= _FLOAT_TYPES:
+                    refuse(
+                        [r for r, v in enumerate(col) if type(v) not in _FLOAT_TYPES],
+                        f"wrong_type: {name}",
+                    )
+                    continue
+                try:
+                    vals = np.array(col, dtype=np.float64)
+                except OverflowError:
+                    refuse(
+                        [r for r, v in enumerate(col) if type(v) is int and abs(v) > 1e300],
+                        f"out_of_range: {name}",
+                    )
+                    continue
+                missing = np.isnan(vals)  # JSON has no NaN: NaN here is a null
+                with np.errstate(invalid="ignore"):
+                    if q.nonnegative:
+                        refuse(np.flatnonzero(vals < 0), f"negative_value: {name}")
+                    refuse(
+                        np.flatnonzero((vals < q.lower) | (vals > q.bound)), f"out_of_range: {name}"
+                    )
+                cols[name] = pa.array(vals, mask=missing if missing.any() else None)
+        ext: dict[str, list[Any]] = {
+            k: [] for k in ("ts", "kind", "source", "id", "quantity", "value")
+        }
+        ext_msg: list[int] = []
+        if not keys <= allowed:
+            sources = {m[0]: m[2] for m in msgs}
+            for r, s in enumerate(rows):
+                if s.keys() <= allowed:
+                    continue
+                for name, v in s.items():
+                    if name in allowed:
+                        continue
+                    if (
+                        type(v) not in (float, int)
+                        or not -EXTRA_BOUND <= v <= EXTRA_BOUND
+                        or len(name) > MAX_EXTRA_NAME
+                    ):
+                        refuse([r], f"out_of_range: {name[:40]}")
+                        continue
+                    ext["ts"].append(int(ts[r]))
+                    ext["kind"].append(kind)
+                    ext["source"].append(sources[row_msg[r]])
+                    ext["id"].append(ids[r])
+                    ext["quantity"].append(name)
+                    ext["value"].append(float(v))
+                    ext_msg.append(row_msg[r])
+        if bad:
+            return bad
+        srcs = [m[2] for m in msgs]
+        counts = [len(m[6]) for m in msgs]
+        out = {
+            "ts": pa.array(ts, type=pa.timestamp("us", tz="UTC")),
+            "source": pa.array(srcs, type=pa.string()).take(
+                pa.array(np.repeat(np.arange(len(msgs)), counts))
+            ),
+            "id": pa.array(ids, type=pa.string()),
+            **cols,
+        }
+        return out, ext, row_msg, ext_msg
+
+
+def _drop_rows(
+    cols: dict[str, Any],
+    ext: dict[str, list[Any]],
+    row_msg: list[int],
+    ext_msg: list[int],
+    drop: set[int],
+) -> tuple[dict[str, Any], dict[str, list[Any]]]:
+    """The columns and extras without the rows of the messages in ``drop``."""
+    import numpy as np
+    import pyarrow as pa
+
+    keep = pa.array(~np.isin(np.asarray(row_msg), np.fromiter(drop, dtype=np.int64)))
+    cols = {name: arr.filter(keep) for name, arr in cols.items()}
+    if ext_msg:
+        idx = [j for j, m in enumerate(ext_msg) if m not in drop]
+        ext = {k: [vals[j] for j in idx] for k, vals in ext.items()}
+    return cols, ext
+
+
+def _int64(v: int) -> bool:
+    return type(v) is int and -INT64_MAX - 1 <= v <= INT64_MAX
+
+
+def _iso_us(us: int) -> str:
+    try:
+        return (_EPOCH + timedelta(microseconds=us)).isoformat().replace("+00:00", "Z")
+    except OverflowError:
+        return f"{us} us"
 
 
 def encode(

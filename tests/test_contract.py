@@ -76,6 +76,21 @@ def test_timestamps_rfc3339_or_unix_seconds_to_utc(ts, expected):
     assert m.ts.utcoffset() == timedelta(0)
 
 
+@pytest.mark.parametrize(
+    "ts", ["2026-11-29t14:00:00z", "2026-11-29T14:00:00.123456789Z", "2026-11-29T15:00:00+01:00"]
+)
+def test_rfc3339_lowercase_and_long_fractions_are_accepted(ts):
+    assert decode(TOPIC, body(ts=ts)).ts.replace(microsecond=0) == datetime(
+        2026, 11, 29, 14, tzinfo=UTC
+    )
+
+
+def test_a_topic_of_another_site_is_wrong_site():
+    with pytest.raises(ContractError) as e:
+        decode(TOPIC.replace("/demo/", "/othersite/"), body(), site="demo")
+    assert e.value.reason == "wrong_site"
+
+
 def test_a_sample_may_carry_its_own_ts():
     m = decode(TOPIC, body(samples=[{"id": "a", "power_w": 1.0, "ts": 1795960801}]))
     assert m.samples[0]["ts"] == datetime(2026, 11, 29, 14, 0, 1, tzinfo=UTC)
@@ -84,8 +99,32 @@ def test_a_sample_may_carry_its_own_ts():
 @pytest.mark.parametrize(
     ("payload", "expected"),
     [
-        (body(ts="2026-11-29T14:00:00"), "wrong_type"),  # no offset: not RFC 3339
-        (body(ts=True), "wrong_type"),
+        (body(ts="2026-11-29T14:00:00"), "bad_timestamp"),  # no offset: not RFC 3339
+        (body(ts=True), "bad_timestamp"),
+        # what once passed validation and then failed in the store, or was laxly stored
+        (body(seq=2**63), "out_of_range"),
+        (body(samples=[{"id": "a", "throttle_reasons": 2**63}]), "out_of_range"),
+        (body(samples=[{"id": "a", "power_w": 1e308}]), "out_of_range"),
+        (body(samples=[{"id": "a", "temp_c": -300.0}]), "out_of_range"),
+        (body(samples=[{"id": "a", "fan_rpm": 1e300}]), "out_of_range"),
+        (body(ts=1e20), "ts_future"),
+        (body(ts=-1.0), "ts_past"),
+        (body(ts="9999-12-31T23:59:59-01:00"), "bad_timestamp"),
+        (body(ts="2300-01-01T00:00:00Z"), "ts_future"),
+        (body(samples=[{"id": "a", "ts": "0001-01-01T00:00:00+01:00"}]), "bad_timestamp"),
+        (body(ts="2026-W48-1T10:00:00Z"), "bad_timestamp"),  # ISO week date
+        (body(ts="20261129T140000Z"), "bad_timestamp"),  # ISO basic format
+        (body(ts="2026-11-29T14:00:00+01:00:30"), "bad_timestamp"),  # seconds in the offset
+        (body(ts="2026-11-29 14:00:00Z"), "bad_timestamp"),
+        (body(v=True), "bad_version"),
+        (body(v=1.0), "bad_version"),
+        (body().replace(b'"v":1,', b'"v":2,"v":1,'), "duplicate_key"),
+        (
+            body(samples=[{"id": "a", "power_w": 1.0}]).replace(
+                b'"power_w":1.0', b'"power_w":2.0, "power_w":1.0'
+            ),
+            "duplicate_key",
+        ),
         (body(seq="42"), "wrong_type"),
         (body(seq=-1), "wrong_type"),
         (body(samples=[{"id": "a", "power_w": "612.5"}]), "wrong_type"),
