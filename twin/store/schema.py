@@ -59,13 +59,21 @@ LOG_SCHEMA = pa.schema(
     ]
 )
 
+#: A dead letter keeps at most this many bytes of its payload (with its size and SHA-256), so a
+#: hostile publisher cannot grow the store by what it sends.
+DEAD_PAYLOAD_KEEP_BYTES = 4096
+#: A dead letter's topic is cut to this many characters.
+DEAD_TOPIC_KEEP_CHARS = 1024
+
 DEAD_SCHEMA = pa.schema(
     [
         pa.field("received_at", pa.timestamp("us", tz="UTC"), nullable=False),
         pa.field("topic", pa.string(), nullable=False),
-        pa.field("payload", pa.binary(), nullable=False),
+        pa.field("payload", pa.binary(), nullable=False),  # the first DEAD_PAYLOAD_KEEP_BYTES
         pa.field("reason", pa.string(), nullable=False),
         pa.field("detail", pa.string(), nullable=False),
+        pa.field("payload_bytes", pa.int64()),  # the whole payload's size
+        pa.field("sha256", pa.string()),  # of the whole payload, hex
     ]
 )
 
@@ -93,7 +101,10 @@ def ddl() -> list[str]:
         " collector VARCHAR NOT NULL, n_samples INTEGER NOT NULL)",
         "CREATE TABLE IF NOT EXISTS dead_letters (received_at TIMESTAMPTZ NOT NULL,"
         " topic VARCHAR NOT NULL, payload BLOB NOT NULL, reason VARCHAR NOT NULL,"
-        " detail VARCHAR NOT NULL)",
+        " detail VARCHAR NOT NULL, payload_bytes BIGINT, sha256 VARCHAR)",
+        # stores made before dead letters kept their size and hash
+        "ALTER TABLE dead_letters ADD COLUMN IF NOT EXISTS payload_bytes BIGINT",
+        "ALTER TABLE dead_letters ADD COLUMN IF NOT EXISTS sha256 VARCHAR",
         "CREATE TABLE IF NOT EXISTS unknown_ids (kind VARCHAR NOT NULL, id VARCHAR NOT NULL,"
         " source VARCHAR NOT NULL, first_seen TIMESTAMPTZ NOT NULL,"
         " last_seen TIMESTAMPTZ NOT NULL, samples BIGINT NOT NULL, PRIMARY KEY (kind, id))",

@@ -6,6 +6,7 @@ of Arrow batches; no value from a message is ever pasted into SQL.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -37,6 +38,35 @@ class StoreError(RuntimeError):
     """The store could not be opened or written."""
 
 
+#: DuckDB errors that say the store (disk, memory, lock, a lost database), not the data, is at
+#: fault: the write is retried later, and nothing is dead-lettered for it.
+_TRANSIENT = (
+    duckdb.IOException,
+    duckdb.OutOfMemoryException,
+    duckdb.TransactionException,
+    duckdb.InterruptException,
+    duckdb.FatalException,
+    duckdb.InternalException,
+    duckdb.ConnectionException,
+    OSError,
+    MemoryError,
+)
+
+
+def is_transient(exc: BaseException) -> bool:
+    """True when a failed write should be retried rather than blamed on the data."""
+    return isinstance(exc, _TRANSIENT)
+
+
+#: Defaults of :meth:`Store.prune` (``dctwin serve`` runs it with every rollup).
+DEAD_LETTER_MAX_AGE_DAYS = 7.0
+DEAD_LETTER_MAX_ROWS = 100_000
+UNKNOWN_ID_MAX_AGE_DAYS = 30.0
+UNKNOWN_ID_MAX_ROWS = 100_000
+#: How many unknown ids :meth:`Store.status` lists (the most recently seen; the total is given).
+STATUS_UNKNOWN_LIMIT = 100
+
+
 @dataclass
 class Batch:
     """Rows for one transaction, column-wise: ``samples[kind][column] -> list``.
@@ -65,7 +95,7 @@ class Batch:
 
     def empty(self) -> bool:
         return not (
-            any(c["id"] for c in self.samples.values())
+            any(len(c["id"]) for c in self.samples.values())
             or self.log["seq"]
             or self.dead["topic"]
             or self.extras["id"]
@@ -131,7 +161,7 @@ class Store:
         con.execute("BEGIN TRANSACTION")
         try:
             for kind, cols in batch.samples.items():
-                if cols["id"]:
+                if len(cols["id"]):
                     self._insert(kind, pa.table(cols, schema=arrow_schema(kind)))
             if batch.extras["id"]:
                 self._insert("extra_readings", pa.table(batch.extras, schema=EXTRA_SCHEMA))
@@ -152,7 +182,12 @@ class Store:
                 con.unregister("_unknown_batch")
             con.execute("COMMIT")
         except Exception:
-            con.execute("ROLLBACK")
+            # the original error, not one from cleaning up after it, is what the caller sees
+            with contextlib.suppress(duckdb.Error):
+                con.execute("ROLLBACK")
+            for name in ("_batch", "_unknown_batch"):
+                with contextlib.suppress(duckdb.Error, KeyError):
+                    con.unregister(name)
             raise
 
     @contextmanager
@@ -175,10 +210,8 @@ class Store:
 
     def _insert(self, table: str, data: pa.Table) -> None:
         self.con.register("_batch", data)
-        try:
-            self.con.execute(f"INSERT INTO {table} SELECT * FROM _batch")  # table: a schema name
-        finally:
-            self.con.unregister("_batch")
+        self.con.execute(f"INSERT INTO {table} SELECT * FROM _batch")  # table: a schema name
+        self.con.unregister("_batch")  # on an error, write() rolls back and unregisters
 
     # ---- reads ---------------------------------------------------------------------------
 
@@ -193,8 +226,9 @@ class Store:
     def sample_counts(self) -> dict[str, int]:
         return {k: self.con.execute(f"SELECT count(*) FROM {k}").fetchall()[0][0] for k in KINDS}
 
-    def status(self) -> dict[str, Any]:
-        """What the store holds: samples per kind, time range, dead letters, unknown ids."""
+    def status(self, unknown_limit: int = STATUS_UNKNOWN_LIMIT) -> dict[str, Any]:
+        """What the store holds: samples per kind, time range, dead letters, unknown ids (the
+        ``unknown_limit`` most recently seen, and how many there are in all)."""
         con = self.con
         samples = self.sample_counts()
         ranges = {}
@@ -225,9 +259,11 @@ class Store:
             }
             for kind, sid, src, first, last, n in con.execute(
                 "SELECT kind, id, source, first_seen, last_seen, samples FROM unknown_ids"
-                " ORDER BY kind, id"
+                " ORDER BY last_seen DESC, kind, id LIMIT ?",
+                [max(0, int(unknown_limit))],
             ).fetchall()
         ]
+        unknown_total = con.execute("SELECT count(*) FROM unknown_ids").fetchall()[0][0]
         messages, sources = con.execute(
             "SELECT count(*), count(DISTINCT source) FROM ingest_log"
         ).fetchall()[0]
@@ -247,6 +283,7 @@ class Store:
             "seq_gaps": int(gaps),
             "dead_letters": dead,
             "unknown_ids": unknown,
+            "unknown_ids_total": int(unknown_total),
         }
 
     # ---- maintenance ---------------------------------------------------------------------
@@ -304,6 +341,45 @@ class Store:
                     raise
                 written[table] = written.get(table, 0) + int(n)
         return written
+
+    def prune(
+        self,
+        now: datetime | None = None,
+        *,
+        dead_letter_max_age_days: float = DEAD_LETTER_MAX_AGE_DAYS,
+        dead_letter_max_rows: int = DEAD_LETTER_MAX_ROWS,
+        unknown_max_age_days: float = UNKNOWN_ID_MAX_AGE_DAYS,
+        unknown_max_rows: int = UNKNOWN_ID_MAX_ROWS,
+    ) -> dict[str, int]:
+        """Delete dead letters and unknown ids older than their age, then the oldest past their
+        count, so that neither grows without bound. Returns rows deleted per table."""
+        now = now or datetime.now(UTC)
+        con = self.con
+        deleted = {}
+        for table, col, age_days, max_rows in (
+            ("dead_letters", "received_at", dead_letter_max_age_days, dead_letter_max_rows),
+            ("unknown_ids", "last_seen", unknown_max_age_days, unknown_max_rows),
+        ):
+            n = con.execute(
+                f"DELETE FROM {table} WHERE {col} < ?", [now - timedelta(days=age_days)]
+            ).fetchall()[0][0]
+            total = con.execute(f"SELECT count(*) FROM {table}").fetchall()[0][0]
+            if total > max_rows:
+                cutoff = con.execute(
+                    f"SELECT {col} FROM {table} ORDER BY {col} DESC LIMIT 1 OFFSET ?",
+                    [int(max_rows)],
+                ).fetchall()[0][0]
+                n += con.execute(f"DELETE FROM {table} WHERE {col} <= ?", [cutoff]).fetchall()[0][0]
+            deleted[table] = int(n)
+        return deleted
+
+    def recent_dead_letters(self, limit: int = 10_000) -> list[tuple[str, str]]:
+        """(topic, sha256) of the most recent dead letters, to recognize a repeated one."""
+        return self.con.execute(
+            "SELECT topic, sha256 FROM dead_letters WHERE sha256 IS NOT NULL"
+            " ORDER BY received_at DESC LIMIT ?",
+            [limit],
+        ).fetchall()
 
     def apply_retention(self, raw_days: float, now: datetime | None = None) -> dict[str, int]:
         """Delete raw samples (and ingest-log rows) older than ``raw_days``; rollups stay."""
