@@ -103,6 +103,7 @@ def connect(
     on_message: Callable[[mqtt.Client, object, mqtt.MQTTMessage], None] | None = None,
     subscriptions: list[str] | None = None,
     timeout_s: float = 10.0,
+    receive_maximum: int | None = None,
 ) -> mqtt.Client:
     """Connect, start the network loop, subscribe at QoS 1, and return the client.
 
@@ -139,6 +140,8 @@ def connect(
         if proto == mqtt.MQTTv5:
             props = Properties(PacketTypes.CONNECT)
             props.SessionExpiryInterval = SESSION_EXPIRY_S if persistent else 0
+            if receive_maximum:
+                props.ReceiveMaximum = min(int(receive_maximum), 65535)
             kwargs = {"clean_start": not persistent, "properties": props}
         try:
             client.connect(cfg.host, cfg.port, keepalive=cfg.keepalive_s, **kwargs)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -74,17 +75,29 @@ MALFORMED = {
     "bad_version": raw(v=2),
     "bad_topic": ("dctwin/v1/small/gpu", raw()[1]),
     "source_mismatch": ("dctwin/v1/small/gpu/trn-r01-n1", raw(source="other")[1]),
+    # the shapes that once passed validation and then failed in the store (issue 12)
+    "out_of_range": raw(seq=2**63),
+    "bad_timestamp": raw(ts="9999-12-31T23:59:59-01:00"),
+    "duplicate_key": (
+        "dctwin/v1/small/gpu/trn-r01-n1",
+        raw()[1].replace(b'"v":1,', b'"v":2,"v":1,'),
+    ),
+    "wrong_site": ("dctwin/v1/othersite/gpu/trn-r01-n1", raw()[1]),
 }
 
 
 @pytest.mark.parametrize("reason", sorted(MALFORMED))
-def test_each_malformed_case_is_dead_lettered_and_neighbours_stored(store, reason):
-    ing = Ingester(store)
+def test_each_malformed_case_is_dead_lettered_and_neighbours_stored(store, small_site, reason):
+    ing = Ingester(store, small_site)
     items = [gpu_msg(1), MALFORMED[reason], gpu_msg(2)]
     ing.ingest(items)
-    rows = store.con.execute("SELECT topic, payload, reason, detail FROM dead_letters").fetchall()
-    assert [(r[0], bytes(r[1]), r[2]) for r in rows] == [
-        (MALFORMED[reason][0], MALFORMED[reason][1], reason)
+    rows = store.con.execute(
+        "SELECT topic, payload, reason, detail, payload_bytes, sha256 FROM dead_letters"
+    ).fetchall()
+    topic, payload = MALFORMED[reason]
+    # a dead letter keeps the first 4 KiB of its payload, the payload's size and its SHA-256
+    assert [(r[0], bytes(r[1]), r[2], r[4], r[5]) for r in rows] == [
+        (topic, payload[:4096], reason, len(payload), hashlib.sha256(payload).hexdigest())
     ]
     assert rows[0][3]  # a human-readable detail
     assert store.sample_counts()["gpu"] == 2

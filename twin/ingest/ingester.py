@@ -3,24 +3,64 @@
 Transport-free: the MQTT service, the JSONL file loader and replay all feed this class, so
 every path applies the same rules. Nothing is silently dropped: a message is stored, counted as
 a duplicate of one already stored, or written to the dead-letter table with its reason.
+
+Validation is the contract's, column-wise over the whole batch
+(:class:`collectors.contract.BatchDecoder`). A batch the database still refuses is split in
+halves until the refused message is alone; that message is dead-lettered as ``store_rejected``
+with the database's error, and every other message is stored: one bad message never blocks the
+rest, and no message is tried more than ``1 + log2(batch size)`` times. A store failure that is
+not the data's fault (disk full, a lock, a lost database: :func:`twin.store.store.is_transient`)
+raises :class:`StoreUnavailable` and dead-letters nothing; the caller keeps the messages and
+retries. A message counts as seen (for dedup) only once the transaction that stored it committed.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
-from collections import Counter, OrderedDict
+import time
+from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from collectors.contract import KINDS, QUANTITIES, ContractError, decode
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from collectors.contract import KINDS, BatchDecoder, ContractError
 from twin.site import Site
-from twin.store.store import Batch, Store
+from twin.store.schema import DEAD_PAYLOAD_KEEP_BYTES, DEAD_TOPIC_KEEP_CHARS
+from twin.store.store import Batch, Store, is_transient
 
 log = logging.getLogger(__name__)
 
-#: How many recent message keys to remember per source for duplicate detection.
-DEDUP_WINDOW = 4096
+#: Duplicate detection remembers the messages received in this window [s] ...
+DEDUP_WINDOW_S = 900.0
+#: ... but never more than this many (the oldest are forgotten first; about 100 bytes each).
+DEDUP_MAX_KEYS = 2_000_000
+#: Identical dead letters (same topic and payload hash) are stored once among this many.
+DEAD_REPEAT_MEMORY = 10_000
+
+
+class StoreUnavailable(RuntimeError):
+    """The store failed for a reason that is not the data's (retry later; nothing was lost)."""
+
+
+class OversizedPayload(bytes):
+    """The kept start of a payload too large to forward whole, with its real size and hash.
+
+    The MQTT receiver cuts such payloads before they cross to the service, so that a hostile
+    publisher's megabytes are never copied; the ingest dead-letters it as ``oversized``.
+    """
+
+    size: int
+    sha256: str
+
+    def __new__(cls, head: bytes, size: int, sha256: str) -> OversizedPayload:
+        obj = super().__new__(cls, head)
+        obj.size = size
+        obj.sha256 = sha256
+        return obj
 
 
 @dataclass(frozen=True)
@@ -33,11 +73,17 @@ class IngestLimits:
 
 @dataclass
 class IngestCounters:
+    """What the ingest did since it started; every count is of committed work."""
+
     received: int = 0
     stored_messages: int = 0
     duplicates: int = 0
     samples: Counter[str] = field(default_factory=Counter)
     dead_letters: Counter[str] = field(default_factory=Counter)
+    #: identical dead letters seen again (a retained bad message at every restart): not stored
+    dead_letter_repeats: int = 0
+    #: batches the store refused that were split to find the refused message
+    store_splits: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -46,7 +92,13 @@ class IngestCounters:
             "duplicates": self.duplicates,
             "samples": dict(self.samples),
             "dead_letters": dict(self.dead_letters),
+            "dead_letter_repeats": self.dead_letter_repeats,
+            "store_splits": self.store_splits,
         }
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_US = timedelta(microseconds=1)
 
 
 def _epoch_us(ts: datetime) -> int:
@@ -54,145 +106,293 @@ def _epoch_us(ts: datetime) -> int:
     return (ts - _EPOCH) // _US
 
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_US = timedelta(microseconds=1)
+@dataclass
+class _Pending:
+    """What a built batch will change once committed."""
+
+    keys: list[int] = field(default_factory=list)
+    dead_hashes: list[tuple[str, str]] = field(default_factory=list)
+    duplicates: int = 0
+    repeats: int = 0
+    received: int = 0
 
 
 class Ingester:
     """Validates messages into batches and writes them to a Store."""
 
-    def __init__(self, store: Store, site: Site | None = None, limits: IngestLimits | None = None):
+    def __init__(
+        self,
+        store: Store,
+        site: Site | None = None,
+        limits: IngestLimits | None = None,
+        *,
+        dedup_window_s: float = DEDUP_WINDOW_S,
+        dedup_max_keys: int = DEDUP_MAX_KEYS,
+    ):
         self.store = store
         self.site = site
         self.limits = limits or IngestLimits()
         self.counters = IngestCounters()
-        self._seen: dict[tuple[str, str], OrderedDict[tuple[int, datetime], None]] = {}
+        self.decoder = BatchDecoder(site.name if site is not None else None)
+        self.dedup_window_s = dedup_window_s
+        self.dedup_max_keys = dedup_max_keys
+        # dedup: key -> None, and the keys in arrival buckets of 10 s for forgetting them
+        self._seen: dict[int, None] = {}
+        self._buckets: deque[tuple[float, list[int]]] = deque()
         self._known_cache: dict[tuple[str, str], bool] = {}
-        self._columns = {k: list(QUANTITIES[k]) for k in KINDS}
-        self._pending: list[tuple[tuple[str, str], tuple[int, datetime]]] = []
+        self._dead_seen: OrderedDict[tuple[str, str], None] = OrderedDict()
+        now = time.monotonic()
         for kind, source, seq, ts in store.recent_message_keys():
-            self._remember((kind, source), (seq, ts.astimezone(UTC)))
+            self._remember([hash((kind, source, seq, _epoch_us(ts.astimezone(UTC))))], now)
+        for topic, sha in reversed(store.recent_dead_letters(DEAD_REPEAT_MEMORY)):
+            self._dead_seen[(topic, sha)] = None
 
-    def _remember(self, stream: tuple[str, str], key: tuple[int, datetime]) -> bool:
-        """Record a message key of a (kind, source) stream; False when already seen."""
-        seen = self._seen.get(stream)
-        if seen is None:
-            seen = self._seen[stream] = OrderedDict()
-        if key in seen:
-            return False
-        seen[key] = None
-        if len(seen) > DEDUP_WINDOW:
-            seen.popitem(last=False)
-        return True
+    # ---- dedup memory ----------------------------------------------------------------------
+
+    def _remember(self, keys: list[int], now_mono: float) -> None:
+        if not keys:
+            return
+        seen = self._seen
+        buckets = self._buckets
+        if not buckets or now_mono - buckets[-1][0] >= 10.0:
+            buckets.append((now_mono, []))
+        bucket = buckets[-1][1]
+        for k in keys:
+            seen[k] = None
+        bucket.extend(keys)
+        horizon = now_mono - self.dedup_window_s
+        # forget whole buckets, oldest first, never the one being filled
+        while len(buckets) > 1 and (buckets[0][0] < horizon or len(seen) > self.dedup_max_keys):
+            _, old = buckets.popleft()
+            for k in old:
+                seen.pop(k, None)
+
+    @property
+    def dedup_keys(self) -> int:
+        """How many message keys the dedup remembers now."""
+        return len(self._seen)
 
     def _is_known(self, kind: str, sample_id: str) -> bool:
         key = (kind, sample_id)
         known = self._known_cache.get(key)
         if known is None:
             known = self.site.is_known(kind, sample_id) if self.site else True
-            if len(self._known_cache) < 1_000_000:
-                self._known_cache[key] = known
+            if len(self._known_cache) >= 1_000_000:
+                self._known_cache.clear()
+            self._known_cache[key] = known
         return known
+
+    # ---- building -----------------------------------------------------------------------------
 
     def build_batch(
         self, items: list[tuple[str, bytes]], received_at: datetime | None = None
     ) -> Batch:
-        """Validate ``items`` into one Batch (not yet written)."""
-        now = received_at or datetime.now(UTC)
-        future = (
-            now + timedelta(seconds=self.limits.max_future_s) if self.limits.max_future_s else None
-        )
-        past = now - timedelta(seconds=self.limits.max_past_s) if self.limits.max_past_s else None
-        now_us = _epoch_us(now)
-        batch = Batch()
-        unknown: dict[tuple[str, str], list[Any]] = {}
-        lg, dead, extras = batch.log, batch.dead, batch.extras
-        for topic, payload in items:
-            self.counters.received += 1
-            try:
-                msg = decode(topic, payload)
-                for ts in [msg.ts, *(s["ts"] for s in msg.samples if s["ts"] is not None)]:
-                    if future is not None and ts > future:
-                        raise ContractError(
-                            "ts_future",
-                            f"timestamp {ts.isoformat()} is more than "
-                            f"{self.limits.max_future_s:.0f} s after receipt {now.isoformat()}",
-                        )
-                    if past is not None and ts < past:
-                        raise ContractError(
-                            "ts_past",
-                            f"timestamp {ts.isoformat()} is more than "
-                            f"{self.limits.max_past_s:.0f} s before receipt {now.isoformat()}",
-                        )
-            except ContractError as e:
-                self.counters.dead_letters[e.reason] += 1
-                dead["received_at"].append(now_us)
-                dead["topic"].append(topic)
-                dead["payload"].append(bytes(payload))
-                dead["reason"].append(e.reason)
-                dead["detail"].append(e.detail)
-                continue
-            stream = (msg.kind, msg.source)
-            if not self._remember(stream, (msg.seq, msg.ts)):
-                self.counters.duplicates += 1
-                continue
-            self._pending.append((stream, (msg.seq, msg.ts)))
-            kind, source = msg.kind, msg.source
-            cols = batch.kind_columns(kind)
-            samples = msg.samples
-            msg_us = _epoch_us(msg.ts)
-            ts_us = [msg_us if s["ts"] is None else _epoch_us(s["ts"]) for s in samples]
-            cols["ts"].extend(ts_us)
-            cols["source"].extend([source] * len(samples))
-            cols["id"].extend([s["id"] for s in samples])
-            for name in self._columns[kind]:
-                cols[name].extend([s[name] for s in samples])
-            n_declared = len(self._columns[kind]) + 2  # id and ts
-            for s, ts in zip(samples, ts_us, strict=True):
-                sid = s["id"]
-                if len(s) > n_declared:
-                    for name, value in s.items():
-                        if name not in cols and name != "ts":
-                            extras["ts"].append(ts)
-                            extras["kind"].append(kind)
-                            extras["source"].append(source)
-                            extras["id"].append(sid)
-                            extras["quantity"].append(name)
-                            extras["value"].append(value)
-                if not self._is_known(kind, sid):
-                    u = unknown.get((kind, sid))
-                    if u is None:
-                        unknown[(kind, sid)] = [source, ts, ts, 1]
-                    else:
-                        u[0], u[1], u[2], u[3] = source, min(u[1], ts), max(u[2], ts), u[3] + 1
-            lg["source"].append(source)
-            lg["kind"].append(kind)
-            lg["seq"].append(msg.seq)
-            lg["ts"].append(msg_us)
-            lg["received_at"].append(now_us)
-            lg["collector"].append(msg.collector)
-            lg["n_samples"].append(len(msg.samples))
-            self.counters.stored_messages += 1
-            self.counters.samples[kind] += len(msg.samples)
-        for (kind, sid), (source, first, last, n) in unknown.items():
-            for col, value in zip(
-                ("kind", "id", "source", "first_seen", "last_seen", "samples"),
-                (kind, sid, source, first, last, n),
-                strict=True,
-            ):
-                batch.unknown[col].append(value)
+        """Validate ``items`` into one Batch (not yet written; nothing is remembered or counted
+        until :meth:`ingest` commits it)."""
+        batch, _ = self._build(items, received_at or datetime.now(UTC))
         return batch
 
+    def _build(self, items: list[tuple[str, bytes]], now: datetime) -> tuple[Batch, _Pending]:
+        lim = self.limits
+        now_us = _epoch_us(now)
+        hi = now_us + int(lim.max_future_s * 1e6) if lim.max_future_s else None
+        lo = now_us - int(lim.max_past_s * 1e6) if lim.max_past_s else None
+        window = (lo, hi) if lo is not None or hi is not None else None
+        pending = _Pending(received=len(items))
+        seen = self._seen
+        batch_keys: set[int] = set()
+
+        def is_new(kind: str, source: str, seq: int, ts_us: int) -> bool:
+            key = hash((kind, source, seq, ts_us))
+            if key in seen or key in batch_keys:
+                return False
+            batch_keys.add(key)
+            pending.keys.append(key)
+            return True
+
+        decoded = self.decoder.decode_batch(items, is_new=is_new, window_us=window)
+        pending.duplicates = len(decoded.duplicates)
+        batch = Batch()
+        for i, err in decoded.refused:
+            self._dead(batch, pending, items[i], err.reason, err.detail, now_us)
+        for kind, cols in decoded.columns.items():
+            batch.samples[kind] = cols
+        if decoded.extras["id"]:
+            batch.extras = decoded.extras
+        lg = batch.log
+        for m in decoded.messages:
+            lg["source"].append(m.source)
+            lg["kind"].append(m.kind)
+            lg["seq"].append(m.seq)
+            lg["ts"].append(m.ts_us)
+            lg["received_at"].append(now_us)
+            lg["collector"].append(m.collector)
+            lg["n_samples"].append(m.n_samples)
+        if self.site is not None:
+            self._unknown(batch)
+        return batch, pending
+
+    def _dead(
+        self,
+        batch: Batch,
+        pending: _Pending,
+        item: tuple[str, bytes],
+        reason: str,
+        detail: str,
+        now_us: int,
+    ) -> None:
+        topic, payload = item
+        if isinstance(payload, OversizedPayload):
+            size, sha = payload.size, payload.sha256
+        else:
+            size, sha = len(payload), hashlib.sha256(payload).hexdigest()
+        topic = topic[:DEAD_TOPIC_KEEP_CHARS]
+        if (topic, sha) in self._dead_seen:
+            pending.repeats += 1
+            return
+        pending.dead_hashes.append((topic, sha))
+        dead = batch.dead
+        dead["received_at"].append(now_us)
+        dead["topic"].append(topic)
+        dead["payload"].append(bytes(payload[:DEAD_PAYLOAD_KEEP_BYTES]))
+        dead["reason"].append(reason)
+        dead["detail"].append(detail[:2000])
+        dead["payload_bytes"].append(size)
+        dead["sha256"].append(sha)
+
+    def _unknown(self, batch: Batch) -> None:
+        """Rows of ``unknown_ids`` for the batch's sample ids the site does not know."""
+        for kind, cols in batch.samples.items():
+            ids = cols["id"]
+            uniq = pc.unique(ids).to_pylist()
+            unknown = [sid for sid in uniq if not self._is_known(kind, sid)]
+            if not unknown:
+                continue
+            mask = pc.is_in(ids, value_set=pa.array(unknown, pa.string()))
+            sub_ids = pc.filter(ids, mask).to_pylist()
+            sub_ts = pc.filter(cols["ts"], mask).cast("int64").to_pylist()
+            sub_src = pc.filter(cols["source"], mask).to_pylist()
+            agg: dict[str, list[Any]] = {}
+            for sid, ts, src in zip(sub_ids, sub_ts, sub_src, strict=True):
+                u = agg.get(sid)
+                if u is None:
+                    agg[sid] = [src, ts, ts, 1]
+                else:
+                    u[0], u[1], u[2], u[3] = src, min(u[1], ts), max(u[2], ts), u[3] + 1
+            for sid, (src, first, last, n) in agg.items():
+                for col, value in zip(
+                    ("kind", "id", "source", "first_seen", "last_seen", "samples"),
+                    (kind, sid, src, first, last, n),
+                    strict=True,
+                ):
+                    batch.unknown[col].append(value)
+
+    # ---- writing --------------------------------------------------------------------------------
+
     def ingest(self, items: list[tuple[str, bytes]], received_at: datetime | None = None) -> Batch:
-        """Validate and write ``items`` in one transaction; returns the batch written."""
-        self._pending.clear()
-        batch = self.build_batch(items, received_at)
+        """Validate and write ``items``; returns the (first) batch written.
+
+        Every message ends stored, counted as a duplicate, or dead-lettered. Raises
+        :class:`StoreUnavailable` when the store fails for a reason that is not the data's: the
+        parts committed before it are remembered, so handing the same items in again stores
+        each message once.
+        """
+        now = received_at or datetime.now(UTC)
+        return self._ingest(items, now)
+
+    def _ingest(self, items: list[tuple[str, bytes]], now: datetime) -> Batch:
+        batch, pending = self._build(items, now)
         try:
             self.store.write(batch)
-        except Exception:
-            for stream, key in self._pending:  # not stored: a redelivery must not count as a dup
-                self._seen[stream].pop(key, None)
-            raise
-        finally:
-            self._pending.clear()
+        except Exception as e:
+            if is_transient(e):
+                raise StoreUnavailable(f"{type(e).__name__}: {e}") from e
+            if len(items) > 1:
+                self.counters.store_splits += 1
+                half = len(items) // 2
+                first = self._ingest(items[:half], now)
+                self._ingest(items[half:], now)
+                return first
+            return self._store_rejected(items[0], e, now)
+        self._commit(batch, pending)
         return batch
+
+    def ingest_isolated(
+        self, items: list[tuple[str, bytes]], received_at: datetime | None = None
+    ) -> None:
+        """Ingest ``items`` one by one; a message on which the ingest itself fails (a bug, never
+        a bad message: those are dead-lettered by reason) is dead-lettered as ``ingest_error``
+        instead of stopping the rest. Raises StoreUnavailable like :meth:`ingest`."""
+        now = received_at or datetime.now(UTC)
+        for item in items:
+            try:
+                self._ingest([item], now)
+            except StoreUnavailable:
+                raise
+            except Exception as e:
+                log.exception("the ingest failed on a message on %s", item[0][:200])
+                batch = Batch()
+                pending = _Pending(received=1)
+                self._dead(
+                    batch, pending, item, "ingest_error", f"{type(e).__name__}: {e}", _epoch_us(now)
+                )
+                try:
+                    self.store.write(batch)
+                except Exception as e2:
+                    raise StoreUnavailable(f"{type(e2).__name__}: {e2}") from e2
+                self._commit(batch, pending)
+
+    def _store_rejected(self, item: tuple[str, bytes], error: Exception, now: datetime) -> Batch:
+        """Dead-letter the one message the store refused, with the store's error."""
+        log.error(
+            "the store refused a message on %s that passed validation (%s: %s);"
+            " dead-lettered as store_rejected",
+            item[0][:200],
+            type(error).__name__,
+            str(error)[:300],
+        )
+        batch = Batch()
+        pending = _Pending(received=1)
+        self._dead(
+            batch,
+            pending,
+            item,
+            "store_rejected",
+            f"{type(error).__name__}: {error}",
+            _epoch_us(now),
+        )
+        try:
+            self.store.write(batch)
+        except Exception as e:  # the store cannot even take a dead letter: it is the store
+            raise StoreUnavailable(f"{type(e).__name__}: {e}") from e
+        self._commit(batch, pending)
+        return batch
+
+    def _commit(self, batch: Batch, pending: _Pending) -> None:
+        """Count and remember a batch once it is committed."""
+        c = self.counters
+        c.received += pending.received
+        c.duplicates += pending.duplicates
+        c.dead_letter_repeats += pending.repeats
+        c.stored_messages += len(batch.log["seq"])
+        for kind, cols in batch.samples.items():
+            c.samples[kind] += len(cols["id"])
+        for reason in batch.dead["reason"]:
+            c.dead_letters[reason] += 1
+        self._remember(pending.keys, time.monotonic())
+        dead_seen = self._dead_seen
+        for h in pending.dead_hashes:
+            dead_seen[h] = None
+        while len(dead_seen) > DEAD_REPEAT_MEMORY:
+            dead_seen.popitem(last=False)
+
+
+__all__ = [
+    "KINDS",
+    "ContractError",
+    "IngestCounters",
+    "IngestLimits",
+    "Ingester",
+    "OversizedPayload",
+    "StoreUnavailable",
+]

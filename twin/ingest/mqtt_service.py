@@ -31,8 +31,9 @@ import paho.mqtt.client as mqtt
 
 from collectors.contract import TOPIC_PREFIX
 from collectors.mqtt import BrokerConfig, BrokerError, connect
+from twin.health import ServiceHealth
 from twin.ingest import receiver as rcv
-from twin.ingest.ingester import Ingester
+from twin.ingest.ingester import Ingester, StoreUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -65,8 +66,15 @@ class ServiceOptions:
     receiver_process: bool = True
     #: The child forwards what it has at least this often [s] ...
     forward_interval_s: float = 0.02
-    #: ... in frames of at most this many messages.
+    #: ... in frames of at most this many messages ...
     forward_max_messages: int = 2000
+    #: ... and about this many bytes.
+    forward_max_bytes: int = 8 << 20
+    #: MQTT v5 Receive Maximum: the broker sends at most this many unacknowledged QoS 1
+    #: messages (they are acknowledged after their commit), which bounds what the receiver and
+    #: this process hold when the store is slow or failing (MQTT 3.1.1: the broker's
+    #: ``max_inflight_messages`` does the same).
+    receive_maximum: int = 50_000
 
     @property
     def topic(self) -> str:
@@ -102,12 +110,22 @@ class _Receiver:
 class MqttIngestService:
     """Run with ``start()``; ``stop()`` flushes, acknowledges and disconnects."""
 
-    def __init__(self, broker: BrokerConfig, ingester: Ingester, options: ServiceOptions):
+    def __init__(
+        self,
+        broker: BrokerConfig,
+        ingester: Ingester,
+        options: ServiceOptions,
+        health: ServiceHealth | None = None,
+    ):
         self.broker = broker
         self.ingester = ingester
         self.options = options
+        self.health = health if health is not None else ServiceHealth()
+        self.health.register("ingest")
         # (topic, payload, mid, qos, receiver generation); generation 0 in in-process mode
         self._pending: deque[tuple[str, bytes, int, int, int]] = deque()
+        # (arrival time [monotonic s], messages still pending of that arrival), oldest first
+        self._arrivals: deque[list[float | int]] = deque()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._client: mqtt.Client | None = None
@@ -123,6 +141,29 @@ class MqttIngestService:
         self.last_error: str | None = None
 
     @property
+    def connected(self) -> bool | None:
+        """Whether the broker connection is up (None before the first attempt)."""
+        return self.health.broker.connected
+
+    def _arrived(self, n: int) -> None:
+        if n:
+            self._arrivals.append([time.monotonic(), n])
+            if len(self._arrivals) == 1:
+                self.health.pending(self._arrivals[0][0])  # type: ignore[arg-type]
+
+    def _taken(self, n: int) -> None:
+        """``n`` of the oldest pending messages were handled (stored, dead-lettered or dup)."""
+        arrivals = self._arrivals
+        while n > 0 and arrivals:
+            first = arrivals[0]
+            k = min(n, int(first[1]))
+            first[1] -= k
+            n -= k
+            if first[1] <= 0:
+                arrivals.popleft()
+        self.health.pending(arrivals[0][0] if arrivals else None)  # type: ignore[arg-type]
+
+    @property
     def receiver_pid(self) -> int | None:
         """Process id of the receiver child (None in in-process mode or between restarts)."""
         rx = self._rx
@@ -131,20 +172,31 @@ class MqttIngestService:
     # ---- in-process receiving ------------------------------------------------------------
 
     def _on_message(self, client: mqtt.Client, userdata: Any, msg: mqtt.MQTTMessage) -> None:
-        self._pending.append((msg.topic, msg.payload, msg.mid, msg.qos, 0))
+        self._pending.append((msg.topic, rcv.cut_oversized(msg.payload), msg.mid, msg.qos, 0))
+        self._arrived(1)
 
     def _on_disconnect(self, client, userdata, flags, reason_code, properties) -> None:
         if not self._stop.is_set():
             self._lost_broker(str(reason_code))
 
+    def _on_reconnect(self, client, userdata, flags, reason_code, properties) -> None:
+        if not reason_code.is_failure:
+            self._back()
+
     def _lost_broker(self, reason: str) -> None:
         self.disconnects += 1
+        self.health.broker_down(reason)
         log.warning(
             "lost the broker at %s (%s); paho reconnects, and the broker redelivers"
             " unacknowledged messages (stored once)",
             self.broker.describe(),
             reason,
         )
+
+    def _back(self) -> None:
+        if self.health.broker.connected is False:
+            log.warning("the broker connection to %s is back", self.broker.describe())
+        self.health.broker_up()
 
     # ---- receiver child --------------------------------------------------------------------
 
@@ -159,6 +211,8 @@ class MqttIngestService:
             topic=opts.topic,
             forward_interval_s=opts.forward_interval_s,
             forward_max_messages=opts.forward_max_messages,
+            forward_max_bytes=opts.forward_max_bytes,
+            receive_maximum=opts.receive_maximum,
             log_level=logging.getLogger().getEffectiveLevel(),
         )
         proc = ctx.Process(
@@ -195,6 +249,7 @@ class MqttIngestService:
                 kind = frame[:1]
                 if kind == rcv.CONNECTED:
                     log.info("MQTT receiver process pid %d connected", proc.pid)
+                    self._back()
                     return rx
                 if kind == rcv.ERROR:
                     raise BrokerError(frame[1:].decode(errors="replace"))
@@ -210,7 +265,11 @@ class MqttIngestService:
     def _handle(self, frame: bytes, rx: _Receiver) -> None:
         kind = frame[:1]
         if kind == rcv.MESSAGES:
-            self._pending.extend(rcv.decode_messages(frame, rx.gen))
+            msgs = rcv.decode_messages(frame, rx.gen)
+            self._pending.extend(msgs)
+            self._arrived(len(msgs))
+        elif kind == rcv.CONNECTED:  # the child's client reconnected
+            self._back()
         elif kind == rcv.LOG:
             level, name, text = rcv.decode_log(frame)
             logging.getLogger(name).log(level, "%s", text)
@@ -280,8 +339,18 @@ class MqttIngestService:
                 manual_ack=True,
                 on_message=self._on_message,
                 subscriptions=[self.options.topic],
+                receive_maximum=self.options.receive_maximum,
             )
             self._client.on_disconnect = self._on_disconnect
+            reconnect = self._client.on_connect
+
+            def on_connect(client, userdata, flags, reason_code, properties) -> None:
+                if reconnect is not None:
+                    reconnect(client, userdata, flags, reason_code, properties)
+                self._on_reconnect(client, userdata, flags, reason_code, properties)
+
+            self._client.on_connect = on_connect
+            self._back()
         self._thread = threading.Thread(target=self._flush_loop, name="dctwin-flush", daemon=True)
         self._thread.start()
         log.info("ingesting %s from %s", self.options.topic, self.broker.describe())
@@ -332,7 +401,12 @@ class MqttIngestService:
     # ---- writing -----------------------------------------------------------------------------
 
     def flush(self) -> int:
-        """Write and acknowledge what has arrived; returns the messages handled."""
+        """Write and acknowledge what has arrived; returns the messages handled.
+
+        Every message taken is stored, dead-lettered or a duplicate, then acknowledged. When
+        the store is unavailable (disk full, a lock: nothing is the data's fault) the messages
+        stay pending and unacknowledged, and the flush loop retries with backoff.
+        """
         opts = self.options
         handled = 0
         # Take what is pending now, not what arrives meanwhile: otherwise each pass catches the
@@ -342,15 +416,27 @@ class MqttIngestService:
             n = min(available, opts.max_batch_messages)
             available -= n
             chunk = [self._pending.popleft() for _ in range(n)]
+            items = [(t, p) for t, p, _, _, _ in chunk]
             try:
-                self.ingester.ingest([(t, p) for t, p, _, _, _ in chunk])
-            except Exception as e:  # the store failed: keep the messages, unacked, and retry
+                try:
+                    self.ingester.ingest(items)
+                except StoreUnavailable:
+                    raise
+                except Exception:  # not the store's: one message the ingest cannot handle
+                    log.exception("ingest failed on a batch; isolating the message at fault")
+                    self.ingester.ingest_isolated(items)
+            except StoreUnavailable as e:
                 self.write_errors += 1
-                self.last_error = f"{type(e).__name__}: {e}"
+                self.last_error = str(e)
+                self.health.store_error(self.last_error)
+                self.health.error("ingest", f"store unavailable: {e}")
                 log.error("store write failed (%s); %d messages kept for retry", e, n)
                 self._pending.extendleft(reversed(chunk))
                 return handled
             self._ack(chunk)
+            self._taken(n)
+            self.health.committed()
+            self.health.ok("ingest")
             handled += n
         return handled
 
@@ -405,5 +491,11 @@ class MqttIngestService:
             self.ingester.store.rollup()
             if self.options.retention_days:
                 self.ingester.store.apply_retention(self.options.retention_days)
+            pruned = self.ingester.store.prune()
+            if any(pruned.values()):
+                log.info("pruned %s", pruned)
         except Exception as e:
             log.error("rollup/retention failed: %s", e)
+            self.health.error("maintenance", f"{type(e).__name__}: {e}")
+        else:
+            self.health.ok("maintenance")

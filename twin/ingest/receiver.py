@@ -8,10 +8,12 @@ still PUBACKed only after the transaction that stored or dead-lettered it.
 
 Every frame is one ``send_bytes`` whose first byte says what it is:
 
-child -> service: ``C`` connected; ``E`` + text: could not connect (the child exits); ``M`` +
-messages, each a ``<HIHB`` header (topic length, payload length, mid, qos) then topic and
-payload; ``L`` + ``<H`` level + logger name + NUL + text: a log record; ``X`` + reason: the
-broker connection was lost (paho reconnects); ``F``: everything received so far was sent.
+child -> service: ``C`` connected (again after each reconnect); ``E`` + text: could not
+connect (the child exits); ``M`` + messages, each a ``<HIHB`` header (topic length, payload
+length, mid, qos) then topic and payload (a payload over the contract's limit crosses as its
+first 4 KiB after a ``<Q`` size and its SHA-256, flagged by bit 0x80 of the qos byte); ``L`` +
+``<H`` level + logger name + NUL + text: a log record; ``X`` + reason: the broker connection was
+lost (paho reconnects); ``F``: everything received so far was sent.
 
 service -> child: ``A`` + n ``<H`` mids + n qos bytes: acknowledge; ``S``: send what you have,
 then ``F``; ``Q``: disconnect and exit. EOF on the pipe (the service died) also ends the child,
@@ -21,6 +23,7 @@ without acknowledging anything more.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import signal
 import struct
@@ -32,7 +35,10 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
+from collectors.contract import MAX_PAYLOAD_BYTES
 from collectors.mqtt import BrokerConfig, BrokerError, connect
+from twin.ingest.ingester import OversizedPayload
+from twin.store.schema import DEAD_PAYLOAD_KEEP_BYTES
 
 CONNECTED = b"C"
 ERROR = b"E"
@@ -46,6 +52,18 @@ QUIT = b"Q"
 
 _HEADER = struct.Struct("<HIHB")  # topic length, payload length, mid, qos
 _LEVEL = struct.Struct("<H")
+_CUT = struct.Struct("<Q32s")  # an oversized payload's size and SHA-256
+_OVERSIZED = 0x80
+
+
+def cut_oversized(payload: bytes) -> bytes:
+    """``payload``, or for one over the contract's limit an OversizedPayload of its start (so a
+    hostile publisher's megabytes are dropped here, not copied on)."""
+    if len(payload) <= MAX_PAYLOAD_BYTES:
+        return payload
+    return OversizedPayload(
+        payload[:DEAD_PAYLOAD_KEEP_BYTES], len(payload), hashlib.sha256(payload).hexdigest()
+    )
 
 
 def encode_messages(items: Iterable[tuple[str, bytes, int, int]]) -> bytes:
@@ -54,7 +72,11 @@ def encode_messages(items: Iterable[tuple[str, bytes, int, int]]) -> bytes:
     parts = [MESSAGES]
     for topic, payload, mid, qos in items:
         t = topic.encode()
-        parts += (pack(len(t), len(payload), mid, qos), t, payload)
+        if isinstance(payload, OversizedPayload):
+            body = _CUT.pack(payload.size, bytes.fromhex(payload.sha256)) + bytes(payload)
+            parts += (pack(len(t), len(body), mid, qos | _OVERSIZED), t, body)
+        else:
+            parts += (pack(len(t), len(payload), mid, qos), t, payload)
     return b"".join(parts)
 
 
@@ -67,9 +89,14 @@ def decode_messages(frame: bytes, tag: int = 0) -> list[tuple[str, bytes, int, i
     while pos < end:
         tlen, plen, mid, qos = unpack(frame, pos)
         pos += size
-        topic = frame[pos : pos + tlen].decode()
+        topic = frame[pos : pos + tlen].decode(errors="replace")
         pos += tlen
-        out.append((topic, frame[pos : pos + plen], mid, qos, tag))
+        payload = frame[pos : pos + plen]
+        if qos & _OVERSIZED:
+            qos &= ~_OVERSIZED
+            n, digest = _CUT.unpack_from(payload)
+            payload = OversizedPayload(payload[_CUT.size :], n, digest.hex())
+        out.append((topic, payload, mid, qos, tag))
         pos += plen
     return out
 
@@ -105,6 +132,8 @@ class ReceiverOptions:
     topic: str
     forward_interval_s: float = 0.02
     forward_max_messages: int = 2000
+    forward_max_bytes: int = 8 << 20
+    receive_maximum: int | None = None
     log_level: int = logging.INFO
 
 
@@ -156,7 +185,7 @@ def receiver_main(conn: Connection, broker: BrokerConfig, opts: ReceiverOptions)
     stopping = threading.Event()
 
     def on_message(client: Any, userdata: Any, msg: Any) -> None:
-        inbox.append((msg.topic, msg.payload, msg.mid, msg.qos))
+        inbox.append((msg.topic, cut_oversized(msg.payload), msg.mid, msg.qos))
 
     def on_disconnect(client, userdata, flags, reason_code, properties) -> None:
         if not stopping.is_set():
@@ -170,12 +199,22 @@ def receiver_main(conn: Connection, broker: BrokerConfig, opts: ReceiverOptions)
             manual_ack=True,
             on_message=on_message,
             subscriptions=[opts.topic],
+            receive_maximum=opts.receive_maximum,
         )
     except Exception as e:
         text = str(e) if isinstance(e, BrokerError) else f"{type(e).__name__}: {e}"
         link.try_send(ERROR + text.encode())
         return
     client.on_disconnect = on_disconnect
+    resubscribe = client.on_connect
+
+    def on_connect(client, userdata, flags, reason_code, properties) -> None:
+        if resubscribe is not None:
+            resubscribe(client, userdata, flags, reason_code, properties)
+        if not reason_code.is_failure:
+            link.try_send(CONNECTED)
+
+    client.on_connect = on_connect
     try:
         link.send(CONNECTED)
         _relay(conn, link, client, inbox, opts)
@@ -199,9 +238,15 @@ def _relay(
     def forward() -> None:
         n = len(inbox)  # only what is there now; later arrivals go in the next frame
         while n > 0:
-            k = min(n, opts.forward_max_messages)
-            n -= k
-            link.send(encode_messages([inbox.popleft() for _ in range(k)]))
+            frame: list[tuple[str, bytes, int, int]] = []
+            size = 0
+            limit_n, limit_b = opts.forward_max_messages, opts.forward_max_bytes
+            while n > 0 and len(frame) < limit_n and size < limit_b:
+                item = inbox.popleft()
+                frame.append(item)
+                size += len(item[1]) + len(item[0]) + 9
+                n -= 1
+            link.send(encode_messages(frame))
 
     interval = opts.forward_interval_s
     next_forward = time.monotonic() + interval
