@@ -437,6 +437,8 @@ def test_serve_runs_the_api_in_its_process(broker, tmp_path: Path) -> None:
             "2",
             "--calibrate-every",
             "0",
+            "--api-allowed-hosts",
+            "twin, twin.example.com",
         ],
         stdout=subprocess.DEVNULL,
         stderr=log.open("wb"),
@@ -490,6 +492,19 @@ def test_serve_runs_the_api_in_its_process(broker, tmp_path: Path) -> None:
             # the service's own counters
             fams = {f.name for f in text_string_to_metric_families(c.get("/metrics").text)}
             assert "dctwin_ingest_messages_received" in fams
+            # the service's health, with the API as one of its loops
+            health = c.get("/healthz").json()
+            assert health["loops"]["api"]["successes_total"] > 0
+            assert "dctwin_loop_errors" in fams and "dctwin_ingest_stalled" in fams
+            # the Host check: the address, localhost and --api-allowed-hosts; nothing else
+            port = httpx.URL(url).port
+            for host, code in (
+                (f"twin:{port}", 200),
+                ("twin.example.com", 200),
+                (f"localhost:{port}", 200),
+                ("evil.example", 400),
+            ):
+                assert c.get("/healthz", headers={"Host": host}).status_code == code, host
     finally:
         serve.send_signal(signal.SIGTERM)
         serve.wait(30)
