@@ -17,10 +17,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from collectors.contract import encode, topic_for
 from twin.api import ApiContext, ApiServer
 from twin.api.app import MAX_IDS
+from twin.api.whatif import whatif_router
 from twin.health import ServiceHealth
 from twin.ingest import Ingester, IngestLimits
 
-from .apiservice import RunningService, start_service
+from .apiservice import REPO, SCENARIOS, TOKEN, RunningService, start_service
+
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
 @pytest.fixture(scope="module")
@@ -293,3 +296,25 @@ def test_status_lists_unknown_ids_up_to_a_limit_with_their_total(svc: RunningSer
         assert st["unknown_ids_total"] == 30 and len(st["unknown_ids"]) == 30
         r = c.get("/api/v1/status", params={"limit": 100_000})
         assert r.status_code == 422 and "less than or equal to 10000" in r.text
+
+
+@pytest.mark.slow
+def test_whatif_starts_beyond_the_pending_limit_get_429(svc: RunningService, tmp_path) -> None:
+    ctx = ApiContext(svc.store, site=svc.site, token=TOKEN)
+    ctx.routers.append(
+        whatif_router(ctx, REPO / "sample_telemetry", SCENARIOS, tmp_path, max_pending=1)
+    )
+    body = {"bundle": "demo_bundle", "scenarios": ["four-more-b200-racks"]}
+    with ApiServer(ctx, port=0) as server, httpx.Client(base_url=server.url, timeout=60) as c:
+        r = c.post("/api/v1/whatif", json=body, headers=AUTH)
+        assert r.status_code == 202, r.text
+        job = r.json()["job"]
+        r = c.post("/api/v1/whatif", json=body, headers=AUTH)
+        assert r.status_code == 429 and r.headers["retry-after"] == "30", r.text
+        assert "1 what-if jobs are queued or running (at most 1)" in r.json()["detail"]
+        deadline = time.monotonic() + 120
+        while c.get(f"/api/v1/whatif/{job}").json()["state"] in ("queued", "running"):
+            assert time.monotonic() < deadline, "the what-if job did not finish"
+            time.sleep(0.5)
+        # the slot is free again once the job is done
+        assert c.post("/api/v1/whatif", json=body, headers=AUTH).status_code == 202
