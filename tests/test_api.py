@@ -372,6 +372,9 @@ def test_silences_add_list_end(client: httpx.Client) -> None:
     assert ends == timedelta(hours=1)
     listed = ok(client.get("/api/v1/silences", params={"active_only": True}))["silences"]
     assert sil["id"] in {s["id"] for s in listed}
+    one = ok(client.get("/api/v1/silences", params={"limit": 1}))
+    assert [s["id"] for s in one["silences"]] == [sil["id"]]  # the newest
+    assert one["total"] >= 1 and one["total"] == len(ok(client.get("/api/v1/silences"))["silences"])
     for bad, says in (
         ({**body, "ends_at": "2030-01-01T00:00:00Z"}, "exactly one of ends_at and duration_s"),
         ({"matchers": {}, "duration_s": 60, "created_by": "x"}, "matchers"),

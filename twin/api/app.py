@@ -1220,11 +1220,16 @@ def create_app(ctx: ApiContext, hosts: list[str] | None = None) -> FastAPI:
     @app.get("/api/v1/silences", response_model=m.SilencesResponse, tags=["alerts"])
     def list_silences(
         active_only: Annotated[bool, Query(description="only those in force now")] = False,
+        limit: Annotated[
+            int, Query(ge=0, le=5000, description="most listed (the newest; total counts all)")
+        ] = 500,
     ) -> m.SilencesResponse:
-        """Silences kept in the store, oldest first."""
+        """Silences kept in the store, oldest first: the newest ``limit`` of them, with the
+        count of all in ``total``."""
         now = datetime.now(UTC)
         items = [s for s in silences().all() if not active_only or s.active(now)]
-        return m.SilencesResponse(silences=[_silence_out(s, now) for s in items])
+        shown = items[-limit:] if limit else []
+        return m.SilencesResponse(silences=[_silence_out(s, now) for s in shown], total=len(items))
 
     @app.post(
         "/api/v1/silences",

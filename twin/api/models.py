@@ -515,7 +515,8 @@ class SilenceOut(BaseModel):
 
 
 class SilencesResponse(BaseModel):
-    silences: list[SilenceOut]
+    silences: list[SilenceOut] = Field(description="the newest `limit`, oldest first")
+    total: int = Field(description="every silence that matched")
 
 
 # ---- status ----------------------------------------------------------------------------------
