@@ -372,6 +372,9 @@ def test_silences_add_list_end(client: httpx.Client) -> None:
     assert ends == timedelta(hours=1)
     listed = ok(client.get("/api/v1/silences", params={"active_only": True}))["silences"]
     assert sil["id"] in {s["id"] for s in listed}
+    one = ok(client.get("/api/v1/silences", params={"limit": 1}))
+    assert [s["id"] for s in one["silences"]] == [sil["id"]]  # the newest
+    assert one["total"] >= 1 and one["total"] == len(ok(client.get("/api/v1/silences"))["silences"])
     for bad, says in (
         ({**body, "ends_at": "2030-01-01T00:00:00Z"}, "exactly one of ends_at and duration_s"),
         ({"matchers": {}, "duration_s": 60, "created_by": "x"}, "matchers"),
@@ -437,6 +440,8 @@ def test_serve_runs_the_api_in_its_process(broker, tmp_path: Path) -> None:
             "2",
             "--calibrate-every",
             "0",
+            "--api-allowed-hosts",
+            "twin, twin.example.com",
         ],
         stdout=subprocess.DEVNULL,
         stderr=log.open("wb"),
@@ -490,6 +495,19 @@ def test_serve_runs_the_api_in_its_process(broker, tmp_path: Path) -> None:
             # the service's own counters
             fams = {f.name for f in text_string_to_metric_families(c.get("/metrics").text)}
             assert "dctwin_ingest_messages_received" in fams
+            # the service's health, with the API as one of its loops
+            health = c.get("/healthz").json()
+            assert health["loops"]["api"]["successes_total"] > 0
+            assert "dctwin_loop_errors" in fams and "dctwin_ingest_stalled" in fams
+            # the Host check: the address, localhost and --api-allowed-hosts; nothing else
+            port = httpx.URL(url).port
+            for host, code in (
+                (f"twin:{port}", 200),
+                ("twin.example.com", 200),
+                (f"localhost:{port}", 200),
+                ("evil.example", 400),
+            ):
+                assert c.get("/healthz", headers={"Host": host}).status_code == code, host
     finally:
         serve.send_signal(signal.SIGTERM)
         serve.wait(30)

@@ -256,6 +256,15 @@ def serve(
         str, typer.Option(help="Address the HTTP API listens on (default: localhost only).")
     ] = "127.0.0.1",
     api_port: Annotated[int, typer.Option(help="HTTP API port (0: any free port).")] = 8420,
+    api_allowed_hosts: Annotated[
+        str | None,
+        typer.Option(
+            envvar="DCTWIN_API_ALLOWED_HOSTS",
+            help="Comma-separated Host header names the API answers besides its address,"
+            " localhost, 127.0.0.1 and [::1] (e.g. twin,twin.example.com; *.example.com for"
+            " subdomains; * for any). Others get 400 (DNS rebinding).",
+        ),
+    ] = None,
     api_token: Annotated[
         str | None,
         typer.Option(
@@ -276,10 +285,12 @@ def serve(
     """Run the twin service: ingest MQTT telemetry into the DuckDB store, refit the model and
     recompute headroom, hot spots and alerts on a schedule, and serve the HTTP API with
     /metrics (Ctrl-C stops)."""
+    from twin.health import ServiceHealth
     from twin.ingest import Ingester, IngestLimits
     from twin.ingest.mqtt_service import MqttIngestService, ServiceOptions
 
     _setup_logging(verbose)
+    health = ServiceHealth()  # the service's one health record; /healthz and /metrics read it
     if calibrate_holdout >= calibrate_window:
         raise _fail("--calibrate-holdout must be shorter than --calibrate-window")
     site_obj = _site(site)
@@ -335,6 +346,8 @@ def serve(
             engine=engine,
             service=service,
             token=api_token or None,
+            health=health,
+            allowed_hosts=[h for h in (api_allowed_hosts or "").split(",") if h.strip()],
         )
         reports = db.with_name(db.name + ".whatif")
         ctx.routers.append(whatif_router(ctx, whatif_bundles, whatif_scenarios, reports))

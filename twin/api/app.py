@@ -12,6 +12,7 @@ what-if jobs (issue 7) arrive as such a router under ``/api/v1/whatif``.
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import io
 import itertools
@@ -25,7 +26,7 @@ from typing import Annotated, Any
 import orjson
 import pyarrow as pa
 from fastapi import Depends, FastAPI, HTTPException, Path, Query, Request, Response
-from fastapi.responses import PlainTextResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from collectors.contract import KINDS, QUANTITIES
@@ -34,7 +35,8 @@ from twin.alerts.db import ensure_alert_tables
 from twin.api import models as m
 from twin.api import queries
 from twin.api.context import ApiContext
-from twin.api.metrics import StoreCollector
+from twin.api.guard import BodyLimit, BusyLimit, HealthReport, HostCheck, LruCache, allowed_hosts
+from twin.api.metrics import HealthCollector, StoreCollector
 
 log = logging.getLogger(__name__)
 
@@ -47,9 +49,20 @@ MAX_POINTS = 20_000_000
 #: "Latest" values are the newest within this window before the kind's newest sample. [s]
 LATEST_WINDOW_S = 120.0
 FORECAST_CACHE_S = 60.0
+#: Most device ids one request may name (``ids=`` of a GET, or ``ids`` of a POST body; a GET's
+#: URL holds about 500 of them before the server refuses it, so name more with POST).
+MAX_IDS = 20_000
+#: A series over a longer range than this [s], or of more points than LONG_SERIES_POINTS,
+#: takes a busy slot (429 when none is free).
+LONG_SERIES_S = 2 * 3600.0
+LONG_SERIES_POINTS = 100_000
+#: Default and largest number of unknown ids /api/v1/status lists (it counts them all).
+STATUS_UNKNOWN_IDS = 100
+STATUS_UNKNOWN_IDS_MAX = 10_000
 DERATE = 0.8
 
 BAD = {400: {"model": m.ErrorBody}, 404: {"model": m.ErrorBody}}
+BUSY = {429: {"model": m.ErrorBody, "description": "busy: retry after Retry-After s"}}
 WRITE = {
     401: {"model": m.ErrorBody, "description": "missing or wrong bearer token"},
     403: {"model": m.ErrorBody, "description": "writes are off: no token configured"},
@@ -77,14 +90,21 @@ def parse_time(value: str | None, name: str) -> datetime | None:
     return ts if ts.tzinfo else ts.replace(tzinfo=UTC)
 
 
-def _ids(value: str | None) -> list[str] | None:
+def _ids(value: str | list[str] | None) -> list[str] | None:
+    """The ids a request names (comma-separated in a GET, a list in a POST body), at most
+    :data:`MAX_IDS` of them; 400 for an empty list, 413 beyond the limit."""
     if value is None:
         return None
-    ids = [i.strip() for i in value.split(",") if i.strip()]
+    raw = value.split(",") if isinstance(value, str) else value
+    ids = [i.strip() for i in raw if i.strip()]
     if not ids:
         raise _bad("ids= is empty: give comma-separated device ids, or leave it out for all")
-    if len(ids) > 20_000:
-        raise _bad(f"ids= names {len(ids)} devices; at most 20000 per request")
+    if len(ids) > MAX_IDS:
+        raise _bad(
+            f"ids names {len(ids)} devices; at most {MAX_IDS} per request: split the request"
+            " (a GET's URL holds about 500 ids; POST the same query with an 'ids' list for more)",
+            413,
+        )
     return list(dict.fromkeys(ids))
 
 
@@ -121,8 +141,10 @@ def token_check(ctx: ApiContext) -> Callable[[Request], str]:
     return require_token
 
 
-def create_app(ctx: ApiContext) -> FastAPI:
-    """The FastAPI application over ``ctx`` (see the module docstring)."""
+def create_app(ctx: ApiContext, hosts: list[str] | None = None) -> FastAPI:
+    """The FastAPI application over ``ctx`` (see the module docstring). ``hosts``: the Host
+    header values it answers (default: :func:`twin.api.guard.allowed_hosts` of 127.0.0.1 and
+    ``ctx.allowed_hosts``)."""
     app = FastAPI(
         title="dctwin API",
         version=API_VERSION,
@@ -133,6 +155,18 @@ def create_app(ctx: ApiContext) -> FastAPI:
             " (POST, DELETE) need `Authorization: Bearer <token>`."
         ),
     )
+    # outermost first: the Host check, then the body limit, then the health report
+    if ctx.health is not None:
+        app.add_middleware(HealthReport, health=ctx.health)
+    app.add_middleware(BodyLimit)
+    app.add_middleware(
+        HostCheck,
+        allowed=hosts if hosts is not None else allowed_hosts("127.0.0.1", ctx.allowed_hosts),
+    )
+    busy = BusyLimit(ctx.max_busy)
+    forecast_cache = LruCache(ctx.forecast_cache_entries, FORECAST_CACHE_S)
+    app.state.busy = busy
+    app.state.forecast_cache = forecast_cache
     setup = ctx.db()
     setup.con.execute(queries.ACK_DDL).fetchall()
     ensure_alert_tables(setup.con)
@@ -170,21 +204,70 @@ def create_app(ctx: ApiContext) -> FastAPI:
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(StoreCollector(ctx, active_alerts))
+    registry.register(HealthCollector(ctx, busy, forecast_cache))
 
     # ---- service ---------------------------------------------------------------------------
 
-    @app.get("/healthz", response_model=m.Health, tags=["service"])
-    def healthz() -> m.Health:
-        """Liveness: the API answers and the store is readable."""
+    def broker_connected() -> bool | None:
+        if ctx.health is not None:
+            return ctx.health.broker.connected
+        return None
+
+    @app.get(
+        "/healthz",
+        response_model=m.Health,
+        responses={503: {"model": m.Health, "description": "ingest stalled: `reason` says why"}},
+        tags=["service"],
+    )
+    def healthz() -> Response:
+        """The service's health: 200 while it works (``status`` ok, or degraded with the
+        failing loops or a lost broker in ``reason``), 503 when ingest is stalled (messages
+        received but not stored for longer than ``serve --stall-after``). With the broker
+        connection, ingest lag and last commit, each background loop's last success and error,
+        and the telemetry kinds found missing."""
         ctx.db().con.execute("SELECT 1").fetchall()
-        svc = ctx.service
-        return m.Health(
-            status="ok",
-            site=ctx.site.name if ctx.site else None,
-            started_at=ctx.started_at,
-            uptime_s=(datetime.now(UTC) - ctx.started_at).total_seconds(),
-            broker_connected=getattr(svc, "connected", None),
+        base = {
+            "site": ctx.site.name if ctx.site else None,
+            "started_at": ctx.started_at,
+            "uptime_s": (datetime.now(UTC) - ctx.started_at).total_seconds(),
+        }
+        if ctx.health is None:
+            body = m.Health(status="ok", reason=None, broker_connected=None, **base)
+            return JSONResponse(body.model_dump(mode="json"))
+        snap = ctx.health.snapshot()
+        broker = snap["broker"]
+        failing = sorted(name for name, lp in snap["loops"].items() if lp["failing"])
+        status: str = "ok"
+        reason = snap["stalled"]
+        if reason:
+            status = "stalled"
+        else:
+            why = []
+            if broker["connected"] is False:
+                why.append(f"broker disconnected ({broker['last_reason'] or 'no reason given'})")
+            for name in failing:
+                why.append(f"loop {name} failing: {snap['loops'][name]['last_error']}")
+            if snap["store_retrying"]:
+                why.append(f"store write retrying: {snap['store_retrying']}")
+            if why:
+                status, reason = "degraded", "; ".join(why)
+        body = m.Health(
+            status=status,  # type: ignore[arg-type]
+            reason=reason,
+            broker_connected=broker["connected"],
+            broker=m.BrokerHealth(**broker),
+            ingest=m.IngestProgress(
+                lag_s=snap["ingest_lag_s"],
+                last_commit_at=snap["last_commit_at"],
+                store_retrying=snap["store_retrying"],
+                stall_after_s=ctx.health.stall_after_s,
+            ),
+            loops={name: m.LoopHealth(**lp) for name, lp in snap["loops"].items()},
+            missing_telemetry=snap["missing_telemetry"],
+            **base,
         )
+        code = 503 if status == "stalled" else 200
+        return JSONResponse(body.model_dump(mode="json"), status_code=code)
 
     @app.get("/metrics", response_class=PlainTextResponse, tags=["service"])
     def metrics() -> Response:
@@ -205,10 +288,29 @@ def create_app(ctx: ApiContext) -> FastAPI:
             features={"whatif": any(p.startswith("/api/v1/whatif") for p in paths)},
         )
 
-    @app.get("/api/v1/status", response_model=m.StatusResponse, tags=["service"])
-    def status() -> dict[str, Any]:
-        """What the store holds (as `dctwin status --json`) and the service's counters."""
-        st = ctx.db().status()
+    @app.get(
+        "/api/v1/status",
+        response_model=m.StatusResponse,
+        responses=BUSY,
+        tags=["service"],
+    )
+    def status(
+        limit: Annotated[
+            int,
+            Query(
+                ge=0,
+                le=STATUS_UNKNOWN_IDS_MAX,
+                description="most unknown ids listed (all are counted in unknown_ids_total)",
+            ),
+        ] = STATUS_UNKNOWN_IDS,
+    ) -> dict[str, Any]:
+        """What the store holds (as `dctwin status --json`, the unknown ids cut to ``limit``
+        with their total in ``unknown_ids_total``) and the service's counters and health."""
+        with busy.slot("the store status"):
+            st = ctx.db().status()
+        unknown = st.get("unknown_ids") or []
+        st["unknown_ids_total"] = len(unknown)
+        st["unknown_ids"] = unknown[:limit]
         svc: dict[str, Any] = {}
         if ctx.ingester is not None:
             svc["ingest"] = ctx.ingester.counters.as_dict()
@@ -218,6 +320,8 @@ def create_app(ctx: ApiContext) -> FastAPI:
         for name, sched in (("calibration", ctx.calibrator), ("detection", ctx.detector)):
             if sched is not None:
                 svc[name] = {"runs": sched.runs, "failures": sched.failures}
+        if ctx.health is not None:
+            svc["health"] = ctx.health.snapshot()
         st["service"] = svc
         return st
 
@@ -254,15 +358,36 @@ def create_app(ctx: ApiContext) -> FastAPI:
             float, Query(gt=0, le=30 * 86400, description="leave out devices silent longer")
         ] = 300.0,
     ) -> m.StateResponse:
-        """The latest sample of each device of ``kind`` (each quantity: its newest value)."""
+        """The latest sample of each device of ``kind`` (each quantity: its newest value).
+        ``ids=`` holds about 500 ids before the URL is too long; POST for up to 20000."""
+        return _state(kind, ids, max_age_s)
+
+    @app.post(
+        "/api/v1/state/{kind}",
+        response_model=m.StateResponse,
+        responses={**BAD, 413: {"model": m.ErrorBody, "description": "too many ids"}},
+        tags=["telemetry"],
+    )
+    def device_state_post(
+        kind: Annotated[str, Path(description=f"one of {', '.join(KINDS)}")],
+        body: m.StateQuery,
+    ) -> m.StateResponse:
+        """As GET, with the ids (at most 20000) in the body: ``{"ids": [...], "max_age_s"}``."""
+        return _state(kind, body.ids, body.max_age_s)
+
+    def _check_ids(db: Any, kind: str, wanted: list[str] | None, code: int) -> None:
+        if wanted:
+            bad = queries.unknown_ids(db, kind, wanted, ctx.site)
+            if bad:
+                more = f" (and {len(bad) - 20} more)" if len(bad) > 20 else ""
+                raise _bad(f"unknown {kind} id(s): {', '.join(bad[:20])}{more}", code)
+
+    def _state(kind: str, ids: str | list[str] | None, max_age_s: float) -> m.StateResponse:
         if kind not in KINDS:
             raise _bad(f"unknown kind {kind!r}; expected one of {', '.join(KINDS)}", 404)
         db = ctx.db()
         wanted = _ids(ids)
-        if wanted:
-            bad = queries.unknown_ids(db, kind, wanted, ctx.site)
-            if bad:
-                raise _bad(f"unknown {kind} id(s): {', '.join(bad[:20])}", 404)
+        _check_ids(db, kind, wanted, 404)
         newest = queries.newest(db, kind)
         devices: list[m.DeviceState] = []
         if newest is not None:
@@ -330,7 +455,46 @@ def create_app(ctx: ApiContext) -> FastAPI:
             ),
         ] = None,
     ) -> Response:
-        """A quantity of some devices over [start, end), from the raw table or a rollup."""
+        """A quantity of some devices over [start, end), from the raw table or a rollup.
+        ``ids=`` holds about 500 ids before the URL is too long; POST for up to 20000. A range
+        over 2 h or an answer over 100,000 points takes a busy slot (429 when none is free)."""
+        return _series(request, kind, quantity, ids, start, end, resolution, format, agg)
+
+    @app.post(
+        "/api/v1/series",
+        response_model=m.SeriesResponse,
+        responses={
+            **BAD,
+            413: {"model": m.ErrorBody, "description": "too many ids or points"},
+            **BUSY,
+        },
+        tags=["telemetry"],
+    )
+    def series_post(request: Request, body: m.SeriesQuery) -> Response:
+        """As GET, with the parameters in the body and ``ids`` a list (at most 20000)."""
+        return _series(
+            request,
+            body.kind,
+            body.quantity,
+            body.ids,
+            body.start,
+            body.end,
+            body.resolution,
+            body.format,
+            body.agg,
+        )
+
+    def _series(
+        request: Request,
+        kind: str,
+        quantity: str,
+        ids: str | list[str] | None,
+        start: str | None,
+        end: str | None,
+        resolution: str,
+        format: str | None,
+        agg: str | None,
+    ) -> Response:
         if kind not in KINDS:
             raise _bad(f"unknown kind {kind!r}; expected one of {', '.join(KINDS)}")
         if quantity not in QUANTITIES[kind]:
@@ -342,10 +506,7 @@ def create_app(ctx: ApiContext) -> FastAPI:
             raise _bad(f"format={format!r}: expected json or arrow")
         db = ctx.db()
         wanted = _ids(ids)
-        if wanted:
-            bad = queries.unknown_ids(db, kind, wanted, ctx.site)
-            if bad:
-                raise _bad(f"unknown {kind} id(s): {', '.join(bad[:20])}")
+        _check_ids(db, kind, wanted, 400)
         t1 = parse_time(end, "end")
         t0 = parse_time(start, "start")
         if t1 is None:
@@ -365,15 +526,34 @@ def create_app(ctx: ApiContext) -> FastAPI:
         elif agg is not None and res == "raw":
             raise _bad("agg= needs resolution 1m or 1h (devices poll at different instants)")
         arrow = format == "arrow" or ARROW_STREAM in request.headers.get("accept", "")
-        n = queries.series_count(db, kind, quantity, wanted, t0, t1, res, agg)
-        limit = MAX_POINTS if arrow else MAX_JSON_POINTS
-        if n > limit:
-            raise _bad(
-                f"{n} points exceed the {limit} a {'' if arrow else 'JSON '}answer carries:"
-                + (f" ask for Arrow (Accept: {ARROW_STREAM})," if not arrow else "")
-                + " name fewer ids, a shorter range or a coarser resolution (1m, 1h)",
-                413,
-            )
+        with contextlib.ExitStack() as held:
+            what = f"a {kind} {quantity} series"
+            if (t1 - t0).total_seconds() > LONG_SERIES_S:
+                held.enter_context(busy.slot(what))
+            n = queries.series_count(db, kind, quantity, wanted, t0, t1, res, agg)
+            limit = MAX_POINTS if arrow else MAX_JSON_POINTS
+            if n > limit:
+                raise _bad(
+                    f"{n} points exceed the {limit} a {'' if arrow else 'JSON '}answer carries:"
+                    + (f" ask for Arrow (Accept: {ARROW_STREAM})," if not arrow else "")
+                    + " name fewer ids, a shorter range or a coarser resolution (1m, 1h)",
+                    413,
+                )
+            if n > LONG_SERIES_POINTS and (t1 - t0).total_seconds() <= LONG_SERIES_S:
+                held.enter_context(busy.slot(what))
+            return _series_answer(db, kind, quantity, wanted, t0, t1, res, agg, arrow)
+
+    def _series_answer(
+        db: Any,
+        kind: str,
+        quantity: str,
+        wanted: list[str] | None,
+        t0: datetime,
+        t1: datetime,
+        res: str,
+        agg: str | None,
+        arrow: bool,
+    ) -> Response:
         table = queries.series(db, kind, quantity, wanted, t0, t1, res, agg, ordered=not arrow)
         unit = QUANTITIES[kind][quantity].unit
         if arrow:
@@ -519,7 +699,7 @@ def create_app(ctx: ApiContext) -> FastAPI:
                     k: None if t is None else round((now - t).total_seconds(), 3)
                     for k, t in newest.items()
                 },
-                broker_connected=getattr(ctx.service, "connected", None),
+                broker_connected=broker_connected(),
                 write_errors=getattr(ctx.service, "write_errors", None),
             ),
         )
@@ -829,39 +1009,36 @@ def create_app(ctx: ApiContext) -> FastAPI:
 
     # ---- forecast, hot spots, fleets, calibration ------------------------------------------
 
-    forecast_cache: dict[tuple[float, float], tuple[float, Any]] = {}
-    forecast_lock = threading.Lock()
-
-    @app.get("/api/v1/forecast", responses=BAD, tags=["twin"])
+    @app.get("/api/v1/forecast", responses={**BAD, **BUSY}, tags=["twin"])
     def forecast(
         horizon_s: Annotated[float, Query(gt=0, le=7 * 86400)] = 6 * 3600.0,
         step_s: Annotated[float, Query(ge=60, le=86400)] = 300.0,
     ) -> Response:
-        """p05/p50/p90/p95 power [W] per fleet and rack over the horizon (cached 60 s).
-        The schema is `twin.forecast.SiteForecast`."""
+        """p05/p50/p90/p95 power [W] per fleet and rack over the horizon (cached 60 s, the
+        64 most recently asked horizons and steps; computing one takes a busy slot). The
+        schema is `twin.forecast.SiteForecast`."""
         from twin.forecast import forecast_site
 
         site = _site_or_404(ctx)
         if horizon_s / step_s > 2000:
             raise _bad(f"horizon_s / step_s = {horizon_s / step_s:.0f} steps; at most 2000")
-        key = (horizon_s, step_s)
-        with forecast_lock:
-            hit = forecast_cache.get(key)
-            if hit and time.monotonic() - hit[0] < FORECAST_CACHE_S:
-                return Response(hit[1], media_type="application/json")
-            db = ctx.db()
-            nw = queries.newest(db, "node")
-            if nw is None:
-                raise _bad("no node power samples yet: nothing to forecast from", 409)
-            try:
-                result = forecast_site(db, site, now=nw, horizon_s=horizon_s, step_s=step_s)
-            except ValueError as e:
-                raise _bad(str(e), 409) from None
-            body = result.model_dump_json().encode()
-            forecast_cache[key] = (time.monotonic(), body)
+
+        def compute() -> bytes:
+            with busy.slot("a forecast"):
+                db = ctx.db()
+                nw = queries.newest(db, "node")
+                if nw is None:
+                    raise _bad("no node power samples yet: nothing to forecast from", 409)
+                try:
+                    result = forecast_site(db, site, now=nw, horizon_s=horizon_s, step_s=step_s)
+                except ValueError as e:
+                    raise _bad(str(e), 409) from None
+                return result.model_dump_json().encode()
+
+        body = forecast_cache.get_or_compute((horizon_s, step_s), compute)
         return Response(body, media_type="application/json")
 
-    @app.get("/api/v1/hotspots", responses=BAD, tags=["twin"])
+    @app.get("/api/v1/hotspots", responses={**BAD, **BUSY}, tags=["twin"])
     def hotspots(
         k_sigma: Annotated[float | None, Query(gt=0, le=100)] = None,
         minutes: Annotated[int | None, Query(ge=1, le=240)] = None,
@@ -876,12 +1053,13 @@ def create_app(ctx: ApiContext) -> FastAPI:
         if last is not None and k_sigma is None and minutes is None:
             return Response(last.hotspots.model_dump_json(), media_type="application/json")
         try:
-            report = find_hotspots(ctx.db(), site, k_sigma=k_sigma or 3.0, minutes=minutes or 5)
+            with busy.slot("a hot spot search"):
+                report = find_hotspots(ctx.db(), site, k_sigma=k_sigma or 3.0, minutes=minutes or 5)
         except ValueError as e:
             raise _bad(str(e), 409) from None
         return Response(report.model_dump_json(), media_type="application/json")
 
-    @app.get("/api/v1/fleets", responses=BAD, tags=["twin"])
+    @app.get("/api/v1/fleets", responses={**BAD, **BUSY}, tags=["twin"])
     def fleets(
         window_s: Annotated[float | None, Query(gt=0, le=30 * 86400)] = None,
         threshold: Annotated[float | None, Query(gt=0, le=1)] = None,
@@ -901,14 +1079,15 @@ def create_app(ctx: ApiContext) -> FastAPI:
         if nw is None:
             raise _bad("no GPU samples yet: no fleet activity to judge", 409)
         try:
-            report = underused_fleets(
-                db,
-                site,
-                now=nw,
-                window_s=window_s or 86400.0,
-                threshold=threshold or 0.3,
-                target_util=target_util or 0.7,
-            )
+            with busy.slot("a fleet report"):
+                report = underused_fleets(
+                    db,
+                    site,
+                    now=nw,
+                    window_s=window_s or 86400.0,
+                    threshold=threshold or 0.3,
+                    target_util=target_util or 0.7,
+                )
         except ValueError as e:
             raise _bad(str(e), 409) from None
         return Response(report.model_dump_json(), media_type="application/json")
@@ -1041,11 +1220,16 @@ def create_app(ctx: ApiContext) -> FastAPI:
     @app.get("/api/v1/silences", response_model=m.SilencesResponse, tags=["alerts"])
     def list_silences(
         active_only: Annotated[bool, Query(description="only those in force now")] = False,
+        limit: Annotated[
+            int, Query(ge=0, le=5000, description="most listed (the newest; total counts all)")
+        ] = 500,
     ) -> m.SilencesResponse:
-        """Silences kept in the store, oldest first."""
+        """Silences kept in the store, oldest first: the newest ``limit`` of them, with the
+        count of all in ``total``."""
         now = datetime.now(UTC)
         items = [s for s in silences().all() if not active_only or s.active(now)]
-        return m.SilencesResponse(silences=[_silence_out(s, now) for s in items])
+        shown = items[-limit:] if limit else []
+        return m.SilencesResponse(silences=[_silence_out(s, now) for s in shown], total=len(items))
 
     @app.post(
         "/api/v1/silences",

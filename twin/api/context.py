@@ -21,13 +21,25 @@ if TYPE_CHECKING:
     from twin.alerts import AlertEngine
     from twin.calibrate.schedule import CalibrationScheduler
     from twin.detect import DetectionScheduler
+    from twin.health import ServiceHealth
     from twin.ingest import Ingester
     from twin.site import Site
+
+#: Expensive requests (forecasts, long series, status, hot spots and fleets computed on demand)
+#: served at once; more are answered 429 with Retry-After instead of queueing.
+DEFAULT_MAX_BUSY = 4
+#: Forecast answers kept (least recently used evicted first).
+DEFAULT_FORECAST_CACHE_ENTRIES = 64
 
 
 @dataclass
 class ApiContext:
     """Everything the endpoints read. Only ``store`` is required.
+
+    ``health``: the service's :class:`twin.health.ServiceHealth`; ``/healthz`` and ``/metrics``
+    report from it, and the API reports into it as loop ``api``. ``allowed_hosts``: Host header
+    values accepted besides the listening address, ``localhost``, ``127.0.0.1`` and ``[::1]``
+    (``*``: any). ``max_busy``: expensive requests served at once (the rest get 429).
 
     ``routers``: extra FastAPI routers mounted under the app as they are (the extension point
     for what-if jobs, issue 7: a router with ``/api/v1/whatif...`` routes shows up in the
@@ -42,6 +54,10 @@ class ApiContext:
     engine: AlertEngine | None = None
     service: Any = None  # MqttIngestService: broker connection state, write errors
     token: str | None = None
+    health: ServiceHealth | None = None
+    allowed_hosts: list[str] = field(default_factory=list)
+    max_busy: int = DEFAULT_MAX_BUSY
+    forecast_cache_entries: int = DEFAULT_FORECAST_CACHE_ENTRIES
     routers: list[APIRouter] = field(default_factory=list)
     started_at: datetime = field(default_factory=lambda: datetime.now(UTC))
     _local: threading.local = field(default_factory=threading.local, repr=False)

@@ -18,7 +18,24 @@ metric                                    labels / meaning
 ``dctwin_calibration_mae``                    device_class, quantity: median MAE, newest run
 ``dctwin_calibration_cv_rmse``                device_class, quantity: median CV(RMSE)
 ``dctwin_alerts_active``                      severity: open incidents
+``dctwin_loop_successes_total``               loop: passes that succeeded (ingest, api, ...)
+``dctwin_loop_errors_total``                  loop: passes that failed (the API: unhandled 500s)
+``dctwin_loop_last_success_timestamp_seconds``  loop: Unix time of the last successful pass
+``dctwin_loop_failing``                       loop: 1 while the most recent pass failed
+``dctwin_broker_connected``                   1 connected, 0 not (absent before the first try)
+``dctwin_broker_reconnects_total``            reconnections after a lost connection
+``dctwin_broker_disconnects_total``           connections lost
+``dctwin_ingest_lag_seconds``                 age of the oldest received-but-unstored message
+``dctwin_ingest_last_commit_timestamp_seconds``  Unix time of the last commit
+``dctwin_ingest_stalled``                     1 while /healthz answers 503 (ingest stalled)
+``dctwin_telemetry_missing``                  kind: 1 for a kind a loop found without data
+``dctwin_api_busy_rejected_total``            expensive requests answered 429 (no free slot)
+``dctwin_api_busy_slots``                     state (in_use, limit): the API's busy slots
+``dctwin_api_forecast_cache_entries``         forecast answers cached now
 ========================================  ===================================================
+
+The health metrics come from the service's :class:`twin.health.ServiceHealth` (absent when
+the API runs without one), the ``dctwin_api_*`` ones from the API's own limits.
 """
 
 from __future__ import annotations
@@ -26,6 +43,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Iterator
+from datetime import datetime
 from typing import TYPE_CHECKING
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -35,6 +53,7 @@ from twin.api import queries
 
 if TYPE_CHECKING:
     from twin.api.context import ApiContext
+    from twin.api.guard import BusyLimit, LruCache
 
 log = logging.getLogger(__name__)
 
@@ -150,3 +169,107 @@ class StoreCollector(Collector):
         for sev, n in counts.items():
             alerts.add_metric([sev], float(n))
         yield alerts
+
+
+def _ts(value: str | None) -> float | None:
+    return None if value is None else datetime.fromisoformat(value).timestamp()
+
+
+class HealthCollector(Collector):
+    """The health and API-limit metrics of the module docstring."""
+
+    def __init__(self, ctx: ApiContext, busy: BusyLimit, forecast_cache: LruCache) -> None:
+        self.ctx = ctx
+        self.busy = busy
+        self.forecast_cache = forecast_cache
+
+    def collect(self) -> Iterator[Metric]:
+        yield CounterMetricFamily(
+            "dctwin_api_busy_rejected",
+            "Expensive API requests answered 429 because every busy slot was taken.",
+            value=float(self.busy.rejected_total),
+        )
+        slots = GaugeMetricFamily(
+            "dctwin_api_busy_slots", "The API's slots for expensive requests.", labels=["state"]
+        )
+        slots.add_metric(["in_use"], float(self.busy.in_use))
+        slots.add_metric(["limit"], float(self.busy.slots))
+        yield slots
+        yield GaugeMetricFamily(
+            "dctwin_api_forecast_cache_entries",
+            "Forecast answers held in the API's cache.",
+            value=float(len(self.forecast_cache)),
+        )
+        health = self.ctx.health
+        if health is None:
+            return
+        snap = health.snapshot()
+        loops = snap["loops"]
+        ok_c = CounterMetricFamily(
+            "dctwin_loop_successes", "Passes of a background loop that succeeded.", labels=["loop"]
+        )
+        err_c = CounterMetricFamily(
+            "dctwin_loop_errors", "Passes of a background loop that failed.", labels=["loop"]
+        )
+        last = GaugeMetricFamily(
+            "dctwin_loop_last_success_timestamp_seconds",
+            "Unix time of a loop's last successful pass.",
+            labels=["loop"],
+        )
+        failing = GaugeMetricFamily(
+            "dctwin_loop_failing", "1 while a loop's most recent pass failed.", labels=["loop"]
+        )
+        for name, lp in loops.items():
+            ok_c.add_metric([name], float(lp["successes_total"]))
+            err_c.add_metric([name], float(lp["errors_total"]))
+            t = _ts(lp["last_success"])
+            if t is not None:
+                last.add_metric([name], t)
+            failing.add_metric([name], 1.0 if lp["failing"] else 0.0)
+        yield ok_c
+        yield err_c
+        yield last
+        yield failing
+        b = snap["broker"]
+        conn = GaugeMetricFamily(
+            "dctwin_broker_connected", "1 while the ingest is connected to the MQTT broker."
+        )
+        if b["connected"] is not None:
+            conn.add_metric([], 1.0 if b["connected"] else 0.0)
+        yield conn
+        yield CounterMetricFamily(
+            "dctwin_broker_reconnects",
+            "Reconnections to the broker after a lost connection.",
+            value=float(b["reconnects"]),
+        )
+        yield CounterMetricFamily(
+            "dctwin_broker_disconnects",
+            "Connections to the broker lost.",
+            value=float(b["disconnects"]),
+        )
+        yield GaugeMetricFamily(
+            "dctwin_ingest_lag_seconds",
+            "Age of the oldest received-but-unstored message (0: none waits).",
+            value=float(snap["ingest_lag_s"]),
+        )
+        commit = GaugeMetricFamily(
+            "dctwin_ingest_last_commit_timestamp_seconds",
+            "Unix time of the last commit of received messages.",
+        )
+        t = _ts(snap["last_commit_at"])
+        if t is not None:
+            commit.add_metric([], t)
+        yield commit
+        yield GaugeMetricFamily(
+            "dctwin_ingest_stalled",
+            "1 while ingest is stalled (/healthz answers 503).",
+            value=1.0 if snap["stalled"] else 0.0,
+        )
+        missing = GaugeMetricFamily(
+            "dctwin_telemetry_missing",
+            "1 for a telemetry kind a loop found without data.",
+            labels=["kind"],
+        )
+        for kind in snap["missing_telemetry"]:
+            missing.add_metric([kind], 1.0)
+        yield missing

@@ -24,12 +24,51 @@ class ErrorBody(BaseModel):
     detail: str | list[Any]
 
 
+class BrokerHealth(BaseModel):
+    """The MQTT connection as the ingest sees it."""
+
+    connected: bool | None = Field(description="None: not tried yet")
+    since: datetime | None = Field(description="when it last connected or disconnected")
+    reconnects: int
+    disconnects: int
+    last_reason: str | None = Field(description="why it last disconnected")
+
+
+class IngestProgress(BaseModel):
+    lag_s: float = Field(description="age of the oldest received-but-unstored message [s]")
+    last_commit_at: datetime | None = Field(description="last commit of received messages")
+    store_retrying: str | None = Field(description="a store error being retried")
+    stall_after_s: float = Field(description="lag beyond which /healthz answers 503 [s]")
+
+
+class LoopHealth(BaseModel):
+    successes_total: int
+    errors_total: int
+    last_success: datetime | None
+    last_error: str | None
+    last_error_at: datetime | None
+    failing: bool = Field(description="the most recent pass failed")
+
+
 class Health(BaseModel):
-    status: Literal["ok"]
+    """``/healthz``: 200 with ok or degraded, 503 with stalled; ``reason`` says why."""
+
+    status: Literal["ok", "degraded", "stalled"]
+    reason: str | None = Field(description="why the status is not ok")
     site: str | None
     started_at: datetime
     uptime_s: float
-    broker_connected: bool | None = Field(description="None: no MQTT service in this process")
+    broker_connected: bool | None = Field(
+        description="broker.connected; None: no MQTT service in this process or not tried yet"
+    )
+    broker: BrokerHealth | None = None
+    ingest: IngestProgress | None = None
+    loops: dict[str, LoopHealth] = Field(
+        default_factory=dict, description="each background loop (ingest, calibration, ...)"
+    )
+    missing_telemetry: dict[str, str] = Field(
+        default_factory=dict, description="kind -> what could not be computed without it"
+    )
 
 
 class ApiIndex(BaseModel):
@@ -70,6 +109,31 @@ class DeviceState(BaseModel):
     source: str
     ts: datetime
     values: dict[str, float | None] = Field(description="quantity -> value, units in `units`")
+
+
+class StateQuery(BaseModel):
+    """``POST /api/v1/state/{kind}``: the ids as a list (at most 20000)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    ids: list[str] | None = Field(default=None, description="device ids; default all")
+    max_age_s: float = Field(default=300.0, gt=0, le=30 * 86400)
+
+
+class SeriesQuery(BaseModel):
+    """``POST /api/v1/series``: the GET's parameters in a body, ``ids`` a list (at most
+    20000)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: str
+    quantity: str
+    ids: list[str] | None = Field(default=None, description="device ids; default all")
+    start: str | None = Field(default=None, description="ISO 8601 or Unix s")
+    end: str | None = Field(default=None, description="ISO 8601 or Unix s, exclusive")
+    resolution: Resolution = "auto"
+    format: str | None = Field(default=None, description="'arrow' or json")
+    agg: str | None = Field(default=None, description="sum | mean | min | max")
 
 
 class StateResponse(BaseModel):
@@ -451,7 +515,8 @@ class SilenceOut(BaseModel):
 
 
 class SilencesResponse(BaseModel):
-    silences: list[SilenceOut]
+    silences: list[SilenceOut] = Field(description="the newest `limit`, oldest first")
+    total: int = Field(description="every silence that matched")
 
 
 # ---- status ----------------------------------------------------------------------------------
@@ -471,7 +536,8 @@ class StatusResponse(BaseModel):
     sources: int
     seq_gaps: int
     dead_letters: dict[str, int]
-    unknown_ids: list[dict[str, Any]]
+    unknown_ids: list[dict[str, Any]] = Field(description="the first `limit` unknown ids")
+    unknown_ids_total: int = Field(description="every unknown id in the store")
     service: dict[str, Any] = Field(
         default_factory=dict, description="ingest counters and scheduler runs of this service"
     )

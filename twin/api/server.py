@@ -17,6 +17,7 @@ import uvicorn
 
 from twin.api.app import create_app
 from twin.api.context import ApiContext
+from twin.api.guard import allowed_hosts
 
 log = logging.getLogger(__name__)
 
@@ -29,12 +30,15 @@ class ApiError(RuntimeError):
 
 
 class ApiServer:
-    """The HTTP API over ``ctx`` on ``host:port`` (port 0: any free port), in a thread."""
+    """The HTTP API over ``ctx`` on ``host:port`` (port 0: any free port), in a thread. It
+    answers requests whose Host header names ``host``, localhost or ``ctx.allowed_hosts``
+    (:func:`twin.api.guard.allowed_hosts`)."""
 
     def __init__(self, ctx: ApiContext, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT):
         self.ctx = ctx
         self.host = host
-        self.app = create_app(ctx)
+        self.allowed_hosts = allowed_hosts(host, ctx.allowed_hosts)
+        self.app = create_app(ctx, self.allowed_hosts)
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._sock = socket.socket(family, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

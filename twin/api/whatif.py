@@ -8,12 +8,15 @@ background, and read their results and reports.
 
 Bundles are the directories holding a ``manifest.json`` under the bundle directory; scenarios
 the ``*.yaml`` files of the scenario directory (both given to ``dctwin serve``). Jobs run one at
-a time in a worker thread; the what-if never touches the live store.
+a time in a worker thread; the what-if never touches the live store. At most ``max_pending``
+jobs wait or run (a start beyond gets 429 with Retry-After); the newest ``max_kept`` jobs are
+kept, with their reports (older finished ones are forgotten and their reports deleted).
 """
 
 from __future__ import annotations
 
 import logging
+import shutil
 import threading
 import uuid
 from datetime import UTC, datetime
@@ -28,6 +31,13 @@ from twin.api.app import token_check
 from twin.api.context import ApiContext
 
 log = logging.getLogger(__name__)
+
+#: Jobs queued or running at once; one more start is answered 429.
+MAX_PENDING_JOBS = 4
+#: Jobs remembered (with their reports on disk); the oldest finished beyond are dropped.
+MAX_KEPT_JOBS = 50
+#: Retry-After of a refused start [s].
+RETRY_AFTER_S = 30
 
 
 class WhatifRequest(BaseModel):
@@ -54,9 +64,16 @@ class WhatifIndex(BaseModel):
 
 
 def whatif_router(
-    ctx: ApiContext, bundle_dir: Path, scenario_dir: Path, out_dir: Path
+    ctx: ApiContext,
+    bundle_dir: Path,
+    scenario_dir: Path,
+    out_dir: Path,
+    *,
+    max_pending: int = MAX_PENDING_JOBS,
+    max_kept: int = MAX_KEPT_JOBS,
 ) -> APIRouter:
-    """The what-if routes, reading bundles and scenarios from the given directories."""
+    """The what-if routes, reading bundles and scenarios from the given directories (see the
+    module docstring for ``max_pending`` and ``max_kept``)."""
     from twin.alerts import load_rules
     from twin.replay.bundle import Bundle, BundleError
     from twin.replay.report import write_report
@@ -116,10 +133,21 @@ def whatif_router(
         reports.sort(key=lambda j: j.created_at, reverse=True)
         return WhatifIndex(bundles=list(bundles()), scenarios=list(scenarios()), reports=reports)
 
+    def forget_old() -> None:
+        """Drop the oldest finished jobs beyond ``max_kept`` (caller holds ``lock``)."""
+        done = sorted(
+            (j for j in jobs.values() if j.state in ("done", "failed")),
+            key=lambda j: j.created_at,
+        )
+        for j in done[: max(0, len(jobs) - max_kept)]:
+            del jobs[j.job]
+            shutil.rmtree(out_dir / j.job, ignore_errors=True)
+
     @router.post(
         "/api/v1/whatif",
         response_model=WhatifJob,
         status_code=202,
+        responses={429: {"description": "too many jobs waiting: retry after Retry-After s"}},
         dependencies=[Depends(token_check(ctx))],
     )
     def start(req: WhatifRequest) -> WhatifJob:
@@ -137,7 +165,16 @@ def whatif_router(
             created_at=datetime.now(UTC),
         )
         with lock:
+            pending = sum(1 for j in jobs.values() if j.state in ("queued", "running"))
+            if pending >= max_pending:
+                raise HTTPException(
+                    429,
+                    f"busy: {pending} what-if jobs are queued or running (at most"
+                    f" {max_pending}); retry in {RETRY_AFTER_S} s",
+                    headers={"Retry-After": str(RETRY_AFTER_S)},
+                )
             jobs[job.job] = job
+            forget_old()
         threading.Thread(target=work, args=(job,), name=f"whatif-{job.job}", daemon=True).start()
         return job
 
