@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -473,3 +474,64 @@ def test_broker_connected_follows_a_broker_stop_and_start(tmp_path, site):
     finally:
         svc.stop()
         b.stop()
+
+
+@pytest.mark.mqtt
+@pytest.mark.slow
+def test_serve_healthz_is_503_while_its_disk_refuses_writes_and_200_after(broker, tmp_path):
+    """`dctwin serve` as users run it; its file-size limit (RLIMIT_FSIZE, what a full disk looks
+    like to DuckDB: "File too large") is dropped while it ingests, then restored."""
+    import os
+    import resource
+    import signal
+    import subprocess
+    import sys
+    import threading
+
+    import httpx
+
+    db = tmp_path / "serve.duckdb"
+    env = {**os.environ, **broker.client_env()}
+    serve = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "twin.cli", "serve", "--broker", broker.address),
+            *("--db", str(db), "--site", str(SMALL_SITE), "--api-port", "0"),
+            *("--stall-after", "2", "--calibrate-every", "0", "--detect-every", "0"),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,  # a pipe: the file-size limit must not hit the service's log
+        env=env,
+    )
+    out: list[bytes] = []
+    reader = threading.Thread(target=lambda: out.extend(iter(serve.stderr.readline, b"")))
+    reader.start()
+    try:
+        assert wait_until(lambda: b"serving:" in b"".join(out) or serve.poll() is not None, 60)
+        text = b"".join(out).decode()
+        url = re.search(r"api: (http://127\.0\.0\.1:\d+)", text).group(1)  # type: ignore[union-attr]
+        with httpx.Client(base_url=url, timeout=10) as c:
+            publish(broker, [good(i) for i in range(5)])
+            assert wait_until(
+                lambda: c.get("/healthz").json()["ingest"]["last_commit_at"] is not None, 20
+            )
+            assert c.get("/healthz").status_code == 200
+            resource.prlimit(serve.pid, resource.RLIMIT_FSIZE, (1, resource.RLIM_INFINITY))
+            publish(broker, [good(i) for i in range(5, 25)])
+            assert wait_until(lambda: c.get("/healthz").status_code == 503, 30), b"".join(out)
+            body = c.get("/healthz").json()
+            assert "stalled" in str(body), body
+            metrics = c.get("/metrics").text
+            assert "dctwin_ingest_stalled 1" in metrics
+            resource.prlimit(
+                serve.pid, resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY)
+            )
+            assert wait_until(lambda: c.get("/healthz").status_code == 200, 60), b"".join(out)
+            assert "dctwin_ingest_stalled 0" in c.get("/metrics").text
+        assert b"store write failed" in b"".join(out)
+    finally:
+        serve.send_signal(signal.SIGTERM)
+        serve.wait(30)
+        reader.join(10)
+    with Store(db, read_only=True) as s:
+        assert s.sample_counts()["gpu"] == 25  # nothing lost, nothing stored twice
+        assert s.con.execute("SELECT count(*) FROM dead_letters").fetchall()[0][0] == 0

@@ -229,6 +229,13 @@ def serve(
     ] = None,
     max_future: MaxFutureOpt = 300.0,
     max_past: MaxPastOpt = 30 * 86400.0,
+    stall_after: Annotated[
+        float,
+        typer.Option(
+            help="/healthz answers 503 when received messages wait this many s with nothing"
+            " committed (a failing or locked store); 0: never."
+        ),
+    ] = 60.0,
     calibrate_every: Annotated[
         float, typer.Option(help="Refit every device every this many s (needs --site); 0: off.")
     ] = 3600.0,
@@ -290,7 +297,8 @@ def serve(
     from twin.ingest.mqtt_service import MqttIngestService, ServiceOptions
 
     _setup_logging(verbose)
-    health = ServiceHealth()  # the service's one health record; /healthz and /metrics read it
+    # the service's one health record: every loop reports into it; /healthz and /metrics read it
+    health = ServiceHealth(stall_after_s=stall_after)
     if calibrate_holdout >= calibrate_window:
         raise _fail("--calibrate-holdout must be shorter than --calibrate-window")
     site_obj = _site(site)
@@ -306,6 +314,7 @@ def serve(
             flush_interval_s=flush_interval,
             retention_days=retention_days,
         ),
+        health=health,
     )
     try:
         service.start()
