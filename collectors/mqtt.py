@@ -48,6 +48,13 @@ class BrokerConfig(BaseSettings):
     tls_insecure: bool = Field(default=False, description="skip certificate verification")
     protocol: Literal["auto", "5", "3.1.1"] = "auto"
     keepalive_s: int = Field(default=30, ge=5)
+    max_inflight: int = Field(
+        default=1000,
+        ge=1,
+        le=60000,
+        description="QoS 1 messages a publisher leaves unacknowledged at most (backpressure);"
+        " MQTT packet ids are 16 bits, so this stays well under 65,535",
+    )
 
     @classmethod
     def parse(cls, hostport: str | None, **overrides: object) -> BrokerConfig:
@@ -89,7 +96,7 @@ def _new_client(
         client.tls_set(ca_certs=cfg.ca_file, cert_reqs=ssl.CERT_REQUIRED)
         if cfg.tls_insecure:
             client.tls_insecure_set(True)
-    client.max_inflight_messages_set(1000)
+    client.max_inflight_messages_set(cfg.max_inflight)
     client.max_queued_messages_set(0)
     return client
 
@@ -196,3 +203,118 @@ def prepare_session(cfg: BrokerConfig, client_id: str, topic: str, timeout_s: fl
     finally:
         client.disconnect()
         client.loop_stop()
+
+
+class AckedPublisher:
+    """QoS 1 publishing with backpressure, over a client from :func:`connect`.
+
+    :meth:`publish` blocks while ``max_inflight`` messages are unacknowledged and returns once
+    the broker's PUBACKs make room, so a fast producer never outruns paho's 16-bit packet ids
+    (``ERR_QUEUE_SIZE``) nor fills memory. A broker that goes away, or acknowledges nothing
+    for ``ack_timeout_s``, is a :class:`BrokerError` naming it.
+    """
+
+    def __init__(
+        self,
+        client: mqtt.Client,
+        cfg: BrokerConfig,
+        *,
+        max_inflight: int | None = None,
+        ack_timeout_s: float = 30.0,
+    ):
+        self.client = client
+        self.cfg = cfg
+        self.max_inflight = max_inflight or cfg.max_inflight
+        self.ack_timeout_s = ack_timeout_s
+        self.sent = 0
+        self.acked = 0
+        self.rejected = 0
+        self.max_unacked = 0
+        self._lost: str | None = None
+        self._closing = False
+        self._cv = threading.Condition()
+        client.on_publish = self._on_publish
+        client.on_disconnect = self._on_disconnect
+
+    @property
+    def unacked(self) -> int:
+        with self._cv:
+            return self.sent - self.acked
+
+    def _on_publish(self, client, userdata, mid, reason_code, properties) -> None:
+        with self._cv:
+            self.acked += 1
+            if getattr(reason_code, "is_failure", False):
+                self.rejected += 1
+            self._cv.notify_all()
+
+    def _on_disconnect(self, client, userdata, flags, reason_code, properties) -> None:
+        with self._cv:
+            if not self._closing and self._lost is None:
+                self._lost = (
+                    f"lost the MQTT broker at {self.cfg.describe()} ({reason_code}) with"
+                    f" {self.sent - self.acked} message(s) unacknowledged"
+                )
+            self._cv.notify_all()
+
+    def _wait(self, done: Callable[[], bool], timeout_s: float | None) -> bool:
+        """Wait (holding the lock) until ``done()``; no progress for ``ack_timeout_s`` or a lost
+        connection raises; ``timeout_s`` overall returns False."""
+        end = None if timeout_s is None else time.monotonic() + timeout_s
+        progress_t, progress_n = time.monotonic(), self.acked
+        while not done():
+            if self._lost is not None:
+                raise BrokerError(self._lost)
+            now = time.monotonic()
+            if self.acked != progress_n:
+                progress_t, progress_n = now, self.acked
+            if now - progress_t > self.ack_timeout_s:
+                raise BrokerError(
+                    f"MQTT broker at {self.cfg.describe()} acknowledged nothing for"
+                    f" {self.ack_timeout_s:g} s ({self.sent - self.acked} message(s) waiting)"
+                )
+            if end is not None and now >= end:
+                return False
+            self._cv.wait(0.2 if end is None else max(0.0, min(0.2, end - now)))
+        return True
+
+    def publish(self, topic: str, payload: bytes) -> None:
+        """Publish at QoS 1, first waiting until fewer than ``max_inflight`` are unacked."""
+        with self._cv:
+            self._wait(lambda: self.sent - self.acked < self.max_inflight, None)
+        info = self.client.publish(topic, payload, qos=1)
+        if info.rc != mqtt.MQTT_ERR_SUCCESS:
+            with self._cv:
+                lost = self._lost
+            raise BrokerError(
+                lost
+                or f"cannot publish to the MQTT broker at {self.cfg.describe()}:"
+                f" {mqtt.error_string(info.rc)}"
+            )
+        with self._cv:
+            self.sent += 1
+            self.max_unacked = max(self.max_unacked, self.sent - self.acked)
+
+    def flush(self, timeout_s: float) -> int:
+        """Wait up to ``timeout_s`` for every PUBACK; returns how many are still missing."""
+        with self._cv:
+            self._wait(lambda: self.acked >= self.sent, timeout_s)
+            return max(0, self.sent - self.acked)
+
+    def close(self) -> None:
+        """Disconnect (what is unacknowledged now stays so) and stop the network loop."""
+        with self._cv:
+            self._closing = True
+        try:
+            self.client.disconnect()
+        finally:
+            self.client.loop_stop()
+
+    def stats(self) -> dict[str, int]:
+        with self._cv:
+            return {
+                "published_mqtt": self.sent,
+                "acknowledged": self.acked,
+                "rejected": self.rejected,
+                "max_unacked": self.max_unacked,
+            }

@@ -1,7 +1,9 @@
 """The console's only way to the twin: its HTTP API, over httpx.
 
 Base URL from ``DCTWIN_API_URL`` (default ``http://127.0.0.1:8420``); the bearer token for
-writes (acknowledge, silences) from ``DCTWIN_API_TOKEN``. Every failure is an
+writes (acknowledge, silences) from ``DCTWIN_CONSOLE_TOKEN`` only: the console has no login, so
+whoever opens it writes with that token, and the service's own ``DCTWIN_API_TOKEN`` (often in
+the same shell) is never picked up by accident. Every failure is an
 :class:`ApiError` naming the URL and the reason, for the page to show in an error box.
 """
 
@@ -13,6 +15,8 @@ from typing import Any
 import httpx
 
 DEFAULT_URL = "http://127.0.0.1:8420"
+#: The one variable the console takes a write token from (never DCTWIN_API_TOKEN).
+TOKEN_ENV = "DCTWIN_CONSOLE_TOKEN"
 
 
 class ApiError(Exception):
@@ -31,7 +35,7 @@ class Api:
         self, base_url: str | None = None, token: str | None = None, timeout_s: float = 15.0
     ):
         self.base_url = (base_url or os.environ.get("DCTWIN_API_URL") or DEFAULT_URL).rstrip("/")
-        self.token = token if token is not None else os.environ.get("DCTWIN_API_TOKEN") or None
+        self.token = token if token is not None else os.environ.get(TOKEN_ENV) or None
         self.timeout_s = timeout_s
 
     def _call(self, method: str, path: str, **kw: Any) -> Any:

@@ -54,7 +54,7 @@ def page(title: str, icon: str = "") -> None:
     st.sidebar.caption(f"API: {a.base_url}")
     st.sidebar.caption(f"refresh every {REFRESH_S:g} s")
     if not a.token:
-        st.sidebar.caption("no DCTWIN_API_TOKEN: read-only")
+        st.sidebar.caption("no DCTWIN_CONSOLE_TOKEN: read-only")
 
 
 def error_box(e: ApiError) -> None:

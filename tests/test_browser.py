@@ -80,7 +80,7 @@ def console(svc: RunningService, tmp_path_factory: pytest.TempPathFactory) -> It
     env = {
         **os.environ,
         "DCTWIN_API_URL": svc.url,
-        "DCTWIN_API_TOKEN": TOKEN,
+        "DCTWIN_CONSOLE_TOKEN": TOKEN,
         "DCTWIN_CONSOLE_REFRESH_S": "600",  # no refresh in the middle of a click
     }
     proc = subprocess.Popen(

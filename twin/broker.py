@@ -34,6 +34,9 @@ listener {port} {host}
 allow_anonymous true
 persistence {persistence}
 {persistence_location}
+{limits}"""
+
+RAISED_LIMITS = """\
 # Raise the queue limits: the defaults drop QoS 1 messages when a subscriber falls behind.
 max_queued_messages 0
 max_queued_bytes 0
@@ -139,8 +142,12 @@ def start_broker(
     persistence_dir: str | Path | None = None,
     log_path: str | Path | None = None,
     timeout_s: float = 15.0,
+    raise_limits: bool = True,
 ) -> LocalBroker:
-    """Start a broker on ``host:port`` (a free port when None) and wait until it accepts."""
+    """Start a broker on ``host:port`` (a free port when None) and wait until it accepts.
+
+    ``raise_limits=False`` runs mosquitto with its stock queue and in-flight limits, as a
+    plain site broker would be."""
     real = resolve_kind(kind)
     port = port or free_port(host)
     if port_open(host, port):
@@ -158,6 +165,7 @@ def start_broker(
                 persistence_location=f"persistence_location {Path(persistence_dir).resolve()}/"
                 if persistence_dir
                 else "",
+                limits=RAISED_LIMITS if raise_limits else "",
             )
         )
         cmd = [shutil.which("mosquitto") or "mosquitto", "-c", str(conf)]

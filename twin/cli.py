@@ -27,6 +27,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from collectors.mqtt import BrokerConfig, BrokerError
 from twin import cli_replay
 from twin.cli_collect import collect_app
+from twin.procs import PARENT_ENV, exit_with_parent, on_stop_signals, stop_processes
 
 app = typer.Typer(
     name="dctwin",
@@ -36,6 +37,13 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 err = Console(stderr=True, soft_wrap=True)
+
+
+@app.callback()
+def _main() -> None:
+    """dctwin: a live, calibrated digital twin of AI datacenters."""
+    exit_with_parent()  # a child of `dctwin demo` stops when the demo is gone
+
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO_SITE = REPO / "sample_telemetry" / "demo_site.yaml"
@@ -128,7 +136,8 @@ def sim(
         float, typer.Option(help="Simulated seconds per wall second; 0 = as fast as possible.")
     ] = 1.0,
     duration: Annotated[
-        float | None, typer.Option(help="Simulated seconds to run (default: until Ctrl-C).")
+        float | None,
+        typer.Option(help="Simulated seconds to run (default: until Ctrl-C or SIGTERM)."),
     ] = None,
     start: Annotated[
         str | None,
@@ -176,13 +185,16 @@ def sim(
         simulator = SiteSimulator(site_obj, seed=seed, start=t_start, rate_hz=rate, faults=faults)
     except ValueError as e:
         raise _fail(str(e)) from None
-    if truth:
-        truth.write_text(json.dumps(simulator.truth(), indent=1, default=str))
     cfg = None if no_mqtt else _broker(broker)
     if cfg is None and jsonl is None:
         raise _fail("--no-mqtt needs --jsonl PATH, or there is nowhere to send the telemetry")
+    if truth:
+        try:
+            truth.write_text(json.dumps(simulator.truth(), indent=1, default=str))
+        except OSError as e:
+            raise _fail(f"--truth {truth}: cannot write: {e.strerror or e}") from None
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    on_stop_signals(stop)
     total = int(duration * rate) if duration else None
     with Progress(
         TextColumn("[bold]sim[/] {task.description}"),
@@ -206,9 +218,9 @@ def sim(
             )
         except BrokerError as e:
             raise _fail(str(e)) from None
-        except KeyboardInterrupt:
-            stop.set()
-            return
+        except OSError as e:
+            what = f"--jsonl {jsonl}: cannot write" if jsonl else "simulator"
+            raise _fail(f"{what}: {e.strerror or e}") from None
     typer.echo(json.dumps(stats))
 
 
@@ -291,7 +303,7 @@ def serve(
 ) -> None:
     """Run the twin service: ingest MQTT telemetry into the DuckDB store, refit the model and
     recompute headroom, hot spots and alerts on a schedule, and serve the HTTP API with
-    /metrics (Ctrl-C stops)."""
+    /metrics (Ctrl-C or SIGTERM stops)."""
     from twin.health import ServiceHealth
     from twin.ingest import Ingester, IngestLimits
     from twin.ingest.mqtt_service import MqttIngestService, ServiceOptions
@@ -375,23 +387,22 @@ def serve(
             f" {api_server.url}/metrics; writes: {writes})",
             highlight=False,
         )
+    # SIGTERM (systemd, docker stop, a script's background job) and SIGINT stop alike.
     stopping = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stopping.set())
-    err.print(f"serving: {cfg.describe()} -> {db} (Ctrl-C stops)", highlight=False)
-    try:
-        while not stopping.wait(0.5):
-            pass
-    except KeyboardInterrupt:
+    on_stop_signals(stopping, hup=False)
+    err.print(f"serving: {cfg.describe()} -> {db} (Ctrl-C or SIGTERM stops)", highlight=False)
+    while not stopping.wait(0.5):
         pass
-    if api_server is not None:
-        api_server.stop()
-    if scheduler is not None:
-        scheduler.stop()
-    if detector is not None:
-        detector.stop()
-    if delivery is not None:
-        delivery.stop()
-    service.stop()
+    err.print("stopping: flushing what has arrived", highlight=False)
+    # The API first (no new requests), the loops, then the ingest (it writes what it holds),
+    # and the store last; one part failing to stop does not keep the others running.
+    parts = [api_server, scheduler, detector, delivery, service]
+    for part in parts:
+        if part is not None:
+            try:
+                part.stop()
+            except Exception as e:  # say what failed, stop the rest
+                err.print(f"[yellow]stopping {type(part).__name__}: {e}[/]", highlight=False)
     store.close()
     typer.echo(json.dumps(ingester.counters.as_dict()))
 
@@ -720,20 +731,23 @@ def broker(
     kind: Annotated[str, typer.Option(help="auto | mosquitto | embedded")] = "auto",
     port: Annotated[int, typer.Option(help="TCP port on 127.0.0.1.")] = 1883,
 ) -> None:
-    """Run a local MQTT broker (mosquitto when on PATH, else the embedded one) until Ctrl-C."""
+    """Run a local MQTT broker (mosquitto when on PATH, else the embedded one) until Ctrl-C,
+    SIGTERM or a hang-up; the broker process stops with it."""
     from twin.broker import start_broker
 
     if kind not in ("auto", "mosquitto", "embedded"):
         raise _fail(f"--kind {kind!r}: expected auto, mosquitto or embedded")
+    stop = threading.Event()
+    on_stop_signals(stop)
     try:
         b = start_broker(kind, port=port)  # type: ignore[arg-type]
     except RuntimeError as e:
         raise _fail(str(e)) from None
-    err.print(f"{b.kind} broker on {b.address} (Ctrl-C stops)", highlight=False)
+    err.print(f"{b.kind} broker on {b.address} (Ctrl-C or SIGTERM stops)", highlight=False)
     try:
-        b.process.wait()
-    except KeyboardInterrupt:
-        pass
+        while not stop.wait(0.5):
+            if b.process.poll() is not None:
+                raise _fail(f"the {b.kind} broker exited with code {b.process.returncode}")
     finally:
         b.stop()
 
@@ -782,10 +796,18 @@ def demo(
     detect_every: Annotated[
         float, typer.Option(help="Headroom, hot spots and alerts every this many s.")
     ] = 60.0,
+    console_writes: Annotated[
+        bool,
+        typer.Option(
+            "--console-writes/--no-console-writes",
+            help="Give the console the service's write token: whoever opens the console can"
+            " then acknowledge and silence alerts. Default: the console is read-only.",
+        ),
+    ] = False,
 ) -> None:
     """One command: a local broker, the simulated demo site publishing live, the service with
-    its HTTP API, and the console."""
-    import secrets
+    its HTTP API, and the console. Ctrl-C, SIGTERM or closing the terminal (SIGHUP) stops all
+    of them, the broker included."""
 
     from twin.broker import start_broker
 
@@ -796,10 +818,57 @@ def demo(
     rules_path = rules or DEMO_RULES
     if not rules_path.exists():
         raise _fail(f"--rules {rules_path}: no such file")
+    stop = threading.Event()
+    on_stop_signals(stop)  # SIGTERM, SIGINT (unless ignored) and SIGHUP: stop everything
     try:
         b = start_broker(broker_kind, port=port)  # type: ignore[arg-type]
     except RuntimeError as e:
         raise _fail(str(e)) from None
+    procs: list[tuple[str, subprocess.Popen[bytes]]] = []
+    try:
+        _demo_run(
+            b,
+            procs,
+            stop,
+            site_path=site_path,
+            db=db,
+            rules_path=rules_path,
+            speed=speed,
+            duration=duration,
+            seed=seed,
+            api_port=api_port,
+            console=console,
+            console_port=console_port,
+            console_writes=console_writes,
+            fault=fault or [],
+            detect_every=detect_every,
+        )
+    finally:
+        _demo_stop(procs, b)
+        err.print("demo stopped.")
+
+
+def _demo_run(
+    b,
+    procs: list[tuple[str, subprocess.Popen[bytes]]],
+    stop: threading.Event,
+    *,
+    site_path: Path,
+    db: Path,
+    rules_path: Path,
+    speed: float,
+    duration: float | None,
+    seed: int,
+    api_port: int,
+    console: bool,
+    console_port: int,
+    console_writes: bool,
+    fault: list[str],
+    detect_every: float,
+) -> None:
+    """Start the demo's children into ``procs`` and watch them until ``stop`` or the end."""
+    import secrets
+
     api_port = _port(api_port)
     api_url = f"http://127.0.0.1:{api_port}"
     token = os.environ.get("DCTWIN_API_TOKEN") or secrets.token_urlsafe(18)
@@ -808,6 +877,7 @@ def demo(
         **b.client_env(),
         "DCTWIN_API_TOKEN": token,
         "DCTWIN_API_URL": api_url,
+        PARENT_ENV: str(os.getpid()),  # each child stops when the demo is gone, even killed
     }
     # The service's session exists before the simulator's first poll: nothing published
     # while the service is still starting is lost.
@@ -815,111 +885,171 @@ def demo(
     from collectors.mqtt import prepare_session
 
     try:
-        prepare_session(
-            b.client_config(),
-            "dctwin-ingest",
-            f"{TOPIC_PREFIX}/#",
-        )
+        prepare_session(b.client_config(), "dctwin-ingest", f"{TOPIC_PREFIX}/#")
     except BrokerError as e:
-        b.stop()
         raise _fail(str(e)) from None
     me = [sys.executable, "-m", "twin.cli"]
-    procs: list[tuple[str, subprocess.Popen[bytes]]] = []
+
+    def spawn(name: str, args: list[str], child_env: dict[str, str], **kw) -> None:
+        # Its own session: a terminal's Ctrl-C or hang-up reaches the demo only, which stops
+        # its children in order (the simulator before the service, so nothing is lost).
+        procs.append((name, subprocess.Popen(args, env=child_env, start_new_session=True, **kw)))
+
+    spawn(
+        "service",
+        [
+            *me,
+            "serve",
+            *("--broker", b.address, "--db", str(db), "--site", str(site_path)),
+            *("--rules", str(rules_path), "--detect-every", str(detect_every)),
+            *("--api-port", str(api_port)),
+        ],
+        env,
+    )
+    spawn(
+        "simulator",
+        [
+            *me,
+            "sim",
+            *("--broker", b.address, "--site", str(site_path)),
+            *("--seed", str(seed), "--speed", str(speed)),
+            *[a for f in fault for a in ("--fault", f)],
+        ],
+        env,
+    )
+    console_line = "  console    off (--no-console)\n"
+    if console:
+        console_port = _port(console_port)
+        # The console never gets the service's token unless asked (--console-writes).
+        console_env = {k: v for k, v in env.items() if k != "DCTWIN_API_TOKEN"}
+        console_env.pop("DCTWIN_CONSOLE_TOKEN", None)
+        if console_writes:
+            console_env["DCTWIN_CONSOLE_TOKEN"] = token
+        spawn(
+            "console",
+            [*me, "console", "--host", "127.0.0.1", "--port", str(console_port), "--api", api_url],
+            console_env,
+            stdout=subprocess.DEVNULL,
+        )
+        writes = "with writes (--console-writes)" if console_writes else "read-only"
+        console_line = f"  console    http://127.0.0.1:{console_port} ({writes})\n"
+    err.print(
+        "[bold]dctwin demo[/]\n"
+        f"  broker     {b.kind} at mqtt://{b.address}\n"
+        f"  simulator  site {site_path} publishing dctwin/v1/# at {speed:g}x real time\n"
+        f"  service    ingesting into {db}, alert rules {rules_path}\n"
+        f"  api        {api_url} (OpenAPI at {api_url}/docs, {api_url}/metrics)\n"
+        f"{console_line}"
+        f"  token      writes (acknowledge, silence) need 'Authorization: Bearer {token}'\n"
+        f"  inspect    dctwin status --db {db} (after it stops: the service holds the file)\n"
+        "  Ctrl-C (or SIGTERM) stops everything.",
+        highlight=False,
+    )
+    deadline = time.monotonic() + duration if duration else None
+    while not stop.wait(0.5):
+        if deadline is not None and time.monotonic() >= deadline:
+            return
+        for name, p in procs:
+            if p.poll() is not None:
+                raise _fail(f"the {name} exited with code {p.returncode}", 1)
+
+
+#: Seconds a demo child gets to stop on SIGTERM before it is killed.
+DEMO_STOP_S = {"console": 8.0, "simulator": 8.0, "service": 12.0}
+
+
+def _demo_stop(procs: list[tuple[str, subprocess.Popen[bytes]]], b) -> None:
+    """Stop the console and the simulator, then the service (it flushes what arrived), then
+    the broker; a child that does not stop within its deadline is killed."""
+    by_name = dict(procs)
+    first = [by_name[n] for n in ("console", "simulator") if n in by_name]
     try:
-        serve_p = subprocess.Popen(
-            [
-                *me,
-                "serve",
-                "--broker",
-                b.address,
-                "--db",
-                str(db),
-                "--site",
-                str(site_path),
-                "--rules",
-                str(rules_path),
-                "--detect-every",
-                str(detect_every),
-                "--api-port",
-                str(api_port),
-            ],
-            env=env,
-        )
-        procs.append(("service", serve_p))
-        sim_p = subprocess.Popen(
-            [
-                *me,
-                "sim",
-                "--broker",
-                b.address,
-                "--site",
-                str(site_path),
-                "--seed",
-                str(seed),
-                "--speed",
-                str(speed),
-                *[a for f in fault or [] for a in ("--fault", f)],
-            ],
-            env=env,
-        )
-        procs.append(("simulator", sim_p))
-        console_line = "  console    off (--no-console)\n"
-        if console:
-            console_port = _port(console_port)
-            console_p = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "streamlit",
-                    "run",
-                    str(DASHBOARDS / "app.py"),
-                    "--server.headless",
-                    "true",
-                    "--server.address",
-                    "127.0.0.1",
-                    "--server.port",
-                    str(console_port),
-                    "--browser.gatherUsageStats",
-                    "false",
-                ],
-                env=env,
-                stdout=subprocess.DEVNULL,
-            )
-            procs.append(("console", console_p))
-            console_line = f"  console    http://127.0.0.1:{console_port}\n"
+        for p in stop_processes(first, deadline_s=DEMO_STOP_S["simulator"]):
+            err.print(f"[yellow]killed pid {p.pid}: it did not stop on SIGTERM[/]")
+        service = by_name.get("service")
+        if service is not None:
+            if service.poll() is None:
+                time.sleep(1.0)  # let the broker deliver the simulator's last messages
+            for p in stop_processes([service], deadline_s=DEMO_STOP_S["service"]):
+                err.print(f"[yellow]killed the service (pid {p.pid}): it did not stop[/]")
+    finally:
+        b.stop()
+
+
+@app.command()
+def console(
+    host: Annotated[
+        str, typer.Option(help="Address to listen on (default: this machine only).")
+    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="TCP port.")] = 8501,
+    api: Annotated[
+        str | None,
+        typer.Option(
+            "--api",
+            help="The service's API URL (default: DCTWIN_API_URL or http://127.0.0.1:8420).",
+        ),
+    ] = None,
+    verbose: bool = False,
+) -> None:
+    """The Streamlit console, a client of the service's HTTP API, until Ctrl-C or SIGTERM.
+
+    It has no login, so it listens on 127.0.0.1 unless --host says otherwise. It is read-only
+    unless DCTWIN_CONSOLE_TOKEN holds the service's write token (then whoever opens it can
+    acknowledge and silence); the service's own DCTWIN_API_TOKEN is never used."""
+    import socket
+    from urllib.parse import urlsplit
+
+    url = api or os.environ.get("DCTWIN_API_URL") or "http://127.0.0.1:8420"
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise _fail(f"--api {url!r}: expected an http(s) URL, e.g. http://127.0.0.1:8420")
+    if not 1 <= port <= 65535:
+        raise _fail(f"--port {port}: expected 1..65535")
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError as e:
+        raise _fail(f"--host {host!r}: {e.strerror or e}") from None
+    family, _, _, _, addr = infos[0]
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(addr)
+        except OSError as e:
+            raise _fail(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    try:
+        from streamlit.web import cli as stcli
+    except ImportError as e:
+        raise _fail(f"the console needs streamlit: {e}") from None
+    os.environ["DCTWIN_API_URL"] = url
+    os.environ.pop("DCTWIN_API_TOKEN", None)  # the service's token is not the console's
+    if host not in ("127.0.0.1", "::1", "localhost"):
         err.print(
-            "[bold]dctwin demo[/]\n"
-            f"  broker     {b.kind} at mqtt://{b.address}\n"
-            f"  simulator  site {site_path} publishing dctwin/v1/# at {speed:g}x real time\n"
-            f"  service    ingesting into {db}, alert rules {rules_path}\n"
-            f"  api        {api_url} (OpenAPI at {api_url}/docs, {api_url}/metrics)\n"
-            f"{console_line}"
-            f"  token      writes (acknowledge, silence) need 'Authorization: Bearer {token}'\n"
-            f"  inspect    dctwin status --db {db} (after Ctrl-C: the service holds the file)\n"
-            "  Ctrl-C stops everything.",
+            f"[yellow]the console has no login: anyone who reaches {host}:{port} can use it[/]",
             highlight=False,
         )
-        deadline = time.monotonic() + duration if duration else None
-        while deadline is None or time.monotonic() < deadline:
-            for name, p in procs:
-                if p.poll() is not None:
-                    raise _fail(f"the {name} exited with code {p.returncode}", 1)
-            time.sleep(0.5)
-    except KeyboardInterrupt:
-        pass
-    finally:
-        # console first, then the simulator, then the service (it flushes what arrived)
-        for name, p in reversed(procs):
-            if p.poll() is None:
-                if name == "service":
-                    time.sleep(1.0)  # let the broker deliver the simulator's last poll
-                p.send_signal(signal.SIGTERM)
-                try:
-                    p.wait(30)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-        b.stop()
-        err.print("demo stopped.")
+    writes = (
+        "writes on (DCTWIN_CONSOLE_TOKEN)"
+        if os.environ.get("DCTWIN_CONSOLE_TOKEN")
+        else ("read-only (no DCTWIN_CONSOLE_TOKEN)")
+    )
+    err.print(f"console: http://{host}:{port} -> {url}, {writes}", highlight=False)
+    # Streamlit stops its server on SIGTERM and SIGINT; a hang-up stops it the same way.
+    if hasattr(signal, "SIGHUP") and signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:
+        signal.signal(signal.SIGHUP, lambda *_: signal.raise_signal(signal.SIGTERM))
+    sys.argv = [
+        "streamlit",
+        "run",
+        str(DASHBOARDS / "app.py"),
+        *("--server.headless", "true"),
+        *("--server.address", host),
+        *("--server.port", str(port)),
+        *("--browser.gatherUsageStats", "false"),
+        *("--logger.level", "info" if verbose else "warning"),
+    ]
+    try:
+        stcli.main()
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        raise typer.Exit(code) from None
 
 
 app.add_typer(collect_app, name="collect")

@@ -23,7 +23,6 @@ import json
 import logging
 import os
 import re
-import signal
 import sys
 import threading
 import time
@@ -36,6 +35,7 @@ import typer
 from rich.console import Console
 
 from collectors.mqtt import BrokerConfig
+from twin.procs import on_stop_signals
 
 collect_app = typer.Typer(
     name="collect",
@@ -169,26 +169,29 @@ def _run(
 def _print_polls(collector: Any, interval: float, once: bool) -> None:
     from collectors.base import CollectorError
 
-    try:
-        while True:
-            t0 = time.monotonic()
-            try:
-                messages = collector.poll()
-            except CollectorError as e:
-                if once:
-                    raise _fail(str(e)) from None
-                err.print(f"poll failed: {e}", highlight=False)
-                messages = []
+    stop = threading.Event()
+    if not once:
+        on_stop_signals(stop)
+    while not stop.is_set():
+        t0 = time.monotonic()
+        try:
+            messages = collector.poll()
+        except CollectorError as e:
+            if once:
+                raise _fail(str(e)) from None
+            err.print(f"poll failed: {e}", highlight=False)
+            messages = []
+        try:
             for topic, payload in messages:
                 sys.stdout.buffer.write(
                     orjson.dumps({"topic": topic, "payload": orjson.Fragment(payload)}) + b"\n"
                 )
             sys.stdout.flush()
-            if once:
-                return
-            time.sleep(max(0.0, interval - (time.monotonic() - t0)))
-    except KeyboardInterrupt:
-        return
+        except BrokenPipeError:
+            return  # the reader is gone (e.g. `| head`)
+        if once:
+            return
+        stop.wait(max(0.0, interval - (time.monotonic() - t0)))
 
 
 def _publish(
@@ -244,18 +247,16 @@ def _publish(
             )
         return
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    on_stop_signals(stop)  # SIGTERM, SIGINT (unless ignored), SIGHUP
     err.print(
         f"collecting: {collector.name} every {interval:g} s -> {cfg.describe()} "
-        f"(spool {spool_dir}; Ctrl-C stops)",
+        f"(spool {spool_dir}; Ctrl-C or SIGTERM stops)",
         highlight=False,
     )
     runner.start()
-    try:
-        while not stop.wait(0.5):
-            pass
-    except KeyboardInterrupt:
+    while not stop.wait(0.5):
         pass
+    # stop polling, give the broker drain_on_stop_s for what is spooled; the rest stays on disk
     stats = runner.stop()
     typer.echo(json.dumps(stats.as_dict()))
 

@@ -71,8 +71,12 @@ def replay(
     ] = False,
 ) -> None:
     """Feed a bundle through the ingest path: into a separate store, or over MQTT to a
-    running `dctwin serve`."""
+    running `dctwin serve`. Ctrl-C or SIGTERM stops it after what was fed is stored or
+    acknowledged."""
+    import threading
+
     from twin.ingest import Ingester, IngestLimits
+    from twin.procs import on_stop_signals
     from twin.replay.bundle import Bundle, BundleError
     from twin.replay.replay import replay as run_replay
 
@@ -83,21 +87,25 @@ def replay(
         b = Bundle.load(bundle)
     except BundleError as e:
         raise cli._fail(str(e)) from None
+    stop = threading.Event()
+    on_stop_signals(stop)
     if db is not None:
         with cli._store(db) as store:
             ingester = Ingester(store, b.site, IngestLimits(max_future_s=0, max_past_s=0))
-            stats = run_replay(b, sink=ingester.ingest, speed=speed, shift_to_now=shift_to_now)
+            stats = run_replay(
+                b, sink=ingester.ingest, speed=speed, shift_to_now=shift_to_now, stop=stop
+            )
             store.rollup()
         stats["ingest"] = ingester.counters.as_dict()
     else:
         from collectors.mqtt import BrokerError
 
+        cfg = cli._broker(broker)
         try:
-            stats = run_replay(
-                b, broker=cli._broker(broker), speed=speed, shift_to_now=shift_to_now
-            )
+            stats = run_replay(b, broker=cfg, speed=speed, shift_to_now=shift_to_now, stop=stop)
         except BrokerError as e:
             raise cli._fail(str(e)) from None
+    stats["stopped"] = stop.is_set()
     typer.echo(json.dumps(stats))
 
 

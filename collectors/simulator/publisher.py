@@ -5,18 +5,19 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
 import orjson
-import paho.mqtt.client as mqtt
 
-from collectors.mqtt import BrokerConfig, connect
+from collectors.mqtt import AckedPublisher, BrokerConfig, connect
 from collectors.simulator.engine import SiteSimulator
 
 log = logging.getLogger(__name__)
+
+#: On a requested stop, wait at most this long for the broker's last acknowledgements [s].
+STOP_FLUSH_S = 5.0
 
 
 def run_simulation(
@@ -33,19 +34,27 @@ def run_simulation(
     """Step ``sim`` until ``duration_s`` simulated seconds (None: until ``stop``).
 
     ``speed`` is simulated seconds per wall second; 0 runs as fast as possible. Every message
-    goes out at QoS 1; the function returns once the broker has acknowledged all of them.
+    goes out at QoS 1 with at most ``broker.max_inflight`` unacknowledged (the simulator waits
+    for the broker's PUBACKs: backpressure); the function returns once the broker has
+    acknowledged all of them (after ``stop``: within :data:`STOP_FLUSH_S`). A lost broker is a
+    :class:`collectors.mqtt.BrokerError`; a file that cannot be written an ``OSError``.
     """
     dt = 1.0 / sim.rate_hz
     n_ticks = None if duration_s is None else round(duration_s * sim.rate_hz)
     stop = stop or threading.Event()
-    client: mqtt.Client | None = None
-    if broker is not None:
-        client = connect(broker, client_id or f"dctwin-sim-{sim.site.name}-{id(sim):x}")
+    pub: AckedPublisher | None = None
     out: IO[bytes] | None = jsonl.open("wb") if jsonl else None
-    infos: deque[mqtt.MQTTMessageInfo] = deque()
-    published = 0
+    if broker is not None:
+        try:
+            client = connect(broker, client_id or f"dctwin-sim-{sim.site.name}-{id(sim):x}")
+        except BaseException:
+            if out is not None:
+                out.close()
+            raise
+        pub = AckedPublisher(client, broker)
     t0 = time.monotonic()
     tick = 0
+    unacked = 0
     try:
         while not stop.is_set() and (n_ticks is None or tick < n_ticks):
             if speed > 0:
@@ -53,33 +62,33 @@ def run_simulation(
                 if wait > 0 and stop.wait(wait):
                     break
             for topic, payload in sim.step():
-                if client is not None:
-                    infos.append(client.publish(topic, payload, qos=1))
-                    published += 1
+                if pub is not None:
+                    pub.publish(topic, payload)
                 if out is not None:
                     out.write(orjson.dumps({"topic": topic, "payload": orjson.Fragment(payload)}))
                     out.write(b"\n")
-            while infos and infos[0].is_published():
-                infos.popleft()
             tick += 1
             if on_tick:
                 on_tick(tick)
-        for info in infos:
-            info.wait_for_publish(timeout=60)
-        unacked = sum(1 for i in infos if not i.is_published())
-        if unacked:
-            log.error("%d messages not acknowledged by the broker", unacked)
+        if pub is not None:
+            # a finished run waits for every acknowledgement; a stopped one a few seconds
+            unacked = pub.flush(STOP_FLUSH_S if stop.is_set() else pub.ack_timeout_s * 10)
+            if unacked:
+                log.error("%d messages not acknowledged by the broker", unacked)
     finally:
         if out is not None:
             out.close()
-        if client is not None:
-            client.disconnect()
-            client.loop_stop()
-    return {
+        if pub is not None:
+            pub.close()
+    stats: dict[str, object] = {
         "ticks": tick,
         "sim_seconds": tick * dt,
         "wall_seconds": round(time.monotonic() - t0, 3),
         "messages": dict(sim.messages),
         "samples": dict(sim.published),
-        "published_mqtt": published,
+        "published_mqtt": 0,
+        "stopped": stop.is_set(),
     }
+    if pub is not None:
+        stats.update(pub.stats(), unacknowledged=unacked, max_inflight=pub.max_inflight)
+    return stats

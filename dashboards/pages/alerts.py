@@ -15,8 +15,9 @@ SEVERITY_ICON = {"critical": "🔴", "warning": "🟠", "info": "🔵"}
 api = ui.api()
 if not api.token:
     st.warning(
-        "No DCTWIN_API_TOKEN in the console's environment: acknowledging and silencing are"
-        " refused by the API. Start the console with the service's token to enable them."
+        "No DCTWIN_CONSOLE_TOKEN in the console's environment: acknowledging and silencing"
+        " are refused by the API. Start the console with the service's token in"
+        " DCTWIN_CONSOLE_TOKEN to enable them (whoever opens the console can then use them)."
     )
 
 

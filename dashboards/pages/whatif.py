@@ -40,7 +40,7 @@ with st.form("run"):
     chosen = c2.multiselect("scenarios", listing["scenarios"], default=listing["scenarios"][:1])
     go_run = st.form_submit_button("Run", disabled=not api.token)
     if not api.token:
-        st.caption("Running needs the service's token (DCTWIN_API_TOKEN in the console).")
+        st.caption("Running needs the service's token (DCTWIN_CONSOLE_TOKEN in the console).")
 if go_run and bundle and chosen:
     try:
         job = api.post("/api/v1/whatif", json={"bundle": bundle, "scenarios": chosen})

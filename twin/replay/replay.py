@@ -13,17 +13,15 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 
 import numpy as np
-import paho.mqtt.client as mqtt
 import pyarrow as pa
 
 from collectors.base import MessageBuilder
 from collectors.contract import KINDS
-from collectors.mqtt import BrokerConfig, connect
+from collectors.mqtt import AckedPublisher, BrokerConfig, connect
 from twin.replay.bundle import Bundle
 
 log = logging.getLogger(__name__)
@@ -103,10 +101,9 @@ def replay(
     stop = stop or threading.Event()
     m = bundle.manifest
     shift_s = (datetime.now(UTC) - m.end).total_seconds() if shift_to_now else 0.0
-    client: mqtt.Client | None = None
+    pub: AckedPublisher | None = None
     if broker is not None:
-        client = connect(broker, f"dctwin-replay-{m.site}-{id(bundle):x}")
-    infos: deque[mqtt.MQTTMessageInfo] = deque()
+        pub = AckedPublisher(connect(broker, f"dctwin-replay-{m.site}-{id(bundle):x}"), broker)
     pending: list[Message] = []
     sent = 0
     t0 = time.monotonic()
@@ -124,11 +121,9 @@ def replay(
                         pending = []
                     if stop.wait(wait):
                         break
-            if client is not None:
+            if pub is not None:
                 for topic, payload in msgs:
-                    infos.append(client.publish(topic, payload, qos=1))
-                while infos and infos[0].is_published():
-                    infos.popleft()
+                    pub.publish(topic, payload)  # waits for PUBACKs past the in-flight bound
             else:
                 pending.extend(msgs)
                 if len(pending) >= batch_messages:
@@ -139,12 +134,11 @@ def replay(
                 on_progress(sent)
         if sink is not None and pending:
             sink(pending)
-        for info in infos:
-            info.wait_for_publish(timeout=60)
+        if pub is not None:
+            pub.flush(5.0 if stop.is_set() else 300.0)
     finally:
-        if client is not None:
-            client.disconnect()
-            client.loop_stop()
+        if pub is not None:
+            pub.close()
     return {
         "messages": sent,
         "recorded_s": (m.end - m.start).total_seconds(),
