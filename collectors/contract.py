@@ -467,8 +467,9 @@ def decode(topic: str, payload: bytes, site: str | None = None) -> Decoded:
 
     ``site``: the receiving service's site; a topic of another site is ``wrong_site``.
     """
-    if len(payload) > MAX_PAYLOAD_BYTES:
-        raise ContractError("oversized", f"{len(payload)} bytes > {MAX_PAYLOAD_BYTES}")
+    size = getattr(payload, "size", len(payload))  # a receiver may pass on only the start
+    if size > MAX_PAYLOAD_BYTES:
+        raise ContractError("oversized", f"{size} bytes > {MAX_PAYLOAD_BYTES}")
     topic_site, kind, source = parse_topic(topic, site)
     try:
         parsed = orjson.loads(payload)
@@ -592,8 +593,9 @@ class BatchDecoder:
 
     def _header(self, topic: str, payload: bytes) -> tuple[str, str, str, int, int, list]:
         """(kind, source, collector, seq, ts_us, samples) of a message, or raise _Refused."""
-        if len(payload) > MAX_PAYLOAD_BYTES:
-            raise ContractError("oversized", f"{len(payload)} bytes > {MAX_PAYLOAD_BYTES}")
+        size = getattr(payload, "size", len(payload))  # OversizedPayload: only its start
+        if size > MAX_PAYLOAD_BYTES:
+            raise ContractError("oversized", f"{size} bytes > {MAX_PAYLOAD_BYTES}")
         _, kind, source = self._topic(topic)
         try:
             obj = orjson.loads(payload)

@@ -535,3 +535,83 @@ def test_serve_healthz_is_503_while_its_disk_refuses_writes_and_200_after(broker
     with Store(db, read_only=True) as s:
         assert s.sample_counts()["gpu"] == 25  # nothing lost, nothing stored twice
         assert s.con.execute("SELECT count(*) FROM dead_letters").fetchall()[0][0] == 0
+
+
+@pytest.mark.mqtt
+@pytest.mark.slow
+def test_a_flood_of_oversized_payloads_stays_bounded_and_good_ones_flow(broker, tmp_path):
+    """300 payloads of 1.9 MB (past the contract's 1 MiB) into `dctwin serve`: the service and
+    its receiver stay under 1 GB of RSS, the store grows by under 10 MB, good messages land."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import threading
+
+    import psutil
+
+    db = tmp_path / "big.duckdb"
+    log = tmp_path / "serve.log"
+    env = {**os.environ, **broker.client_env()}
+    serve = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "twin.cli", "serve", "--broker", broker.address),
+            *("--db", str(db), "--site", str(SMALL_SITE), "--no-api"),
+            *("--calibrate-every", "0", "--detect-every", "0"),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=log.open("wb"),
+        env=env,
+    )
+    peak = [0]
+    done = threading.Event()
+
+    def sample_rss() -> None:
+        while not done.is_set():
+            try:
+                p = psutil.Process(serve.pid)
+                rss = p.memory_info().rss + sum(
+                    c.memory_info().rss for c in p.children(recursive=True)
+                )
+                peak[0] = max(peak[0], rss)
+            except psutil.Error:
+                pass
+            time.sleep(0.05)
+
+    sampler = threading.Thread(target=sample_rss)
+    try:
+        assert wait_until(lambda: b"serving:" in log.read_bytes() or serve.poll() is not None, 60)
+        time.sleep(1.0)
+        size_before = db.stat().st_size + sum(
+            f.stat().st_size for f in tmp_path.glob("big.duckdb.wal")
+        )
+        sampler.start()
+        blob = b'"' + b"x" * 1_900_000 + b'"}'
+        client = connect(broker_config(broker), f"flood-{time.monotonic_ns()}")
+        infos = []
+        for i in range(300):  # each one different: identical dead letters are kept once
+            infos.append(client.publish(gpu_topic(), b'{"v":1,"n":%05d,"junk":' % i + blob, qos=1))
+            if i % 30 == 0:  # good messages keep flowing between the floods
+                t, p = good(i)
+                infos.append(client.publish(t, p, qos=1))
+        for info in infos:
+            info.wait_for_publish(60)
+        client.disconnect()
+        client.loop_stop()
+    finally:
+        time.sleep(3.0)
+        done.set()
+        serve.send_signal(signal.SIGTERM)
+        serve.wait(60)
+        if sampler.is_alive():
+            sampler.join(5)
+    with Store(db, read_only=True) as s:
+        assert s.sample_counts()["gpu"] == 10
+        dead = s.con.execute(
+            "SELECT count(*), max(octet_length(payload)), min(payload_bytes) FROM dead_letters"
+            " WHERE reason = 'oversized'"
+        ).fetchall()[0]
+    assert dead == (300, 4096, len(blob) + len(b'{"v":1,"n":00000,"junk":'))
+    size_after = db.stat().st_size + sum(f.stat().st_size for f in tmp_path.glob("big.duckdb.wal"))
+    assert size_after - size_before < 10 * 2**20, (size_before, size_after)
+    assert 0 < peak[0] < 2**30, f"peak RSS {peak[0] / 2**20:.0f} MiB"

@@ -111,7 +111,7 @@ class _Pending:
     """What a built batch will change once committed."""
 
     keys: list[int] = field(default_factory=list)
-    dead_hashes: list[tuple[str, str]] = field(default_factory=list)
+    dead_hashes: dict[tuple[str, str], None] = field(default_factory=dict)
     duplicates: int = 0
     repeats: int = 0
     received: int = 0
@@ -247,10 +247,10 @@ class Ingester:
         else:
             size, sha = len(payload), hashlib.sha256(payload).hexdigest()
         topic = topic[:DEAD_TOPIC_KEEP_CHARS]
-        if (topic, sha) in self._dead_seen:
+        if (topic, sha) in self._dead_seen or (topic, sha) in pending.dead_hashes:
             pending.repeats += 1
             return
-        pending.dead_hashes.append((topic, sha))
+        pending.dead_hashes[(topic, sha)] = None
         dead = batch.dead
         dead["received_at"].append(now_us)
         dead["topic"].append(topic)
