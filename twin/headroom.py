@@ -44,6 +44,7 @@ from models import cdu as cdu_model
 from models import coolant, gpu_thermal
 from twin.calibrate.calibrate import gpu_flow_ratio, gpu_reference, index_site
 from twin.calibrate.windows import Window, last_valid, load_window
+from twin.coverage import newest_sample
 from twin.forecast import rack_ratio_paths
 from twin.site import Site
 from twin.store import Store
@@ -172,10 +173,10 @@ def compute_headroom(
     if not (horizon_s > 0 and step_s > 0 and horizon_s >= step_s):
         raise ValueError(f"horizon_s ({horizon_s}) and step_s ({step_s}) must be > 0, h >= step")
     problems: list[str] = []
-    if now is None:
-        newest = store.con.execute("SELECT max(ts) FROM gpu").fetchall()[0][0]
+    if now is None:  # the newest sample of any kind: a site may lack a kind, GPUs included
+        newest = newest_sample(store)
         if newest is None:
-            raise ValueError("the store holds no GPU samples: nothing to compute headroom from")
+            raise ValueError("the store holds no telemetry: nothing to compute headroom from")
         now = newest
     now = now.astimezone(UTC)
     idx = index_site(site)
@@ -242,6 +243,8 @@ def compute_headroom(
             if not np.isnan(p_nodes[-1]).any():
                 it_hist[:, r_i] = p_nodes.sum(axis=1)
     it_now = last_valid(it_hist)
+    # a rack's load now for weighting and heat: its PDU input, else its nodes' IT load, else 0
+    rack_w_now = np.nan_to_num(np.where(np.isfinite(rack_now), rack_now, it_now), nan=0.0)
     if np.isnan(rack_now).any():
         missing = [racks[i].name for i in np.flatnonzero(np.isnan(rack_now))]
         problems.append(f"no recent PDU power for racks {missing}: their headroom is unknown")
@@ -343,8 +346,10 @@ def compute_headroom(
         load_hist = np.ones((cur_hist.shape[0], len(phase_ids)))
         for j, fed in enumerate(phase_racks):
             if fed:
-                w = np.nan_to_num(rack_now[fed], nan=0.0)
-                wsum = w.sum() or 1.0
+                w = rack_w_now[fed]
+                if w.sum() <= 0:  # no load known for any rack it feeds: weigh them alike
+                    w = np.ones(len(fed))
+                wsum = w.sum()
                 ratio50[:, j] = (r50[:, fed] * w).sum(axis=1) / wsum
                 ratio90[:, j] = (r90[:, fed] * w).sum(axis=1) / wsum
                 total_now = np.nansum(it_now[fed])
@@ -441,8 +446,8 @@ def compute_headroom(
             ]
         )
         capture = np.where(idx.rack_cdu >= 0, capture, 0.0)
-        rack_w50 = np.nan_to_num(rack_now)[None, :] * r50 * capture[None, :]
-        rack_w90 = np.nan_to_num(rack_now)[None, :] * r90 * capture[None, :]
+        rack_w50 = rack_w_now[None, :] * r50 * capture[None, :]
+        rack_w90 = rack_w_now[None, :] * r90 * capture[None, :]
         heat50 = np.zeros((n, len(cdus)))
         heat90 = np.zeros((n, len(cdus)))
         for r_i, c_i in enumerate(idx.rack_cdu):
@@ -454,6 +459,10 @@ def compute_headroom(
             scale = np.where(heat50[0] > 0, heat_now / heat50[0], 1.0)
         scale = np.nan_to_num(scale, nan=1.0)
         heat50, heat90 = heat50 * scale, heat90 * scale
+        # no rack power to model the heat with (no PDU or node power): hold the measured heat
+        held = (heat50[0] <= 0) & np.isfinite(heat_now)
+        heat50[:, held] = heat_now[held]
+        heat90[:, held] = heat_now[held]
         rated = np.array([c.capacity_kw for c in cdus], float)
         max_flow = np.array([c.max_flow_lpm for c in cdus], float)
         cap_now = cdu_model.available_capacity_kw(rated, 0.0, flow, max_flow)
@@ -500,7 +509,7 @@ def compute_headroom(
         lw = link.select(link_names)
         busy = np.fmax(_mean(lw.values["tx_bps"]), _mean(lw.values["rx_bps"])) / 1e9
         node_rack = {nd.name: rack_of_rack[site.rack_of_node[nd.name].name] for nd in site.nodes}
-        w = np.nan_to_num(rack_now)
+        w = rack_w_now if rack_w_now.sum() > 0 else np.ones(len(racks))
         site50 = (r50 * w).sum(axis=1) / (w.sum() or 1.0)
         site90 = (r90 * w).sum(axis=1) / (w.sum() or 1.0)
         l50 = np.empty((n, len(link_names)))
