@@ -19,12 +19,15 @@ metric                                      entity  value
 ``hotspot.gpu.over_limit_k``                gpu     K over the catalog limit (only when over)
 ``hotspot.rack.inlet_c``                    rack    inlet air °C (every rack with a reading)
 ``drift.gpu.r_k_per_w``                     gpu     R over its fleet's median - 1 (drift events)
-``cdu.pumps_running``                       cdu     pumps turning (speed > 5 %)
+``cdu.pumps_running``                       cdu     pumps not seen stopped (speed < 5 %) [#]_
 ``fleet.underused_gpus``                    fleet   GPUs to reclaim (flagged fleets only)
 =========================================  ======  ==============================================
 
 .. [#] Without a breach inside the horizon the value is twice the horizon, labelled
    ``beyond_horizon``, so a rule's ``clear_value`` above the horizon resolves it.
+.. [#] A pump without a speed reading in the last minute counts as running (label
+   ``unknown``): a missing record is not a stopped pump. A CDU with no pump reading at all
+   gives no observation.
 """
 
 from __future__ import annotations
@@ -62,8 +65,9 @@ PUMP_RUNNING_MIN_PCT = 5.0
 class PumpState(BaseModel):
     cdu: str
     pumps: int
-    running: int
-    stopped: list[str]
+    running: int  # pumps seen turning
+    stopped: list[str]  # pumps seen stopped
+    unknown: list[str] = []  # pumps with no speed reading in the window
 
 
 @dataclass
@@ -108,7 +112,11 @@ def pump_states(store: Store, site: Site, now: datetime, window_s: float = 60.0)
         stopped = [p for p, v in seen.items() if v is None or v < PUMP_RUNNING_MIN_PCT]
         out.append(
             PumpState(
-                cdu=c.name, pumps=len(c.pumps), running=len(seen) - len(stopped), stopped=stopped
+                cdu=c.name,
+                pumps=len(c.pumps),
+                running=len(seen) - len(stopped),
+                stopped=stopped,
+                unknown=[p for p in c.pumps if p not in seen],
             )
         )
     return out
@@ -255,13 +263,16 @@ def observations(d: Detection) -> list[Observation]:
     for rack, value in d.hotspots.rack_inlet_c.items():
         obs("hotspot.rack.inlet_c", "rack", rack, value)
     for p in d.pumps:
+        # a pump without a reading is not claimed stopped: only a pump seen stopped counts
+        extra = {"unknown": ",".join(p.unknown)} if p.unknown else {}
         obs(
             "cdu.pumps_running",
             "cdu",
             p.cdu,
-            float(p.running),
+            float(p.running + len(p.unknown)),
             pumps=str(p.pumps),
             stopped=",".join(p.stopped),
+            **extra,
         )
     if d.fleets is not None:
         for f in d.fleets.fleets:
