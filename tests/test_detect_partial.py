@@ -23,7 +23,7 @@ from collectors.contract import KINDS
 from collectors.simulator import SiteSimulator, parse_fault
 from twin.alerts import AlertEngine, Outbox, Topology, load_rules
 from twin.calibrate.schedule import CalibrationScheduler
-from twin.detect import DetectionScheduler, observations
+from twin.detect import Detection, DetectionScheduler, observations
 from twin.health import ServiceHealth
 from twin.ingest import Ingester, IngestLimits
 from twin.site import Site, load_site
@@ -81,6 +81,7 @@ class Service:
             self.store, site, interval_s=3600.0, window_s=360.0, holdout_s=60.0, health=self.health
         )
         self.missing_seen: list[set[str]] = []
+        self.passes: list[Detection] = []
         self.k_to_slowdown: list[float] = []
 
     def run(self, minutes: list[Minute], keep: Keep, after: Callable[[int], None] | None = None):
@@ -93,6 +94,7 @@ class Service:
             d = self.detector.run_once()
             assert d is not None
             self.missing_seen.append(set(d.missing))
+            self.passes.append(d)
             self.k_to_slowdown += [
                 o.value for o in observations(d) if o.metric == "headroom.gpu.k_to_slowdown"
             ]
@@ -219,6 +221,10 @@ def test_partial_and_stale_telemetry_keeps_detecting_and_clears_the_missing_entr
     # no PDU sample in the last 60 s from the pass of minute 2 on, back at minute 9
     assert [("pdu" in seen) for seen in svc.missing_seen] == [m in range(2, 9) for m in range(14)]
     assert svc.health.snapshot()["missing_telemetry"] == {}  # cleared when PDUs returned
+    for m, d in enumerate(svc.passes):  # stale PDUs give no rack or phase headroom "now"
+        kinds = {r.kind for r in d.headroom.rows}
+        assert ("rack" in kinds) == ("pdu_phase" in kinds) == (m not in range(2, 9)), (m, kinds)
+        assert {"gpu", "cdu", "loop", "link"} <= kinds, (m, kinds)
     last = svc.detector.last
     assert last is not None
     gpus = {r.id for r in last.headroom.rows if r.kind == "gpu"}

@@ -222,7 +222,9 @@ def compute_headroom(
             rack_hist[:, r_i] = np.where(
                 np.isnan(feeds).all(axis=1), np.nan, np.nansum(feeds, axis=1)
             )
-    rack_now = last_valid(rack_hist)
+    # "now" is the last minute: a PDU that stopped reporting has no present power (its hour
+    # of history still shapes the persistence p90 and the phase trend)
+    rack_now = last_valid(_tail_array(rack_hist, NOW_WINDOW_S, pdu_hist.step_s))
     # the IT load of each rack (sum of its nodes' input power), the load the forecast and the
     # ratio paths describe; a rack without node power falls back on its PDUs
     node_hist = load_window(
@@ -242,7 +244,7 @@ def compute_headroom(
             p_nodes = node_hist.values["power_w"][:, cols]
             if not np.isnan(p_nodes[-1]).any():
                 it_hist[:, r_i] = p_nodes.sum(axis=1)
-    it_now = last_valid(it_hist)
+    it_now = last_valid(_tail_array(it_hist, NOW_WINDOW_S, pdu_hist.step_s))
     # a rack's load now for weighting and heat: its PDU input, else its nodes' IT load, else 0
     rack_w_now = np.nan_to_num(np.where(np.isfinite(rack_now), rack_now, it_now), nan=0.0)
     if np.isnan(rack_now).any():
