@@ -230,7 +230,10 @@ def test_partial_and_stale_telemetry_keeps_detecting_and_clears_the_missing_entr
     gpus = {r.id for r in last.headroom.rows if r.kind == "gpu"}
     assert gpus and all(int(g.rsplit(":", 1)[1]) % 2 == 0 for g in gpus)
     racks = {r.id for r in last.headroom.rows if r.kind == "rack"}
-    assert racks == {"r01", "r02"}  # r02 on its A feed alone
+    assert racks == {"r01"}  # r02's B feed never reports: its A feed alone is not its load
+    assert any("racks ['r02']" in p for p in last.headroom.problems), last.headroom.problems
+    phases = {r.id.split("/")[0] for r in last.headroom.rows if r.kind == "pdu_phase"}
+    assert phases == {"pdu-r01-a", "pdu-r01-b", "pdu-r02-a"}
     links = {r.id for r in last.headroom.rows if r.kind == "link"}
     assert links == {"lnk-r01-s1"}
 

@@ -225,6 +225,11 @@ def compute_headroom(
     # "now" is the last minute: a PDU that stopped reporting has no present power (its hour
     # of history still shapes the persistence p90 and the phase trend)
     rack_now = last_valid(_tail_array(rack_hist, NOW_WINDOW_S, pdu_hist.step_s))
+    # a rack with a feed that has no power now: the reporting feeds' sum is not its load
+    feed_now = last_valid(_tail_array(pdu_hist.values["power_w"], NOW_WINDOW_S, pdu_hist.step_s))
+    for r_i, r in enumerate(racks):
+        if not all(p in pdu_pos and np.isfinite(feed_now[pdu_pos[p]]) for p in r.pdus):
+            rack_now[r_i] = np.nan
     # the IT load of each rack (sum of its nodes' input power), the load the forecast and the
     # ratio paths describe; a rack without node power falls back on its PDUs
     node_hist = load_window(
@@ -249,7 +254,9 @@ def compute_headroom(
     rack_w_now = np.nan_to_num(np.where(np.isfinite(rack_now), rack_now, it_now), nan=0.0)
     if np.isnan(rack_now).any():
         missing = [racks[i].name for i in np.flatnonzero(np.isnan(rack_now))]
-        problems.append(f"no recent PDU power for racks {missing}: their headroom is unknown")
+        problems.append(
+            f"no recent PDU power on every feed of racks {missing}: their kW headroom is unknown"
+        )
 
     # ---- load ratio paths per rack
     paths = _forecast_ratio_paths(store, site, now, horizon_s, step_s) if use_forecast else None
