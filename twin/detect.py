@@ -19,32 +19,44 @@ metric                                      entity  value
 ``hotspot.gpu.over_limit_k``                gpu     K over the catalog limit (only when over)
 ``hotspot.rack.inlet_c``                    rack    inlet air °C (every rack with a reading)
 ``drift.gpu.r_k_per_w``                     gpu     R over its fleet's median - 1 (drift events)
-``cdu.pumps_running``                       cdu     pumps turning (speed > 5 %)
+``cdu.pumps_running``                       cdu     pumps not seen stopped (speed < 5 %) [#]_
 ``fleet.underused_gpus``                    fleet   GPUs to reclaim (flagged fleets only)
 =========================================  ======  ==============================================
 
 .. [#] Without a breach inside the horizon the value is twice the horizon, labelled
    ``beyond_horizon``, so a rule's ``clear_value`` above the horizon resolves it.
+.. [#] A pump without a speed reading in the last minute counts as running (label
+   ``unknown``): a missing record is not a stopped pump. A CDU with no pump reading at all
+   gives no observation.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from dataclasses import dataclass
-from datetime import datetime, timedelta
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import TypeVar
 
 from pydantic import BaseModel
 
 from twin.alerts import AlertEngine
 from twin.alerts.model import Observation
+from twin.coverage import NoTelemetry, missing_kinds, newest_sample
 from twin.fleets import FleetReport, underused_fleets
 from twin.headroom import HeadroomReport, compute_headroom, save_headroom
+from twin.health import ServiceHealth
 from twin.hotspots import HotSpotReport, find_hotspots
 from twin.site import Site
 from twin.store import Store
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: The name this loop reports under in :class:`twin.health.ServiceHealth`.
+LOOP = "detection"
 
 #: A pump turning slower than this is counted as stopped. [%]
 PUMP_RUNNING_MIN_PCT = 5.0
@@ -53,17 +65,34 @@ PUMP_RUNNING_MIN_PCT = 5.0
 class PumpState(BaseModel):
     cdu: str
     pumps: int
-    running: int
-    stopped: list[str]
+    running: int  # pumps seen turning
+    stopped: list[str]  # pumps seen stopped
+    unknown: list[str] = []  # pumps with no speed reading in the window
 
 
 @dataclass
 class Detection:
+    """One pass's results. A stage that failed left an empty report (its ``problems`` say why)
+    and its exception in ``failures``; ``missing`` holds the kinds without recent telemetry."""
+
     now: datetime
     headroom: HeadroomReport
     hotspots: HotSpotReport
     pumps: list[PumpState]
     fleets: FleetReport | None
+    #: kind -> "no <kind> telemetry in the last N s: <what is not computed>"
+    missing: dict[str, str] = field(default_factory=dict)
+    #: stage (headroom, hotspots, pumps, fleets, coverage) -> the exception it raised
+    failures: dict[str, BaseException] = field(default_factory=dict)
+
+    @property
+    def errors(self) -> dict[str, str]:
+        """stage -> ``"<exception type>: <message>"``."""
+        return {k: _describe(e) for k, e in self.failures.items()}
+
+
+def _describe(e: BaseException) -> str:
+    return f"{type(e).__name__}: {e}"
 
 
 def pump_states(store: Store, site: Site, now: datetime, window_s: float = 60.0) -> list[PumpState]:
@@ -83,7 +112,11 @@ def pump_states(store: Store, site: Site, now: datetime, window_s: float = 60.0)
         stopped = [p for p, v in seen.items() if v is None or v < PUMP_RUNNING_MIN_PCT]
         out.append(
             PumpState(
-                cdu=c.name, pumps=len(c.pumps), running=len(seen) - len(stopped), stopped=stopped
+                cdu=c.name,
+                pumps=len(c.pumps),
+                running=len(seen) - len(stopped),
+                stopped=stopped,
+                unknown=[p for p in c.pumps if p not in seen],
             )
         )
     return out
@@ -97,13 +130,71 @@ def detect(
     horizon_s: float = 3600.0,
     fleets: bool = True,
 ) -> Detection:
-    """Everything the alert engine is fed, computed once from the store."""
-    headroom = compute_headroom(store, site, now=now, horizon_s=horizon_s)
-    now = headroom.data_until
-    hot = find_hotspots(store, site, now=now)
-    pumps = pump_states(store, site, now)
-    fleet_report = underused_fleets(store, site, now=now) if fleets and site.fleets else None
-    return Detection(now=now, headroom=headroom, hotspots=hot, pumps=pumps, fleets=fleet_report)
+    """Everything the alert engine is fed, computed once from the store.
+
+    ``now`` defaults to the newest sample of any kind (a site may lack a kind, GPUs included).
+    Each stage (headroom, hot spots, pumps, fleets) runs on whatever telemetry exists and is
+    isolated from the others: one that raises leaves an empty result and its exception in
+    :attr:`Detection.failures`, and the rest are still computed and evaluated. Raises
+    :class:`NoTelemetry` only when the store holds no telemetry at all.
+    """
+    if now is None:
+        now = newest_sample(store)
+        if now is None:
+            raise NoTelemetry("the store holds no telemetry yet: nothing to detect on")
+    now = now.astimezone(UTC)
+    failures: dict[str, BaseException] = {}
+
+    def stage(name: str, run: Callable[[], T], empty: Callable[[str], T]) -> T:
+        try:
+            return run()
+        except Exception as e:  # one stage failing must not take the others with it
+            failures[name] = e
+            return empty(f"{name} failed: {_describe(e)}")
+
+    headroom = stage(
+        "headroom",
+        lambda: compute_headroom(store, site, now=now, horizon_s=horizon_s),
+        lambda why: HeadroomReport(
+            computed_at=datetime.now(UTC),
+            data_until=now,
+            horizon_s=horizon_s,
+            step_s=60.0,
+            load_basis="",
+            rows=[],
+            problems=[why],
+        ),
+    )
+    hot = stage(
+        "hotspots",
+        lambda: find_hotspots(store, site, now=now),
+        lambda why: HotSpotReport(
+            computed_at=datetime.now(UTC),
+            data_until=now,
+            k_sigma=3.0,
+            minutes=5,
+            hotspots=[],
+            residual_sigma={},
+            rack_inlet_c={},
+            problems=[why],
+        ),
+    )
+    pumps = stage("pumps", lambda: pump_states(store, site, now), lambda why: [])
+    fleet_report = (
+        stage("fleets", lambda: underused_fleets(store, site, now=now), lambda why: None)
+        if fleets and site.fleets
+        else None
+    )
+    missing = stage("coverage", lambda: missing_kinds(store, site, now), lambda why: {})
+    return Detection(
+        now=now,
+        headroom=headroom,
+        hotspots=hot,
+        pumps=pumps,
+        fleets=fleet_report,
+        missing=missing,
+        failures=failures,
+    )
 
 
 def observations(d: Detection) -> list[Observation]:
@@ -172,13 +263,16 @@ def observations(d: Detection) -> list[Observation]:
     for rack, value in d.hotspots.rack_inlet_c.items():
         obs("hotspot.rack.inlet_c", "rack", rack, value)
     for p in d.pumps:
+        # a pump without a reading is not claimed stopped: only a pump seen stopped counts
+        extra = {"unknown": ",".join(p.unknown)} if p.unknown else {}
         obs(
             "cdu.pumps_running",
             "cdu",
             p.cdu,
-            float(p.running),
+            float(p.running + len(p.unknown)),
             pumps=str(p.pumps),
             stopped=",".join(p.stopped),
+            **extra,
         )
     if d.fleets is not None:
         for f in d.fleets.fleets:
@@ -196,7 +290,13 @@ def observations(d: Detection) -> list[Observation]:
 
 class DetectionScheduler:
     """Inside `dctwin serve`: every ``interval_s``, detect, store the headroom, and hand the
-    observations to the alert engine (whose outbox a :class:`twin.alerts.Delivery` drains)."""
+    observations to the alert engine (whose outbox a :class:`twin.alerts.Delivery` drains).
+
+    With ``health``, each pass reports ``ok("detection")`` or ``error("detection", "<stage>:
+    <exception type>: <message>; ...")`` naming every stage that failed (the others still ran
+    and the rules were evaluated on what they computed), and ``set_missing(kind, ...)`` for
+    each kind without recent telemetry, cleared when it returns. A failure is logged with its
+    traceback once per distinct error, not on every pass."""
 
     def __init__(
         self,
@@ -206,17 +306,24 @@ class DetectionScheduler:
         interval_s: float = 60.0,
         horizon_s: float = 3600.0,
         engine: AlertEngine | None = None,
+        health: ServiceHealth | None = None,
     ):
         self.store = store.cursor()
         self.site = site
         self.interval_s = interval_s
         self.horizon_s = horizon_s
         self.engine = engine
+        self.health = health
         self.runs = 0
         self.failures = 0
         self.last: Detection | None = None
+        #: the error text of the last pass ("" when it succeeded): what was logged last
+        self.last_error = ""
+        self._missing: set[str] = set()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="dctwin-detect", daemon=True)
+        if health is not None:
+            health.register(LOOP)
 
     def start(self) -> None:
         self._thread.start()
@@ -227,24 +334,74 @@ class DetectionScheduler:
         self.store.close()
 
     def run_once(self) -> Detection | None:
+        """One pass; None when the store holds no telemetry yet."""
         try:
             d = detect(self.store, self.site, horizon_s=self.horizon_s)
-        except ValueError as e:  # nothing in the store yet
+        except NoTelemetry as e:
             log.info("detection skipped: %s", e)
+            self._report_missing(missing_kinds(self.store, self.site, datetime.now(UTC)))
+            self._report({})
             return None
-        save_headroom(self.store, d.headroom)
+        failures = dict(d.failures)
+        if "headroom" not in failures:  # a failed stage keeps the last good report stored
+            try:
+                save_headroom(self.store, d.headroom)
+            except Exception as e:
+                failures["store headroom"] = e
         if self.engine is not None:
-            sent = self.engine.evaluate(observations(d), now=d.now)
-            for n in sent:
-                log.warning("alert %s %s: %s", n.status, n.dedup_key, n.summary)
+            try:
+                sent = self.engine.evaluate(observations(d), now=d.now)
+            except Exception as e:
+                failures["alerts"] = e
+            else:
+                for n in sent:
+                    log.warning("alert %s %s: %s", n.status, n.dedup_key, n.summary)
+        if "coverage" not in failures:
+            self._report_missing(d.missing)
         self.runs += 1
         self.last = d
+        self._report(failures)
         return d
+
+    def _report_missing(self, missing: dict[str, str]) -> None:
+        for kind in sorted(self._missing - missing.keys()):
+            log.info("detection: %s telemetry is back", kind)
+            if self.health is not None:
+                self.health.set_missing(kind, None)
+        for kind, what in sorted(missing.items()):
+            if kind not in self._missing:
+                log.warning("detection: %s", what)
+            if self.health is not None:
+                self.health.set_missing(kind, what)
+        self._missing = set(missing)
+
+    def _report(self, failures: dict[str, BaseException]) -> None:
+        """Health and log for one pass: each distinct error is logged once, with traceback."""
+        if not failures:
+            if self.last_error:
+                log.info("detection recovered (was failing: %s)", self.last_error)
+            self.last_error = ""
+            if self.health is not None:
+                self.health.ok(LOOP)
+            return
+        self.failures += 1
+        text = "; ".join(f"{stage}: {_describe(e)}" for stage, e in failures.items())
+        if text != self.last_error:
+            for stage, e in failures.items():
+                log.error(
+                    "detection stage %s failed; the other stages ran, and this one is retried"
+                    " next pass: %s",
+                    stage,
+                    _describe(e),
+                    exc_info=e,
+                )
+        self.last_error = text
+        if self.health is not None:
+            self.health.error(LOOP, text)
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval_s):
             try:
                 self.run_once()
-            except Exception:  # never take the service down
-                self.failures += 1
-                log.exception("detection failed; the service goes on and retries next time")
+            except Exception as e:  # never take the service down
+                self._report({"pass": e})

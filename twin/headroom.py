@@ -44,6 +44,7 @@ from models import cdu as cdu_model
 from models import coolant, gpu_thermal
 from twin.calibrate.calibrate import gpu_flow_ratio, gpu_reference, index_site
 from twin.calibrate.windows import Window, last_valid, load_window
+from twin.coverage import newest_sample
 from twin.forecast import rack_ratio_paths
 from twin.site import Site
 from twin.store import Store
@@ -172,10 +173,10 @@ def compute_headroom(
     if not (horizon_s > 0 and step_s > 0 and horizon_s >= step_s):
         raise ValueError(f"horizon_s ({horizon_s}) and step_s ({step_s}) must be > 0, h >= step")
     problems: list[str] = []
-    if now is None:
-        newest = store.con.execute("SELECT max(ts) FROM gpu").fetchall()[0][0]
+    if now is None:  # the newest sample of any kind: a site may lack a kind, GPUs included
+        newest = newest_sample(store)
         if newest is None:
-            raise ValueError("the store holds no GPU samples: nothing to compute headroom from")
+            raise ValueError("the store holds no telemetry: nothing to compute headroom from")
         now = newest
     now = now.astimezone(UTC)
     idx = index_site(site)
@@ -221,7 +222,14 @@ def compute_headroom(
             rack_hist[:, r_i] = np.where(
                 np.isnan(feeds).all(axis=1), np.nan, np.nansum(feeds, axis=1)
             )
-    rack_now = last_valid(rack_hist)
+    # "now" is the last minute: a PDU that stopped reporting has no present power (its hour
+    # of history still shapes the persistence p90 and the phase trend)
+    rack_now = last_valid(_tail_array(rack_hist, NOW_WINDOW_S, pdu_hist.step_s))
+    # a rack with a feed that has no power now: the reporting feeds' sum is not its load
+    feed_now = last_valid(_tail_array(pdu_hist.values["power_w"], NOW_WINDOW_S, pdu_hist.step_s))
+    for r_i, r in enumerate(racks):
+        if not all(p in pdu_pos and np.isfinite(feed_now[pdu_pos[p]]) for p in r.pdus):
+            rack_now[r_i] = np.nan
     # the IT load of each rack (sum of its nodes' input power), the load the forecast and the
     # ratio paths describe; a rack without node power falls back on its PDUs
     node_hist = load_window(
@@ -241,10 +249,14 @@ def compute_headroom(
             p_nodes = node_hist.values["power_w"][:, cols]
             if not np.isnan(p_nodes[-1]).any():
                 it_hist[:, r_i] = p_nodes.sum(axis=1)
-    it_now = last_valid(it_hist)
+    it_now = last_valid(_tail_array(it_hist, NOW_WINDOW_S, pdu_hist.step_s))
+    # a rack's load now for weighting and heat: its PDU input, else its nodes' IT load, else 0
+    rack_w_now = np.nan_to_num(np.where(np.isfinite(rack_now), rack_now, it_now), nan=0.0)
     if np.isnan(rack_now).any():
         missing = [racks[i].name for i in np.flatnonzero(np.isnan(rack_now))]
-        problems.append(f"no recent PDU power for racks {missing}: their headroom is unknown")
+        problems.append(
+            f"no recent PDU power on every feed of racks {missing}: their kW headroom is unknown"
+        )
 
     # ---- load ratio paths per rack
     paths = _forecast_ratio_paths(store, site, now, horizon_s, step_s) if use_forecast else None
@@ -343,8 +355,10 @@ def compute_headroom(
         load_hist = np.ones((cur_hist.shape[0], len(phase_ids)))
         for j, fed in enumerate(phase_racks):
             if fed:
-                w = np.nan_to_num(rack_now[fed], nan=0.0)
-                wsum = w.sum() or 1.0
+                w = rack_w_now[fed]
+                if w.sum() <= 0:  # no load known for any rack it feeds: weigh them alike
+                    w = np.ones(len(fed))
+                wsum = w.sum()
                 ratio50[:, j] = (r50[:, fed] * w).sum(axis=1) / wsum
                 ratio90[:, j] = (r90[:, fed] * w).sum(axis=1) / wsum
                 total_now = np.nansum(it_now[fed])
@@ -441,8 +455,8 @@ def compute_headroom(
             ]
         )
         capture = np.where(idx.rack_cdu >= 0, capture, 0.0)
-        rack_w50 = np.nan_to_num(rack_now)[None, :] * r50 * capture[None, :]
-        rack_w90 = np.nan_to_num(rack_now)[None, :] * r90 * capture[None, :]
+        rack_w50 = rack_w_now[None, :] * r50 * capture[None, :]
+        rack_w90 = rack_w_now[None, :] * r90 * capture[None, :]
         heat50 = np.zeros((n, len(cdus)))
         heat90 = np.zeros((n, len(cdus)))
         for r_i, c_i in enumerate(idx.rack_cdu):
@@ -454,6 +468,10 @@ def compute_headroom(
             scale = np.where(heat50[0] > 0, heat_now / heat50[0], 1.0)
         scale = np.nan_to_num(scale, nan=1.0)
         heat50, heat90 = heat50 * scale, heat90 * scale
+        # no rack power to model the heat with (no PDU or node power): hold the measured heat
+        held = (heat50[0] <= 0) & np.isfinite(heat_now)
+        heat50[:, held] = heat_now[held]
+        heat90[:, held] = heat_now[held]
         rated = np.array([c.capacity_kw for c in cdus], float)
         max_flow = np.array([c.max_flow_lpm for c in cdus], float)
         cap_now = cdu_model.available_capacity_kw(rated, 0.0, flow, max_flow)
@@ -500,7 +518,7 @@ def compute_headroom(
         lw = link.select(link_names)
         busy = np.fmax(_mean(lw.values["tx_bps"]), _mean(lw.values["rx_bps"])) / 1e9
         node_rack = {nd.name: rack_of_rack[site.rack_of_node[nd.name].name] for nd in site.nodes}
-        w = np.nan_to_num(rack_now)
+        w = rack_w_now if rack_w_now.sum() > 0 else np.ones(len(racks))
         site50 = (r50 * w).sum(axis=1) / (w.sum() or 1.0)
         site90 = (r90 * w).sum(axis=1) / (w.sum() or 1.0)
         l50 = np.empty((n, len(link_names)))

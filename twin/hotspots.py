@@ -28,6 +28,7 @@ from pydantic import BaseModel
 from models import gpu_thermal
 from twin.calibrate.calibrate import gpu_flow_ratio, gpu_reference, index_site
 from twin.calibrate.windows import first_valid, hold_fill, load_window
+from twin.coverage import newest_sample
 from twin.site import Site
 from twin.store import Store
 
@@ -83,10 +84,10 @@ def find_hotspots(
     """Every hot spot of ``site`` from the store's newest data and calibration."""
     if k_sigma <= 0 or minutes < 1:
         raise ValueError(f"k_sigma ({k_sigma}) must be > 0 and minutes ({minutes}) >= 1")
-    if now is None:
-        newest = store.con.execute("SELECT max(ts) FROM gpu").fetchall()[0][0]
+    if now is None:  # the newest sample of any kind: rack inlets need no GPU data
+        newest = newest_sample(store)
         if newest is None:
-            raise ValueError("the store holds no GPU samples: nothing to look at")
+            raise ValueError("the store holds no telemetry: nothing to look at")
         now = newest
     now = now.astimezone(UTC)
     idx = index_site(site)

@@ -100,10 +100,8 @@ def gpu_reference(idx: SiteIndex, cdu: Window, node: Window, pdu: Window) -> np.
         ref[:, liquid] = cdu.values["supply_temp_c"][:, idx.gpu_cdu[liquid]]
     air = ~liquid
     if air.any():
-        node_pos = {n: i for i, n in enumerate(node.ids)}
-        cols = np.array([node_pos.get(idx.gpu_node[g], -1) for g in np.flatnonzero(air)])
-        inlet = node.values["inlet_temp_c"][:, np.maximum(cols, 0)]
-        inlet[:, cols < 0] = np.nan
+        # a node that did not report (or no node at all) gives all-NaN columns
+        inlet = node.select([idx.gpu_node[g] for g in np.flatnonzero(air)]).values["inlet_temp_c"]
         # a node without an inlet sensor takes its rack's PDU inlet reading
         pdu_pos = {p: i for i, p in enumerate(pdu.ids)}
         for j, g in enumerate(np.flatnonzero(air)):

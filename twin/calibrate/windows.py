@@ -40,6 +40,9 @@ class Window:
         idx = np.array([pos.get(s, -1) for s in ids], dtype=np.int64)
         out: dict[str, np.ndarray] = {}
         for q, arr in self.values.items():
+            if not self.ids:  # no device of the kind reported: every column is unknown
+                out[q] = np.full((arr.shape[0], len(ids)), np.nan)
+                continue
             sel = arr[:, np.maximum(idx, 0)] if len(ids) else arr[:, :0]
             if (idx < 0).any():
                 sel = sel.copy()
