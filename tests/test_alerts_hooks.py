@@ -11,8 +11,12 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -22,6 +26,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Literal
 
+import duckdb
+import httpx
 import pytest
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, RootModel, model_validator
 
@@ -817,3 +823,194 @@ def test_reload_refuses_bad_files_and_swaps_good_ones(
         assert wait_until(lambda: all(r["state"] != "pending" for r in outbox.rows()), 10)
     finally:
         reloader.delivery.stop()
+
+
+# ---- the service: SIGHUP, and no secret anywhere -------------------------------------------
+
+
+def _serve(b: Any, db: Path, log: Path, *args: str, env: dict[str, str] | None = None) -> Any:
+    return subprocess.Popen(
+        [
+            *(sys.executable, "-m", "twin.cli", "serve", "--broker", b.address, "--db", str(db)),
+            *("--site", str(SMALL_SITE), "--calibrate-every", "0", "--api-port", "0", *args),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=log.open("wb"),
+        env={**os.environ, **b.client_env(), **(env or {})},
+    )
+
+
+def _api_url(p: Any, log: Path) -> str:
+    assert wait_until(lambda: b"serving:" in log.read_bytes() or p.poll() is not None, 60)
+    assert p.poll() is None, log.read_text()
+    return re.search(r"api: (http://127\.0\.0\.1:\d+)", log.read_text()).group(1)  # type: ignore[union-attr]
+
+
+def _stop(p: Any, log: Path) -> None:
+    if p.poll() is None:
+        p.send_signal(signal.SIGTERM)
+        p.wait(30)
+    assert p.returncode == 0, log.read_text()
+
+
+@pytest.mark.mqtt
+@pytest.mark.slow
+def test_sighup_keeps_the_rules_on_a_bad_file_and_swaps_a_good_one(
+    broker: Any, servers: dict[str, Recorder], tmp_path: Path
+) -> None:
+    rules, hooks, log = tmp_path / "rules.yaml", tmp_path / "hooks.yaml", tmp_path / "serve.log"
+    rules.write_text(RULES)
+    hooks.write_text(_hooks_yaml({"type": "webhook", "name": "ops", "url": servers["webhook"].url}))
+    p = _serve(broker, tmp_path / "s.duckdb", log, "--rules", str(rules), "--hooks", str(hooks))
+    try:
+        url = _api_url(p, log)
+        with httpx.Client(base_url=url, timeout=30) as c:
+
+            def names() -> list[str]:
+                return c.get("/api/v1/alerts", params={"history": 0}).json()["rules"]
+
+            assert names() == ["gpu_temp_high", "cdu_pump_lost"]
+            rules.write_text(RULES.replace('op: "<"', 'op: "=<"'))
+            p.send_signal(signal.SIGHUP)
+            assert wait_until(lambda: "reload refused" in log.read_text(), 20)
+            assert names() == ["gpu_temp_high", "cdu_pump_lost"]
+            text = log.read_text()
+            assert "rule 'cdu_pump_lost' (rules[1]): op:" in text  # says why
+
+            rules.write_text(RULES.replace("gpu_temp_high", "gpu_hot"))
+            hooks.write_text(
+                _hooks_yaml({"type": "webhook", "name": "ops", "url": servers["slack"].url})
+            )
+            p.send_signal(signal.SIGHUP)
+            assert wait_until(lambda: "reloaded 2 alert rules" in log.read_text(), 20)
+            assert names() == ["gpu_hot", "cdu_pump_lost"]
+    finally:
+        _stop(p, log)
+    lines = log.read_text().splitlines()
+    assert len([x for x in lines if "reload refused" in x]) == 1
+    [done] = [x for x in lines if "reloaded 2 alert rules" in x]
+    assert "1 hooks" in done and "changed ops" in done
+
+
+WEB_PATH = "/hook/wh-SECRET-path-7f3a9c"
+WEB_HEADER = "Bearer wh-SECRET-header-51d2e8"
+SLACK_PATH = "/services/T0SECRET/B0SECRET/sl4ckS3cretT0ken"
+PD_KEY = "pdSECRETkey0123456789abcdef0123X"
+AM_PASSWORD = "am-SECRET-pass-9b8c"
+AM_HEADER = "am-SECRET-org-4e5f"
+API_TOKEN = "api-SECRET-token-0a1b2c3d"
+MQTT_PASSWORD = "mqtt-SECRET-pw-77aa"
+SECRETS = [WEB_PATH, WEB_HEADER, SLACK_PATH, PD_KEY, AM_PASSWORD, AM_HEADER, API_TOKEN]
+SECRETS += [MQTT_PASSWORD, "SECRET"]  # and no piece of any of them
+
+
+@pytest.mark.mqtt
+@pytest.mark.slow
+def test_no_secret_in_logs_metrics_api_or_store(
+    broker: Any, servers: dict[str, Recorder], tmp_path: Path
+) -> None:
+    servers["webhook"].mode = "echo"  # a first 503 that repeats the path and the headers
+    am_url = f"http://dctwin:{AM_PASSWORD}@127.0.0.1:{servers['alertmanager'].port}"
+    hooks = tmp_path / "hooks.yaml"
+    hooks.write_text(
+        _hooks_yaml(
+            {"type": "webhook", "name": "ops", "url_env": "T_WEB_URL"},
+            {"type": "slack", "name": "chat", "url_env": "T_SLACK_URL"},
+            {
+                "type": "pagerduty",
+                "name": "pd",
+                "url": servers["pagerduty"].url + "/v2/enqueue",
+                "routing_key_env": "T_PD_KEY",
+            },
+            {"type": "alertmanager", "name": "am", "url": am_url, "resend_interval_s": 3},
+        )
+        .replace(
+            '"url_env": "T_WEB_URL"',
+            f'"url_env": "T_WEB_URL", "headers": {{"Authorization": "{WEB_HEADER}"}}',
+        )
+        .replace(
+            '"resend_interval_s": 3',
+            f'"resend_interval_s": 3, "headers": {{"X-Scope-OrgID": "{AM_HEADER}"}}',
+        )
+    )
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(
+        "rules:\n  - {name: pumps_seen, metric: cdu.pumps_running, entity_kind: cdu,"
+        " op: '>=', value: 0, severity: critical, group_by: cdu}\n"
+    )
+    token_file = tmp_path / "token"
+    token_file.write_text(API_TOKEN + "\n")
+    env = {
+        "T_WEB_URL": servers["webhook"].url + WEB_PATH,
+        "T_SLACK_URL": servers["slack"].url + SLACK_PATH,
+        "T_PD_KEY": PD_KEY,
+        "DCTWIN_MQTT_PASSWORD": MQTT_PASSWORD,
+    }
+    db, log = tmp_path / "s.duckdb", tmp_path / "serve.log"
+    p = _serve(
+        broker,
+        db,
+        log,
+        *("--rules", str(rules), "--hooks", str(hooks), "--detect-every", "2"),
+        *("--api-token-file", str(token_file), "--verbose"),
+        env=env,
+    )
+    answers: list[str] = []
+    try:
+        url = _api_url(p, log)
+        start = (datetime.now(UTC) - timedelta(seconds=120)).replace(microsecond=0)
+        sim = subprocess.run(
+            [
+                *(sys.executable, "-m", "twin.cli", "sim", "--site", str(SMALL_SITE)),
+                *("--broker", broker.address, "--duration", "120", "--speed", "0"),
+                *("--start", start.isoformat()),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, **broker.client_env()},
+        )
+        assert sim.returncode == 0, sim.stderr
+        assert wait_until(lambda: all(r.accepted() for r in servers.values()), 90), log.read_text()
+        with httpx.Client(base_url=url, timeout=30) as c:
+            key = c.get("/api/v1/alerts").json()["active"][0]["dedup_key"]
+            auth = {"Authorization": f"Bearer {API_TOKEN}"}
+            r = c.post(f"/api/v1/alerts/{key}/ack", json={"by": "t"}, headers=auth)
+            assert r.status_code == 200, r.text
+            answers.append(r.text)
+
+            def pd_acks() -> list[Any]:
+                acks = servers["pagerduty"].accepted()
+                return [b for b in acks if b["event_action"] == "acknowledge"]
+
+            assert wait_until(pd_acks, 30)
+            assert wait_until(lambda: len(servers["alertmanager"].accepted()) >= 2, 30)  # a re-send
+            for path in ("/api/v1", "/api/v1/status", "/api/v1/alerts", "/api/v1/silences"):
+                answers.append(c.get(path).text)
+            for path in ("/healthz", "/metrics", "/openapi.json", "/api/v1/overview"):
+                answers.append(c.get(path).text)
+    finally:
+        _stop(p, log)
+    text = log.read_text()
+    assert " DEBUG " in text  # --verbose: the most the service ever logs
+    assert f"hook ops: {servers['webhook'].url}" in text  # where it sends, host only
+    assert "HTTP 503: cannot take ***" in text  # the echoed secrets, blanked
+    assert r.json()["outbox_rows"] == 2  # PagerDuty and the webhook take acks
+    con = duckdb.connect(str(db), read_only=True)
+    tables = [t for (t,) in con.execute("SELECT table_name FROM duckdb_tables()").fetchall()]
+    assert "alert_outbox" in tables
+    store_text = json.dumps(
+        {t: con.execute(f'SELECT * FROM "{t}"').fetchall() for t in tables}, default=str
+    )
+    errors = con.execute("SELECT last_error FROM alert_outbox WHERE hook = 'ops'").fetchall()
+    con.close()
+    assert any(e and "503" in e for (e,) in errors)
+    # the receivers did get the secrets: they were in use
+    assert servers["webhook"].requests[0].path == WEB_PATH
+    assert servers["webhook"].requests[0].headers["Authorization"] == WEB_HEADER
+    assert servers["pagerduty"].accepted()[0]["routing_key"] == PD_KEY
+    for secret in SECRETS:
+        assert secret not in text, secret
+        assert secret not in store_text, secret
+        for a in answers:
+            assert secret not in a, secret
