@@ -795,8 +795,9 @@ def test_reload_refuses_bad_files_and_swaps_good_ones(
             hooks.write_text(_hooks_yaml(keep, {**moved, "type": "pager"}))
             rules.write_text(RULES)
             assert reloader.reload() is False
-        errors = [r for r in caplog.records if r.levelno >= logging.WARNING]
-        assert len(errors) == 2 and all("keeping the running" in r.message for r in errors)
+        errors = [r for r in caplog.records if r.name == "twin.alerts.reload"]
+        assert len(errors) == 2 and all(r.levelno == logging.ERROR for r in errors)
+        assert all("keeping the running" in r.message for r in errors)
         assert "rules.yaml" in errors[0].message and "op" in errors[0].message
         assert "hooks.yaml" in errors[1].message and "hooks[1]" in errors[1].message
         assert [r.name for r in engine.rules] == ["gpu_temp_high", "cdu_pump_lost"]
