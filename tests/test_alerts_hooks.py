@@ -10,6 +10,13 @@ minutes down" is simulated, not slept.
 from __future__ import annotations
 
 import json
+import logging
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -19,9 +26,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Literal
 
+import duckdb
+import httpx
 import pytest
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, RootModel, model_validator
 
+from collectors.mqtt import wait_until
 from twin.alerts import (
     AlertEngine,
     Delivery,
@@ -29,10 +39,14 @@ from twin.alerts import (
     Outbox,
     Topology,
     WebhookEvent,
+    load_hooks,
+    load_rules,
     parse_hooks,
     parse_rules,
     webhook_json_schema,
 )
+from twin.alerts.reload import AlertReloader
+from twin.health import ServiceHealth
 from twin.site import load_site
 from twin.store import Store
 
@@ -143,11 +157,14 @@ class Request:
     headers: dict[str, str]
     body: Any
     status: int
+    at: float = field(default_factory=time.monotonic)  # when it arrived
 
 
 @dataclass
 class Recorder:
-    """A local HTTP server for one service; ``mode`` is "up", "500" or (with stop) refused."""
+    """A local HTTP server for one service; ``mode`` is "up", "500", "echo" (one 503 whose
+    body repeats the request's path and headers, as careless receivers do, then "up") or
+    (with stop) refused."""
 
     service: str
     mode: str = "up"
@@ -172,7 +189,12 @@ class Recorder:
 
             def do_POST(self) -> None:
                 raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                status, ctype, out = rec.respond(json.loads(raw))
+                if rec.mode == "echo":
+                    rec.mode = "up"
+                    status, ctype = 503, "text/plain"
+                    out = f"cannot take {self.path} with {dict(self.headers)}".encode()
+                else:
+                    status, ctype, out = rec.respond(json.loads(raw))
                 rec.requests.append(Request(self.path, dict(self.headers), json.loads(raw), status))
                 self.send_response(status)
                 self.send_header("Content-Type", ctype)
@@ -628,3 +650,368 @@ def test_secrets_are_not_in_the_outbox_or_reprs(servers: dict[str, Recorder], st
     outbox.acknowledge("dctwin/small/x/cdu/cdu-1")
     dump = json.dumps(store.con.execute("SELECT * FROM alert_outbox").fetchall(), default=str)
     assert ROUTING_KEY not in dump and "/services/T/B/X" not in dump
+
+
+# ---- hooks never delay each other ----------------------------------------------------------
+
+
+class Trickler:
+    """A receiver that reads the request, then answers one byte every ``gap_s`` (never
+    finishing), as the receiver in issue 12 did. Records when each connection came in."""
+
+    def __init__(self, gap_s: float = 3.0) -> None:
+        self.gap_s = gap_s
+        self.connections: list[float] = []
+        self._sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self._sock.getsockname()[1]
+        self._stop = threading.Event()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def _accept(self) -> None:
+        self._sock.settimeout(0.2)
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._sock.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            self.connections.append(time.monotonic())
+            threading.Thread(target=self._trickle, args=(conn,), daemon=True).start()
+
+    def _trickle(self, conn: socket.socket) -> None:
+        answer = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
+        with conn:
+            conn.settimeout(1.0)
+            try:
+                conn.recv(65536)  # the request (small: one segment)
+                for byte in answer[:-1]:  # never the last byte
+                    conn.sendall(bytes([byte]))
+                    if self._stop.wait(self.gap_s):
+                        return
+            except OSError:  # the client gave up and closed
+                return
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._sock.close()
+
+
+@pytest.mark.slow
+def test_trickling_hook_never_delays_a_healthy_one(
+    servers: dict[str, Recorder], store: Store, topo: Topology
+) -> None:
+    trickler = Trickler(gap_s=3.0)
+    # 4.5 s: longer than the 3 s between bytes, so only a total deadline ends the request
+    hooks = parse_hooks(
+        {
+            "hooks": [
+                {"type": "webhook", "name": "slow", "url": trickler.url + "/x", "timeout_s": 4.5},
+                {"type": "webhook", "name": "fast", "url": servers["webhook"].url + "/alerts"},
+            ]
+        }
+    )
+    health = ServiceHealth()
+    outbox = Outbox(store, hooks, base_backoff_s=0.5)
+    engine = AlertEngine(parse_rules(RULES.replace("for_s: 30", "for_s: 0")), topo, outbox)
+
+    def temp(gpu: str, v: float) -> list[Observation]:
+        ts = datetime.now(UTC)
+        return [Observation(metric="gpu.temp_c", entity_kind="gpu", entity_id=gpu, value=v, ts=ts)]
+
+    sent: dict[tuple[str, str], float] = {}
+    try:
+        with Delivery(outbox, interval_s=0.2, health=health):
+            for gpu, value in (("trn-r01-n1:0", 90), ("inf-r02-n1:3", 91), ("trn-r01-n1:0", 60)):
+                for n in engine.evaluate(temp(gpu, value)):
+                    sent[(n.dedup_key, n.status)] = time.monotonic()
+                time.sleep(1.5)
+            # let the slow hook's first request reach its deadline and be retried
+            assert wait_until(lambda: len(trickler.connections) >= 2, 20)
+            snap = health.snapshot()["loops"]
+    finally:
+        trickler.stop()
+    assert len(sent) == 3
+    got = {(b["dedup_key"], b["event"]): r.at for r in servers["webhook"].requests if (b := r.body)}
+    assert set(got) == set(sent)
+    for key, at in sent.items():
+        assert got[key] - at < 2.0, key  # each page to the healthy hook within 2 s
+    slow = [r for r in outbox.rows() if r["hook"] == "slow"]
+    assert slow and all(r["state"] == "pending" for r in slow)
+    first = slow[0]
+    assert first["attempts"] >= 1 and "no complete answer within 4.5 s" in first["last_error"]
+    took = float(re.search(r"abandoned after ([\d.]+) s", first["last_error"]).group(1))  # type: ignore[union-attr]
+    assert 4.0 <= took < 6.0  # at its total deadline, not at the receiver's pace
+    assert trickler.connections[1] - trickler.connections[0] < 4.5 + 0.5 + 2.0  # retried
+    assert snap["outbox:fast"]["successes_total"] >= 3 and not snap["outbox:fast"]["failing"]
+    assert snap["outbox:slow"]["failing"] and "4.5 s" in snap["outbox:slow"]["last_error"]
+
+
+# ---- reload ----------------------------------------------------------------------------------
+
+
+def _hooks_yaml(*hooks: dict[str, Any]) -> str:
+    return json.dumps({"hooks": list(hooks)})  # JSON is YAML
+
+
+def test_reload_refuses_bad_files_and_swaps_good_ones(
+    servers: dict[str, Recorder], store: Store, topo: Topology, tmp_path: Path, caplog
+) -> None:
+    rules, hooks = tmp_path / "rules.yaml", tmp_path / "hooks.yaml"
+    rules.write_text(RULES.replace("for_s: 30", "for_s: 0"))
+    down = Recorder("webhook")
+    down.start()
+    down.stop()  # refuses connections: its rows stay pending
+    keep = {"type": "webhook", "name": "keep", "url": servers["webhook"].url + "/alerts"}
+    moved = {"type": "webhook", "name": "moved", "url": down.url + "/alerts"}
+    hooks.write_text(_hooks_yaml(keep, moved))
+    outbox = Outbox(store, load_hooks(hooks), base_backoff_s=0.2, max_backoff_s=0.5)
+    engine = AlertEngine(load_rules(rules), topo, outbox)
+    reloader = AlertReloader(engine, Delivery(outbox, interval_s=0.1).start(), rules, hooks)
+    try:
+        engine.evaluate(
+            [
+                Observation(
+                    metric="cdu.pumps_running",
+                    entity_kind="cdu",
+                    entity_id="cdu-1",
+                    value=0,
+                    ts=datetime.now(UTC),
+                )
+            ]
+        )
+        assert wait_until(lambda: servers["webhook"].accepted(), 10)
+        assert [r["state"] for r in outbox.rows() if r["hook"] == "moved"] == ["pending"]
+        kept_hook = outbox.hooks["keep"]
+
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="twin.alerts"):
+            rules.write_text("rules:\n  - name: x\n    metric: gpu.temp_c\n    op: '=>'\n")
+            assert reloader.reload() is False
+            hooks.write_text(_hooks_yaml(keep, {**moved, "type": "pager"}))
+            rules.write_text(RULES)
+            assert reloader.reload() is False
+        errors = [r for r in caplog.records if r.name == "twin.alerts.reload"]
+        assert len(errors) == 2 and all(r.levelno == logging.ERROR for r in errors)
+        assert all("keeping the running" in r.message for r in errors)
+        assert "rules.yaml" in errors[0].message and "op" in errors[0].message
+        assert "hooks.yaml" in errors[1].message and "hooks[1]" in errors[1].message
+        assert [r.name for r in engine.rules] == ["gpu_temp_high", "cdu_pump_lost"]
+        assert set(outbox.hooks) == {"keep", "moved"} and outbox.hooks["keep"] is kept_hook
+
+        caplog.clear()
+        new_rules = RULES.replace("name: gpu_temp_high", "name: gpu_hot").replace(
+            "rule: gpu_temp_high", "rule: gpu_hot"
+        )
+        rules.write_text(new_rules)
+        added = {"type": "slack", "name": "chat", "url": servers["slack"].url + "/services/T/B/X"}
+        hooks.write_text(_hooks_yaml(keep, {**moved, "url": servers["pagerduty"].url}, added))
+        with caplog.at_level(logging.INFO, logger="twin.alerts"):
+            assert reloader.reload() is True
+        [line] = [r.message for r in caplog.records if r.name == "twin.alerts.reload"]
+        assert "reloaded 2 alert rules" in line and "3 hooks" in line
+        assert "added chat" in line and "changed moved" in line
+        assert [r.name for r in engine.rules] == ["gpu_hot", "cdu_pump_lost"]
+        assert outbox.hooks["keep"] is kept_hook  # unchanged: kept running
+        assert reloader.delivery.workers() == ["chat", "keep", "moved"]
+        # the pending row of the hook that moved goes out to its new address
+        assert wait_until(lambda: servers["pagerduty"].requests, 10)
+        assert servers["pagerduty"].requests[0].body["event"] == "firing"
+        assert wait_until(lambda: all(r["state"] != "pending" for r in outbox.rows()), 10)
+    finally:
+        reloader.delivery.stop()
+
+
+# ---- the service: SIGHUP, and no secret anywhere -------------------------------------------
+
+
+def _serve(b: Any, db: Path, log: Path, *args: str, env: dict[str, str] | None = None) -> Any:
+    return subprocess.Popen(
+        [
+            *(sys.executable, "-m", "twin.cli", "serve", "--broker", b.address, "--db", str(db)),
+            *("--site", str(SMALL_SITE), "--calibrate-every", "0", "--api-port", "0", *args),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=log.open("wb"),
+        env={**os.environ, **b.client_env(), **(env or {})},
+    )
+
+
+def _api_url(p: Any, log: Path) -> str:
+    assert wait_until(lambda: b"serving:" in log.read_bytes() or p.poll() is not None, 60)
+    assert p.poll() is None, log.read_text()
+    return re.search(r"api: (http://127\.0\.0\.1:\d+)", log.read_text()).group(1)  # type: ignore[union-attr]
+
+
+def _stop(p: Any, log: Path) -> None:
+    if p.poll() is None:
+        p.send_signal(signal.SIGTERM)
+        p.wait(30)
+    assert p.returncode == 0, log.read_text()
+
+
+@pytest.mark.mqtt
+@pytest.mark.slow
+def test_sighup_keeps_the_rules_on_a_bad_file_and_swaps_a_good_one(
+    broker: Any, servers: dict[str, Recorder], tmp_path: Path
+) -> None:
+    rules, hooks, log = tmp_path / "rules.yaml", tmp_path / "hooks.yaml", tmp_path / "serve.log"
+    rules.write_text(RULES)
+    hooks.write_text(_hooks_yaml({"type": "webhook", "name": "ops", "url": servers["webhook"].url}))
+    p = _serve(broker, tmp_path / "s.duckdb", log, "--rules", str(rules), "--hooks", str(hooks))
+    try:
+        url = _api_url(p, log)
+        with httpx.Client(base_url=url, timeout=30) as c:
+
+            def names() -> list[str]:
+                return c.get("/api/v1/alerts", params={"history": 0}).json()["rules"]
+
+            assert names() == ["gpu_temp_high", "cdu_pump_lost"]
+            rules.write_text(RULES.replace('op: "<"', 'op: "=<"'))
+            p.send_signal(signal.SIGHUP)
+            assert wait_until(lambda: "reload refused" in log.read_text(), 20)
+            assert names() == ["gpu_temp_high", "cdu_pump_lost"]
+            text = log.read_text()
+            assert "rule 'cdu_pump_lost' (rules[1]): op:" in text  # says why
+
+            rules.write_text(RULES.replace("gpu_temp_high", "gpu_hot"))
+            hooks.write_text(
+                _hooks_yaml({"type": "webhook", "name": "ops", "url": servers["slack"].url})
+            )
+            p.send_signal(signal.SIGHUP)
+            assert wait_until(lambda: "reloaded 2 alert rules" in log.read_text(), 20)
+            assert names() == ["gpu_hot", "cdu_pump_lost"]
+    finally:
+        _stop(p, log)
+    lines = log.read_text().splitlines()
+    assert len([x for x in lines if "reload refused" in x]) == 1
+    [done] = [x for x in lines if "reloaded 2 alert rules" in x]
+    assert "1 hooks" in done and "changed ops" in done
+
+
+WEB_PATH = "/hook/wh-SECRET-path-7f3a9c"
+WEB_HEADER = "Bearer wh-SECRET-header-51d2e8"
+SLACK_PATH = "/services/T0SECRET/B0SECRET/sl4ckS3cretT0ken"
+PD_KEY = "pdSECRETkey0123456789abcdef0123X"
+AM_PASSWORD = "am-SECRET-pass-9b8c"
+AM_HEADER = "am-SECRET-org-4e5f"
+API_TOKEN = "api-SECRET-token-0a1b2c3d"
+MQTT_PASSWORD = "mqtt-SECRET-pw-77aa"
+SECRETS = [WEB_PATH, WEB_HEADER, SLACK_PATH, PD_KEY, AM_PASSWORD, AM_HEADER, API_TOKEN]
+SECRETS += [MQTT_PASSWORD, "SECRET"]  # and no piece of any of them
+
+
+@pytest.mark.mqtt
+@pytest.mark.slow
+def test_no_secret_in_logs_metrics_api_or_store(
+    broker: Any, servers: dict[str, Recorder], tmp_path: Path
+) -> None:
+    servers["webhook"].mode = "echo"  # a first 503 that repeats the path and the headers
+    am_url = f"http://dctwin:{AM_PASSWORD}@127.0.0.1:{servers['alertmanager'].port}"
+    hooks = tmp_path / "hooks.yaml"
+    hooks.write_text(
+        _hooks_yaml(
+            {"type": "webhook", "name": "ops", "url_env": "T_WEB_URL"},
+            {"type": "slack", "name": "chat", "url_env": "T_SLACK_URL"},
+            {
+                "type": "pagerduty",
+                "name": "pd",
+                "url": servers["pagerduty"].url + "/v2/enqueue",
+                "routing_key_env": "T_PD_KEY",
+            },
+            {"type": "alertmanager", "name": "am", "url": am_url, "resend_interval_s": 3},
+        )
+        .replace(
+            '"url_env": "T_WEB_URL"',
+            f'"url_env": "T_WEB_URL", "headers": {{"Authorization": "{WEB_HEADER}"}}',
+        )
+        .replace(
+            '"resend_interval_s": 3',
+            f'"resend_interval_s": 3, "headers": {{"X-Scope-OrgID": "{AM_HEADER}"}}',
+        )
+    )
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(
+        "rules:\n  - {name: pumps_seen, metric: cdu.pumps_running, entity_kind: cdu,"
+        " op: '>=', value: 0, severity: critical, group_by: cdu}\n"
+    )
+    token_file = tmp_path / "token"
+    token_file.write_text(API_TOKEN + "\n")
+    env = {
+        "T_WEB_URL": servers["webhook"].url + WEB_PATH,
+        "T_SLACK_URL": servers["slack"].url + SLACK_PATH,
+        "T_PD_KEY": PD_KEY,
+        "DCTWIN_MQTT_PASSWORD": MQTT_PASSWORD,
+    }
+    db, log = tmp_path / "s.duckdb", tmp_path / "serve.log"
+    p = _serve(
+        broker,
+        db,
+        log,
+        *("--rules", str(rules), "--hooks", str(hooks), "--detect-every", "2"),
+        *("--api-token-file", str(token_file), "--verbose"),
+        env=env,
+    )
+    answers: list[str] = []
+    try:
+        url = _api_url(p, log)
+        start = (datetime.now(UTC) - timedelta(seconds=120)).replace(microsecond=0)
+        sim = subprocess.run(
+            [
+                *(sys.executable, "-m", "twin.cli", "sim", "--site", str(SMALL_SITE)),
+                *("--broker", broker.address, "--duration", "120", "--speed", "0"),
+                *("--start", start.isoformat()),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, **broker.client_env()},
+        )
+        assert sim.returncode == 0, sim.stderr
+        assert wait_until(lambda: all(r.accepted() for r in servers.values()), 90), log.read_text()
+        with httpx.Client(base_url=url, timeout=30) as c:
+            key = c.get("/api/v1/alerts").json()["active"][0]["dedup_key"]
+            auth = {"Authorization": f"Bearer {API_TOKEN}"}
+            r = c.post(f"/api/v1/alerts/{key}/ack", json={"by": "t"}, headers=auth)
+            assert r.status_code == 200, r.text
+            answers.append(r.text)
+
+            def pd_acks() -> list[Any]:
+                acks = servers["pagerduty"].accepted()
+                return [b for b in acks if b["event_action"] == "acknowledge"]
+
+            assert wait_until(pd_acks, 30)
+            assert wait_until(lambda: len(servers["alertmanager"].accepted()) >= 2, 30)  # a re-send
+            for path in ("/api/v1", "/api/v1/status", "/api/v1/alerts", "/api/v1/silences"):
+                answers.append(c.get(path).text)
+            for path in ("/healthz", "/metrics", "/openapi.json", "/api/v1/overview"):
+                answers.append(c.get(path).text)
+    finally:
+        _stop(p, log)
+    text = log.read_text()
+    assert " DEBUG " in text  # --verbose: the most the service ever logs
+    assert f"hook ops: {servers['webhook'].url}" in text  # where it sends, host only
+    assert "HTTP 503: cannot take ***" in text  # the echoed secrets, blanked
+    assert r.json()["outbox_rows"] == 2  # PagerDuty and the webhook take acks
+    con = duckdb.connect(str(db), read_only=True)
+    tables = [t for (t,) in con.execute("SELECT table_name FROM duckdb_tables()").fetchall()]
+    assert "alert_outbox" in tables
+    store_text = json.dumps(
+        {t: con.execute(f'SELECT * FROM "{t}"').fetchall() for t in tables}, default=str
+    )
+    errors = con.execute("SELECT last_error FROM alert_outbox WHERE hook = 'ops'").fetchall()
+    con.close()
+    assert any(e and "503" in e for (e,) in errors)
+    # the receivers did get the secrets: they were in use
+    assert servers["webhook"].requests[0].path == WEB_PATH
+    assert servers["webhook"].requests[0].headers["Authorization"] == WEB_HEADER
+    assert servers["pagerduty"].accepted()[0]["routing_key"] == PD_KEY
+    for secret in SECRETS:
+        assert secret not in text, secret
+        assert secret not in store_text, secret
+        for a in answers:
+            assert secret not in a, secret

@@ -421,7 +421,7 @@ def test_without_a_site_the_site_endpoints_say_so(svc: RunningService) -> None:
 def test_serve_runs_the_api_in_its_process(broker, tmp_path: Path) -> None:
     db = tmp_path / "serve.duckdb"
     log = tmp_path / "serve.log"
-    env = {**os.environ, **broker.client_env(), "DCTWIN_API_TOKEN": "s3cret"}
+    env = {**os.environ, **broker.client_env(), "DCTWIN_API_TOKEN": "s3cret-token-0123"}
     serve = subprocess.Popen(
         [
             sys.executable,
@@ -450,7 +450,7 @@ def test_serve_runs_the_api_in_its_process(broker, tmp_path: Path) -> None:
     try:
         assert wait_until(lambda: b"serving:" in log.read_bytes() or serve.poll() is not None, 60)
         text = log.read_text()
-        assert "s3cret" not in text  # the token never reaches the log
+        assert "s3cret-token-0123" not in text  # the token never reaches the log
         url = re.search(r"api: (http://127\.0\.0\.1:\d+)", text).group(1)  # type: ignore[union-attr]
         start = (datetime.now(UTC) - timedelta(seconds=120)).replace(microsecond=0)
         sim = subprocess.run(
@@ -490,7 +490,9 @@ def test_serve_runs_the_api_in_its_process(broker, tmp_path: Path) -> None:
             assert all(r["power_kw"] for r in racks)
             body = {"matchers": {"rule": "x"}, "duration_s": 60, "created_by": "t"}
             assert c.post("/api/v1/silences", json=body).status_code == 401
-            r = c.post("/api/v1/silences", json=body, headers={"Authorization": "Bearer s3cret"})
+            r = c.post(
+                "/api/v1/silences", json=body, headers={"Authorization": "Bearer s3cret-token-0123"}
+            )
             assert r.status_code == 201
             # the service's own counters
             fams = {f.name for f in text_string_to_metric_families(c.get("/metrics").text)}

@@ -71,13 +71,61 @@ MaxPastOpt = Annotated[
 ]
 
 
+#: Environment variables that hold secrets: their values are blanked in every log line.
+SECRET_ENV = ("DCTWIN_API_TOKEN", "DCTWIN_MQTT_PASSWORD")
+MIN_TOKEN_LEN = 16
+
+
 def _setup_logging(verbose: bool) -> None:
+    """Log to stderr; HTTP client loggers at WARNING (httpx logs every request's URL, and a
+    hook's URL is its secret); every line redacted (:mod:`twin.redact`), also with --verbose."""
+    from twin.redact import install_log_redaction, register_secret
+
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    logging.getLogger("amqtt").setLevel(logging.WARNING)
+    for name in ("amqtt", "httpx", "httpcore"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    for var in SECRET_ENV:
+        register_secret(os.environ.get(var))
+    install_log_redaction()
+
+
+def _api_token(cli_token: str | None, token_file: Path | None) -> str | None:
+    """The API token from --api-token-file, --api-token or DCTWIN_API_TOKEN (in that order of
+    preference); at least MIN_TOKEN_LEN characters. Never printed."""
+    from twin.redact import register_secret
+
+    if cli_token and token_file is not None:
+        raise _fail("give --api-token-file or --api-token, not both")
+    if token_file is not None:
+        try:
+            token = token_file.read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as e:
+            why = e.strerror if isinstance(e, OSError) and e.strerror else type(e).__name__
+            raise _fail(f"--api-token-file {token_file}: cannot read it ({why})") from None
+        if not token:
+            raise _fail(f"--api-token-file {token_file}: the file is empty")
+        source = f"--api-token-file {token_file}"
+    elif cli_token:
+        token, source = cli_token, "--api-token"
+        logging.getLogger("twin.cli").warning(
+            "--api-token on the command line is visible to every local user (ps,"
+            " /proc/*/cmdline); use --api-token-file PATH or DCTWIN_API_TOKEN"
+        )
+    else:
+        token, source = os.environ.get("DCTWIN_API_TOKEN", "").strip(), "DCTWIN_API_TOKEN"
+        if not token:
+            return None
+    register_secret(token)
+    if len(token) < MIN_TOKEN_LEN:
+        raise _fail(
+            f"{source}: the API token has {len(token)} characters, at least {MIN_TOKEN_LEN}"
+            " are required (e.g. python -c 'import secrets; print(secrets.token_urlsafe(24))')"
+        )
+    return token
 
 
 def _fail(message: str, code: int = 2) -> typer.Exit:
@@ -287,10 +335,16 @@ def serve(
     api_token: Annotated[
         str | None,
         typer.Option(
-            envvar="DCTWIN_API_TOKEN",
             show_default=False,
-            help="Bearer token for the API's writes (acknowledge, silences); without one,"
-            " writes are refused. Default: DCTWIN_API_TOKEN.",
+            help="Bearer token (16+ characters) for the API's writes (acknowledge, silences);"
+            " without one, writes are refused. Visible in `ps`: prefer --api-token-file or"
+            " DCTWIN_API_TOKEN (the default).",
+        ),
+    ] = None,
+    api_token_file: Annotated[
+        Path | None,
+        typer.Option(
+            help="Read the API's bearer token from this file (surrounding whitespace is dropped)."
         ),
     ] = None,
     whatif_bundles: Annotated[
@@ -311,6 +365,7 @@ def serve(
     _setup_logging(verbose)
     # the service's one health record: every loop reports into it; /healthz and /metrics read it
     health = ServiceHealth(stall_after_s=stall_after)
+    api_token = _api_token(api_token, api_token_file)
     if calibrate_holdout >= calibrate_window:
         raise _fail("--calibrate-holdout must be shorter than --calibrate-window")
     site_obj = _site(site)
@@ -343,6 +398,7 @@ def serve(
             interval_s=calibrate_every,
             window_s=calibrate_window,
             holdout_s=calibrate_holdout,
+            health=health,
         )
         scheduler.start()
     detector = delivery = engine = None
@@ -350,9 +406,12 @@ def serve(
         from twin.detect import DetectionScheduler
 
         if rules is not None:
-            engine, delivery = _alerting(store, site_obj, rules, hooks)
-        detector = DetectionScheduler(store, site_obj, interval_s=detect_every, engine=engine)
+            engine, delivery = _alerting(store, site_obj, rules, hooks, health=health)
+        detector = DetectionScheduler(
+            store, site_obj, interval_s=detect_every, engine=engine, health=health
+        )
         detector.start()
+    signal.signal(signal.SIGHUP, _sighup_reload(engine, delivery, rules, hooks))
     api_server = None
     if api:
         from twin.api import ApiContext, ApiError, ApiServer
@@ -381,7 +440,11 @@ def serve(
             service.stop()
             store.close()
             raise _fail(str(e)) from None
-        writes = "token required" if api_token else "off (no --api-token / DCTWIN_API_TOKEN)"
+        writes = (
+            "token required"
+            if api_token
+            else "off (no --api-token-file / DCTWIN_API_TOKEN / --api-token)"
+        )
         err.print(
             f"api: {api_server.url} (OpenAPI at {api_server.url}/docs, Prometheus at"
             f" {api_server.url}/metrics; writes: {writes})",
@@ -571,8 +634,9 @@ def calibrate(
         out.print(f"[yellow]event[/] {e['id']}: {e['detail']}")
 
 
-def _alerting(store, site_obj, rules: Path, hooks: Path | None):
-    """The alert engine on the store, and the delivery thread of its outbox (started)."""
+def _alerting(store, site_obj, rules: Path, hooks: Path | None, health=None):
+    """The alert engine on the store, and the delivery workers of its outbox (started; one
+    per hook, reporting into ``health`` as ``outbox:<hook>`` when given)."""
     from twin.alerts import AlertEngine, Delivery, Outbox, RuleFileError, Topology, load_rules
     from twin.alerts.hooks import load_hooks
 
@@ -588,8 +652,27 @@ def _alerting(store, site_obj, rules: Path, hooks: Path | None):
         )
     outbox = Outbox(store.cursor(), hook_list)
     engine = AlertEngine(rule_set, Topology.from_site(site_obj), outbox)
-    delivery = Delivery(outbox, interval_s=1.0).start() if hook_list else None
+    delivery = Delivery(outbox, interval_s=1.0, health=health).start()
+    for h in hook_list:
+        logging.getLogger("twin.alerts").info("hook %s: %s", h.name, h.target)
     return engine, delivery
+
+
+def _sighup_reload(engine, delivery, rules: Path | None, hooks: Path | None):
+    """The SIGHUP handler of `dctwin serve`: reload the rule and hook files (see
+    :mod:`twin.alerts.reload`), or say that there is nothing to reload."""
+    if engine is None or delivery is None or rules is None:
+
+        def nothing(signum, frame) -> None:
+            logging.getLogger("twin.alerts.reload").warning(
+                "SIGHUP: no alert rules to reload (serve runs alerting with --rules, --site"
+                " and --detect-every > 0)"
+            )
+
+        return nothing
+    from twin.alerts.reload import AlertReloader
+
+    return AlertReloader(engine, delivery, rules, hooks).on_signal
 
 
 def _existing_store(db: Path):

@@ -298,21 +298,24 @@ class AlertEngine:
 
     # ---- rules ---------------------------------------------------------------------------
 
-    def reload(self, path: str | Path) -> RuleSet:
-        """Load a new rule file; on any error raise :class:`RuleFileError` and keep the old.
+    def reload(self, path: str | Path | RuleSet) -> RuleSet:
+        """Load a new rule file (or take a validated :class:`RuleSet`); on any error raise
+        :class:`RuleFileError` and keep the old.
 
         Alerts of rules that are gone are dropped; their paged incidents resolve at the next
         evaluation.
         """
-        new = load_rules(path)  # raises before anything changes
-        self.rules = new
-        self._index = new.index()
-        names = set(new.by_name())
-        for key, inst in list(self._instances.items()):
-            if inst.rule not in names:
-                del self._instances[key]
-                self._dirty.add(key)
-        log.info("alert rules reloaded from %s: %d rules", path, len(new))
+        new = path if isinstance(path, RuleSet) else load_rules(path)  # raises before changes
+        with self._lock:  # not in the middle of an evaluation
+            self.rules = new
+            self._index = new.index()
+            names = set(new.by_name())
+            for key, inst in list(self._instances.items()):
+                if inst.rule not in names:
+                    del self._instances[key]
+                    self._dirty.add(key)
+        if not isinstance(path, RuleSet):
+            log.info("alert rules reloaded from %s: %d rules", path, len(new))
         return new
 
     # ---- evaluation ----------------------------------------------------------------------

@@ -9,10 +9,13 @@ Configured in YAML (the rule file or a file of its own)::
       - {type: alertmanager, url: "http://alertmanager:9093", resend_interval_s: 60}
 
 Every hook takes ``name`` (default ``<type>-<index>``; outbox rows are keyed by it, so keep it
-stable), ``timeout_s`` and ``headers`` (secret values). Secrets (``url``, ``routing_key``,
-header values) are :class:`pydantic.SecretStr`: never logged, never stored in the outbox (rows
-hold the notification; hooks render it when they send). ``<field>_env`` reads a secret from
-the environment at load instead.
+stable), ``timeout_s`` (the **total** time one request may take, connect to last byte: a
+receiver that trickles its answer is abandoned then, see :mod:`twin.alerts.deadline`) and
+``headers`` (secret values). Secrets (``url``, ``routing_key``, header values) are
+:class:`pydantic.SecretStr`: never logged, never stored in the outbox (rows hold the
+notification; hooks render it when they send), never in an error text (URLs there are cut to
+``scheme://host[:port]`` by :func:`twin.redact.redact_url`, secret values blanked).
+``<field>_env`` reads a secret from the environment at load instead.
 
 What each hook sends (``POST``, JSON):
 
@@ -53,6 +56,7 @@ Outcome of a send (:class:`SendResult`): 2xx delivered; transport errors, 408, 4
 from __future__ import annotations
 
 import os
+import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -64,8 +68,10 @@ import httpx
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 
+from twin.alerts.deadline import DeadlineTransport
 from twin.alerts.model import EventKind, Notification, UtcDatetime, utc_iso
 from twin.alerts.rules import RuleFileError, RuleIssue
+from twin.redact import redact_text, redact_url, register_secret
 
 __all__ = [
     "AlertmanagerHook",
@@ -99,7 +105,9 @@ class _HookConfigBase(BaseModel):
     name: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
     url: SecretStr | None = None
     url_env: str | None = Field(default=None, description="read url from this env variable")
-    timeout_s: float = Field(default=5.0, gt=0)
+    timeout_s: float = Field(
+        default=5.0, gt=0, description="total deadline of one request (connect to last byte)"
+    )
     headers: dict[str, SecretStr] = Field(default_factory=dict)
 
     def resolve_env(self, env: dict[str, str] | None = None) -> _HookConfigBase:
@@ -116,7 +124,27 @@ class _HookConfigBase(BaseModel):
         out = self.model_copy(update=update)
         if out.url is None:
             raise ValueError("url: required (or url_env)")
+        try:  # never quote the URL: it is the secret
+            parsed = httpx.URL(out.url.get_secret_value())
+        except httpx.InvalidURL:
+            raise ValueError("url: not a valid URL") from None
+        if parsed.scheme not in ("http", "https") or not parsed.host:
+            raise ValueError("url: must be an http:// or https:// URL with a host")
         return out
+
+    def secret_values(self) -> list[str]:
+        """Every secret this hook holds (for redaction), the URL's path and query included."""
+        out = [v.get_secret_value() for v in self.headers.values()]
+        key = getattr(self, "routing_key", None)
+        if key is not None:
+            out.append(key.get_secret_value())
+        if self.url is not None:
+            url = self.url.get_secret_value()
+            out.append(url)
+            rest = url.removeprefix(redact_url(url))
+            if len(rest.strip("/")) >= 8:  # a path long enough to be a token (Slack's is)
+                out.append(rest)
+        return [v for v in out if v]
 
 
 class WebhookHookConfig(_HookConfigBase):
@@ -230,7 +258,30 @@ class Hook(ABC):
     def __init__(self, config: _HookConfigBase, name: str, client: httpx.Client | None = None):
         self.config = config
         self.name = name
-        self._client = client or httpx.Client(timeout=config.timeout_s)
+        self._secrets = config.secret_values()
+        for value in self._secrets:
+            register_secret(value)  # blanked in every log line of the process
+        self._transport: DeadlineTransport | None = None
+        if client is None:
+            self._transport = DeadlineTransport()
+            client = httpx.Client(timeout=config.timeout_s, transport=self._transport)
+        self._client = client
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name} {self.target}>"
+
+    @property
+    def target(self) -> str:
+        """Where it sends, without the secret: ``scheme://host[:port]``."""
+        return redact_url(self._url()) if self.config.url is not None else "<no url>"
+
+    def same_as(self, other: Hook) -> bool:
+        """The same destination and settings (a reload keeps such a hook running)."""
+        return type(self) is type(other) and self.name == other.name and self.config == other.config
+
+    def redact(self, text: str) -> str:
+        """``text`` without this hook's secrets and with every URL cut to its host."""
+        return redact_text(text, self._secrets)
 
     @property
     def resend_interval_s(self) -> float | None:
@@ -251,16 +302,30 @@ class Hook(ABC):
         return 200 <= resp.status_code < 300
 
     def send(self, ev: OutboxEvent, now: datetime) -> SendResult:
+        """One POST, abandoned at ``timeout_s`` in total; every error text is redacted."""
         url, body = self.render(ev, now)
         headers = {k: v.get_secret_value() for k, v in self.config.headers.items()}
+        timeout_s = self.config.timeout_s
+        started = time.monotonic()
         try:
-            resp = self._client.post(url, json=body, headers=headers)
-        except httpx.HTTPError as exc:
-            return SendResult(False, True, None, f"{type(exc).__name__}: {exc}")
+            if self._transport is not None:
+                with self._transport.deadline(timeout_s):
+                    resp = self._client.post(url, json=body, headers=headers)
+            else:
+                resp = self._client.post(url, json=body, headers=headers)
+        except httpx.TimeoutException as exc:
+            took = time.monotonic() - started
+            msg = (
+                f"{type(exc).__name__}: no complete answer within {timeout_s:g} s"
+                f" (abandoned after {took:.1f} s)"
+            )
+            return SendResult(False, True, None, self.redact(msg))
+        except (httpx.HTTPError, httpx.InvalidURL) as exc:
+            return SendResult(False, True, None, self.redact(f"{type(exc).__name__}: {exc}"))
         code = resp.status_code
         if self._accepted(resp):
             return SendResult(True, False, code)
-        detail = f"HTTP {code}: {resp.text[:300]}"
+        detail = self.redact(f"HTTP {code}: {resp.text[:300]}")
         if code in RETRYABLE or code >= 500:
             return SendResult(False, True, code, detail, _retry_after(resp, now))
         return SendResult(False, False, code, detail)
@@ -438,20 +503,22 @@ def parse_hooks(
                 field, msg = msg.split(": ", 1)
             issues.append(RuleIssue(where, field, msg))
         raise RuleFileError(source, issues) from None
-    hooks: list[Hook] = []
+    resolved: list[_HookConfigBase] = []
     names: set[str] = set()
+    problems: list[RuleIssue] = []
     for i, cfg in enumerate(parsed.hooks):
         try:
-            resolved = cfg.resolve_env(env)
+            resolved.append(cfg.resolve_env(env))
         except ValueError as exc:
             field, _, msg = str(exc).partition(": ")
-            raise RuleFileError(source, [RuleIssue(f"hooks[{i}]", field, msg)]) from None
-        hook = build_hook(resolved, i)
-        if hook.name in names:
-            raise RuleFileError(source, [RuleIssue(f"hooks[{i}]", "name", "duplicate hook name")])
-        names.add(hook.name)
-        hooks.append(hook)
-    return hooks
+            problems.append(RuleIssue(f"hooks[{i}]", field, msg))
+        name = cfg.name or f"{cfg.type}-{i}"  # type: ignore[attr-defined]
+        if name in names:
+            problems.append(RuleIssue(f"hooks[{i}]", "name", "duplicate hook name"))
+        names.add(name)
+    if problems:
+        raise RuleFileError(source, problems)
+    return [build_hook(cfg, i) for i, cfg in enumerate(resolved)]
 
 
 def load_hooks(path: str | Path, env: dict[str, str] | None = None) -> list[Hook]:

@@ -19,7 +19,15 @@ adding one; receivers see (dedup key, status) pairs that PagerDuty and Alertmana
 natively and that webhook receivers dedupe by ``event_id``. Alertmanager hooks re-send a
 delivered firing row every ``resend_interval_s`` until its resolve is enqueued.
 
-:class:`Delivery` runs :meth:`Outbox.deliver` in a thread.
+:class:`Delivery` runs one worker thread per hook (:meth:`Outbox.deliver_hook`), so a hook
+that is down, slow or trickling its answers never delays another: each request ends at its
+hook's ``timeout_s`` (a total deadline), and only that hook's rows wait for it.
+:meth:`Delivery.reload` swaps in a new hook list (``dctwin serve`` on SIGHUP): workers of
+unchanged hooks keep running, changed hooks get a new worker, removed hooks stop (their pending
+rows stay in the store and go out if a hook of that name comes back).
+
+``last_error`` holds the hook's error text with every URL cut to ``scheme://host[:port]`` and
+its secrets blanked (:meth:`twin.alerts.hooks.Hook.redact`).
 """
 
 from __future__ import annotations
@@ -31,11 +39,14 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from twin.alerts.db import AlertDb
 from twin.alerts.hooks import Hook, OutboxEvent
 from twin.alerts.model import Notification, event_id
+
+if TYPE_CHECKING:
+    from twin.health import ServiceHealth
 
 __all__ = ["Delivery", "DeliveryReport", "Outbox"]
 
@@ -78,7 +89,8 @@ class Outbox:
         self.max_backoff_s = max_backoff_s
         self.jitter = jitter
         self.give_up_after_s = give_up_after_s
-        self._deliver_lock = threading.Lock()
+        self._locks: dict[str, threading.Lock] = {}  # one delivery round per hook at a time
+        self._locks_lock = threading.Lock()
         self._hook_down_until: dict[str, datetime] = {}  # a failing hook waits as its row does
 
     # ---- enqueue -------------------------------------------------------------------------
@@ -93,9 +105,10 @@ class Outbox:
         now = now or self.clock()
         n = 0
         with self.db.transaction() as cur:
+            hooks = list(self.hooks.values())
             for note in notifications:
                 payload = note.model_dump_json()
-                for hook in self.hooks.values():
+                for hook in hooks:
                     if hook.supports(note.status):
                         n += self._put(
                             cur, hook, note.dedup_key, note.status, note.event_id, payload, now
@@ -109,7 +122,7 @@ class Outbox:
         eid = event_id(dedup_key, "acknowledge", now)
         n = 0
         with self.db.transaction() as cur:
-            for hook in self.hooks.values():
+            for hook in list(self.hooks.values()):
                 if hook.supports("acknowledge"):
                     n += self._put(cur, hook, dedup_key, "acknowledge", eid, payload, now)
         return n
@@ -161,28 +174,72 @@ class Outbox:
         return delay
 
     def deliver(self, now: datetime | None = None) -> DeliveryReport:
-        """Send what is due; returns what happened. One round at a time (a lock)."""
-        with self._deliver_lock:
-            return self._deliver(now or self.clock())
+        """Send what is due to every hook, one hook after the other; returns what happened."""
+        now = now or self.clock()
+        report = DeliveryReport()
+        for name in list(self.hooks):
+            part = self.deliver_hook(name, now)
+            for f in ("delivered", "retried", "failed", "resent"):
+                getattr(report, f).extend(getattr(part, f))
+        return report
+
+    def deliver_hook(self, name: str, now: datetime | None = None) -> DeliveryReport:
+        """Send what is due to hook ``name``; one round per hook at a time (a lock per hook)."""
+        with self._locks_lock:
+            lock = self._locks.setdefault(name, threading.Lock())
+        with lock:
+            hook = self.hooks.get(name)
+            if hook is None:
+                return DeliveryReport()
+            return self._deliver(hook, now or self.clock(), live=now is None)
+
+    def backing_off(self, name: str, now: datetime | None = None) -> bool:
+        """Hook ``name`` failed and waits for its next attempt."""
+        until = self._hook_down_until.get(name)
+        return until is not None and until > (now or self.clock())
+
+    def set_hooks(self, hooks: Sequence[Hook]) -> list[Hook]:
+        """Swap in a new hook list; a hook equal to a running one (:meth:`Hook.same_as`) keeps
+        the running object. Returns the hooks that are no longer used (close them once their
+        worker has stopped)."""
+        old = self.hooks
+        new: dict[str, Hook] = {}
+        for h in hooks:
+            cur = old.get(h.name)
+            if cur is not None and cur.same_as(h):
+                new[h.name] = cur
+                if h is not cur:
+                    h.close()
+            else:
+                new[h.name] = h
+        self.hooks = new  # one assignment: readers see the old or the new dict
+        for name in set(old) - set(new) | {n for n in new if new[n] is not old.get(n)}:
+            self._hook_down_until.pop(name, None)
+        return [h for name, h in old.items() if new.get(name) is not h]
 
     def _event(self, status: str, key: str, eid: str, payload: str, at: datetime) -> OutboxEvent:
         note = None if status == "acknowledge" else Notification.model_validate_json(payload)
         return OutboxEvent(status, key, eid, note, at)  # type: ignore[arg-type]
 
-    def _deliver(self, now: datetime) -> DeliveryReport:
+    def _deliver(self, hook: Hook, now: datetime, live: bool = False) -> DeliveryReport:
         report = DeliveryReport()
+        hook_name = hook.name
         rows = self.db.query(
-            "SELECT id, hook, dedup_key, status, event_id, payload, attempts, created_at,"
-            " next_attempt_at FROM alert_outbox WHERE state = 'pending' ORDER BY id"
+            "SELECT id, dedup_key, status, event_id, payload, attempts, created_at,"
+            " next_attempt_at FROM alert_outbox WHERE state = 'pending' AND hook = ? ORDER BY id",
+            [hook_name],
         )
-        blocked: set[tuple[str, str]] = set()  # (hook, dedup key) with an earlier row waiting
+        blocked: set[str] = set()  # dedup keys with an earlier row waiting
         down = {h for h, until in self._hook_down_until.items() if until > now}
-        for rid, hook_name, key, status, eid, payload, attempts, created, due in rows:
-            hook = self.hooks.get(hook_name)
-            if hook is None or (hook_name, key) in blocked or hook_name in down or due > now:
-                blocked.add((hook_name, key))
+        for rid, key, status, eid, payload, attempts, created, due in rows:
+            if self.hooks.get(hook_name) is not hook:
+                break  # reloaded: the new hook's worker takes over
+            if key in blocked or hook_name in down or due > now:
+                blocked.add(key)
                 continue
             result = hook.send(self._event(status, key, eid, payload, created), now)
+            if live:  # a send may take up to the hook's timeout: time what follows from its end
+                now = self.clock()
             attempts += 1
             if result.ok:
                 resend = hook.resend_interval_s if status == "firing" else None
@@ -200,7 +257,7 @@ class Outbox:
                 report.delivered.append(rid)
                 self._hook_down_until.pop(hook_name, None)
                 continue
-            blocked.add((hook_name, key))
+            blocked.add(key)
             expired = (now - created).total_seconds() >= self.give_up_after_s
             if result.retry and not expired:
                 nxt = now + timedelta(seconds=self._backoff_s(attempts, result.retry_after_s))
@@ -221,21 +278,28 @@ class Outbox:
                 )
                 report.failed.append(rid)
                 log.error("hook %s: %s (given up)", hook_name, result.error)
-        self._resend(now, down, report)
+        if hook.resend_interval_s is not None:
+            self._resend(hook, now, down, report, live)
         return report
 
-    def _resend(self, now: datetime, down: set[str], report: DeliveryReport) -> None:
+    def _resend(
+        self, hook: Hook, now: datetime, down: set[str], report: DeliveryReport, live: bool
+    ) -> None:
         rows = self.db.query(
-            "SELECT id, hook, dedup_key, status, event_id, payload, created_at FROM alert_outbox"
-            " WHERE state = 'delivered' AND next_resend_at IS NOT NULL AND next_resend_at <= ?"
-            " ORDER BY id",
-            [now],
+            "SELECT id, dedup_key, status, event_id, payload, created_at FROM alert_outbox"
+            " WHERE state = 'delivered' AND hook = ? AND next_resend_at IS NOT NULL"
+            " AND next_resend_at <= ? ORDER BY id",
+            [hook.name, now],
         )
-        for rid, hook_name, key, status, eid, payload, created in rows:
-            hook = self.hooks.get(hook_name)
-            if hook is None or hook_name in down or hook.resend_interval_s is None:
+        for rid, key, status, eid, payload, created in rows:
+            hook_name = hook.name
+            if hook_name in down or hook.resend_interval_s is None:
                 continue
+            if self.hooks.get(hook_name) is not hook:
+                break
             result = hook.send(self._event(status, key, eid, payload, created), now)
+            if live:
+                now = self.clock()
             wait = hook.resend_interval_s if result.ok else self._backoff_s(1, None)
             self.db.query(
                 "UPDATE alert_outbox SET next_resend_at = ? WHERE id = ? AND next_resend_at"
@@ -275,35 +339,121 @@ class Outbox:
             h.close()
 
 
-class Delivery:
-    """Calls :meth:`Outbox.deliver` every ``interval_s`` in a daemon thread until stopped."""
+class _Worker:
+    """The delivery thread of one hook."""
 
-    def __init__(self, outbox: Outbox, interval_s: float = 1.0) -> None:
-        self.outbox = outbox
-        self.interval_s = interval_s
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> Delivery:
-        if self._thread is None or not self._thread.is_alive():
-            self._stop.clear()
-            self._thread = threading.Thread(target=self._run, name="alert-delivery", daemon=True)
-            self._thread.start()
-        return self
+    def __init__(self, delivery: Delivery, hook: Hook) -> None:
+        self.delivery = delivery
+        self.hook = hook
+        self.loop = f"outbox:{hook.name}"
+        self.stop_event = threading.Event()
+        self.thread = threading.Thread(target=self._run, name=f"alert-{self.loop}", daemon=True)
 
     def _run(self) -> None:
-        while not self._stop.is_set():
+        outbox, health = self.delivery.outbox, self.delivery.health
+        while not self.stop_event.is_set():
+            if outbox.hooks.get(self.hook.name) is not self.hook:
+                return  # replaced or removed by a reload
             try:
-                self.outbox.deliver()
-            except Exception:  # keep delivering; the rows stay in the store
-                log.exception("alert delivery round failed")
-            self._stop.wait(self.interval_s)
+                report = outbox.deliver_hook(self.hook.name)
+            except Exception as exc:  # keep delivering; the rows stay in the store
+                msg = self.hook.redact(f"delivery round failed: {type(exc).__name__}: {exc}")
+                log.exception("hook %s: %s", self.hook.name, msg)
+                if health is not None:
+                    health.error(self.loop, msg)
+            else:
+                if health is not None:
+                    if report.retried or report.failed:
+                        health.error(self.loop, self._last_error() or "delivery failed")
+                    elif (
+                        report.delivered or report.resent or not outbox.backing_off(self.hook.name)
+                    ):
+                        health.ok(self.loop)
+            self.stop_event.wait(self.delivery.interval_s)
+
+    def _last_error(self) -> str | None:
+        rows = self.delivery.outbox.db.query(
+            "SELECT last_error FROM alert_outbox WHERE hook = ? AND last_error IS NOT NULL"
+            " ORDER BY id DESC LIMIT 1",
+            [self.hook.name],
+        )
+        return rows[0][0] if rows else None
+
+
+class Delivery:
+    """One delivery worker (a daemon thread) per hook, each calling
+    :meth:`Outbox.deliver_hook` every ``interval_s`` until stopped; a hook that hangs holds
+    only its own worker. With ``health``, each worker reports as loop ``outbox:<hook name>``
+    (a failed send is an error, a delivery or an idle pass while not backing off is ok)."""
+
+    def __init__(
+        self, outbox: Outbox, interval_s: float = 1.0, health: ServiceHealth | None = None
+    ) -> None:
+        self.outbox = outbox
+        self.interval_s = interval_s
+        self.health = health
+        self._workers: dict[str, _Worker] = {}
+        self._lock = threading.Lock()
+        self._running = False
+
+    def start(self) -> Delivery:
+        with self._lock:
+            self._running = True
+            self._sync()
+        return self
+
+    def _sync(self) -> list[_Worker]:
+        """Stop workers whose hook is gone or replaced, start one for each hook without one;
+        returns the stopped workers (not yet joined)."""
+        hooks = self.outbox.hooks
+        stopped = []
+        for name, w in list(self._workers.items()):
+            if hooks.get(name) is not w.hook:
+                w.stop_event.set()
+                stopped.append(self._workers.pop(name))
+        for name, hook in hooks.items():
+            w = self._workers.get(name)
+            if w is None or not w.thread.is_alive():
+                w = self._workers[name] = _Worker(self, hook)
+                if self.health is not None:
+                    self.health.register(w.loop)
+                w.thread.start()
+        return stopped
+
+    def workers(self) -> list[str]:
+        """Names of the hooks that have a running worker."""
+        with self._lock:
+            return sorted(n for n, w in self._workers.items() if w.thread.is_alive())
+
+    def reload(self, hooks: Sequence[Hook], timeout_s: float = 30.0) -> dict[str, list[str]]:
+        """Swap in ``hooks`` (see :meth:`Outbox.set_hooks`) and restart the workers of the hooks
+        that changed; returns the hook names ``added``, ``changed``, ``removed``, ``kept``."""
+        with self._lock:
+            before = dict(self.outbox.hooks)
+            retired = self.outbox.set_hooks(hooks)
+            after = self.outbox.hooks
+            stopped = self._sync() if self._running else []
+        for w in stopped:
+            w.thread.join(timeout_s)
+        for h in retired:
+            h.close()
+        return {
+            "added": sorted(set(after) - set(before)),
+            "changed": sorted(n for n in after if n in before and after[n] is not before[n]),
+            "removed": sorted(set(before) - set(after)),
+            "kept": sorted(n for n in after if after[n] is before.get(n)),
+        }
 
     def stop(self, timeout_s: float = 10.0) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout_s)
-            self._thread = None
+        """Stop every worker; one in the middle of a request ends it first (at the latest at
+        its hook's ``timeout_s``)."""
+        with self._lock:
+            self._running = False
+            workers, self._workers = list(self._workers.values()), {}
+        for w in workers:
+            w.stop_event.set()
+        for w in workers:
+            w.thread.join(timeout_s)
 
     def __enter__(self) -> Delivery:
         return self.start()
