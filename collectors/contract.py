@@ -32,6 +32,7 @@ for the ingest and accepts exactly what :func:`decode` accepts.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import re
@@ -763,7 +764,13 @@ class BatchDecoder:
                     continue
                 ts[r] = us
         cols: dict[str, Any] = {}
+        if not bad and "ts" not in keys and keys <= allowed:
+            fast = _uniform_columns(kind, rows, keys, n)
+            if fast is not None:
+                cols = fast
         for name, q in quantities.items():
+            if name in cols:
+                continue
             if name not in keys:
                 cols[name] = pa.nulls(n, pa.int64() if q.integer else pa.float64())
                 continue
@@ -870,6 +877,66 @@ def _drop_rows(
         idx = [j for j, m in enumerate(ext_msg) if m not in drop]
         ext = {k: [vals[j] for j in idx] for k, vals in ext.items()}
     return cols, ext
+
+
+def _uniform_columns(kind: str, rows: list[dict], keys: set[str], n: int) -> dict[str, Any] | None:
+    """The quantity columns of samples that all carry the same keys, in few C-level passes;
+    None when any value needs the per-column checks (which then name the offender)."""
+    import operator
+
+    import numpy as np
+    import pyarrow as pa
+
+    if any(len(s) != len(keys) for s in rows):  # some sample lacks a key: per column
+        return None
+    quantities = QUANTITIES[kind]
+    names = [q for q in quantities if q in keys]
+    if not names:
+        return {}
+    floats = [q for q in names if not quantities[q].integer]
+    ints = [q for q in names if quantities[q].integer]
+    values = list(map(operator.itemgetter(*names), rows)) if len(names) > 1 else None
+    columns = dict(zip(names, zip(*values, strict=True), strict=True)) if values else None
+    if columns is None:
+        columns = {names[0]: tuple(s[names[0]] for s in rows)}
+    out: dict[str, Any] = {}
+    if floats:
+        fcols = [columns[q] for q in floats]
+        if not set(map(type, itertools.chain.from_iterable(fcols))) <= _FLOAT_TYPES:
+            return None
+        try:
+            block = np.array(fcols, dtype=np.float64)
+        except (OverflowError, TypeError, ValueError):
+            return None
+        lower = np.array([quantities[q].lower for q in floats])[:, None]
+        upper = np.array([quantities[q].bound for q in floats])[:, None]
+        with np.errstate(invalid="ignore"):
+            if ((block < lower) | (block > upper)).any():
+                return None
+        missing = np.isnan(block)
+        for j, q in enumerate(floats):
+            m = missing[j]
+            out[q] = pa.array(block[j], mask=m if m.any() else None)
+    for q in ints:
+        col = columns[q]
+        if not set(map(type, col)) <= _INT_TYPES:
+            return None
+        try:
+            arr = pa.array(col, type=pa.int64())
+        except (OverflowError, pa.ArrowInvalid):
+            return None
+        if quantities[q].nonnegative and arr.null_count < n:
+            low = pc_min(arr)
+            if low is not None and low < 0:
+                return None
+        out[q] = arr
+    return out
+
+
+def pc_min(arr: Any) -> Any:
+    import pyarrow.compute as pc
+
+    return pc.min(arr).as_py()
 
 
 def _int64(v: int) -> bool:

@@ -615,3 +615,32 @@ def test_a_flood_of_oversized_payloads_stays_bounded_and_good_ones_flow(broker, 
     size_after = db.stat().st_size + sum(f.stat().st_size for f in tmp_path.glob("big.duckdb.wal"))
     assert size_after - size_before < 10 * 2**20, (size_before, size_after)
     assert 0 < peak[0] < 2**30, f"peak RSS {peak[0] / 2**20:.0f} MiB"
+
+
+def test_dctwin_ingest_on_a_full_disk_says_so_in_one_line(tmp_path):
+    """`dctwin ingest` whose store cannot grow (RLIMIT_FSIZE of 2 MB, as a full disk looks to
+    DuckDB) exits 2 with one line naming the store, not a traceback."""
+    import resource
+    import subprocess
+    import sys
+
+    jsonl = tmp_path / "msgs.jsonl"
+    with jsonl.open("wb") as f:
+        for i in range(20_000):
+            t, p = good(i)
+            f.write(orjson.dumps({"topic": t, "payload": p.decode()}) + b"\n")
+    db = tmp_path / "full.duckdb"
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (2_000_000, resource.RLIM_INFINITY))
+
+    r = subprocess.run(
+        [sys.executable, "-m", "twin.cli", "ingest", "--file", str(jsonl), "--db", str(db)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        preexec_fn=limit,
+    )
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "Traceback" not in r.stderr
+    assert f"the store {db} failed" in r.stderr and "File too large" in r.stderr, r.stderr

@@ -40,7 +40,7 @@ RAISED_LIMITS = """\
 # Raise the queue limits: the defaults drop QoS 1 messages when a subscriber falls behind.
 max_queued_messages 0
 max_queued_bytes 0
-max_inflight_messages 0
+max_inflight_messages 20000
 max_packet_size 2000000
 """
 

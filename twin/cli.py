@@ -486,6 +486,7 @@ def ingest(
     """Load telemetry from a file without a broker, through the same validation as live data."""
     from twin.ingest import Ingester, IngestLimits
     from twin.ingest.files import ingest_path
+    from twin.ingest.ingester import StoreUnavailable
 
     _setup_logging(False)
     site_obj = _site(site)
@@ -502,8 +503,11 @@ def ingest(
             disable=not sys.stderr.isatty(),
         ) as progress:
             task = progress.add_task(str(file))
-            ingest_path(ingester, file, name, lambda n: progress.advance(task, n))
-        store.rollup()
+            try:
+                ingest_path(ingester, file, name, lambda n: progress.advance(task, n))
+                store.rollup()
+            except StoreUnavailable as e:  # disk full, a lock: what is committed stays
+                raise _fail(f"the store {db} failed: {e}") from None
     typer.echo(json.dumps(ingester.counters.as_dict()))
 
 

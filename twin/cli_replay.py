@@ -76,6 +76,7 @@ def replay(
     import threading
 
     from twin.ingest import Ingester, IngestLimits
+    from twin.ingest.ingester import StoreUnavailable
     from twin.procs import on_stop_signals
     from twin.replay.bundle import Bundle, BundleError
     from twin.replay.replay import replay as run_replay
@@ -92,10 +93,13 @@ def replay(
     if db is not None:
         with cli._store(db) as store:
             ingester = Ingester(store, b.site, IngestLimits(max_future_s=0, max_past_s=0))
-            stats = run_replay(
-                b, sink=ingester.ingest, speed=speed, shift_to_now=shift_to_now, stop=stop
-            )
-            store.rollup()
+            try:
+                stats = run_replay(
+                    b, sink=ingester.ingest, speed=speed, shift_to_now=shift_to_now, stop=stop
+                )
+                store.rollup()
+            except StoreUnavailable as e:  # disk full, a lock: what is committed stays
+                raise cli._fail(f"the store {db} failed: {e}") from None
         stats["ingest"] = ingester.counters.as_dict()
     else:
         from collectors.mqtt import BrokerError
