@@ -784,15 +784,15 @@ class BatchDecoder:
             return bad
         allowed = {*quantities, "id", "ts"}
         keys: set[str] = set().union(*rows)
-        ids = [s.get("id") for s in rows]
+        ids = list(map(dict.get, rows, itertools.repeat("id")))
         if set(map(type, ids)) != {str}:
             refuse([r for r, v in enumerate(ids) if type(v) is not str], "wrong_type: sample id")
         else:
             lengths = np.fromiter(map(len, ids), dtype=np.int64, count=n)
             refuse(np.flatnonzero((lengths < 1) | (lengths > 256)), "wrong_type: sample id length")
         # timestamps: the message's, or the sample's own
-        msg_ts = {m[0]: m[5] for m in msgs}
-        ts = np.fromiter((msg_ts[i] for i in row_msg), dtype=np.int64, count=n)
+        counts = np.fromiter(map(len, (m[6] for m in msgs)), dtype=np.int64, count=len(msgs))
+        ts = np.repeat(np.fromiter((m[5] for m in msgs), dtype=np.int64, count=len(msgs)), counts)
         if "ts" in keys:
             for r, s in enumerate(rows):
                 v = s.get("ts")
@@ -933,7 +933,7 @@ def _uniform_columns(kind: str, rows: list[dict], keys: set[str], n: int) -> dic
     import numpy as np
     import pyarrow as pa
 
-    if any(len(s) != len(keys) for s in rows):  # some sample lacks a key: per column
+    if set(map(len, rows)) != {len(keys)}:  # some sample lacks a key: per column
         return None
     quantities = QUANTITIES[kind]
     floats = [q for q in quantities if q in keys and not quantities[q].integer]
