@@ -410,6 +410,7 @@ def test_cdu_pump_failure_one_grouped_page_per_hook_then_resolve(
 # ---- acceptance: a hook down for five minutes ----------------------------------------------
 
 
+@pytest.mark.slow  # 3 s or more: out of the fast tier
 def test_hooks_down_five_minutes_get_every_alert_once_per_key(
     servers: dict[str, Recorder], store: Store, topo: Topology
 ) -> None:

@@ -47,6 +47,7 @@ def ok(r: httpx.Response) -> dict:
     return r.json()
 
 
+@pytest.mark.slow  # 3 s or more: out of the fast tier
 def test_health_index_and_openapi_document_every_endpoint(client: httpx.Client) -> None:
     assert ok(client.get("/healthz"))["status"] == "ok"
     index = ok(client.get("/api/v1"))
@@ -418,6 +419,7 @@ def test_without_a_site_the_site_endpoints_say_so(svc: RunningService) -> None:
 
 
 @pytest.mark.mqtt
+@pytest.mark.slow  # 3 s or more: out of the fast tier
 def test_serve_runs_the_api_in_its_process(broker, tmp_path: Path) -> None:
     db = tmp_path / "serve.duckdb"
     log = tmp_path / "serve.log"
@@ -516,6 +518,7 @@ def test_serve_runs_the_api_in_its_process(broker, tmp_path: Path) -> None:
     assert serve.returncode == 0, log.read_text()
 
 
+@pytest.mark.slow  # 3 s or more: out of the fast tier
 def test_whatif_jobs_run_scenarios_on_a_bundle(client: httpx.Client) -> None:
     listing = ok(client.get("/api/v1/whatif"))
     assert "demo_bundle" in listing["bundles"]

@@ -50,6 +50,7 @@ def metrics(c: httpx.Client) -> dict[tuple[str, tuple[tuple[str, str], ...]], fl
     }
 
 
+@pytest.mark.slow  # 3 s or more: out of the fast tier
 def test_healthz_answers_503_while_ingest_is_stalled_and_200_once_it_recovers(
     svc: RunningService,
 ) -> None:

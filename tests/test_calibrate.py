@@ -56,6 +56,7 @@ def _params(result, kind, param):
     return {p["id"]: p for p in result["params"] if p["kind"] == kind and p["param"] == param}
 
 
+@pytest.mark.slow  # 3 s or more: out of the fast tier
 def test_thermal_parameters_recovered_for_every_gpu(calibrated):
     _, result, truth, _ = calibrated
     for param, tol in (

@@ -36,6 +36,7 @@ def broker_env(b: LocalBroker) -> dict:
 
 
 @pytest.mark.mqtt
+@pytest.mark.slow  # 3 s or more: out of the fast tier
 def test_sim_to_serve_lands_exactly_the_published_samples(broker, tmp_path):
     db = tmp_path / "e2e.duckdb"
     log = tmp_path / "serve.log"
@@ -111,6 +112,7 @@ def test_sim_to_serve_lands_exactly_the_published_samples(broker, tmp_path):
     assert "trn-r01-n1:0" in truth["gpus"]
 
 
+@pytest.mark.slow  # 3 s or more: out of the fast tier
 def test_sim_jsonl_then_ingest_file_then_export(tmp_path):
     jsonl = tmp_path / "sim.jsonl"
     start = (datetime.now(UTC) - timedelta(minutes=5)).replace(microsecond=0)
@@ -149,6 +151,7 @@ def test_sim_jsonl_then_ingest_file_then_export(tmp_path):
     assert (out / "kind=gpu" / f"day={day}").is_dir()
 
 
+@pytest.mark.slow  # 3 s or more: out of the fast tier
 def test_clear_errors(tmp_path):
     r = run("status", "--db", str(tmp_path / "missing.duckdb"), "--json")
     assert r.returncode == 2 and "no store at" in r.stderr
@@ -174,6 +177,7 @@ def test_clear_errors(tmp_path):
 
 
 @pytest.mark.mqtt
+@pytest.mark.slow  # 3 s or more: out of the fast tier
 def test_demo_runs_and_stops_cleanly(tmp_path):
     db = tmp_path / "demo.duckdb"
     r = run("demo", "--site", str(SMALL_SITE), "--db", str(db), "--duration", "8", timeout=90)
@@ -188,6 +192,7 @@ def test_demo_runs_and_stops_cleanly(tmp_path):
     assert st["samples"] == {k: sim_stats["samples"].get(k, 0) for k in st["samples"]}
 
 
+@pytest.mark.slow  # 3 s or more: out of the fast tier
 def test_every_command_has_help():
     commands = [
         *("sim", "serve", "ingest", "export", "status", "calibrate", "maintain", "broker"),

@@ -69,6 +69,7 @@ def test_every_page_is_tested() -> None:
     }
 
 
+@pytest.mark.slow  # 3 s or more: out of the fast tier
 def test_app_opens_on_the_overview(env: RunningService) -> None:
     at = run(DASH / "app.py")
     assert "IT power" in metrics(at)

@@ -105,6 +105,7 @@ def _gpu_temp(batch: list[tuple[str, bytes]], gid: str) -> list[float]:
     return out
 
 
+@pytest.mark.slow  # 3 s or more: out of the fast tier
 def test_degrading_cold_plate_is_a_hot_spot_before_slowdown(site: Site, replay) -> None:
     gpu = "trn-r01-n1:3"
     r = replay(f"cold_plate_decay:{gpu}@2h+1h")
@@ -129,6 +130,7 @@ def test_degrading_cold_plate_is_a_hot_spot_before_slowdown(site: Site, replay) 
     assert not false_alarms
 
 
+@pytest.mark.slow  # 3 s or more: out of the fast tier
 def test_cdu_losing_its_pumps_pages_once_mutes_its_gpus_and_resolves(
     site: Site, replay, tmp_path: Path
 ) -> None:
@@ -171,6 +173,7 @@ def test_cdu_losing_its_pumps_pages_once_mutes_its_gpus_and_resolves(
             rec.stop()
 
 
+@pytest.mark.slow  # 3 s or more: out of the fast tier
 def test_creeping_phase_is_forecast_to_breach_before_it_does(site: Site, replay) -> None:
     phase = "pdu-r01-a/L1"
     r = replay(f"phase_creep:{phase}@2h+1h")

@@ -171,6 +171,7 @@ def simulated(tmp_path_factory):
     store.close()
 
 
+@pytest.mark.slow  # 3 s or more: out of the fast tier
 def test_series_are_sums_of_node_power(simulated):
     store, site, now, _ = simulated
     end = now
@@ -184,6 +185,7 @@ def test_series_are_sums_of_node_power(simulated):
     np.testing.assert_allclose(p[:, 1], p[:, 3] + p[:, 5])
 
 
+@pytest.mark.slow  # 3 s or more: out of the fast tier
 def test_backtest_acceptance_on_simulated_site(simulated):
     store, site, now, _ = simulated
     rep = run_backtest(store, site, now, history_s=DAYS * DAY, horizon_s=DAY, step_s=STEP_S)

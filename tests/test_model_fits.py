@@ -465,6 +465,7 @@ def sim_data() -> SimData:
     return SimData()
 
 
+@pytest.mark.slow  # 3 s or more: out of the fast tier
 def test_simulator_rc_recovery_every_gpu(sim_data: SimData) -> None:
     d, n = sim_data, FIT_TICKS
     for temp, r_key, c_key in (

@@ -258,12 +258,14 @@ def _restart_and_count(b, db, log, p, items, how) -> None:
     assert b"s3cret-never-logged" not in log.read_bytes()
 
 
+@pytest.mark.slow  # 3 s or more: out of the fast tier
 def test_no_loss_across_a_crash_and_restart(broker, tmp_path):
     if broker.kind == "embedded":
         pytest.skip("amqtt does not redeliver QoS 1 messages in flight to a client that crashed")
     _restart_without_loss(broker, tmp_path, signal.SIGKILL)
 
 
+@pytest.mark.slow  # 3 s or more: out of the fast tier
 def test_embedded_broker_keeps_what_arrives_while_the_service_is_down(embedded_broker, tmp_path):
     # amqtt 0.12 keeps the persistent session and queues what is published while the service
     # is away, but it drops QoS 1 messages that were in flight to a client when it disconnected
@@ -339,6 +341,7 @@ def _proc_gone(pid: int) -> bool:
     return stat.rsplit(b")", 1)[1].split()[0] == b"Z"  # exited, not yet reaped
 
 
+@pytest.mark.slow  # 3 s or more: out of the fast tier
 def test_receiver_child_killed_mid_stream_loses_and_doubles_nothing(broker, tmp_path):
     if broker.kind == "embedded":
         pytest.skip("amqtt does not redeliver QoS 1 messages in flight to a client that crashed")

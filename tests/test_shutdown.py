@@ -161,6 +161,7 @@ def test_demo_sighup_when_the_terminal_closes_stops_everything(tmp_path):
 
 @pytest.mark.mqtt
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.slow  # 3 s or more: out of the fast tier
 def test_serve_stops_on_sigterm_and_sigint(broker, tmp_path, sig):
     db = tmp_path / "s.duckdb"
     log = tmp_path / "serve.log"
@@ -172,6 +173,7 @@ def test_serve_stops_on_sigterm_and_sigint(broker, tmp_path, sig):
 
 
 @pytest.mark.mqtt
+@pytest.mark.slow  # 3 s or more: out of the fast tier
 def test_serve_as_a_background_job_ignores_sigint_and_stops_on_sigterm(broker, tmp_path):
     """A script's `dctwin serve &` starts with SIGINT ignored: SIGTERM is how it stops."""
     db = tmp_path / "bg.duckdb"

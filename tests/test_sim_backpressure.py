@@ -107,6 +107,7 @@ def test_serve_stores_every_message_of_a_speed_0_sim(broker, tmp_path):
 
 
 @pytest.mark.mqtt
+@pytest.mark.slow  # 3 s or more: out of the fast tier
 def test_sim_says_in_one_line_when_the_broker_goes_away(tmp_path):
     b = start_broker(TEST_BROKER, log_path=tmp_path / "broker.log")  # type: ignore[arg-type]
     log = tmp_path / "sim.log"

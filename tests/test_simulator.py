@@ -422,6 +422,7 @@ def _runs_below(a: np.ndarray, level: float) -> list[int]:
     return [*runs, n] if n else runs
 
 
+@pytest.mark.slow  # 3 s or more: out of the fast tier
 def test_every_group_is_interrupted_within_two_hours(site: Site) -> None:
     # a training job ends within 90 min: 2-8 min idle, then a 2-5 min warm-up; an inference
     # replica group is recycled within 100 min: 1-3 min drained, then 1-2 min loading

@@ -62,6 +62,7 @@ def test_shipped_bundle_is_a_day_at_10_s_under_20_mb(bundle: Bundle) -> None:
     assert "pump_failure:cdu-2/pump1" in m.notes  # it holds injected faults
 
 
+@pytest.mark.slow  # 3 s or more: out of the fast tier
 def test_facility_water_plus_3c_raises_steady_gpu_temperatures_about_3k(data, baseline) -> None:
     s = run(data, _scenario("facility-water-plus-3c", data.site))
     liquid = [gid for gid, c in zip(data.idx.gpu_ids, data.idx.gpu_cdu, strict=True) if c >= 0]
@@ -100,6 +101,7 @@ def test_losing_one_of_two_pumps_cuts_flow_as_the_pump_model_says(data, baseline
     assert min(s.gpu_mean_temp_c[g] - baseline.gpu_mean_temp_c[g] for g in on_cdu2) > 0.5
 
 
+@pytest.mark.slow  # 3 s or more: out of the fast tier
 def test_four_more_racks_on_a_cdu_at_90_percent_breach_it_and_say_when(data, baseline) -> None:
     assert baseline.cdus["cdu-3"]["peak_utilization"] == pytest.approx(0.9, abs=0.03)
     s = run(data, _scenario("four-more-b200-racks", data.site))
@@ -112,6 +114,7 @@ def test_four_more_racks_on_a_cdu_at_90_percent_breach_it_and_say_when(data, bas
     assert s.it_energy_kwh > baseline.it_energy_kwh
 
 
+@pytest.mark.slow  # 3 s or more: out of the fast tier
 def test_same_bundle_and_scenario_give_the_same_numbers(data, bundle) -> None:
     sc = _scenario("cdu-1-fails", data.site)
     a = run(data, sc).model_dump_json()
@@ -167,6 +170,7 @@ def test_a_scenario_naming_what_does_not_exist_is_refused(
     assert res.exit_code == 2 and named in res.output
 
 
+@pytest.mark.slow  # 3 s or more: out of the fast tier
 def test_whatif_command_writes_the_report(tmp_path: Path) -> None:
     out = tmp_path / "report"
     res = CliRunner().invoke(
