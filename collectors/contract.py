@@ -32,6 +32,7 @@ for the ingest and accepts exactly what :func:`decode` accepts.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import math
@@ -513,10 +514,6 @@ _FLOAT_TYPES = frozenset((float, int, _NONE))
 _INT_TYPES = frozenset((int, _NONE))
 
 
-class _Refused(Exception):
-    """The fast path cannot accept a message; :func:`decode` names why (or accepts it)."""
-
-
 @dataclass(slots=True)
 class BatchMessage:
     """One accepted message of a batch: its header; its samples are in the batch's columns."""
@@ -568,6 +565,7 @@ class BatchDecoder:
         self._str_ts: dict[str, int] = {}  # RFC 3339 text -> us, for timestamps seen before
 
     def _topic(self, topic: str) -> tuple[str, str, str]:
+        """The topic's (site, kind, source), remembered; ContractError (also remembered)."""
         t = self._topics.get(topic)
         if t is None:
             try:
@@ -593,41 +591,6 @@ class BatchDecoder:
             cache[value] = us
         return us
 
-    def _header(self, topic: str, payload: bytes) -> tuple[str, str, str, int, int, list]:
-        """(kind, source, collector, seq, ts_us, samples) of a message, or raise _Refused."""
-        size = getattr(payload, "size", len(payload))  # OversizedPayload: only its start
-        if size > MAX_PAYLOAD_BYTES:
-            raise ContractError("oversized", f"{size} bytes > {MAX_PAYLOAD_BYTES}")
-        _, kind, source = self._topic(topic)
-        try:
-            obj = orjson.loads(payload)
-        except orjson.JSONDecodeError:
-            raise _Refused from None
-        if type(obj) is not dict or obj.keys() != _HEADER_KEYS:
-            raise _Refused
-        v = obj["v"]
-        collector = obj["collector"]
-        seq = obj["seq"]
-        samples = obj["samples"]
-        if (
-            type(v) is not int
-            or v != CONTRACT_VERSION
-            or type(collector) is not str
-            or not 0 < len(collector) <= 64
-            or obj["source"] != source
-            or type(seq) is not int
-            or not 0 <= seq <= INT64_MAX
-            or type(samples) is not list
-            or not samples
-            or orjson.dumps(obj) != payload  # not canonical: decode() checks duplicate keys
-        ):
-            raise _Refused
-        try:
-            ts_us = self._ts_us(obj["ts"])
-        except (TimestampError, TypeError):  # TypeError: an unhashable ts (a list, a dict)
-            raise _Refused from None
-        return kind, source, collector, seq, ts_us, samples
-
     def decode_batch(
         self,
         items: list[tuple[str, bytes]],
@@ -649,9 +612,14 @@ class BatchDecoder:
         loads, dumps = orjson.loads, orjson.dumps
         version = CONTRACT_VERSION
         for i, (topic, payload) in enumerate(items):
-            # the common case, inline: a cached topic, canonical JSON, a valid header and a
-            # string timestamp seen before; anything else goes the way of _header and decode()
+            # the common case, inline: a topic of a known shape, canonical JSON, a valid
+            # header; anything else goes to decode(), which names the reason (or accepts it)
             t = topics.get(topic)
+            if t is None:
+                try:
+                    t = self._topic(topic)
+                except ContractError:
+                    t = False
             if type(t) is tuple and type(payload) is bytes and len(payload) <= MAX_PAYLOAD_BYTES:
                 try:
                     obj = loads(payload)
@@ -662,12 +630,14 @@ class BatchDecoder:
                     samples = obj["samples"]
                     tsv = obj["ts"]
                     ts_type = type(tsv)
+                    ts_us = None
                     if ts_type is str:
                         ts_us = ts_cache.get(tsv)
+                        if ts_us is None:
+                            with contextlib.suppress(TimestampError):
+                                ts_us = self._ts_us(tsv)  # parses and remembers it
                     elif (ts_type is float or ts_type is int) and _TS_MIN_S <= tsv < _TS_MAX_S:
-                        ts_us = (_EPOCH + timedelta(seconds=tsv) - _EPOCH) // _ONE_US
-                    else:
-                        ts_us = None
+                        ts_us = timedelta(seconds=tsv) // _ONE_US  # as parse_timestamp rounds
                     if (
                         ts_us is not None
                         and type(v) is int
@@ -688,12 +658,9 @@ class BatchDecoder:
                         )
                         continue
             try:
-                try:
-                    kind, source, collector, seq, ts_us, samples = self._header(topic, payload)
-                except _Refused:
-                    d = decode(topic, payload, self.site)  # names the reason, or accepts it
-                    kind, source, collector, seq = d.kind, d.source, d.collector, d.seq
-                    ts_us, samples = _us(d.ts), d.samples
+                d = decode(topic, payload, self.site)  # names the reason, or accepts it
+                kind, source, collector, seq = d.kind, d.source, d.collector, d.seq
+                ts_us, samples = _us(d.ts), d.samples
                 self._check_window(ts_us, lo, hi)
             except ContractError as e:
                 refused.append((i, e))
@@ -971,14 +938,14 @@ def _uniform_columns(kind: str, rows: list[dict], keys: set[str], n: int) -> dic
         except (OverflowError, pa.ArrowInvalid):
             return None
         if quantities[q].nonnegative and arr.null_count < n:
-            low = pc_min(arr)
+            low = _pc_min(arr)
             if low is not None and low < 0:
                 return None
         out[q] = arr
     return out
 
 
-def pc_min(arr: Any) -> Any:
+def _pc_min(arr: Any) -> Any:
     import pyarrow.compute as pc
 
     return pc.min(arr).as_py()
