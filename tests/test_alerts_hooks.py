@@ -322,6 +322,19 @@ rules:
 R01_GPUS = [f"trn-r01-n{n}:{i}" for n in (1, 2) for i in range(8)]
 
 
+def pumps_stopped_now() -> list[Observation]:
+    """cdu-1 with no pump running, observed now (fires cdu_pump_lost)."""
+    return [
+        Observation(
+            metric="cdu.pumps_running",
+            entity_kind="cdu",
+            entity_id="cdu-1",
+            value=0,
+            ts=datetime.now(UTC),
+        )
+    ]
+
+
 def observe(clock: Clock, pumps: float, temp_c: float) -> list[Observation]:
     ts = clock.now
     return [
@@ -620,17 +633,7 @@ def test_delivery_thread_delivers(
     outbox = Outbox(store, hooks_for(servers)[:1])
     engine = AlertEngine(parse_rules(RULES), topo, outbox)
     with Delivery(outbox, interval_s=0.02):
-        engine.evaluate(
-            [
-                Observation(
-                    metric="cdu.pumps_running",
-                    entity_kind="cdu",
-                    entity_id="cdu-1",
-                    value=0,
-                    ts=datetime.now(UTC),
-                )
-            ]
-        )
+        engine.evaluate(pumps_stopped_now())
         deadline = time.monotonic() + 30
         while outbox.pending() and time.monotonic() < deadline:
             time.sleep(0.02)
@@ -774,17 +777,7 @@ def test_reload_refuses_bad_files_and_swaps_good_ones(
     engine = AlertEngine(load_rules(rules), topo, outbox)
     reloader = AlertReloader(engine, Delivery(outbox, interval_s=0.1).start(), rules, hooks)
     try:
-        engine.evaluate(
-            [
-                Observation(
-                    metric="cdu.pumps_running",
-                    entity_kind="cdu",
-                    entity_id="cdu-1",
-                    value=0,
-                    ts=datetime.now(UTC),
-                )
-            ]
-        )
+        engine.evaluate(pumps_stopped_now())
         assert wait_until(lambda: servers["webhook"].accepted(), 10)
         assert [r["state"] for r in outbox.rows() if r["hook"] == "moved"] == ["pending"]
         kept_hook = outbox.hooks["keep"]

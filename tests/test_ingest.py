@@ -220,3 +220,26 @@ def test_jsonl_file_with_bad_lines(store, tmp_path):
     assert store.sample_counts()["gpu"] == 2
     dead = store.con.execute("SELECT topic, reason FROM dead_letters").fetchall()
     assert dead == [(f"file:{path}:2", "bad_topic")]
+
+
+def test_status_counts_every_unknown_id_though_it_lists_the_recent_ones(tmp_path, small_site):
+    """`dctwin status` with 150 unknown ids: the store lists 100, the command says 150."""
+    import subprocess
+    import sys
+
+    db = tmp_path / "u.duckdb"
+    with Store(db) as store:
+        Ingester(store, small_site).ingest(
+            [gpu_msg(i, source=f"ghost-{i:03d}") for i in range(150)]
+        )
+        assert store.status()["unknown_ids_total"] == 150
+        assert len(store.status()["unknown_ids"]) == 100
+    r = subprocess.run(
+        [sys.executable, "-m", "twin.cli", "status", "--db", str(db)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    assert "unknown ids: 150" in r.stdout
+    assert "... and 130 more (--json lists 100)" in r.stdout

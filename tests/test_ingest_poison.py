@@ -307,35 +307,34 @@ def test_arbitrary_json_in_any_field_is_stored_or_dead_lettered(
     bad = (topic, _encode(body))
     before, after = good(seq + 1, "gpu"), good(seq + 2, "gpu")
     store = fuzz_store
-    if True:
-        ing = Ingester(store, site, IngestLimits(max_past_s=0, max_future_s=0))
-        n_dead = store.con.execute("SELECT count(*) FROM dead_letters").fetchall()[0][0]
-        ing.ingest([before, bad, after])  # never raises
-        c = ing.counters
-        # the good neighbours landed (or were stored before by an earlier example)
-        assert c.stored_messages + c.duplicates >= 2, c.as_dict()
-        handled = c.stored_messages + c.duplicates + sum(c.dead_letters.values())
-        handled += c.dead_letter_repeats
-        assert handled == 3, c.as_dict()
-        # the column-wise path and the reference decode() agree on the bad message
-        try:
-            decode(*bad, site=SITE)
-            accepted = True
-        except ContractError as e:
-            accepted = False
-            assert e.reason in DEAD_LETTER_REASONS
-        refused = c.dead_letters.total() + c.dead_letter_repeats
-        assert accepted == (refused == 0), (c.as_dict(), bad)
-        if not accepted and c.dead_letters:
-            (reason,) = c.dead_letters
-            assert reason in DEAD_LETTER_REASONS
-            assert store.con.execute("SELECT count(*) FROM dead_letters").fetchall()[0][0] == (
-                n_dead + 1
-            )
-        # a restart redelivers the bad message: still no exception, the next good one lands
-        ing2 = Ingester(store, site, IngestLimits(max_past_s=0, max_future_s=0))
-        ing2.ingest([bad, good(seq + 3, "gpu")])
-        assert ing2.counters.stored_messages + ing2.counters.duplicates >= 1
+    ing = Ingester(store, site, IngestLimits(max_past_s=0, max_future_s=0))
+    n_dead = store.con.execute("SELECT count(*) FROM dead_letters").fetchall()[0][0]
+    ing.ingest([before, bad, after])  # never raises
+    c = ing.counters
+    # the good neighbours landed (or were stored before by an earlier example)
+    assert c.stored_messages + c.duplicates >= 2, c.as_dict()
+    handled = c.stored_messages + c.duplicates + sum(c.dead_letters.values())
+    handled += c.dead_letter_repeats
+    assert handled == 3, c.as_dict()
+    # the column-wise path and the reference decode() agree on the bad message
+    try:
+        decode(*bad, site=SITE)
+        accepted = True
+    except ContractError as e:
+        accepted = False
+        assert e.reason in DEAD_LETTER_REASONS
+    refused = c.dead_letters.total() + c.dead_letter_repeats
+    assert accepted == (refused == 0), (c.as_dict(), bad)
+    if not accepted and c.dead_letters:
+        (reason,) = c.dead_letters
+        assert reason in DEAD_LETTER_REASONS
+        assert store.con.execute("SELECT count(*) FROM dead_letters").fetchall()[0][0] == (
+            n_dead + 1
+        )
+    # a restart redelivers the bad message: still no exception, the next good one lands
+    ing2 = Ingester(store, site, IngestLimits(max_past_s=0, max_future_s=0))
+    ing2.ingest([bad, good(seq + 3, "gpu")])
+    assert ing2.counters.stored_messages + ing2.counters.duplicates >= 1
 
 
 def test_batch_decoder_and_decode_agree_on_the_values_they_store(site):

@@ -563,9 +563,12 @@ def status(
     for kind, n in st["samples"].items():
         out.print(f"  {kind:5} {n:>12,} samples  {st['readings'][kind]:>14,} readings")
     out.print(f"dead letters: {st['dead_letters'] or 'none'}")
-    out.print(f"unknown ids: {len(st['unknown_ids'])}")
-    for u in st["unknown_ids"][:20]:
+    total = st.get("unknown_ids_total", len(st["unknown_ids"]))
+    out.print(f"unknown ids: {total}")
+    for u in st["unknown_ids"][:20]:  # the most recently seen first
         out.print(f"  {u['kind']} {u['id']} from {u['source']}: {u['samples']} samples")
+    if total > 20:
+        out.print(f"  ... and {total - 20:,} more (--json lists {len(st['unknown_ids'])})")
 
 
 @app.command()

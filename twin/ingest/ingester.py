@@ -30,7 +30,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from collectors.contract import KINDS, BatchDecoder, ContractError
+from collectors.contract import BatchDecoder
 from twin.site import Site
 from twin.store.schema import DEAD_PAYLOAD_KEEP_BYTES, DEAD_TOPIC_KEEP_CHARS
 from twin.store.store import Batch, Store, is_transient
@@ -411,8 +411,6 @@ class Ingester:
 
 
 __all__ = [
-    "KINDS",
-    "ContractError",
     "IngestCounters",
     "IngestLimits",
     "Ingester",
