@@ -9,7 +9,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from twin.replay.bundle import Bundle
-from twin.replay.whatif import RunResult
+from twin.replay.result import RunResult
 
 KIND_LABEL = {
     "gpu": "GPU temperature",

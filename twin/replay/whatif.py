@@ -36,17 +36,17 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
-from pydantic import BaseModel
 
 from models import cdu as cdu_model
 from models import coolant, electrical, gpu_power, gpu_thermal
 from twin.calibrate.calibrate import index_site
 from twin.calibrate.windows import hold_fill
 from twin.replay.bundle import Bundle
+from twin.replay.result import ComponentResult, Kind, KindSummary, RunResult
 from twin.replay.scenario import (
     AddRacks,
     CapGpuPower,
@@ -70,46 +70,6 @@ PF_DEFAULT = 0.98
 RISK_FRACTION = 0.10  # "fits with risks": a headroom below 10 % of its limit
 RISK_GPU_K = 3.0  # ... or a GPU within 3 K of its max operating temperature
 GPU_CHUNK = 2048  # GPUs per block of the thermal loop (bounds memory at 10,000 GPUs)
-
-Kind = Literal["gpu", "pdu_phase", "rack", "cdu_heat", "cdu_flow", "loop", "link"]
-
-
-class ComponentResult(BaseModel):
-    kind: Kind
-    id: str
-    unit: str
-    limit: float
-    peak: float
-    min_headroom: float
-    time_over_s: float
-    first_breach: datetime | None
-
-
-class KindSummary(BaseModel):
-    kind: Kind
-    unit: str
-    components: int
-    worst_id: str
-    worst_min_headroom: float
-    breaching: int
-    time_over_s: float
-    first_breach: datetime | None
-
-
-class RunResult(BaseModel):
-    name: str
-    description: str
-    verdict: Literal["fits", "fits with risks", "does not fit", "baseline"]
-    reasons: list[str]
-    kinds: list[KindSummary]
-    worst: list[ComponentResult]  # the components over or nearest their limits
-    alerts: list[dict[str, Any]]
-    it_energy_kwh: float
-    liquid_heat_kwh: float
-    throttled_gpu_s: float
-    series: dict[str, list[float]]  # a few site-level paths for the report's plots
-    cdus: dict[str, dict[str, float]]  # per CDU: time means of flow, supply, return, heat
-    gpu_mean_temp_c: dict[str, float]  # per GPU of the site: mean temperature over the run
 
 
 @dataclass
@@ -776,7 +736,8 @@ def _summarize(
                 worst_id=w.id,
                 worst_min_headroom=w.min_headroom,
                 breaching=len(breaching),
-                time_over_s=sum(c.time_over_s for c in breaching),
+                time_over_s=max((c.time_over_s for c in breaching), default=0.0),
+                component_over_s=sum(c.time_over_s for c in breaching),
                 first_breach=min(firsts) if firsts else None,
             )
         )
