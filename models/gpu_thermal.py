@@ -193,6 +193,56 @@ def rc_step(
     return t_ss + (np.asarray(temp_c, dtype=float) - t_ss) * decay
 
 
+def hold_power_w(
+    temp_c: ArrayLike,
+    target_c: ArrayLike,
+    ref_temp_c: ArrayLike,
+    r_k_per_w: ArrayLike,
+    c_j_per_k: ArrayLike,
+    dt_s: ArrayLike,
+) -> NDArray[np.float64]:
+    r"""The power that takes the RC model from ``temp_c`` to ``target_c`` in one step.
+
+    Parameters
+    ----------
+    temp_c : array_like
+        Temperature at the start of the step. [°C]
+    target_c : array_like
+        Temperature wanted at the end of the step. [°C]
+    ref_temp_c : array_like
+        Coolant or inlet-air temperature over the step. [°C]
+    r_k_per_w, c_j_per_k : array_like
+        Thermal resistance [K/W] and heat capacity [J/K].
+    dt_s : array_like
+        Step length. [s]
+
+    Returns
+    -------
+    numpy.ndarray
+        The power [W]; it can be below zero (no power holds the target) or above any limit.
+
+    Notes
+    -----
+    :func:`rc_step` solved for the power, with :math:`e = e^{-\Delta t/(R C)}`:
+
+    .. math:: P = \frac{T_{target} - T e - T_{ref}(1 - e)}{R (1 - e)}
+
+    This is what a thermal controller does when it holds the slowdown temperature: the GPU's
+    clocks, and so its power, fall until the temperature stops rising (docs/physics.md §2.4).
+
+    Examples
+    --------
+    >>> p = hold_power_w(80.0, 87.0, 30.0, 0.05, 2000.0, 1.0)
+    >>> round(float(rc_step(80.0, 30.0, p, 0.05, 2000.0, 1.0)), 9)
+    87.0
+    """
+    r = np.asarray(r_k_per_w, dtype=float)
+    e = np.exp(-np.asarray(dt_s, dtype=float) / (r * np.asarray(c_j_per_k, dtype=float)))
+    ref = np.asarray(ref_temp_c, dtype=float)
+    num = np.asarray(target_c, dtype=float) - np.asarray(temp_c, dtype=float) * e - ref * (1 - e)
+    return num / (r * np.maximum(1.0 - e, 1e-12))
+
+
 def rc_simulate(
     temp0_c: ArrayLike,
     ref_temp_c: ArrayLike,

@@ -21,7 +21,8 @@ from twin.ingest import Ingester, IngestLimits
 from twin.replay.bundle import Bundle, BundleError, record
 from twin.replay.replay import replay
 from twin.replay.scenario import Scenario, ScenarioError, load_scenario
-from twin.replay.whatif import _pump_flow_ratio, load, run
+from twin.chain.propagate import pump_flow_ratio as _pump_flow_ratio
+from twin.replay.whatif import load, run
 from twin.site import load_site
 from twin.store import Store
 

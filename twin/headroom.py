@@ -40,10 +40,10 @@ import numpy as np
 import pyarrow as pa
 from pydantic import BaseModel
 
-from models import cdu as cdu_model
-from models import coolant, gpu_thermal
 from twin.calibrate.calibrate import gpu_flow_ratio, gpu_reference, index_site
 from twin.calibrate.windows import Window, last_valid, load_window
+from twin.chain import gpu_temperatures, phase_table, rack_capacity_kw, resolve
+from twin.chain import propagate as chain
 from twin.coverage import newest_sample
 from twin.forecast import rack_ratio_paths
 from twin.site import Site
@@ -51,8 +51,6 @@ from twin.store import Store
 
 log = logging.getLogger(__name__)
 
-#: Continuous loads are held to 80 % of a breaker's rating (NEC 210.20(A), physics.md §4.3).
-DERATE = 0.8
 #: z of the one-sided 90 % quantile of a normal distribution.
 Z90 = 1.2816
 #: Seconds averaged for "now" values (currents, power, flow) to take out sensor noise.
@@ -128,14 +126,6 @@ def _latest_params(store: Store) -> dict[tuple[str, str, str], float]:
     return {(k, i, p): v for k, i, p, v in rows}
 
 
-def _pdu_capacity_kw(pdu: Any, pf: float) -> float:
-    """Real power one PDU can carry continuously: derated current on every phase."""
-    amps = DERATE * pdu.rated_current_a
-    if pdu.phases == 1:
-        return pdu.voltage_v * amps * pf / 1000.0
-    return math.sqrt(3.0) * pdu.voltage_v * amps * pf / 1000.0
-
-
 def _ratio_paths_persistence(
     rack_hist_w: np.ndarray, rack_now_w: np.ndarray, n: int
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -189,7 +179,7 @@ def compute_headroom(
         w_start,
         end,
         ids=idx.gpu_ids,
-        quantities=["power_w", "temp_c", "power_limit_w"],
+        quantities=["power_w", "temp_c", "power_limit_w", "sm_active", "util_pct"],
     )
     cdu = load_window(
         store,
@@ -311,16 +301,11 @@ def compute_headroom(
                 )
             )
 
-    # ---- racks: kW against its feeds together
+    # ---- racks: kW against its feeds together (twin.chain.limits)
     pf_now = _mean(pdu_now.values["power_factor"])
-    cap_kw = np.full(len(racks), np.nan)
-    pdus = site.pdu_by_name
-    for r_i, r in enumerate(racks):
-        feeds: dict[str, float] = {}
-        for p in r.pdus:
-            pf = pf_now[pdu_pos[p]] if p in pdu_pos and np.isfinite(pf_now[pdu_pos[p]]) else 1.0
-            feeds[pdus[p].feed] = feeds.get(pdus[p].feed, 0.0) + _pdu_capacity_kw(pdus[p], pf)
-        cap_kw[r_i] = sum(feeds.values()) if feeds else np.nan
+    cap_kw = rack_capacity_kw(
+        site, racks, {p: float(pf_now[i]) for p, i in pdu_pos.items() if "/" not in p}
+    )
     rack_kw_now = rack_now / 1000.0
     emit(
         "rack",
@@ -336,17 +321,8 @@ def compute_headroom(
     )
 
     # ---- PDU phases and breakers: current x load ratio + unexplained trend
-    phase_ids, phase_limit, phase_racks = [], [], []
-    for p in site.pdus:
-        fed = [rack_of_rack[r.name] for r in racks if p.name in r.pdus]
-        for k in range(1, p.phases + 1 if p.phases == 3 else 2):
-            phase_ids.append(f"{p.name}/L{k}")
-            phase_limit.append(DERATE * p.rated_current_a)
-            phase_racks.append(fed)
-        for b in p.breakers:
-            phase_ids.append(f"{p.name}/{b.name}")
-            phase_limit.append(DERATE * b.rated_current_a)
-            phase_racks.append(fed)
+    table = phase_table(site)
+    phase_ids, phase_limit, phase_racks = table.ids, table.limit_a, table.racks
     if phase_ids:
         cur_hist = pdu_hist.select(phase_ids).values["current_a"]
         cur_now = _mean(_tail_array(cur_hist, NOW_WINDOW_S, pdu_hist.step_s))
@@ -374,7 +350,7 @@ def compute_headroom(
             phase_ids,
             "current_a",
             "A",
-            np.array(phase_limit),
+            phase_limit,
             cur_now,
             path50,
             path90,
@@ -385,55 +361,39 @@ def compute_headroom(
             ],
         )
 
-    # ---- GPUs: temperature to the max operating temperature
-    params = _latest_params(store)
+    # ---- GPUs: temperature to the max operating temperature, through the chain: power from
+    # activity on the calibrated curve, the RC model at the loop's flow, the thermal controller
+    cal = _latest_params(store)
+    cp = resolve(site, idx, cal)
+    gp = cp.gpu
     power_now = _mean(gpu.values["power_w"])
     temp_now = last_valid(gpu.values["temp_c"])
+    act_now = _mean(gpu.values["sm_active"])
+    no_sm = ~np.isfinite(act_now)
+    act_now[no_sm] = _mean(gpu.values["util_pct"])[no_sm] / 100.0
     with np.errstate(all="ignore"):
         plimit = np.fmax.reduce(gpu.values["power_limit_w"], axis=0)
     ref_now = last_valid(gpu_reference(idx, cdu, node, _tail(pdu_hist, NOW_WINDOW_S)))
-    nodes = {nd.name: nd for nd in site.nodes}
-    g = len(idx.gpu_ids)
-    r_k = np.empty(g)
-    c_j = np.empty(g)
-    off = np.zeros(g)
-    t_max = np.empty(g)
-    gpu_basis = []
-    for i, gid in enumerate(idx.gpu_ids):
-        nd = nodes[idx.gpu_node[i]]
-        spec = nd.gpu_spec
-        liquid = idx.gpu_cdu[i] >= 0
-        t_max[i] = spec.max_operating_temp_c
-        fitted_r = params.get(("gpu", gid, "r_k_per_w"))
-        fitted_c = params.get(("gpu", gid, "c_j_per_k"))
-        if fitted_r is not None and fitted_c is not None:
-            r_k[i], c_j[i] = fitted_r, fitted_c
-            off[i] = params.get(("gpu", gid, "offset_k"), 0.0)
-            gpu_basis.append(f"{basis}, calibrated")
-        else:
-            r_nom = spec.r_liquid_k_per_w if liquid else spec.r_air_k_per_w
-            tau = spec.tau_liquid_s if liquid else spec.tau_air_s
-            r_k[i], c_j[i] = r_nom, tau / r_nom
-            gpu_basis.append(f"{basis}, catalog R and tau (no usable fit)")
-    # R at the loop's present flow (fitted at the calibration window's flow)
-    flow_ref = {i_: v for (k_, i_, p_), v in params.items() if k_ == "cdu" and p_ == "flow_ref_lpm"}
-    r_k = gpu_thermal.r_at_flow_k_per_w(
-        r_k, gpu_flow_ratio(idx, flow_ref, _mean(cdu.values["flow_lpm"]))
+    gpu_basis = [f"{basis}, {'calibrated' if t == 'calibrated' else t}" for t in gp.thermal_source]
+    flow_ref = {
+        c: v for c, v in zip(idx.cdu_names, cp.cdu_flow_ref_lpm, strict=True) if np.isfinite(v)
+    }
+    r_k = chain.gpu_r_k_per_w(
+        gp.r_k_per_w, gpu_flow_ratio(idx, flow_ref, _mean(cdu.values["flow_lpm"]))
     )
-    gpu_r50 = r50[:, idx.gpu_rack]
-    gpu_r90 = r90[:, idx.gpu_rack]
-    cap = np.where(np.isfinite(plimit), plimit, np.inf)
-    p50 = np.minimum(power_now[None, :] * gpu_r50, cap)
-    p90 = np.minimum(power_now[None, :] * gpu_r90, cap)
-    with np.errstate(all="ignore"):
-        t50 = gpu_thermal.predict_temp_c(temp_now, ref_now, p50, r_k, c_j, step_s, off)
-        t90 = gpu_thermal.predict_temp_c(temp_now, ref_now, p90, r_k, c_j, step_s, off)
+    cap = np.where(np.isfinite(plimit) & (plimit > 0), plimit, gp.limit_w)
+    t50 = _gpu_path(
+        temp_now, ref_now, power_now, act_now, r50[:, idx.gpu_rack], cap, r_k, gp, step_s
+    )
+    t90 = _gpu_path(
+        temp_now, ref_now, power_now, act_now, r90[:, idx.gpu_rack], cap, r_k, gp, step_s
+    )
     emit(
         "gpu",
         idx.gpu_ids,
         "temp_c",
         "K",
-        t_max,
+        gp.max_temp_c,
         temp_now,
         t50,
         t90,
@@ -448,13 +408,7 @@ def compute_headroom(
         supply = last_valid(cdu.values["supply_temp_c"])
         flow = _mean(cdu.values["flow_lpm"])
         heat_now = _mean(cdu.values["heat_kw"])
-        capture = np.array(
-            [
-                params.get(("rack", r.name, "capture_fraction"), idx.rack_prior[i])
-                for i, r in enumerate(racks)
-            ]
-        )
-        capture = np.where(idx.rack_cdu >= 0, capture, 0.0)
+        capture = cp.rack_capture
         rack_w50 = rack_w_now[None, :] * r50 * capture[None, :]
         rack_w90 = rack_w_now[None, :] * r90 * capture[None, :]
         heat50 = np.zeros((n, len(cdus)))
@@ -474,7 +428,7 @@ def compute_headroom(
         heat90[:, held] = heat_now[held]
         rated = np.array([c.capacity_kw for c in cdus], float)
         max_flow = np.array([c.max_flow_lpm for c in cdus], float)
-        cap_now = cdu_model.available_capacity_kw(rated, 0.0, flow, max_flow)
+        cap_now = chain.cdu_capacity_kw(rated, flow, max_flow)
         names = [c.name for c in cdus]
         emit("cdu", names, "heat_kw", "kW", cap_now, heat_now, heat50, heat90, cdu_of=names)
         ret_limit = np.array([c.return_limit_c for c in cdus], float)
@@ -483,11 +437,11 @@ def compute_headroom(
         ret50 = np.empty_like(heat50)
         ret90 = np.empty_like(heat90)
         for c_i, c in enumerate(cdus):
-            rise = max(ret_limit[c_i] - supply[c_i], 0.1)
-            need50[:, c_i] = coolant.flow_for_heat_lpm(heat50[:, c_i], rise, c.coolant, supply[c_i])
-            need90[:, c_i] = coolant.flow_for_heat_lpm(heat90[:, c_i], rise, c.coolant, supply[c_i])
-            ret50[:, c_i] = coolant.return_temp_c(supply[c_i], heat50[:, c_i], flow[c_i], c.coolant)
-            ret90[:, c_i] = coolant.return_temp_c(supply[c_i], heat90[:, c_i], flow[c_i], c.coolant)
+            lim, sup, fl = c.return_limit_c, supply[c_i], flow[c_i]
+            need50[:, c_i] = chain.flow_needed_lpm(heat50[:, c_i], sup, lim, c.coolant)
+            need90[:, c_i] = chain.flow_needed_lpm(heat90[:, c_i], sup, lim, c.coolant)
+            ret50[:, c_i] = chain.loop_return_c(sup, heat50[:, c_i], fl, c.coolant)
+            ret90[:, c_i] = chain.loop_return_c(sup, heat90[:, c_i], fl, c.coolant)
         # flow: headroom = present flow - flow needed; as "limit - value" with limit = flow
         emit(
             "cdu",
@@ -547,6 +501,45 @@ def compute_headroom(
         rows=rows,
         problems=problems,
     )
+
+
+def _gpu_path(
+    temp_now: np.ndarray,
+    ref_now: np.ndarray,
+    power_now: np.ndarray,
+    act_now: np.ndarray,
+    ratio: np.ndarray,
+    cap_w: np.ndarray,
+    r_k: np.ndarray,
+    gp: Any,
+    step_s: float,
+) -> np.ndarray:
+    """(n, G) temperature path of every GPU for a load-ratio path of its rack.
+
+    The rack's load ratio scales each GPU's activity; power follows the calibrated curve
+    (measured power plus the curve's change, ``twin.chain.propagate.gpu_power_after_w``) and the
+    temperature the RC model with the thermal controller (``twin.chain.gpu_temperatures``).
+    A GPU without activity telemetry scales its power with the ratio instead.
+    """
+    n = ratio.shape[0]
+    act = np.where(np.isfinite(act_now), act_now, 0.0)
+    p_now = np.nan_to_num(power_now)
+    a_path = np.clip(act[None, :] * ratio, 0.0, 1.0)
+    p = chain.gpu_power_after_w(p_now[None, :], act[None, :], a_path, gp, cap_w[None, :])
+    p = np.where(np.isfinite(act_now)[None, :], p, np.minimum(p_now[None, :] * ratio, cap_w))
+    ref = np.broadcast_to(np.nan_to_num(ref_now) + gp.offset_k, (n, len(p_now)))
+    res = gpu_temperatures(
+        np.where(np.isfinite(temp_now), temp_now, ref_now),
+        ref,
+        p,
+        np.broadcast_to(r_k, (n, len(p_now))),
+        gp.c_j_per_k,
+        step_s,
+        idle_w=gp.idle_w,
+        max_temp_c=gp.max_temp_c,
+    )
+    # the model path starts at the measured temperature; a GPU with no reference is unknown
+    return np.where(np.isfinite(ref_now)[None, :], res.temp_c, np.nan)
 
 
 def _tail(w: Window, seconds: float) -> Window:

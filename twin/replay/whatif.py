@@ -1,52 +1,44 @@
-"""What-if: a recording run through the calibrated twin, as it was and as a scenario changes it.
+"""What-if: a recording run through the twin's chain, as it was and as a scenario changes it.
 
-Both runs use the same model, and a scenario's value is the recorded value plus what the
-model says the scenario changes (``measured + model(scenario) - model(baseline)``), so the
-calibration's residual error cancels and an empty scenario reproduces the recording exactly.
-Per step of the recording (its resolution):
+Both runs go through ``twin.chain``, and a scenario's value is the recorded value plus what the
+chain says the scenario changes (``measured + model(scenario) - model(baseline)``), so the
+calibration's residual error cancels and a neutral scenario reproduces the recording exactly
+(docs/physics.md §10). Per step of the recording:
 
-1. **GPU power**: the recorded power plus the power curve's change for a scaled activity
-   (``models.gpu_power.gpu_power_w`` with each GPU's calibrated idle, limit and gamma), capped
-   by a power cap; new racks run their fleet's median recorded activity on the catalog curve.
-2. **Rack power**: recorded input power plus beta x the change in the sum of its GPUs
-   (calibrated ``alpha + beta * sum(P_gpu)``); new racks from the catalog node model
-   (``models.electrical.node_power_w``, ``psu_input_w``).
-3. **PDU phases**: recorded current scaled with the racks they feed; a failed feed's current
-   moves to the same phase of the rack's other feed. New racks' PDUs are like their
-   ``like_rack``'s, with balanced phases.
-4. **CDU**: heat = recorded + fitted capture fraction x change in rack power (+ new racks);
-   flow after a pump failure from the pump model (``models.cdu.parallel_pump_flow_lpm``: the
-   ratio of n-1 to n pumps on the CDU's curve); supply = ``max(setpoint, FW + approach)`` with
-   the approach read off the recording; capacity scaled by flow over rated flow; return =
-   supply + heat / (rho V c_p). A failed CDU's racks move to the CDUs on the same ``loop``
-   (site file), shared by capacity; without one they lose their coolant flow.
-5. **GPU temperature**: the calibrated RC model (``models.gpu_thermal.rc_step``) over the
-   coolant (supply + offset) or inlet air, with R at the loop's flow
-   (``r_at_flow_k_per_w``). A GPU the scenario takes past its max operating temperature
-   throttles: its power is cut to what holds it there, as the driver does.
-6. **Links**: recorded traffic scaled with the activity of the fleet its node runs; a failed
-   link's traffic moves to the links of the same switch toward the same tier.
+1. **GPU power**: recorded power plus the calibrated curve's change for a scaled activity,
+   within a power cap; new racks run their fleet's mean recorded activity on the catalog curve.
+2. **CDU supply and flow**: supply ``max(setpoint, FW + approach)`` with the approach read off
+   the recording; flow after a pump failure from the pump model; a failed CDU's racks move to
+   the CDUs of its ``loop``, which share their flow among more racks (without a peer they
+   lose their coolant).
+3. **GPU temperature** with the thermal controller (``twin.chain.thermal``): a GPU the
+   scenario takes past its max operating temperature draws only the power that holds it
+   there; the power it does not draw is reported as energy not delivered.
+4. **Racks, PDU phases**: recorded rack power plus beta x the change of its GPUs' power;
+   phase currents scale with their racks; a failed feed's current moves to the surviving feed.
+5. **CDU heat, return, flow needed**: recorded heat plus capture x the change in rack power.
+6. **Links**: recorded traffic scaled with the activity of the fleet at its ends; a failed
+   link's traffic moves to the parallel links of the same tier.
 
-Per component it reports the minimum headroom, the time over the limit and the first breach;
-the alerts the rule file would have fired; the IT energy; and a verdict.
+The verdict is relative to the recording (``twin.replay.verdict``).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 
-from models import cdu as cdu_model
-from models import coolant, electrical, gpu_power, gpu_thermal
-from twin.calibrate.calibrate import index_site
-from twin.calibrate.windows import hold_fill
+from twin.chain import gpu_temperatures, rack_capacity_kw
+from twin.chain import propagate as chain
+from twin.chain.thermal import model_path
+from twin.replay.alert_feed import M_CDU_FREE, M_GPU_K, M_PHASE_A, M_PUMPS, AlertFeed
 from twin.replay.bundle import Bundle
-from twin.replay.result import ComponentResult, Kind, KindSummary, RunResult
+from twin.replay.recording import Recording
+from twin.replay.recording import load as _load
+from twin.replay.result import RunResult
 from twin.replay.scenario import (
     AddRacks,
     CapGpuPower,
@@ -59,779 +51,626 @@ from twin.replay.scenario import (
     ScaleFleet,
     Scenario,
 )
-from twin.site import Site
-from twin.site.catalog import CDU_MODELS, GPU_MODELS, NODE_MODELS
+from twin.replay.verdict import Judge, Tolerance, compare, summarize, verdict
+from twin.site.catalog import GPU_MODELS, NODE_MODELS
 
-F64 = np.ndarray
-DERATE = 0.8  # continuous load at 80 % of a breaker's rating (NEC 210.20(A), physics.md §4.3)
-PUMP_SPEED = 0.8  # pumps run at 80 % speed in normal operation (as the simulator assumes)
-DEFAULT_DESIGN_DP_KPA = 100.0
-PF_DEFAULT = 0.98
-RISK_FRACTION = 0.10  # "fits with risks": a headroom below 10 % of its limit
-RISK_GPU_K = 3.0  # ... or a GPU within 3 K of its max operating temperature
 GPU_CHUNK = 2048  # GPUs per block of the thermal loop (bounds memory at 10,000 GPUs)
+SERIES_POINTS = 600  # points per path in the report's figures
+_Data = Recording  # the name earlier callers used
 
 
-@dataclass
-class _Data:
-    """The recording on its time grid, and the site flattened."""
-
-    bundle: Bundle
-    site: Site
-    t0: datetime
-    dt_s: float
-    n: int
-    idx: Any
-    gpu: dict[str, F64]
-    node: dict[str, F64]
-    pdu: dict[str, F64]
-    pdu_ids: list[str]
-    cdu: dict[str, F64]
-    pump_speed: dict[str, F64]  # cdu name -> (T, pumps) speed
-    link: dict[str, F64]
-    params: dict[tuple[str, str, str], float]
-    rack_in: F64  # (T, R) recorded rack input power (its PDUs), W
-    extra: dict[str, Any] = field(default_factory=dict)
+def load(bundle: Bundle) -> Recording:
+    """Read a bundle for the what-if (``twin.replay.recording.load``)."""
+    return _load(bundle)
 
 
-def _grid(bundle: Bundle, kind: str, ids: list[str], quantities: list[str], t0, dt_s, n):
-    """(T, N) arrays of ``quantities`` for ``ids`` on the recording's grid (NaN: no sample)."""
-    out = {q: np.full((n, len(ids)), np.nan) for q in quantities}
-    if kind not in bundle.manifest.rows:
-        return out
-    present = [q for q in quantities if q in bundle.manifest.resolutions.get(kind, {})]
-    t = bundle.table(kind, present)
-    ts = t.column("ts").cast(pa.timestamp("us", tz="UTC")).to_numpy().astype("int64")
-    start_us = int(t0.timestamp() * 1e6)
-    row = np.round((ts - start_us) / (dt_s * 1e6)).astype(np.int64)
-    enc = t.column("id").combine_chunks().dictionary_encode()
-    pos = {s: i for i, s in enumerate(ids)}
-    lut = np.array([pos.get(s, -1) for s in enc.dictionary.to_pylist()], dtype=np.int64)
-    col = lut[enc.indices.to_numpy(zero_copy_only=False)]
-    ok = (col >= 0) & (row >= 0) & (row < n)
-    for q in present:
-        v = t.column(q).to_numpy(zero_copy_only=False).astype(float)
-        out[q][row[ok], col[ok]] = v[ok]
-    return out
-
-
-def load(bundle: Bundle) -> _Data:
-    """Read a bundle onto its time grid."""
-    m = bundle.manifest
-    dt = m.resolution_s or 1.0
-    n = round((m.end - m.start).total_seconds() / dt)
-    site = bundle.site
-    idx = index_site(site)
-    t0 = m.start
-    gpu = _grid(
-        bundle,
-        "gpu",
-        idx.gpu_ids,
-        ["power_w", "temp_c", "sm_active", "util_pct", "power_limit_w"],
-        t0,
-        dt,
-        n,
-    )
-    act = gpu["sm_active"]
-    no_sm = np.isnan(act).all(axis=0)
-    act[:, no_sm] = gpu["util_pct"][:, no_sm] / 100.0
-    for q in ("power_w", "temp_c", "sm_active"):
-        gpu[q] = hold_fill(gpu[q], backfill=True)
-    node_ids = [nd.name for nd in site.nodes]
-    node = _grid(bundle, "node", node_ids, ["power_w", "inlet_temp_c"], t0, dt, n)
-    node = {q: hold_fill(v, backfill=True) for q, v in node.items()}
-    pdu_ids: list[str] = []
-    for p in site.pdus:
-        pdu_ids.append(p.name)
-        pdu_ids += [f"{p.name}/L{k}" for k in range(1, (3 if p.phases == 3 else 1) + 1)]
-        pdu_ids += [f"{p.name}/{b.name}" for b in p.breakers]
-    pdu = _grid(bundle, "pdu", pdu_ids, ["power_w", "current_a", "inlet_temp_c"], t0, dt, n)
-    pdu = {q: hold_fill(v, backfill=True) for q, v in pdu.items()}
-    cdu = _grid(
-        bundle,
-        "cdu",
-        idx.cdu_names,
-        ["supply_temp_c", "return_temp_c", "flow_lpm", "heat_kw", "fw_supply_temp_c"],
-        t0,
-        dt,
-        n,
-    )
-    cdu = {q: hold_fill(v, backfill=True) for q, v in cdu.items()}
-    pump_ids = [f"{c.name}/{p}" for c in site.cdus for p in c.pumps]
-    pumps = _grid(bundle, "cdu", pump_ids, ["pump_speed_pct"], t0, dt, n)["pump_speed_pct"]
-    pump_speed: dict[str, F64] = {}
-    k = 0
-    for c in site.cdus:
-        pump_speed[c.name] = hold_fill(pumps[:, k : k + len(c.pumps)], backfill=True)
-        k += len(c.pumps)
-    links = [lk.name for lk in site.links]
-    link = _grid(bundle, "link", links, ["tx_bps", "rx_bps"], t0, dt, n)
-    link = {q: np.nan_to_num(hold_fill(v, backfill=True)) for q, v in link.items()}
-    pos = {p: i for i, p in enumerate(pdu_ids)}
-    rack_in = np.zeros((n, len(idx.rack_names)))
-    for r, pdus in enumerate(idx.rack_pdus):
-        cols = [pos[p] for p in pdus if p in pos]
-        rack_in[:, r] = np.nansum(pdu["power_w"][:, cols], axis=1)
-    return _Data(
-        bundle,
-        site,
-        t0,
-        dt,
-        n,
-        idx,
-        gpu,
-        node,
-        pdu,
-        pdu_ids,
-        cdu,
-        pump_speed,
-        link,
-        bundle.params(),
-        rack_in,
-    )
-
-
-def _mask(d: _Data, at: float, for_s: float | None) -> F64:
+def _mask(d: Recording, at: float, for_s: float | None) -> np.ndarray:
     """(T,) bool: the steps a timed change is active."""
     t = np.arange(d.n) * d.dt_s
     end = np.inf if for_s is None else at + for_s
     return (t >= at) & (t < end)
 
 
-def _gpu_params(d: _Data) -> dict[str, F64]:
-    """Per GPU: calibrated idle, limit, gamma, R, C, offset (catalog where not usable)."""
-    idx, p = d.idx, d.params
-    nodes = {nd.name: nd for nd in d.site.nodes}
-    out: dict[str, list[float]] = {
-        k: [] for k in ("idle", "limit", "gamma", "r", "c", "off", "tmax")
-    }
-    for i, gid in enumerate(idx.gpu_ids):
-        spec = nodes[idx.gpu_node[i]].gpu_spec
-        liquid = idx.gpu_cdu[i] >= 0
-        r_nom = spec.r_liquid_k_per_w if liquid else spec.r_air_k_per_w
-        tau = spec.tau_liquid_s if liquid else spec.tau_air_s
-        out["idle"].append(p.get(("gpu", gid, "idle_w"), spec.idle_w))
-        out["limit"].append(p.get(("gpu", gid, "limit_w"), spec.tdp_w))
-        out["gamma"].append(p.get(("gpu", gid, "gamma"), spec.gamma))
-        r = p.get(("gpu", gid, "r_k_per_w"))
-        c = p.get(("gpu", gid, "c_j_per_k"))
-        if r is None or c is None:
-            r, c = r_nom, tau / r_nom
-        out["r"].append(r)
-        out["c"].append(c)
-        out["off"].append(p.get(("gpu", gid, "offset_k"), 0.0))
-        out["tmax"].append(spec.max_operating_temp_c)
-    return {k: np.array(v, dtype=float) for k, v in out.items()}
+@dataclass
+class _Cooling:
+    supply: np.ndarray  # (T, C) scenario supply
+    flow: np.ndarray  # (T, C) scenario flow
+    serve: np.ndarray  # (T, R) CDU index serving each rack (-1: none)
+    per_rack_flow: np.ndarray  # (T, C) each CDU's flow over the racks it serves [L/min]
+    per_rack_ref: np.ndarray  # (C,) each CDU's reference flow over its own racks [L/min]
+    own_racks: np.ndarray  # (C,) racks each CDU serves in the site file
+    running: np.ndarray  # (T, C) pumps running in the scenario
+    uncooled: np.ndarray  # (T, R) bool: liquid racks with no CDU left
+    notes: list[str]
 
 
-def _pump_flow_ratio(cdu: Any, running: int) -> float:
-    """Flow with ``running`` pumps over the flow with all of them (pump model, same speed)."""
-    n_all = len(cdu.pumps)
-    if running >= n_all:
-        return 1.0
-    if running <= 0:
-        return 0.0
-    dp = CDU_MODELS[cdu.model].design_dp_kpa if cdu.model else DEFAULT_DESIGN_DP_KPA
-    h0, kp, ks = cdu_model.pump_curve_from_design(cdu.max_flow_lpm, dp, n_all)
-    q = cdu_model.parallel_pump_flow_lpm(np.array([running, n_all], float), PUMP_SPEED, h0, kp, ks)
-    return float(q[0] / q[1])
-
-
-def run(d: _Data, scenario: Scenario | None, rules: Any = None) -> RunResult:
-    """One run of the twin over the recording: the baseline (``scenario=None``) or a scenario."""
-    site, idx, n, dt = d.site, d.idx, d.n, d.dt_s
-    racks = site.racks
-    n_r = len(racks)
-    rack_pos = {r.name: i for i, r in enumerate(racks)}
-    fleet_of_node = site.fleet_of_node
-    gp = _gpu_params(d)
-    changes = list(scenario.changes) if scenario else []
-    g = len(idx.gpu_ids)
-    gpu_fleet = np.array(
-        [fleet_of_node[nd].name if nd in fleet_of_node else "" for nd in idx.gpu_node]
-    )
-
-    # ---- 1. GPU activity and power
-    act = np.clip(np.nan_to_num(d.gpu["sm_active"]), 0.0, 1.0)
-    p_meas = np.nan_to_num(d.gpu["power_w"])
-    act_s = act.copy()
-    for c in changes:
-        if isinstance(c, ScaleFleet):
-            sel = gpu_fleet == c.fleet
-            act_s[:, sel] = np.clip(act[:, sel] * c.factor, 0.0, 1.0)
-    curve = lambda a: gpu_power.gpu_power_w(a, gp["idle"], gp["limit"], gp["gamma"])  # noqa: E731
-    p_s = (
-        p_meas + (curve(act_s) - curve(act))
-        if any(isinstance(c, ScaleFleet) for c in changes)
-        else p_meas.copy()
-    )
-    plimit = np.fmax.reduce(np.nan_to_num(d.gpu["power_limit_w"], nan=0.0), axis=0)
-    plimit = np.where(plimit > 0, plimit, gp["limit"])
-    cap = plimit.copy()
-    for c in changes:
-        if isinstance(c, CapGpuPower):
-            sel = np.ones(g, bool)
-            if c.fleet is not None:
-                sel &= gpu_fleet == c.fleet
-            if c.racks:
-                sel &= np.isin(idx.gpu_rack, [rack_pos[r] for r in c.racks])
-            cap[sel] = np.minimum(cap[sel], c.limit_w)
-    p_s = np.clip(p_s, 0.0, cap[None, :])
-
-    # ---- new racks (appended after the site's racks)
-    new: list[dict[str, Any]] = []
-    for c in changes:
-        if isinstance(c, AddRacks):
-            spec = NODE_MODELS[c.node_model]
-            gspec = GPU_MODELS[spec.gpu]
-            fleet_sel = gpu_fleet == c.fleet
-            a_path = np.median(act_s[:, fleet_sel], axis=1) if fleet_sel.any() else np.zeros(n)
-            p_gpu = gpu_power.gpu_power_w(a_path, gspec.idle_w, gspec.tdp_w, gspec.gamma)
-            node_dc = electrical.node_power_w(
-                spec.gpus * p_gpu, spec.base_w, spec.gpu_overhead_frac
-            )
-            node_in = electrical.psu_input_w(node_dc, 17.0, 0.96)  # physics.md §4.2 / §9.5
-            like = racks[rack_pos[c.like_rack]]
-            for _ in range(c.count):
-                new.append(
-                    {
-                        "name": f"new-{c.node_model.lower()}-{len(new) + 1}",
-                        "power_w": c.nodes_per_rack * node_in,
-                        "gpu_power_w": p_gpu,
-                        "gpus": c.nodes_per_rack * spec.gpus,
-                        "gspec": gspec,
-                        "liquid": spec.cooling == "liquid",
-                        "capture": spec.capture_fraction if spec.cooling == "liquid" else 0.0,
-                        "cdu": c.cdu,
-                        "like": like,
-                    }
-                )
-
-    # ---- 2. rack power
-    sum_gpu = np.zeros((n, n_r))
-    np.add.at(sum_gpu.T, idx.gpu_rack, (p_s - p_meas).T)
-    beta = np.array([d.params.get(("rack", r.name, "beta"), 1.0 / 0.96 * 1.05) for r in racks])
-    rack_s = d.rack_in + beta[None, :] * sum_gpu
-    ratio = np.where(d.rack_in > 0, rack_s / np.where(d.rack_in > 0, d.rack_in, 1.0), 1.0)
-
-    comps: list[ComponentResult] = []
-    ts = [d.t0 + timedelta(seconds=k * dt) for k in range(n)]
-
-    def judge(kind: Kind, ids: list[str], unit: str, value: F64, limit: F64) -> None:
-        """value, limit: (T, N) or (N,) limits; higher value is worse."""
-        lim = np.broadcast_to(limit, value.shape) if np.ndim(limit) == 2 else limit[None, :]
-        head = lim - value
-        over = head < 0
-        first = np.where(over.any(axis=0), np.argmax(over, axis=0), -1)
-        minh = np.nanmin(head, axis=0)
-        peak = np.nanmax(value, axis=0)
-        lim_rep = np.nanmin(np.broadcast_to(lim, value.shape), axis=0)
-        for j, sid in enumerate(ids):
-            comps.append(
-                ComponentResult(
-                    kind=kind,
-                    id=sid,
-                    unit=unit,
-                    limit=float(lim_rep[j]),
-                    peak=float(peak[j]),
-                    min_headroom=float(minh[j]),
-                    time_over_s=float(over[:, j].sum() * dt),
-                    first_breach=ts[first[j]] if first[j] >= 0 else None,
-                )
-            )
-
-    # ---- 3. PDU phases (recorded current x the load ratio of the rack they feed)
-    pdus = site.pdu_by_name
-    rack_of_pdu: dict[str, int] = {}
-    for r_i, r in enumerate(racks):
-        for p in r.pdus:
-            rack_of_pdu.setdefault(p, r_i)
-    phase_ids = [pid for pid in d.pdu_ids if "/" in pid]
-    ph_pos = {p: i for i, p in enumerate(d.pdu_ids)}
-    cur = np.nan_to_num(d.pdu["current_a"][:, [ph_pos[p] for p in phase_ids]])
-    ph_rack = np.array([rack_of_pdu.get(p.split("/")[0], -1) for p in phase_ids])
-    cur_s = cur * np.where(ph_rack >= 0, ratio[:, np.maximum(ph_rack, 0)], 1.0)
-    for c in changes:
-        if isinstance(c, FailFeed):
-            on = _mask(d, c.at, c.for_s)[:, None]
-            r_i = rack_of_pdu.get(c.pdu)
-            others = [p for p in racks[r_i].pdus if p != c.pdu] if r_i is not None else []
-            for j, pid in enumerate(phase_ids):
-                base, _, leg = pid.partition("/")
-                if base == c.pdu:
-                    for o in others:  # the same phase (or breaker) of the surviving feed
-                        k = phase_ids.index(f"{o}/{leg}") if f"{o}/{leg}" in phase_ids else None
-                        if k is not None:
-                            cur_s[:, k] = np.where(
-                                on[:, 0], cur_s[:, k] + cur_s[:, j] / len(others), cur_s[:, k]
-                            )
-                    cur_s[:, j] = np.where(on[:, 0], 0.0, cur_s[:, j])
-    ph_limit = []
-    for pid in phase_ids:
-        base, _, leg = pid.partition("/")
-        p = pdus[base]
-        br = next((b for b in p.breakers if b.name == leg), None)
-        ph_limit.append(DERATE * (br.rated_current_a if br else p.rated_current_a))
-    new_phase_ids, new_phase_cur, new_phase_lim = [], [], []
-    for nr in new:
-        for p_name in nr["like"].pdus:
-            p = pdus[p_name]
-            v_ph = float(
-                electrical.phase_voltage_v(p.voltage_v, p.wiring if p.phases == 3 else "single")
-            )
-            legs = 3 if p.phases == 3 else 1
-            per = nr["power_w"] / len(nr["like"].pdus) / legs / (v_ph * PF_DEFAULT)
-            if p.wiring == "delta" and p.phases == 3:
-                per = per * math.sqrt(3.0)  # balanced delta: line current = sqrt(3) x branch
-            for k in range(1, legs + 1):
-                new_phase_ids.append(f"{nr['name']}-{p.feed.lower()}/L{k}")
-                new_phase_cur.append(per)
-                new_phase_lim.append(DERATE * p.rated_current_a)
-    all_ph = phase_ids + new_phase_ids
-    all_cur = np.column_stack([cur_s, *new_phase_cur]) if new_phase_cur else cur_s
-    judge("pdu_phase", all_ph, "A", all_cur, np.array(ph_limit + new_phase_lim))
-
-    # ---- rack kW against what its feeds carry together (a failed feed shows on the phases)
-    pf = PF_DEFAULT
-
-    def feed_cap_kw(p: Any) -> float:
-        amps = DERATE * p.rated_current_a
-        return (p.voltage_v if p.phases == 1 else math.sqrt(3.0) * p.voltage_v) * amps * pf / 1e3
-
-    rack_cap = []
-    for r in racks:
-        feeds: dict[str, float] = {}
-        for pn in r.pdus:
-            feeds[pdus[pn].feed] = feeds.get(pdus[pn].feed, 0.0) + feed_cap_kw(pdus[pn])
-        rack_cap.append(sum(feeds.values()) if feeds else np.inf)
-    new_rack_cap = []
-    for nr in new:
-        feeds = {}
-        for pn in nr["like"].pdus:
-            feeds[pdus[pn].feed] = feeds.get(pdus[pn].feed, 0.0) + feed_cap_kw(pdus[pn])
-        new_rack_cap.append(sum(feeds.values()))
-    rack_all = np.column_stack([rack_s, *[nr["power_w"] for nr in new]]) if new else rack_s
-    judge(
-        "rack",
-        [r.name for r in racks] + [nr["name"] for nr in new],
-        "kW",
-        rack_all / 1e3,
-        np.array(rack_cap + new_rack_cap),
-    )
-
-    # ---- 4. CDUs
+def _cooling(d: Recording, changes: list[Any]) -> _Cooling:
+    """Scenario supply, flow and which CDU serves each rack, step by step."""
+    site, idx, n = d.site, d.idx, d.n
     cdus = site.cdus
     n_c = len(cdus)
-    cdu_pos = {c.name: i for i, c in enumerate(cdus)}
-    supply = d.cdu["supply_temp_c"]
-    fw = d.cdu["fw_supply_temp_c"]
-    flow = np.nan_to_num(d.cdu["flow_lpm"])
-    heat = np.nan_to_num(d.cdu["heat_kw"])
+    pos = {c.name: i for i, c in enumerate(cdus)}
+    supply, fw = d.cdu["supply_temp_c"], d.cdu["fw_supply_temp_c"]
     setpoint = np.array([c.supply_setpoint_c for c in cdus], float)
     approach = np.empty(n_c)
-    for i, c in enumerate(cdus):
-        fw_limited = supply[:, i] > setpoint[i] + 0.3
+    for i, c in enumerate(cdus):  # the approach the recording shows where FW limits supply
+        limited = supply[:, i] > setpoint[i] + 0.3
         approach[i] = (
-            float(np.nanmedian(supply[fw_limited, i] - fw[fw_limited, i]))
-            if fw_limited.sum() > 10
+            float(np.nanmedian(supply[limited, i] - fw[limited, i]))
+            if limited.sum() > 10
             else float(c.approach_k)
         )
-    fw_delta = np.zeros(n_c)
-    setpoint_s = setpoint.copy()
-    for c in changes:
-        if isinstance(c, FacilityWater):
-            for name in c.cdus or [x.name for x in cdus]:
-                fw_delta[cdu_pos[name]] += c.delta_k
-        elif isinstance(c, CduSetpoint):
-            setpoint_s[cdu_pos[c.cdu]] = c.supply_setpoint_c
-    model_b = np.maximum(setpoint[None, :], fw + approach[None, :])
-    model_s = np.maximum(setpoint_s[None, :], fw + fw_delta[None, :] + approach[None, :])
+    fw_delta, setpoint_s = np.zeros(n_c), setpoint.copy()
+    for ch in changes:
+        if isinstance(ch, FacilityWater):
+            for name in ch.cdus or [x.name for x in cdus]:
+                fw_delta[pos[name]] += ch.delta_k
+        elif isinstance(ch, CduSetpoint):
+            setpoint_s[pos[ch.cdu]] = ch.supply_setpoint_c
+    model_b = chain.cdu_supply_c(setpoint[None, :], fw, approach[None, :])
+    model_s = chain.cdu_supply_c(setpoint_s[None, :], fw + fw_delta[None, :], approach[None, :])
     supply_s = np.where(np.isfinite(model_b), supply + (model_s - model_b), supply)
-    # pumps: which ran in the recording (speed > 5 %), less the ones the scenario fails
-    flow_ratio_s = np.ones((n, n_c))
-    running = np.zeros((n, n_c))
+    flow = np.nan_to_num(d.cdu["flow_lpm"])
+    ratio = np.ones((n, n_c))
     running_s = np.zeros((n, n_c))
     for i, c in enumerate(cdus):
-        on = np.nan_to_num(d.pump_speed[c.name]) > 5.0  # (T, pumps)
+        on = d.pump_on[c.name]
         on_s = on.copy()
         for ch in changes:
             if isinstance(ch, FailPump) and ch.cdu == c.name:
                 on_s[:, c.pumps.index(ch.pump)] &= ~_mask(d, ch.at, ch.for_s)
         now, after = on.sum(axis=1), on_s.sum(axis=1)
-        running[:, i], running_s[:, i] = now, after
-        base_ratio = np.array([_pump_flow_ratio(c, k) for k in range(len(c.pumps) + 1)])
-        flow_ratio_s[:, i] = np.where(
-            base_ratio[now] > 0, base_ratio[after] / np.maximum(base_ratio[now], 1e-12), 0.0
-        )
-    flow_s = flow * flow_ratio_s
-    # capture per rack; heat change from rack power
-    capture = np.array(
-        [
-            d.params.get(("rack", r.name, "capture_fraction"), idx.rack_prior[i])
-            for i, r in enumerate(racks)
-        ]
+        running_s[:, i] = after
+        table = np.array([chain.pump_flow_ratio(c, k) for k in range(len(c.pumps) + 1)])
+        ratio[:, i] = np.where(table[now] > 0, table[after] / np.maximum(table[now], 1e-12), 0.0)
+    flow_s = flow * ratio
+    serve = np.broadcast_to(idx.rack_cdu[None, :], (n, len(site.racks))).copy()
+    uncooled = np.zeros(serve.shape, bool)
+    notes: list[str] = []
+    for ch in changes:
+        if not isinstance(ch, FailCdu):
+            continue
+        on = _mask(d, ch.at, ch.for_s)
+        i = pos[ch.cdu]
+        loop = cdus[i].loop
+        peers = [j for j, x in enumerate(cdus) if loop and x.loop == loop and j != i]
+        mine = np.flatnonzero(idx.rack_cdu == i)
+        if peers:  # each moved rack goes to the peer with most spare capacity
+            for k, r_i in enumerate(mine):
+                serve[on, r_i] = peers[k % len(peers)]
+            notes.append(
+                f"{ch.cdu} failed: its racks move to "
+                f"{', '.join(cdus[j].name for j in peers)} on loop {loop}"
+            )
+        else:
+            serve[on[:, None] & (idx.rack_cdu == i)[None, :]] = -1
+            uncooled[on[:, None] & (idx.rack_cdu == i)[None, :]] = True
+            notes.append(f"{ch.cdu} failed and shares no loop: its racks lose their coolant")
+        flow_s[:, i] = np.where(on, 0.0, flow_s[:, i])
+        running_s[:, i] = np.where(on, 0.0, running_s[:, i])
+    # per-rack flow share: a CDU's flow over the racks it serves, against its own at reference
+    served = np.stack([(serve == c).sum(axis=1) for c in range(n_c)], axis=1) if n_c else flow
+    own_racks = np.array([(idx.rack_cdu == c).sum() for c in range(n_c)], float)
+    ref = np.where(
+        np.isfinite(d.params.cdu_flow_ref_lpm),
+        d.params.cdu_flow_ref_lpm,
+        np.nanmedian(flow, axis=0) if n_c else 1.0,
     )
-    capture = np.where(idx.rack_cdu >= 0, capture, 0.0)
-    heat_s = heat.copy()
-    d_heat = (rack_s - d.rack_in) * capture[None, :] / 1e3
-    for r_i in range(n_r):
-        if idx.rack_cdu[r_i] >= 0:
-            heat_s[:, idx.rack_cdu[r_i]] += d_heat[:, r_i]
-    for nr in new:
-        if nr["cdu"] is not None:
-            heat_s[:, cdu_pos[nr["cdu"]]] += nr["capture"] * nr["power_w"] / 1e3
-    uncooled = np.zeros((n, n_r), bool)
-    reasons_extra: list[str] = []
+    per_rack_s = flow_s / np.maximum(served, 1)
+    per_rack_ref = ref / np.maximum(own_racks, 1)
+    return _Cooling(
+        supply_s, flow_s, serve, per_rack_s, per_rack_ref, own_racks, running_s, uncooled, notes
+    )
+
+
+def _gpu_cap(d: Recording, changes: list[Any]) -> np.ndarray:
+    idx = d.idx
+    rack_pos = {r.name: i for i, r in enumerate(d.site.racks)}
+    cap = np.full(len(idx.gpu_ids), np.inf)  # the recording's own limits are in its power
+    fleet = np.array(idx.gpu_fleet)
     for c in changes:
-        if isinstance(c, FailCdu):
-            on = _mask(d, c.at, c.for_s)
-            i = cdu_pos[c.cdu]
-            loop = cdus[i].loop
-            peers = [j for j, x in enumerate(cdus) if loop and x.loop == loop and j != i]
-            moved = heat_s[:, i].copy()
-            if peers:
-                caps = np.array([cdus[j].capacity_kw for j in peers], float)
-                for j, share in zip(peers, caps / caps.sum(), strict=True):
-                    heat_s[:, j] += np.where(on, moved * share, 0.0)
-                reasons_extra.append(
-                    f"{c.cdu} failed: its racks move to {', '.join(cdus[j].name for j in peers)}"
-                    f" on loop {loop}"
-                )
-            else:
-                for r_i in np.flatnonzero(idx.rack_cdu == i):
-                    uncooled[:, r_i] |= on
-                reasons_extra.append(
-                    f"{c.cdu} failed and shares no loop: its racks lose their coolant flow"
-                )
-            heat_s[:, i] = np.where(on, 0.0, heat_s[:, i])
-            flow_s[:, i] = np.where(on, 0.0, flow_s[:, i])
-            flow_ratio_s[:, i] = np.where(on, 0.0, flow_ratio_s[:, i])
-    rated = np.array([c.capacity_kw for c in cdus], float)
-    max_flow = np.array([c.max_flow_lpm for c in cdus], float)
-    cap_s = rated[None, :] * np.minimum(1.0, flow_s / max_flow[None, :])
-    judge("cdu_heat", [c.name for c in cdus], "kW", heat_s, cap_s)
-    ret_s = np.empty_like(heat_s)
-    need = np.empty_like(heat_s)
-    ret_limit = np.array([c.return_limit_c for c in cdus], float)
-    ret_meas = d.cdu["return_temp_c"]
+        if isinstance(c, CapGpuPower):
+            sel = np.ones(len(cap), bool)
+            if c.fleet is not None:
+                sel &= fleet == c.fleet
+            if c.racks:
+                sel &= np.isin(idx.gpu_rack, [rack_pos[r] for r in c.racks])
+            cap[sel] = np.minimum(cap[sel], c.limit_w)
+    return cap
 
-    def ret_model(sup: F64, q: F64, v: F64, fluid: str) -> F64:
-        r = coolant.return_temp_c(sup, q, np.maximum(v, 1e-3), fluid)
-        return np.minimum(r, sup + 40.0)  # a stagnant loop
 
-    for i, c in enumerate(cdus):
-        # recorded return plus the model's change (the lag and meter bias cancel)
-        change = ret_model(supply_s[:, i], heat_s[:, i], flow_s[:, i], c.coolant) - ret_model(
-            supply[:, i], heat[:, i], flow[:, i], c.coolant
-        )
-        ret_s[:, i] = np.where(np.isfinite(ret_meas[:, i]), ret_meas[:, i], supply[:, i]) + change
-        rise = np.maximum(ret_limit[i] - supply_s[:, i], 0.1)
-        need[:, i] = coolant.flow_for_heat_lpm(heat_s[:, i], rise, c.coolant, supply_s[:, i])
-    judge("cdu_flow", [c.name for c in cdus], "L/min", need, flow_s)
-    judge("loop", [c.name for c in cdus], "°C", ret_s, ret_limit)
+def _activity_scale(d: Recording, changes: list[Any]) -> np.ndarray:
+    scale = np.ones(len(d.idx.gpu_ids))
+    fleet = np.array(d.idx.gpu_fleet)
+    for c in changes:
+        if isinstance(c, ScaleFleet):
+            scale[fleet == c.fleet] *= c.factor
+    return scale
 
-    # ---- 5. GPU temperatures (model over baseline and scenario; the scenario's change added)
-    flow_ref = np.array(
-        [d.params.get(("cdu", c.name, "flow_ref_lpm"), np.nan) for c in cdus], float
-    )
-    flow_ref = np.where(np.isfinite(flow_ref), flow_ref, np.nanmedian(flow, axis=0) if n_c else 1.0)
+
+def _baseline_model(d: Recording, sl: slice, ref_b: np.ndarray, r_b: np.ndarray) -> np.ndarray:
+    """The chain's temperatures for the recording's own inputs (cached across scenarios)."""
+    key = ("tb", sl.start)
+    if key not in d.cache:
+        gp = d.params.gpu
+        t0 = np.nan_to_num(d.gpu_temp_c[0, sl], nan=40.0)
+        d.cache[key] = model_path(t0, ref_b, d.gpu_power_w[:, sl], r_b, gp.c_j_per_k[sl], d.dt_s)
+    return d.cache[key]
+
+
+def _gpus(
+    d: Recording, changes: list[Any], cool: _Cooling, judge: Judge, feed: AlertFeed
+) -> dict[str, Any]:
+    """GPU power and temperature chunk by chunk; returns the sums the racks and links need."""
+    idx, gp, n, dt = d.idx, d.params.gpu, d.n, d.dt_s
+    g = len(idx.gpu_ids)
+    cap, scale = _gpu_cap(d, changes), _activity_scale(d, changes)
     liquid = idx.gpu_cdu >= 0
-    inlet = np.nan_to_num(d.node["inlet_temp_c"], nan=25.0)
-    node_pos = {nd.name: i for i, nd in enumerate(site.nodes)}
-    gpu_node_col = np.array([node_pos[nd] for nd in idx.gpu_node])
-    temp_meas = d.gpu["temp_c"]
-    t_out = np.empty((n, g))
-    throttled_s = 0.0
+    node_pos = {nd.name: i for i, nd in enumerate(d.site.nodes)}
+    node_col = np.array([node_pos[nd] for nd in idx.gpu_node], dtype=np.int64)
+    # the baseline's flow per rack over the reference, computed as the scenario's is
+    fr_b_cdu = (
+        (np.nan_to_num(d.cdu["flow_lpm"]) / np.maximum(cool.own_racks, 1)[None, :])
+        / np.maximum(cool.per_rack_ref, 1e-9)[None, :]
+        if idx.cdu_names
+        else None
+    )
+    n_r = len(d.site.racks)
+    rack_change = np.zeros((n, n_r))
+    fleets = sorted(set(idx.gpu_fleet))
+    act_sum = {f: np.zeros((2, n)) for f in fleets}
+    fleet_n = {f: 0 for f in fleets}
+    temp_max = np.full(n, -np.inf)
+    held_n = np.zeros(n)
+    mean_t = np.empty(g)
+    throttled = undelivered = 0.0
     for lo in range(0, g, GPU_CHUNK):
         sl = slice(lo, min(lo + GPU_CHUNK, g))
         liq = liquid[sl]
-        cdu_i = np.maximum(idx.gpu_cdu[sl], 0)
-        ref_b = np.where(liq[None, :], supply[:, cdu_i], inlet[:, gpu_node_col[sl]])
-        ref_s = np.where(liq[None, :], supply_s[:, cdu_i], inlet[:, gpu_node_col[sl]])
-        fr_b = np.where(liq[None, :], (flow / flow_ref[None, :])[:, cdu_i], 1.0)
-        fr_s = np.where(liq[None, :], (flow_s / flow_ref[None, :])[:, cdu_i], 1.0)
-        unc = uncooled[:, idx.gpu_rack[sl]] & liq[None, :]
-        fr_s = np.where(unc, 0.0, fr_s)
-        r_b = gpu_thermal.r_at_flow_k_per_w(gp["r"][sl][None, :], fr_b)
-        r_s = gpu_thermal.r_at_flow_k_per_w(gp["r"][sl][None, :], fr_s)
-        c_j, off, tmax = gp["c"][sl], gp["off"][sl], gp["tmax"][sl]
-        p_b = p_meas[:, sl]
-        p_sc = p_s[:, sl].copy()
-        t0 = np.nan_to_num(temp_meas[0, sl], nan=40.0)
-        tb = np.empty((n, sl.stop - sl.start))
-        tsc = np.empty_like(tb)
-        tb[0] = t0
-        tsc[0] = t0
-        xb, xs = t0.copy(), t0.copy()
-        for k in range(1, n):
-            xb = gpu_thermal.rc_step(xb, ref_b[k - 1] + off, p_b[k - 1], r_b[k - 1], c_j, dt)
-            # the driver's thermal slowdown: power held to what keeps the GPU at tmax
-            pred = np.where(np.isnan(temp_meas[k - 1, sl]), xb, temp_meas[k - 1, sl]) + (xs - xb)
-            hot = pred > tmax
-            if hot.any():
-                p_hold = (tmax - (ref_s[k - 1] + off)) / r_s[k - 1]
-                p_sc[k - 1] = np.where(
-                    hot, np.maximum(np.minimum(p_sc[k - 1], p_hold), 0.0), p_sc[k - 1]
-                )
-                throttled_s += float(hot.sum()) * dt
-            xs = gpu_thermal.rc_step(xs, ref_s[k - 1] + off, p_sc[k - 1], r_s[k - 1], c_j, dt)
-            tb[k], tsc[k] = xb, xs
-        t_out[:, sl] = np.nan_to_num(temp_meas[:, sl], nan=0.0) + (tsc - tb)
-    judge("gpu", idx.gpu_ids, "°C", t_out, gp["tmax"])
-    for nr in new:  # new GPUs: the catalog RC model at steady state over their loop's supply
-        gs = nr["gspec"]
-        if nr["liquid"] and nr["cdu"] is not None:
-            i = cdu_pos[nr["cdu"]]
-            ref = supply_s[:, i]
-            r_new = gpu_thermal.r_at_flow_k_per_w(gs.r_liquid_k_per_w, flow_s[:, i] / flow_ref[i])
+        own = np.maximum(idx.gpu_cdu[sl], 0)
+        rack = idx.gpu_rack[sl]
+        inlet = d.node_inlet_c[:, node_col[sl]]
+        off = gp.offset_k[sl][None, :]
+        if idx.cdu_names:
+            sup_b = d.cdu["supply_temp_c"][:, own]
+            serve = cool.serve[:, rack]
+            sup_s = np.where(
+                serve >= 0, cool.supply[np.arange(n)[:, None], np.maximum(serve, 0)], sup_b
+            )
+            ref_b = np.where(liq[None, :], sup_b, inlet) + off
+            ref_s = np.where(liq[None, :], sup_s, inlet) + off
+            fr_b = np.where(liq[None, :], fr_b_cdu[:, own], 1.0)
+            # the flow a GPU's cold plate gets: its serving CDU's flow per rack, over the flow
+            # per rack its R was fitted at (its own CDU's reference)
+            fr_s = cool.per_rack_flow[np.arange(n)[:, None], np.maximum(serve, 0)]
+            fr_s = fr_s / np.maximum(cool.per_rack_ref, 1e-9)[own][None, :]
+            fr_s = np.where(serve >= 0, fr_s, 0.0)
+            fr_s = np.where(liq[None, :], fr_s, 1.0)
         else:
-            ref = np.nanmean(inlet, axis=1)
-            r_new = np.full(n, gs.r_air_k_per_w)
-        t_new = ref + r_new * nr["gpu_power_w"]
-        judge("gpu", [f"{nr['name']}:*"], "°C", t_new[:, None], np.array([gs.max_operating_temp_c]))
-
-    # ---- 6. links
-    if site.links:
-        names = [lk.name for lk in site.links]
-        busy = np.maximum(d.link["tx_bps"], d.link["rx_bps"]) / 1e9
-        node_fleet_ratio = {}
-        for f in site.fleets:
-            sel = gpu_fleet == f.name
-            if sel.any():
-                base_a = act[:, sel].mean(axis=1)
-                node_fleet_ratio[f.name] = np.where(
-                    base_a > 0, act_s[:, sel].mean(axis=1) / np.maximum(base_a, 1e-9), 1.0
-                )
-        busy_s = busy.copy()
-        for j, lk in enumerate(site.links):
-            for end in (lk.a, lk.b):
-                fl = fleet_of_node.get(end)
-                if fl is not None and fl.name in node_fleet_ratio:
-                    busy_s[:, j] = busy[:, j] * node_fleet_ratio[fl.name]
-        cap_l = np.array([lk.capacity_gbps for lk in site.links], float)
-        cap_t = np.broadcast_to(cap_l, busy_s.shape).copy()
-        for c in changes:
-            if isinstance(c, FailLink):
-                on = _mask(d, c.at, c.for_s)
-                j = names.index(c.link)
-                lk = site.links[j]
-                peers = [
-                    k
-                    for k, o in enumerate(site.links)
-                    if k != j
-                    and (o.a == lk.a or o.b == lk.b or o.a == lk.b or o.b == lk.a)
-                    and {o.a, o.b} != {lk.a, lk.b}
-                    and _same_tier(site, o, lk)
-                ]
-                moved = busy_s[:, j].copy()
-                for k in peers:
-                    busy_s[:, k] += np.where(on, moved / len(peers), 0.0)
-                busy_s[:, j] = np.where(on, 0.0, busy_s[:, j])
-                if not peers:
-                    reasons_extra.append(f"link {c.link} failed with no parallel path")
-                    busy_s[:, j] = np.where(on, moved, busy_s[:, j])
-                    cap_t[:, j] = np.where(on, 0.0, cap_t[:, j])
-        judge("link", names, "Gb/s", busy_s, cap_t)
-
-    # ---- verdict, summaries
-    rack_total = rack_all.sum(axis=1)
-    it_kwh = float(rack_total.sum() * dt / 3.6e6)
-    liquid_kwh = float(heat_s.sum() * dt / 3600.0)
-    alerts = _alerts(
-        rules,
-        d,
-        ts,
-        t_out,
-        gp["tmax"],
-        idx.gpu_ids,
-        all_ph,
-        all_cur,
-        np.array(ph_limit + new_phase_lim),
-        cdus,
-        heat_s,
-        cap_s,
-        running_s,
-    )
-    kinds, worst, verdict, reasons = _summarize(comps, scenario is None)
-    reasons = reasons_extra + reasons
-    if throttled_s > 0:
-        reasons.append(
-            f"GPUs throttle: {throttled_s / 3600:.1f} GPU-hours at max operating temperature"
+            ref_b = ref_s = inlet + off
+            fr_b = fr_s = np.ones((n, sl.stop - sl.start))
+        r_b = chain.gpu_r_k_per_w(gp.r_k_per_w[sl][None, :], fr_b)
+        r_s = r_b if fr_s is fr_b else chain.gpu_r_k_per_w(gp.r_k_per_w[sl][None, :], fr_s)
+        p_meas = d.gpu_power_w[:, sl].astype(float)
+        act = d.gpu_activity[:, sl].astype(float)
+        act_s = np.clip(act * scale[sl][None, :], 0.0, 1.0)
+        p_dem = (
+            chain.gpu_power_after_w(p_meas, act, act_s, gp, cap[sl][None, :], sl)
+            if (scale[sl] != 1).any()
+            else np.minimum(p_meas, cap[sl][None, :])
         )
-    step = max(1, n // 600)
-    series = {
-        "t_h": [k * dt / 3600 for k in range(0, n, step)],
-        "it_power_kw": (rack_total[::step] / 1e3).round(2).tolist(),
-        "liquid_heat_kw": heat_s.sum(axis=1)[::step].round(2).tolist(),
-        "cdu_capacity_kw": cap_s.sum(axis=1)[::step].round(2).tolist(),
-        "gpu_temp_max_c": np.nanmax(t_out, axis=1)[::step].round(2).tolist(),
-        "cdu_util_max": np.nanmax(heat_s / np.maximum(cap_s, 1e-9), axis=1)[::step]
-        .round(4)
-        .tolist(),
-        "phase_util_max": np.nanmax(all_cur / np.array(ph_limit + new_phase_lim)[None, :], axis=1)[
-            ::step
-        ]
-        .round(4)
-        .tolist(),
+        tb = _baseline_model(d, sl, ref_b, r_b)
+        res = gpu_temperatures(
+            np.nan_to_num(d.gpu_temp_c[0, sl], nan=40.0),
+            ref_s,
+            p_dem,
+            r_s,
+            gp.c_j_per_k[sl],
+            dt,
+            idle_w=gp.idle_w[sl],
+            max_temp_c=gp.max_temp_c[sl],
+            measured_c=d.gpu_temp_c[:, sl].astype(float),
+            baseline_model_c=tb,
+        )
+        judge.add("gpu", idx.gpu_ids[sl], "°C", res.temp_c, gp.max_temp_c[sl], over=res.held)
+        feed.offer(M_GPU_K, "gpu", idx.gpu_ids[sl], gp.max_temp_c[sl][None, :] - res.temp_c)
+        np.add.at(rack_change.T, rack, (res.power_w - p_meas).T)
+        for f in set(idx.gpu_fleet[sl]):
+            m = np.array(idx.gpu_fleet[sl]) == f
+            act_sum[f][0] += act[:, m].sum(axis=1)
+            act_sum[f][1] += act_s[:, m].sum(axis=1)
+            fleet_n[f] += int(m.sum())
+        temp_max = np.fmax(temp_max, np.fmax.reduce(res.temp_c, axis=1))
+        held_n += res.held.sum(axis=1)
+        mean_t[sl] = np.nanmean(res.temp_c, axis=0)
+        throttled += float(res.throttled_s.sum())
+        undelivered += float(res.undelivered_j.sum())
+    fleet_act = {
+        f: (s[0] / max(fleet_n[f], 1), s[1] / max(fleet_n[f], 1)) for f, s in act_sum.items()
     }
-    cdu_means = {
-        c.name: {
-            "flow_lpm": float(np.mean(flow_s[:, i])),
-            "supply_c": float(np.mean(supply_s[:, i])),
-            "return_c": float(np.mean(ret_s[:, i])),
-            "heat_kw": float(np.mean(heat_s[:, i])),
-            "capacity_kw": float(np.mean(cap_s[:, i])),
-            "peak_utilization": float(np.max(heat_s[:, i] / np.maximum(cap_s[:, i], 1e-9))),
-        }
-        for i, c in enumerate(cdus)
+    return {
+        "rack_change_w": rack_change,
+        "fleet_act": fleet_act,
+        "temp_max": temp_max,
+        "held": held_n,
+        "mean_temp": mean_t,
+        "throttled_s": throttled,
+        "undelivered_j": undelivered,
     }
-    with np.errstate(all="ignore"):
-        gpu_means = dict(zip(idx.gpu_ids, np.nanmean(t_out, axis=0).round(4).tolist(), strict=True))
-    return RunResult(
-        cdus=cdu_means,
-        gpu_mean_temp_c=gpu_means,
-        name=scenario.name if scenario else "baseline",
-        description=scenario.description if scenario else "the recording as it happened",
-        verdict="baseline" if scenario is None else verdict,
-        reasons=reasons,
-        kinds=kinds,
-        worst=worst,
-        alerts=alerts,
-        it_energy_kwh=round(it_kwh, 3),
-        liquid_heat_kwh=round(liquid_kwh, 3),
-        throttled_gpu_s=throttled_s,
-        series=series,
+
+
+def _new_racks(d: Recording, changes: list[Any], fleet_act: dict) -> list[dict[str, Any]]:
+    """Racks a scenario adds, running their fleet's mean recorded activity on the catalog."""
+    racks = d.site.racks
+    rack_pos = {r.name: i for i, r in enumerate(racks)}
+    new: list[dict[str, Any]] = []
+    for c in changes:
+        if not isinstance(c, AddRacks):
+            continue
+        spec = NODE_MODELS[c.node_model]
+        gspec = GPU_MODELS[spec.gpu]
+        a = fleet_act.get(c.fleet, (np.zeros(d.n), np.zeros(d.n)))[1]
+        from models import gpu_power
+
+        p_gpu = gpu_power.gpu_power_w(a, gspec.idle_w, gspec.tdp_w, gspec.gamma)
+        node_in = chain.node_input_w(p_gpu, spec)
+        for _ in range(c.count):
+            new.append(
+                {
+                    "name": f"new-{c.node_model.lower()}-{len(new) + 1}",
+                    "power_w": c.nodes_per_rack * node_in,
+                    "gpu_power_w": p_gpu,
+                    "gspec": gspec,
+                    "liquid": spec.cooling == "liquid",
+                    "capture": spec.capture_fraction if spec.cooling == "liquid" else 0.0,
+                    "cdu": c.cdu,
+                    "like": racks[rack_pos[c.like_rack]],
+                }
+            )
+    return new
+
+
+def _electrical(d: Recording, changes, rack_s, new, judge: Judge, feed) -> dict[str, Any]:
+    """Racks against their feeds, PDU phases and breakers against their derated limits."""
+    site = d.site
+    racks = site.racks
+    pdus = site.pdu_by_name
+    pf = {p.name: float(d.pdu_pf[i]) for i, p in enumerate(site.pdus)}
+    base_in = np.where(np.isfinite(d.rack_in_w), d.rack_in_w, 0.0)
+    ratio = chain.load_ratio(rack_s, np.where(np.isfinite(d.rack_in_w), d.rack_in_w, np.nan))
+    ph = d.phases
+    fed = np.array([f[0] if f else -1 for f in ph.racks])
+    cur = d.phase_current_a.astype(float) * np.where(fed >= 0, ratio[:, np.maximum(fed, 0)], 1.0)
+    for c in changes:
+        if not isinstance(c, FailFeed):
+            continue
+        on = _mask(d, c.at, c.for_s)
+        rk = next((r for r in racks if c.pdu in r.pdus), None)
+        others = [p for p in rk.pdus if p != c.pdu] if rk is not None else []
+        where = {pid: j for j, pid in enumerate(ph.ids)}
+        for j, (p_name, leg) in enumerate(zip(ph.pdu, ph.leg, strict=True)):
+            if p_name != c.pdu:
+                continue
+            for o in others:  # the same phase (or breaker) of the surviving feed
+                k = where.get(f"{o}/{leg}")
+                if k is not None:
+                    cur[:, k] = np.where(on, cur[:, k] + cur[:, j] / len(others), cur[:, k])
+            cur[:, j] = np.where(on, 0.0, cur[:, j])
+    ids, cols, lims = list(ph.ids), [cur], list(ph.limit_a)
+    from twin.chain import derated_a, power_factor
+
+    for nr in new:
+        for p_name in nr["like"].pdus:
+            p = pdus[p_name]
+            per = chain.balanced_phase_current_a(
+                nr["power_w"] / len(nr["like"].pdus), p, float(power_factor(pf.get(p_name)))
+            )
+            for k in range(1, (3 if p.phases == 3 else 1) + 1):
+                ids.append(f"{nr['name']}-{p.feed.lower()}/L{k}")
+                cols.append(per[:, None])
+                lims.append(float(derated_a(p.rated_current_a)))
+    all_cur = np.column_stack(cols) if len(cols) > 1 else cur
+    lim = np.array(lims, dtype=float)
+    if ids:
+        judge.add("pdu_phase", ids, "A", all_cur, lim)
+        n_ph = len(ph.ids)
+        feed.offer(M_PHASE_A, "pdu_phase", ph.ids, lim[None, :n_ph] - all_cur[:, :n_ph])
+    cap = list(rack_capacity_kw(site, racks, pf))
+    for nr in new:
+        cap.append(float(rack_capacity_kw(site, [nr["like"]], pf)[0]))
+    rack_all = np.column_stack([rack_s, *[nr["power_w"] for nr in new]]) if new else rack_s
+    names = [r.name for r in racks] + [nr["name"] for nr in new]
+    capa = np.array(cap, dtype=float)
+    has = np.isfinite(capa)
+    judge.add(
+        "rack",
+        [x for x, h in zip(names, has, strict=True) if h],
+        "kW",
+        rack_all[:, has] / 1e3,
+        capa[has],
     )
+    del base_in
+    with np.errstate(invalid="ignore", divide="ignore"):
+        util = np.fmax.reduce(all_cur / lim[None, :], axis=1) if ids else np.zeros(d.n)
+    return {"rack_all": rack_all, "phase_util_max": util}
 
 
-def _same_tier(site: Site, a: Any, b: Any) -> bool:
+def _cdus(d: Recording, cool: _Cooling, rack_s: np.ndarray, new, judge: Judge, feed) -> dict:
+    """CDU heat against capacity, flow needed against flow, loop return against its limit."""
+    idx, cdus = d.idx, d.site.cdus
+    n = d.n
+    heat = np.nan_to_num(d.cdu["heat_kw"])
+    base_in = np.where(np.isfinite(d.rack_in_w), d.rack_in_w, 0.0)
+    rack_heat_change = np.where(np.isfinite(d.rack_in_w), rack_s, 0.0) - base_in
+    rack_heat_change = rack_heat_change * d.params.rack_capture[None, :] / 1e3
+    # the heat each rack puts on a loop: its share of its own CDU's recorded heat plus change
+    heat_s = np.zeros_like(heat)
+    for c in range(len(cdus)):
+        mine = np.flatnonzero(idx.rack_cdu == c)
+        if mine.size == 0:
+            heat_s[:, c] += heat[:, c]
+            continue
+        w = np.maximum(base_in[:, mine] * d.params.rack_capture[mine][None, :], 0.0)
+        tot = w.sum(axis=1, keepdims=True)
+        share = np.where(tot > 0, w / np.where(tot > 0, tot, 1.0), 1.0 / mine.size)
+        per_rack = heat[:, c : c + 1] * share + rack_heat_change[:, mine]
+        dest = cool.serve[:, mine]
+        for k in range(mine.size):
+            for tgt in np.unique(dest[:, k]):
+                if tgt >= 0:
+                    heat_s[:, tgt] += np.where(dest[:, k] == tgt, per_rack[:, k], 0.0)
+    pos = {c.name: i for i, c in enumerate(cdus)}
+    for nr in new:
+        if nr["cdu"] is not None:
+            heat_s[:, pos[nr["cdu"]]] += nr["capture"] * nr["power_w"] / 1e3
+    names = [c.name for c in cdus]
+    rated = np.array([c.capacity_kw for c in cdus], float)
+    max_flow = np.array([c.max_flow_lpm for c in cdus], float)
+    cap_s = chain.cdu_capacity_kw(rated[None, :], cool.flow, max_flow[None, :])
+    judge.add("cdu_heat", names, "kW", heat_s, cap_s)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        feed.offer(M_CDU_FREE, "cdu", names, np.where(cap_s > 0, (cap_s - heat_s) / cap_s, np.nan))
+    feed.offer(M_PUMPS, "cdu", names, cool.running)
+    supply, flow = d.cdu["supply_temp_c"], np.nan_to_num(d.cdu["flow_lpm"])
+    ret_meas = d.cdu["return_temp_c"]
+    ret_s = np.empty_like(heat_s)
+    need = np.empty_like(heat_s)
+    for i, c in enumerate(cdus):
+        change = chain.loop_return_c(cool.supply[:, i], heat_s[:, i], cool.flow[:, i], c.coolant)
+        change = change - chain.loop_return_c(supply[:, i], heat[:, i], flow[:, i], c.coolant)
+        rec = np.where(np.isfinite(ret_meas[:, i]), ret_meas[:, i], supply[:, i])
+        ret_s[:, i] = rec + change
+        need[:, i] = chain.flow_needed_lpm(
+            heat_s[:, i], cool.supply[:, i], c.return_limit_c, c.coolant
+        )
+    judge.add("cdu_flow", names, "L/min", need, cool.flow)
+    ret_limit = np.array([c.return_limit_c for c in cdus], float)
+    judge.add("loop", names, "°C", ret_s, ret_limit)
+    del n
+    return {"heat": heat_s, "cap": cap_s, "ret": ret_s, "ret_limit": ret_limit}
+
+
+def _same_tier(site: Any, a: Any, b: Any) -> bool:
     """Two links connect the same tiers (node-leaf, leaf-spine)."""
     roles = {s.name: s.role for s in site.switches}
 
-    def tiers(lk: Any) -> tuple[str, str]:
-        return tuple(sorted(roles.get(x, "node") for x in (lk.a, lk.b)))  # type: ignore[return-value]
+    def tiers(lk: Any) -> tuple[str, ...]:
+        return tuple(sorted(roles.get(x, "node") for x in (lk.a, lk.b)))
 
     return tiers(a) == tiers(b)
 
 
-def _summarize(
-    comps: list[ComponentResult], baseline: bool
-) -> tuple[list[KindSummary], list[ComponentResult], str, list[str]]:
-    kinds: list[KindSummary] = []
-    reasons: list[str] = []
-    risky = False
-    by_kind: dict[str, list[ComponentResult]] = {}
-    for c in comps:
-        by_kind.setdefault(c.kind, []).append(c)
-    for kind, cs in by_kind.items():
-        rel = [c.min_headroom / c.limit if c.limit else c.min_headroom for c in cs]
-        w = cs[int(np.argmin(rel))]
-        breaching = [c for c in cs if c.time_over_s > 0]
-        firsts = [c.first_breach for c in breaching if c.first_breach]
-        kinds.append(
-            KindSummary(
-                kind=kind,  # type: ignore[arg-type]
-                unit=w.unit,
-                components=len(cs),
-                worst_id=w.id,
-                worst_min_headroom=w.min_headroom,
-                breaching=len(breaching),
-                time_over_s=max((c.time_over_s for c in breaching), default=0.0),
-                component_over_s=sum(c.time_over_s for c in breaching),
-                first_breach=min(firsts) if firsts else None,
-            )
-        )
-        if breaching:
-            first = min(breaching, key=lambda c: c.first_breach or datetime.max)
-            reasons.append(
-                f"{len(breaching)} {kind} over the limit, first {first.id} at "
-                f"{first.first_breach:%Y-%m-%d %H:%M} UTC (peak {first.peak:.1f} {first.unit}"
-                f" against {first.limit:.1f})"
-            )
-        else:
-            near = (
-                w.min_headroom < RISK_GPU_K
-                if kind == "gpu"
-                else w.min_headroom < RISK_FRACTION * w.limit
-            )
-            if near:
-                risky = True
-                reasons.append(
-                    f"{kind} {w.id} comes within {w.min_headroom:.1f} {w.unit} of its limit"
-                    f" {w.limit:.1f}"
-                )
-    order = sorted(comps, key=lambda c: c.min_headroom / c.limit if c.limit else c.min_headroom)
-    worst = order[:15]
-    if any(k.breaching for k in kinds):
-        verdict = "does not fit"
-    elif risky:
-        verdict = "fits with risks"
-    else:
-        verdict = "fits"
-        reasons.append("every component keeps its headroom over the whole recording")
-    return kinds, worst, verdict, reasons
-
-
-def _alerts(
-    rules, d, ts, t_gpu, tmax, gpu_ids, ph_ids, ph_cur, ph_lim, cdus, heat, cap, running
-) -> list[dict[str, Any]]:
-    """The notifications the rule file would have sent over this run (evaluated each minute).
-
-    An entity whose value never meets any rule's condition on its metric can neither fire nor
-    need a resolve, so only the others are handed to the engine: at 880 GPUs that is a
-    handful of series instead of 1.3 M observations.
-    """
-    if rules is None:
-        return []
-    from twin.alerts import AlertEngine, Observation, Topology
-    from twin.alerts.rules import OPS
-
-    engine = AlertEngine(rules, Topology.from_site(d.site), None, clock=lambda: ts[-1])
-    step = max(1, round(60.0 / d.dt_s))
-    rows = np.arange(0, d.n, step)
-    n_ph = len(ph_lim)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        free = np.where(cap > 0, (cap - heat) / cap, np.nan)
-    # (metric, entity kind, ids, values at the evaluated rows)
-    series = [
-        ("headroom.gpu.k_to_slowdown", "gpu", gpu_ids, (tmax[None, :] - t_gpu)[rows]),
-        (
-            "headroom.pdu_phase.a_to_limit",
-            "pdu_phase",
-            ph_ids[:n_ph],
-            (ph_lim[None, :] - ph_cur[:, :n_ph])[rows],
-        ),
-        ("headroom.cdu.capacity_free_fraction", "cdu", [c.name for c in cdus], free[rows]),
-        ("cdu.pumps_running", "cdu", [c.name for c in cdus], running[rows].astype(float)),
-    ]
-    index = rules.index()
-    watched = []
-    for metric, kind, ids, vals in series:
-        conds = [(r.op, r.value) for r in index.get((metric, kind), ()) if r.op is not None]
-        if not conds:
+def _links(d: Recording, changes: list[Any], fleet_act: dict, judge: Judge, notes) -> np.ndarray:
+    """Link traffic scaled with the fleets at its ends; a failed link's traffic moves over."""
+    site = d.site
+    if not site.links:
+        return np.zeros(d.n)
+    names = [lk.name for lk in site.links]
+    busy = d.link_busy_gbps.astype(float)
+    ratio = {}
+    for f, (a_b, a_s) in fleet_act.items():
+        ratio[f] = np.where(a_b > 0, a_s / np.maximum(a_b, 1e-9), 1.0)
+    busy_s = busy.copy()
+    fleet_of_node = site.fleet_of_node
+    for j, lk in enumerate(site.links):
+        for end in (lk.a, lk.b):
+            fl = fleet_of_node.get(end)
+            if fl is not None and fl.name in ratio:
+                busy_s[:, j] = busy[:, j] * ratio[fl.name]
+    cap = np.broadcast_to(
+        np.array([lk.capacity_gbps for lk in site.links], float), busy_s.shape
+    ).copy()
+    for c in changes:
+        if not isinstance(c, FailLink):
             continue
-        with np.errstate(invalid="ignore"):
-            hit = np.zeros(vals.shape[1], bool)
-            for op, value in conds:
-                hit |= OPS[op](vals, value).any(axis=0)
-        watched += [(metric, kind, ids[j], vals[:, j]) for j in np.flatnonzero(hit)]
-    sent: list[dict[str, Any]] = []
-    for i, k in enumerate(rows):
-        now = ts[k]
-        obs = [
-            Observation(metric=m, entity_kind=kind, entity_id=sid, value=float(v[i]), ts=now)
-            for m, kind, sid, v in watched
-            if np.isfinite(v[i])
+        on = _mask(d, c.at, c.for_s)
+        j = names.index(c.link)
+        lk = site.links[j]
+        peers = [
+            k
+            for k, o in enumerate(site.links)
+            if k != j
+            and {o.a, o.b} & {lk.a, lk.b}
+            and {o.a, o.b} != {lk.a, lk.b}
+            and _same_tier(site, o, lk)
         ]
-        for note in engine.evaluate(obs, now=now):
-            sent.append(
-                {
-                    "at": now.isoformat(),
-                    "status": note.status,
-                    "rule": note.rule,
-                    "severity": note.severity,
-                    "group": f"{note.group.kind} {note.group.id}",
-                    "summary": note.summary,
-                }
+        moved = busy_s[:, j].copy()
+        if peers:
+            for k in peers:
+                busy_s[:, k] += np.where(on, moved / len(peers), 0.0)
+            busy_s[:, j] = np.where(on, 0.0, busy_s[:, j])
+        else:
+            notes.append(f"link {c.link} failed with no parallel path")
+            cap[:, j] = np.where(on, 0.0, cap[:, j])
+    judge.add("link", names, "Gb/s", busy_s, cap)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.fmax.reduce(busy_s / np.where(cap > 0, cap, np.nan), axis=1)
+
+
+def _series(d: Recording, **paths: np.ndarray) -> dict[str, list[float]]:
+    """Site-level paths on at most SERIES_POINTS points: means of sums, maxima of maxima."""
+    step = max(1, math.ceil(d.n / SERIES_POINTS))
+    starts = np.arange(0, d.n, step)
+    out: dict[str, list[float]] = {"t_h": (starts * d.dt_s / 3600).round(4).tolist()}
+    for key, v in paths.items():
+        v = np.asarray(v, dtype=float)
+        if key.endswith(("_max", "_max_c")):
+            r = np.fmax.reduceat(np.nan_to_num(v, nan=-np.inf), starts)
+        else:
+            r = np.add.reduceat(np.nan_to_num(v), starts) / np.diff(np.append(starts, d.n))
+        out[key] = np.where(np.isfinite(r), r, np.nan).round(4).tolist()
+    return out
+
+
+@dataclass
+class _Pass:
+    judge: Judge
+    cool: _Cooling
+    gpu: dict[str, Any]
+    rack_s: np.ndarray
+    elec: dict[str, np.ndarray]
+    cdu: dict[str, np.ndarray]
+    link_util: np.ndarray
+    alerts: list[dict[str, Any]]
+
+
+def _pass(d: Recording, changes: list[Any], rules: Any) -> _Pass:
+    """The chain over the whole recording for one set of changes (none: the baseline)."""
+    judge = Judge(d.dt_s, d.times())
+    feed = AlertFeed(rules, d)
+    cool = _cooling(d, changes)
+    gpu = _gpus(d, changes, cool, judge, feed)
+    base_in = np.where(np.isfinite(d.rack_in_w), d.rack_in_w, np.nan)
+    rack_s = chain.rack_power_w(
+        np.nan_to_num(base_in), gpu["rack_change_w"], d.params.rack_beta[None, :]
+    )
+    rack_s = np.where(np.isfinite(base_in), rack_s, 0.0)
+    new = _new_racks(d, changes, gpu["fleet_act"])
+    elec = _electrical(d, changes, rack_s, new, judge, feed)
+    cdu = _cdus(d, cool, rack_s, new, judge, feed)
+    link_util = _links(d, changes, gpu["fleet_act"], judge, cool.notes)
+    return _Pass(judge, cool, gpu, rack_s, elec, cdu, link_util, feed.evaluate())
+
+
+def run(
+    d: Recording,
+    scenario: Scenario | None,
+    rules: Any = None,
+    tolerance: Tolerance | None = None,
+) -> RunResult:
+    """One run of the chain over the recording: the baseline (``scenario=None``) or a scenario.
+
+    A scenario's verdict compares it with the baseline run (computed once per recording and
+    rules, and cached on ``d``).
+    """
+    tol = tolerance or Tolerance()
+    changes = list(scenario.changes) if scenario else []
+    ps = _pass(d, changes, rules)
+    cool, gpu, elec, cdu, link_util = ps.cool, ps.gpu, ps.elec, ps.cdu, ps.link_util
+    racks = d.site.racks
+    comps = ps.judge.components()
+    if scenario is None:
+        d.cache["baseline"] = comps
+    rack_total = elec["rack_all"].sum(axis=1)
+    alerts = ps.alerts
+    kinds = summarize(comps)
+    order = sorted(
+        (c for c in comps if np.isfinite(c.min_headroom)),
+        key=lambda c: c.min_headroom / c.limit if c.limit else c.min_headroom,
+    )
+    gp = d.params.gpu
+    if scenario is None:
+        with np.errstate(invalid="ignore"):
+            at_max = (d.gpu_temp_c >= gp.max_temp_c[None, :].astype(np.float32)).sum()
+        throttled_s = float(at_max) * d.dt_s
+        recorded = [c for c in comps if c.time_over_s > 0]
+        verdict_, reasons, changed = "baseline", _baseline_reasons(recorded, throttled_s), []
+    else:
+        base = _baseline(d)
+        changed = compare(base, comps, tol, d.dt_s)
+        verdict_, reasons = verdict(changed)
+        recorded = [c for c in base if c.time_over_s > 0]
+        throttled_s = gpu["throttled_s"]
+        if throttled_s > 0:
+            reasons.append(
+                f"the thermal controller holds GPUs at their max operating temperature for "
+                f"{throttled_s / 3600:.1f} GPU-hours; {gpu['undelivered_j'] / 3.6e6:,.1f} kWh"
+                " of GPU energy not delivered (work not done)"
             )
-    return sent
+    reasons = cool.notes + reasons
+    series = _series(
+        d,
+        it_power_kw=rack_total / 1e3,
+        liquid_heat_kw=cdu["heat"].sum(axis=1),
+        cdu_capacity_kw=cdu["cap"].sum(axis=1),
+        gpu_temp_max_c=gpu["temp_max"],
+        gpus_throttled=gpu["held"],
+        cdu_util_max=np.fmax.reduce(cdu["heat"] / np.maximum(cdu["cap"], 1e-9), axis=1)
+        if racks and d.site.cdus
+        else np.zeros(d.n),
+        loop_return_max_c=np.fmax.reduce(cdu["ret"], axis=1) if d.site.cdus else np.zeros(d.n),
+        phase_util_max=elec["phase_util_max"],
+        link_util_max=link_util,
+    )
+    cdus = d.site.cdus
+    cdu_means = {
+        c.name: {
+            "flow_lpm": float(np.mean(cool.flow[:, i])),
+            "supply_c": float(np.mean(cool.supply[:, i])),
+            "return_c": float(np.mean(cdu["ret"][:, i])),
+            "heat_kw": float(np.mean(cdu["heat"][:, i])),
+            "capacity_kw": float(np.mean(cdu["cap"][:, i])),
+            "peak_utilization": float(
+                np.max(cdu["heat"][:, i] / np.maximum(cdu["cap"][:, i], 1e-9))
+            ),
+        }
+        for i, c in enumerate(cdus)
+    }
+    return RunResult(
+        name=scenario.name if scenario else "baseline",
+        description=scenario.description if scenario else "the recording as it happened",
+        verdict=verdict_,  # type: ignore[arg-type]
+        reasons=reasons,
+        kinds=kinds,
+        worst=order[:15],
+        recorded_breaches=recorded[:50],
+        changes=changed[:50],
+        alerts=alerts,
+        it_energy_kwh=round(float(rack_total.sum() * d.dt_s / 3.6e6), 3),
+        liquid_heat_kwh=round(float(cdu["heat"].sum() * d.dt_s / 3600.0), 3),
+        throttled_gpu_s=throttled_s,
+        undelivered_energy_kwh=round(gpu["undelivered_j"] / 3.6e6, 3) if scenario else 0.0,
+        duration_s=d.duration_s,
+        series=series,
+        cdus=cdu_means,
+        gpu_mean_temp_c=dict(
+            zip(d.idx.gpu_ids, np.round(gpu["mean_temp"], 4).tolist(), strict=True)
+        ),
+    )
+
+
+def _baseline_reasons(recorded: list[Any], throttled_s: float) -> list[str]:
+    out = []
+    by: dict[str, list[Any]] = {}
+    for c in recorded:
+        by.setdefault(c.kind, []).append(c)
+    for kind, cs in by.items():
+        w = max(cs, key=lambda c: c.time_over_s)
+        out.append(
+            f"the recording already breaches: {len(cs)} {kind}, longest {w.id} "
+            f"{w.time_over_s / 60:.0f} min over (peak {w.peak:.1f} {w.unit} against "
+            f"{w.limit:.1f})"
+        )
+    if throttled_s > 0:
+        out.append(
+            f"GPUs at their max operating temperature in the recording: "
+            f"{throttled_s / 3600:.1f} GPU-hours"
+        )
+    return out or ["the recording breaches no limit"]
+
+
+def _baseline(d: Recording) -> list[Any]:
+    """The recording's own components (the baseline run's), computed once per recording."""
+    if "baseline" not in d.cache:
+        d.cache["baseline"] = _pass(d, [], None).judge.components()
+    return d.cache["baseline"]

@@ -190,3 +190,41 @@ CDU_MODELS: dict[str, CduModel] = {
         design_dp_kpa=100.0,  # (M)
     ),
 }
+
+
+class Assumptions(BaseModel):
+    """Numbers the twin assumes where a site file and its telemetry say nothing.
+
+    The simulator and the chain (``twin.chain``) read the same values, so a what-if never
+    assumes something the simulated site does not do. Sections: docs/physics.md.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    continuous_load_factor: float = Field(
+        0.8, gt=0, le=1, description="continuous load over breaker rating, NEC 210.20(A) (§4.3)"
+    )
+    power_factor: float = Field(
+        0.98, gt=0, le=1, description="PDU power factor when none is measured; server PSUs (§4.2)"
+    )
+    psu_loss_const_w: float = Field(
+        17.0, ge=0, description="constant PSU loss per node, RAPS rectifier model (§4.2 / §9.5)"
+    )
+    psu_efficiency: float = Field(
+        0.96, gt=0, le=1, description="PSU efficiency at load, 80 PLUS Titanium at 50 % (§4.2)"
+    )
+    pump_speed_frac: float = Field(
+        0.8, gt=0, le=1, description="CDU pump speed in normal operation, N+1 pumps (§3.4, L)"
+    )
+    design_dp_kpa: float = Field(
+        100.0, gt=0, description="loop pressure drop at design flow when no CDU model (§9.3, M)"
+    )
+    pump_running_min_pct: float = Field(
+        5.0, ge=0, description="a pump reporting more speed than this is running [%]"
+    )
+    stagnant_rise_k: float = Field(
+        40.0, gt=0, description="cap on a loop's return rise when its flow stops [K] (L)"
+    )
+
+
+ASSUMPTIONS = Assumptions()

@@ -1,0 +1,114 @@
+"""Which parameter each device runs on: its calibrated value where usable, else the catalog's.
+
+One resolver for headroom, what-if and the API (docs/physics.md §6: what calibration fits).
+``source`` says, per GPU, which of the two the thermal model uses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from twin.calibrate.calibrate import SiteIndex
+from twin.site import Site
+from twin.site.catalog import ASSUMPTIONS
+
+#: (kind, id, param) -> value: the newest calibration run's usable parameters
+Calibration = dict[tuple[str, str, str], float]
+
+
+@dataclass(frozen=True)
+class GpuParams:
+    """Per GPU (the site index's order): power curve, thermal model and temperature limits."""
+
+    idle_w: np.ndarray
+    limit_w: np.ndarray
+    gamma: np.ndarray
+    r_k_per_w: np.ndarray  # at the flow of ``flow_ref_lpm`` of its CDU
+    c_j_per_k: np.ndarray
+    offset_k: np.ndarray  # local coolant (or air) above the reference temperature
+    max_temp_c: np.ndarray  # max operating temperature: where the thermal slowdown holds it
+    curve_source: list[str]  # "calibrated" or "catalog"
+    thermal_source: list[str]  # "calibrated" or "catalog R and tau (no usable fit)"
+
+
+@dataclass(frozen=True)
+class ChainParams:
+    gpu: GpuParams
+    rack_beta: np.ndarray  # rack input power per W of GPU power (calibrated, else PSU model)
+    rack_capture: np.ndarray  # share of rack power to liquid (0 for a rack without CDU)
+    cdu_flow_ref_lpm: np.ndarray  # flow each CDU's GPUs' R was fitted at (NaN: unknown)
+
+
+def _gpu(site: Site, idx: SiteIndex, cal: Calibration) -> GpuParams:
+    nodes = {nd.name: nd for nd in site.nodes}
+    cols: dict[str, list[float]] = {
+        k: [] for k in ("idle", "limit", "gamma", "r", "c", "off", "tmax")
+    }
+    curve_src: list[str] = []
+    thermal_src: list[str] = []
+    for i, gid in enumerate(idx.gpu_ids):
+        spec = nodes[idx.gpu_node[i]].gpu_spec
+        liquid = idx.gpu_cdu[i] >= 0
+        idle = cal.get(("gpu", gid, "idle_w"))
+        limit = cal.get(("gpu", gid, "limit_w"))
+        gamma = cal.get(("gpu", gid, "gamma"))
+        cols["idle"].append(spec.idle_w if idle is None else idle)
+        cols["limit"].append(spec.tdp_w if limit is None else limit)
+        cols["gamma"].append(spec.gamma if gamma is None else gamma)
+        curve_src.append("catalog" if idle is None and gamma is None else "calibrated")
+        r = cal.get(("gpu", gid, "r_k_per_w"))
+        c = cal.get(("gpu", gid, "c_j_per_k"))
+        if r is not None and c is not None and r > 0 and c > 0:
+            thermal_src.append("calibrated")
+            cols["off"].append(cal.get(("gpu", gid, "offset_k"), 0.0))
+        else:
+            r_nom = spec.r_liquid_k_per_w if liquid else spec.r_air_k_per_w
+            tau = spec.tau_liquid_s if liquid else spec.tau_air_s
+            r, c = r_nom, tau / r_nom
+            thermal_src.append("catalog R and tau (no usable fit)")
+            cols["off"].append(0.0)
+        cols["r"].append(r)
+        cols["c"].append(c)
+        cols["tmax"].append(spec.max_operating_temp_c)
+    a = {k: np.array(v, dtype=float) for k, v in cols.items()}
+    return GpuParams(
+        a["idle"],
+        a["limit"],
+        a["gamma"],
+        a["r"],
+        a["c"],
+        a["off"],
+        a["tmax"],
+        curve_src,
+        thermal_src,
+    )
+
+
+def default_rack_beta(rack: Any) -> float:
+    """Rack input W per W of GPU power from the catalog: (1 + overhead) / PSU efficiency."""
+    over = [nd.spec.gpu_overhead_frac for nd in rack.nodes]
+    frac = float(np.mean(over)) if over else 0.0
+    return (1.0 + frac) / ASSUMPTIONS.psu_efficiency
+
+
+def resolve(site: Site, idx: SiteIndex, cal: Calibration) -> ChainParams:
+    """Every chain parameter of ``site``: ``cal`` where it holds one, else the catalog."""
+    racks = site.racks
+    beta = np.array(
+        [cal.get(("rack", r.name, "beta"), default_rack_beta(r)) for r in racks], dtype=float
+    )
+    capture = np.array(
+        [
+            cal.get(("rack", r.name, "capture_fraction"), idx.rack_prior[i])
+            for i, r in enumerate(racks)
+        ],
+        dtype=float,
+    )
+    capture = np.where(idx.rack_cdu >= 0, capture, 0.0)
+    flow_ref = np.array(
+        [cal.get(("cdu", c.name, "flow_ref_lpm"), np.nan) for c in site.cdus], dtype=float
+    )
+    return ChainParams(_gpu(site, idx, cal), beta, capture, flow_ref)

@@ -1,0 +1,111 @@
+"""The electrical and cooling links of the chain, vectorized over devices and time.
+
+Each function is one link of docs/physics.md's chain; arrays are (T, N) or (N,). Headroom and
+what-if call these with their own inputs (a forecast path, a recording) and keep no copy.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from models import cdu as cdu_model
+from models import coolant, gpu_power, gpu_thermal
+from twin.chain.params import GpuParams
+from twin.site.catalog import ASSUMPTIONS, CDU_MODELS
+
+
+# ---- GPU power -------------------------------------------------------------------------------
+def gpu_power_w(activity: np.ndarray, gp: GpuParams, cols: Any = slice(None)) -> np.ndarray:
+    """Board power from SM activity (utilization where no SM activity) through the curve."""
+    return gpu_power.gpu_power_w(activity, gp.idle_w[cols], gp.limit_w[cols], gp.gamma[cols])
+
+
+def gpu_power_after_w(
+    power_w: np.ndarray,
+    activity: np.ndarray,
+    activity_after: np.ndarray,
+    gp: GpuParams,
+    cap_w: np.ndarray,
+    cols: Any = slice(None),
+) -> np.ndarray:
+    """Measured power plus the curve's change for a new activity, within [0, the cap]."""
+    p = power_w + (gpu_power_w(activity_after, gp, cols) - gpu_power_w(activity, gp, cols))
+    return np.clip(p, 0.0, cap_w)
+
+
+# ---- racks and PDUs --------------------------------------------------------------------------
+def rack_power_w(rack_w: np.ndarray, gpu_change_w: np.ndarray, beta: np.ndarray) -> np.ndarray:
+    """Rack input power after a change of its GPUs' power (``alpha + beta * sum P_gpu``)."""
+    return np.maximum(rack_w + beta * gpu_change_w, 0.0)
+
+
+def load_ratio(after_w: np.ndarray, before_w: np.ndarray) -> np.ndarray:
+    """after / before where there was load, 1 where there was none (nothing to scale)."""
+    ok = np.isfinite(before_w) & (before_w > 0)
+    safe = np.where(ok, before_w, 1.0)
+    return np.where(ok, np.maximum(after_w, 0.0) / safe, 1.0)
+
+
+def node_input_w(gpu_w: np.ndarray, spec: Any) -> np.ndarray:
+    """A catalog node's input power for its GPUs' power (docs/physics.md §4.1, §4.2)."""
+    from models import electrical
+
+    dc = electrical.node_power_w(spec.gpus * gpu_w, spec.base_w, spec.gpu_overhead_frac)
+    return electrical.psu_input_w(dc, ASSUMPTIONS.psu_loss_const_w, ASSUMPTIONS.psu_efficiency)
+
+
+def balanced_phase_current_a(power_w: np.ndarray, pdu: Any, pf: float) -> np.ndarray:
+    """Line current of each phase of a PDU carrying ``power_w`` balanced (wye or delta)."""
+    from models import electrical
+
+    three = pdu.phases == 3
+    v_ph = float(electrical.phase_voltage_v(pdu.voltage_v, pdu.wiring if three else "single"))
+    per = power_w / (3 if three else 1) / (v_ph * pf)
+    if three and pdu.wiring == "delta":
+        per = per * np.sqrt(3.0)  # balanced delta: line current = sqrt(3) x branch current
+    return per
+
+
+# ---- CDUs and loops --------------------------------------------------------------------------
+def cdu_supply_c(setpoint_c: np.ndarray, fw_c: np.ndarray, approach_k: np.ndarray) -> np.ndarray:
+    """Supply: the setpoint, unless facility water plus the approach is warmer (§3.2)."""
+    return cdu_model.supply_temp_c(setpoint_c, fw_c, approach_k)
+
+
+def cdu_capacity_kw(rated_kw: np.ndarray, flow_lpm: np.ndarray, max_flow_lpm: np.ndarray) -> Any:
+    """Heat a CDU carries at the flow it has: the rating scaled by flow over rated flow."""
+    return cdu_model.available_capacity_kw(rated_kw, 0.0, flow_lpm, max_flow_lpm)
+
+
+def loop_return_c(supply_c: Any, heat_kw: Any, flow_lpm: Any, fluid: str) -> np.ndarray:
+    """Return temperature of a loop; a stopped loop's rise is capped (it boils off, not inf)."""
+    r = coolant.return_temp_c(supply_c, heat_kw, np.maximum(flow_lpm, 1e-3), fluid)
+    return np.minimum(r, np.asarray(supply_c) + ASSUMPTIONS.stagnant_rise_k)
+
+
+def flow_needed_lpm(heat_kw: Any, supply_c: Any, return_limit_c: float, fluid: str) -> np.ndarray:
+    """Flow that carries ``heat_kw`` with the return at its limit."""
+    rise = np.maximum(return_limit_c - np.asarray(supply_c, dtype=float), 0.1)
+    return coolant.flow_for_heat_lpm(heat_kw, rise, fluid, supply_c)
+
+
+def pump_flow_ratio(cdu: Any, running: int) -> float:
+    """Flow with ``running`` pumps over the flow with all of them (pump model, same speed)."""
+    n_all = len(cdu.pumps)
+    if running >= n_all:
+        return 1.0
+    if running <= 0:
+        return 0.0
+    dp = CDU_MODELS[cdu.model].design_dp_kpa if cdu.model else ASSUMPTIONS.design_dp_kpa
+    h0, kp, ks = cdu_model.pump_curve_from_design(cdu.max_flow_lpm, dp, n_all)
+    q = cdu_model.parallel_pump_flow_lpm(
+        np.array([running, n_all], float), ASSUMPTIONS.pump_speed_frac, h0, kp, ks
+    )
+    return float(q[0] / q[1])
+
+
+def gpu_r_k_per_w(r_k_per_w: np.ndarray, flow_ratio: np.ndarray) -> np.ndarray:
+    """R of each GPU at its loop's flow over the flow its R was fitted at (1 for air)."""
+    return gpu_thermal.r_at_flow_k_per_w(r_k_per_w, flow_ratio)

@@ -1,0 +1,126 @@
+"""GPU temperature through the calibrated RC model, with the GPU's thermal controller.
+
+Vectorized over GPUs, stepped over time (the model is a recurrence). Two uses:
+
+- **model paths** (live headroom): the temperature from the present one, under a power path;
+- **measured + change** (what-if): the recorded temperature plus the model's change between
+  the scenario and the recording, ``T = T_meas + (x_scenario - x_baseline)``, so the model's
+  residual error cancels and a neutral scenario reproduces the recording exactly.
+
+The controller (docs/physics.md §2.4): where a step would take a GPU past its max operating
+temperature, its power falls to what holds it there (``models.gpu_thermal.hold_power_w``), but
+not below idle. A GPU that idle power cannot hold (its loop has no flow) runs hotter, and that
+is a breach. The power not drawn is work not done; it is reported as energy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+#: The controller acts on a rise beyond this (float32 recordings round at ~1e-5 K) ...
+HOLD_TOL_K = 0.01
+#: ... and a GPU counts as held when it sheds more than this. [W]
+HOLD_TOL_W = 0.5
+
+
+@dataclass
+class ThermalResult:
+    temp_c: np.ndarray  # (T, G)
+    power_w: np.ndarray  # (T, G) the power drawn: the demand, less what the controller shed
+    throttled_s: np.ndarray  # (G,) seconds each GPU was held by the controller
+    undelivered_j: np.ndarray  # (G,) energy the controller did not let it draw
+    held: np.ndarray  # (T, G) bool: held by the controller at that step
+
+
+def model_path(
+    temp0_c: np.ndarray,
+    ref_c: np.ndarray,
+    power_w: np.ndarray,
+    r_k_per_w: np.ndarray,
+    c_j_per_k: np.ndarray,
+    dt_s: float,
+) -> np.ndarray:
+    """(T, G) temperatures of the RC model from ``temp0_c`` (row 0), no controller.
+
+    ``ref_c``, ``power_w`` and ``r_k_per_w`` are (T, G): row k holds over step k -> k+1.
+    """
+    n = power_w.shape[0]
+    out = np.empty(power_w.shape, dtype=power_w.dtype)
+    x = np.asarray(temp0_c, dtype=float).copy()
+    out[0] = x
+    decay = np.exp(-dt_s / (r_k_per_w * c_j_per_k[None, :]))
+    for k in range(n - 1):
+        ss = ref_c[k] + power_w[k] * r_k_per_w[k]
+        x = ss + (x - ss) * decay[k]
+        out[k + 1] = x
+    return out
+
+
+def gpu_temperatures(
+    temp0_c: np.ndarray,
+    ref_c: np.ndarray,
+    power_w: np.ndarray,
+    r_k_per_w: np.ndarray,
+    c_j_per_k: np.ndarray,
+    dt_s: float,
+    *,
+    idle_w: np.ndarray,
+    max_temp_c: np.ndarray,
+    measured_c: np.ndarray | None = None,
+    baseline_model_c: np.ndarray | None = None,
+) -> ThermalResult:
+    """Temperatures and drawn power of GPUs under the thermal controller.
+
+    Parameters
+    ----------
+    temp0_c : (G,) start temperature of the model. [°C]
+    ref_c : (T, G) coolant supply (liquid) or inlet air, plus the GPU's offset. [°C]
+    power_w : (T, G) power the GPU's work asks for. [W]
+    r_k_per_w : (T, G) thermal resistance at the flow of each step. [K/W]
+    c_j_per_k : (G,) heat capacity. [J/K]
+    idle_w, max_temp_c : (G,) the controller's power floor and the temperature it holds.
+    measured_c, baseline_model_c : (T, G), both or neither. With them the result is
+        ``measured + (model - baseline_model)`` and the controller holds
+        ``max(max_temp_c, measured)``: what the recording itself did is never throttled again.
+    """
+    n, g = power_w.shape
+    delta = measured_c is not None
+    if delta:
+        assert baseline_model_c is not None
+        meas = np.where(np.isfinite(measured_c), measured_c, baseline_model_c)
+        bias = meas - baseline_model_c  # (T, G): what the model does not explain
+        target = np.maximum(max_temp_c[None, :], meas) - bias
+    else:
+        target = np.broadcast_to(max_temp_c[None, :], (n, g))
+    p = power_w.copy()
+    held = np.zeros((n, g), dtype=bool)
+    out = np.empty((n, g), dtype=power_w.dtype)
+    x = np.asarray(temp0_c, dtype=float).copy()
+    out[0] = x
+    decay = np.exp(-dt_s / (r_k_per_w * c_j_per_k[None, :]))
+    for k in range(n - 1):
+        e, r, ref = decay[k], r_k_per_w[k], ref_c[k]
+        ss = ref + p[k] * r
+        nxt = ss + (x - ss) * e
+        hot = nxt > target[k + 1] + HOLD_TOL_K
+        if hot.any():
+            hold = (target[k + 1] - x * e - ref * (1.0 - e)) / (r * np.maximum(1.0 - e, 1e-12))
+            cut = np.where(hot, np.maximum(np.minimum(p[k], hold), idle_w), p[k])
+            held[k] = hot & (cut < p[k] - HOLD_TOL_W)
+            p[k] = cut
+            ss = ref + p[k] * r
+            nxt = ss + (x - ss) * e
+        x = nxt
+        out[k + 1] = x
+    if delta:
+        out = out + bias
+    shed = power_w - p
+    return ThermalResult(
+        temp_c=out,
+        power_w=p,
+        throttled_s=held.sum(axis=0) * dt_s,
+        undelivered_j=np.maximum(shed, 0.0).sum(axis=0, dtype=float) * dt_s,
+        held=held,
+    )

@@ -1,0 +1,184 @@
+"""A bundle on its time grid for the what-if: float32 (T, N) arrays, one row group at a time.
+
+Bundles are sorted by (id, ts) and written in row groups (``twin.replay.bundle``), so the grid
+is filled one row group at a time and no whole-table copy of a 10,000-GPU day is ever held.
+Samples missing from the grid hold the last value (``hold_fill``), backfilled at the start.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from twin.calibrate.calibrate import SiteIndex, index_site
+from twin.calibrate.windows import hold_fill
+from twin.chain import ChainParams, PhaseTable, phase_table, pumps_running, resolve
+from twin.replay.bundle import Bundle
+from twin.site import Site
+
+F32 = np.float32
+
+
+@dataclass
+class Recording:
+    """The recording on its time grid, the site flattened, the chain's parameters resolved."""
+
+    bundle: Bundle
+    site: Site
+    t0: datetime
+    dt_s: float
+    n: int
+    idx: SiteIndex
+    params: ChainParams
+    phases: PhaseTable
+    gpu_power_w: np.ndarray  # (T, G) float32
+    gpu_temp_c: np.ndarray  # (T, G) float32; NaN columns: a GPU that never reported
+    gpu_activity: np.ndarray  # (T, G) float32: SM activity, else utilization / 100
+    gpu_power_limit_w: np.ndarray  # (G,) the enforced limit (the catalog's where none)
+    node_inlet_c: np.ndarray  # (T, nodes)
+    pdu_power_w: np.ndarray  # (T, PDUs), site.pdus order
+    pdu_pf: np.ndarray  # (PDUs,) mean measured power factor (NaN: none)
+    phase_current_a: np.ndarray  # (T, phases), ``phases.ids`` order
+    cdu: dict[str, np.ndarray]  # supply_temp_c, return_temp_c, flow_lpm, heat_kw, fw_supply...
+    pump_on: dict[str, np.ndarray]  # cdu name -> (T, pumps) bool
+    link_busy_gbps: np.ndarray  # (T, links): the busier direction
+    rack_in_w: np.ndarray  # (T, racks) rack input power (its PDUs), NaN where none reports
+    cache: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def duration_s(self) -> float:
+        return self.n * self.dt_s
+
+    def times(self) -> list[datetime]:
+        from datetime import timedelta
+
+        return [self.t0 + timedelta(seconds=k * self.dt_s) for k in range(self.n)]
+
+
+def grid(
+    bundle: Bundle,
+    kind: str,
+    ids: list[str],
+    quantities: list[str],
+    t0: datetime,
+    dt_s: float,
+    n: int,
+) -> dict[str, np.ndarray]:
+    """(T, N) float32 arrays of ``quantities`` for ``ids`` on the grid (NaN: no sample)."""
+    out = {q: np.full((n, len(ids)), np.nan, dtype=F32) for q in quantities}
+    path = bundle.path / f"{kind}.parquet"
+    if kind not in bundle.manifest.rows or not path.is_file():
+        return out
+    res = bundle.manifest.resolutions.get(kind, {})
+    present = [q for q in quantities if q in res]
+    if not present:
+        return out
+    pos = {s: i for i, s in enumerate(ids)}
+    start_us = int(t0.timestamp() * 1e6)
+    f = pq.ParquetFile(path, read_dictionary=["id"])
+    for rg in range(f.num_row_groups):
+        t = f.read_row_group(rg, columns=["ts", "id", *present])
+        ts = t.column("ts").to_numpy().astype("datetime64[us]").astype(np.int64)
+        row = np.rint((ts - start_us) / (dt_s * 1e6)).astype(np.int64)
+        col = np.full(len(ts), -1, dtype=np.int64)
+        at = 0
+        for chunk in t.column("id").chunks:
+            lut = np.array([pos.get(s, -1) for s in chunk.dictionary.to_pylist()], np.int64)
+            k = len(chunk)
+            col[at : at + k] = lut[chunk.indices.to_numpy(zero_copy_only=False)]
+            at += k
+        ok = (col >= 0) & (row >= 0) & (row < n)
+        r_ok, c_ok = row[ok], col[ok]
+        for q in present:
+            v = t.column(q).to_numpy(zero_copy_only=False)
+            scale = res.get(q)
+            vals = v[ok].astype(F32) if scale is None else (v[ok] * scale).astype(F32)
+            out[q][r_ok, c_ok] = vals
+    return out
+
+
+def _filled(a: np.ndarray) -> np.ndarray:
+    return hold_fill(a, backfill=True).astype(F32, copy=False)
+
+
+def load(bundle: Bundle) -> Recording:
+    """Read a bundle onto its time grid and resolve the chain's parameters for its site."""
+    m = bundle.manifest
+    dt = m.resolution_s or 1.0
+    n = round((m.end - m.start).total_seconds() / dt)
+    site = bundle.site
+    idx = index_site(site)
+    t0 = m.start
+    g = grid(
+        bundle,
+        "gpu",
+        idx.gpu_ids,
+        ["power_w", "temp_c", "sm_active", "util_pct", "power_limit_w"],
+        t0,
+        dt,
+        n,
+    )
+    act = g["sm_active"]
+    no_sm = np.isnan(act).all(axis=0)
+    act[:, no_sm] = g["util_pct"][:, no_sm] / F32(100.0)
+    del g["util_pct"]
+    with np.errstate(all="ignore"):
+        plim = np.fmax.reduce(g.pop("power_limit_w"), axis=0).astype(float)
+    params = resolve(site, idx, bundle.params())
+    plim = np.where(np.isfinite(plim) & (plim > 0), plim, params.gpu.limit_w)
+    act = np.clip(np.nan_to_num(_filled(act)), 0.0, 1.0)
+    node = grid(bundle, "node", [nd.name for nd in site.nodes], ["inlet_temp_c"], t0, dt, n)
+    phases = phase_table(site)
+    pdu_names = [p.name for p in site.pdus]
+    pdu = grid(bundle, "pdu", pdu_names, ["power_w", "power_factor"], t0, dt, n)
+    cur = grid(bundle, "pdu", phases.ids, ["current_a"], t0, dt, n)["current_a"]
+    cdu_q = ["supply_temp_c", "return_temp_c", "flow_lpm", "heat_kw", "fw_supply_temp_c"]
+    cdu = grid(bundle, "cdu", idx.cdu_names, cdu_q, t0, dt, n)
+    pump_ids = [f"{c.name}/{p}" for c in site.cdus for p in c.pumps]
+    speeds = grid(bundle, "cdu", pump_ids, ["pump_speed_pct"], t0, dt, n)["pump_speed_pct"]
+    pump_on: dict[str, np.ndarray] = {}
+    k = 0
+    for c in site.cdus:
+        pump_on[c.name] = pumps_running(_filled(speeds[:, k : k + len(c.pumps)]))
+        k += len(c.pumps)
+    link = grid(bundle, "link", [lk.name for lk in site.links], ["tx_bps", "rx_bps"], t0, dt, n)
+    busy = np.nan_to_num(_filled(np.fmax(link["tx_bps"], link["rx_bps"]))) / F32(1e9)
+    pdu_w = _filled(pdu["power_w"])
+    pos = {p: i for i, p in enumerate(pdu_names)}
+    rack_in = np.full((n, len(site.racks)), np.nan)
+    for r_i, r in enumerate(site.racks):
+        cols = [pos[p] for p in r.pdus if p in pos]
+        if cols and not np.isnan(pdu_w[:, cols]).all():
+            rack_in[:, r_i] = np.nansum(pdu_w[:, cols], axis=1)
+    with np.errstate(all="ignore"):
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            pf = np.nanmean(pdu["power_factor"], axis=0).astype(float)
+    return Recording(
+        bundle=bundle,
+        site=site,
+        t0=t0,
+        dt_s=dt,
+        n=n,
+        idx=idx,
+        params=params,
+        phases=phases,
+        gpu_power_w=np.nan_to_num(_filled(g["power_w"])),
+        gpu_temp_c=_filled(g["temp_c"]),
+        gpu_activity=act,
+        gpu_power_limit_w=plim,
+        node_inlet_c=np.nan_to_num(_filled(node["inlet_temp_c"]), nan=25.0),
+        pdu_power_w=pdu_w,
+        pdu_pf=pf,
+        phase_current_a=np.nan_to_num(_filled(cur)),
+        cdu={q: _filled(v).astype(float) for q, v in cdu.items()},
+        pump_on=pump_on,
+        link_busy_gbps=busy,
+        rack_in_w=rack_in,
+    )

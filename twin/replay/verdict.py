@@ -1,0 +1,232 @@
+"""Judging a run: per component headroom over the recording, and the verdict on a scenario.
+
+A verdict is relative to the recording (docs/physics.md §10.3): a scenario **does not fit**
+when it creates a breach or worsens one the recording already had; it **fits with risks** when
+it takes away more headroom than the tolerance from some component without breaching; else it
+**fits**. What the recording itself breached is reported apart, as the recording's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+
+import numpy as np
+from pydantic import BaseModel, Field
+
+from twin.replay.result import ComponentChange, ComponentResult, Kind, KindSummary
+
+#: Relative noise a scenario's change must exceed to count at all (float32 sums).
+EPS = 1e-4
+
+
+class Tolerance(BaseModel):
+    """How much minimum headroom a scenario may take from a component and still "fit"."""
+
+    fraction: float = Field(
+        0.05, ge=0, le=1, description="of the component's limit (A, kW, L/min, Gb/s)"
+    )
+    temp_k: float = Field(2.0, ge=0, description="for temperatures (GPU, loop return) [K]")
+
+    def of(self, kind: str, limit: float) -> float:
+        if kind in ("gpu", "loop"):
+            return self.temp_k
+        return self.fraction * abs(limit)
+
+
+@dataclass
+class KindStats:
+    ids: list[str]
+    unit: str
+    limit: np.ndarray
+    peak: np.ndarray
+    min_headroom: np.ndarray
+    over_steps: np.ndarray
+    first: np.ndarray  # first step over, -1 for never
+
+
+@dataclass
+class Judge:
+    """Collects per component statistics, kind by kind, chunk by chunk."""
+
+    dt_s: float
+    times: list[datetime]
+    kinds: dict[str, KindStats] = field(default_factory=dict)
+
+    def add(
+        self,
+        kind: Kind,
+        ids: list[str],
+        unit: str,
+        value: np.ndarray,
+        limit: np.ndarray,
+        over: np.ndarray | None = None,
+    ) -> None:
+        """value (T, N); limit (N,) or (T, N); ``over``: more steps to count as over (held)."""
+        lim = limit if np.ndim(limit) == 2 else np.asarray(limit, dtype=float)[None, :]
+        with np.errstate(invalid="ignore"):
+            head = lim - value
+            # a breach is beyond float rounding (float32 recordings): 1e-6 of the limit
+            is_over = head < -1e-6 * np.maximum(np.abs(lim), 1.0)
+        if over is not None:
+            is_over = is_over | over
+        any_over = is_over.any(axis=0)
+        first = np.where(any_over, np.argmax(is_over, axis=0), -1)
+        with np.errstate(all="ignore"):
+            minh = np.fmin.reduce(head, axis=0)
+            peak = np.fmax.reduce(value, axis=0)
+            lim_rep = np.fmin.reduce(np.broadcast_to(lim, value.shape), axis=0)
+        s = KindStats(list(ids), unit, lim_rep, peak, minh, is_over.sum(axis=0), first)
+        old = self.kinds.get(kind)
+        if old is None:
+            self.kinds[kind] = s
+        else:  # another chunk of the same kind
+            self.kinds[kind] = KindStats(
+                old.ids + s.ids,
+                unit,
+                *(
+                    np.concatenate([a, b])
+                    for a, b in (
+                        (old.limit, s.limit),
+                        (old.peak, s.peak),
+                        (old.min_headroom, s.min_headroom),
+                        (old.over_steps, s.over_steps),
+                        (old.first, s.first),
+                    )
+                ),
+            )
+
+    def components(self) -> list[ComponentResult]:
+        out = []
+        for kind, s in self.kinds.items():
+            for j, sid in enumerate(s.ids):
+                out.append(
+                    ComponentResult(
+                        kind=kind,
+                        id=sid,
+                        unit=s.unit,
+                        limit=float(s.limit[j]),  # type: ignore[arg-type]
+                        peak=float(s.peak[j]),
+                        min_headroom=float(s.min_headroom[j]),
+                        time_over_s=float(s.over_steps[j] * self.dt_s),
+                        first_breach=self.times[s.first[j]] if s.first[j] >= 0 else None,
+                    )
+                )
+        return out
+
+
+def _rel(c: ComponentResult) -> float:
+    return c.min_headroom / c.limit if c.limit else c.min_headroom
+
+
+def summarize(comps: list[ComponentResult]) -> list[KindSummary]:
+    by_kind: dict[str, list[ComponentResult]] = {}
+    for c in comps:
+        if np.isfinite(c.min_headroom):
+            by_kind.setdefault(c.kind, []).append(c)
+    out = []
+    for kind, cs in by_kind.items():
+        w = min(cs, key=_rel)
+        breaching = [c for c in cs if c.time_over_s > 0]
+        firsts = [c.first_breach for c in breaching if c.first_breach]
+        out.append(
+            KindSummary(
+                kind=kind,  # type: ignore[arg-type]
+                unit=w.unit,
+                components=len(cs),
+                worst_id=w.id,
+                worst_min_headroom=w.min_headroom,
+                breaching=len(breaching),
+                time_over_s=max((c.time_over_s for c in breaching), default=0.0),
+                component_over_s=sum(c.time_over_s for c in breaching),
+                first_breach=min(firsts) if firsts else None,
+            )
+        )
+    return out
+
+
+def compare(
+    base: list[ComponentResult], scen: list[ComponentResult], tol: Tolerance, dt_s: float
+) -> list[ComponentChange]:
+    """Every component whose headroom the scenario moved, with what kind of change it is."""
+    before = {(c.kind, c.id): c for c in base}
+    out = []
+    for c in scen:
+        b = before.get((c.kind, c.id))
+        b_min = b.min_headroom if b is not None else np.inf
+        b_over = b.time_over_s if b is not None else 0.0
+        if not (np.isfinite(c.min_headroom) or np.isfinite(b_min)):
+            continue
+        scale = max(abs(c.limit), 1.0)
+        delta = c.min_headroom - b_min if np.isfinite(b_min) else -np.inf
+        worse_time = c.time_over_s > b_over + dt_s / 2
+        if c.time_over_s > 0 and b_over == 0:
+            change = "new breach"
+        elif b_over > 0 and (worse_time or delta < -EPS * scale):
+            change = "worse breach"
+        elif b_over > 0:
+            change = "already breaching"
+        elif delta < -max(tol.of(c.kind, c.limit), EPS * scale):
+            change = "less headroom"
+        elif abs(delta) <= EPS * scale:
+            continue
+        else:
+            change = "more headroom" if delta > 0 else "within tolerance"
+        out.append(
+            ComponentChange(
+                kind=c.kind,
+                id=c.id,
+                unit=c.unit,
+                limit=c.limit,
+                baseline_min_headroom=float(b_min) if np.isfinite(b_min) else c.min_headroom,
+                min_headroom=c.min_headroom,
+                delta=float(delta) if np.isfinite(delta) else 0.0,
+                baseline_time_over_s=b_over,
+                time_over_s=c.time_over_s,
+                change=change,
+            )
+        )
+    order = {
+        "new breach": 0,
+        "worse breach": 1,
+        "less headroom": 2,
+        "already breaching": 3,
+        "within tolerance": 4,
+        "more headroom": 5,
+    }
+    out.sort(key=lambda x: (order[x.change], x.delta / max(abs(x.limit), 1.0)))
+    return out
+
+
+def verdict(changes: list[ComponentChange]) -> tuple[str, list[str]]:
+    """The verdict and its reasons, from the scenario's changes against the recording."""
+    reasons: list[str] = []
+    by: dict[str, list[ComponentChange]] = {}
+    for ch in changes:
+        by.setdefault(ch.change, []).append(ch)
+    for what in ("new breach", "worse breach", "less headroom"):
+        cs = by.get(what, [])
+        if not cs:
+            continue
+        kinds = sorted({c.kind for c in cs})
+        w = cs[0]
+        reasons.append(
+            f"{what}: {len(cs)} component(s) ({', '.join(kinds)}); e.g. {w.kind} {w.id}: "
+            f"min headroom {w.baseline_min_headroom:.1f} -> {w.min_headroom:.1f} {w.unit}"
+            + (f", {_dur(w.time_over_s)} over the limit" if w.time_over_s else "")
+        )
+    if by.get("new breach") or by.get("worse breach"):
+        return "does not fit", reasons
+    if by.get("less headroom"):
+        return "fits with risks", reasons
+    reasons.append("no component loses more headroom than the tolerance; no new breach")
+    return "fits", reasons
+
+
+def _dur(s: float) -> str:
+    """A duration for a sentence: seconds under a minute, minutes under two hours, else hours."""
+    if s < 60:
+        return f"{s:.0f} s"
+    if s < 7200:
+        return f"{s / 60:.0f} min"
+    return f"{s / 3600:.1f} h"
