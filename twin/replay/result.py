@@ -27,6 +27,9 @@ class ComponentResult(BaseModel):
     #: seconds this component spent over its limit (never longer than the recording)
     time_over_s: float
     first_breach: datetime | None
+    #: the value at the end of the recording, as live headroom reads "now": the last minute's
+    #: mean for powers, currents, flows and traffic, the last reading for temperatures
+    value_end: float | None = None
 
 
 class ComponentChange(BaseModel):

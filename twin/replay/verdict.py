@@ -8,6 +8,7 @@ it takes away more headroom than the tolerance from some component without breac
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -16,6 +17,8 @@ from pydantic import BaseModel, Field
 
 from twin.replay.result import ComponentChange, ComponentResult, Kind, KindSummary
 
+#: Seconds averaged for the end-of-recording value, as live headroom averages "now".
+NOW_WINDOW_S = 60.0
 #: Relative noise a scenario's change must exceed to count at all (float32 sums).
 EPS = 1e-4
 
@@ -43,6 +46,7 @@ class KindStats:
     min_headroom: np.ndarray
     over_steps: np.ndarray
     first: np.ndarray  # first step over, -1 for never
+    end: np.ndarray  # value at the end of the run (see ComponentResult.value_end)
 
 
 @dataclass
@@ -76,7 +80,11 @@ class Judge:
             minh = np.fmin.reduce(head, axis=0)
             peak = np.fmax.reduce(value, axis=0)
             lim_rep = np.fmin.reduce(np.broadcast_to(lim, value.shape), axis=0)
-        s = KindStats(list(ids), unit, lim_rep, peak, minh, is_over.sum(axis=0), first)
+        k = 1 if kind in ("gpu", "loop") else max(1, round(NOW_WINDOW_S / self.dt_s))
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            end = np.nanmean(value[-k:], axis=0)
+        s = KindStats(list(ids), unit, lim_rep, peak, minh, is_over.sum(axis=0), first, end)
         old = self.kinds.get(kind)
         if old is None:
             self.kinds[kind] = s
@@ -110,6 +118,7 @@ class Judge:
                         min_headroom=float(s.min_headroom[j]),
                         time_over_s=float(s.over_steps[j] * self.dt_s),
                         first_breach=self.times[s.first[j]] if s.first[j] >= 0 else None,
+                        value_end=float(s.end[j]) if np.isfinite(s.end[j]) else None,
                     )
                 )
         return out

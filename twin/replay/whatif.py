@@ -674,3 +674,8 @@ def _baseline(d: Recording) -> list[Any]:
     if "baseline" not in d.cache:
         d.cache["baseline"] = _pass(d, [], None).judge.components()
     return d.cache["baseline"]
+
+
+def component_results(d: Recording, scenario: Scenario | None = None) -> list[Any]:
+    """Every component's result for one run (``RunResult.worst`` keeps only the tightest)."""
+    return _pass(d, list(scenario.changes) if scenario else [], None).judge.components()

@@ -1,0 +1,150 @@
+"""What-if on the one chain: verdicts relative to the recording, the thermal controller, and
+live headroom agreeing with a neutral what-if on the same recording."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from collectors.simulator import SiteSimulator
+from twin.headroom import compute_headroom
+from twin.ingest import Ingester, IngestLimits
+from twin.replay.bundle import Bundle, record
+from twin.replay.replay import replay
+from twin.replay.scenario import Scenario, load_scenario
+from twin.replay.whatif import component_results, load, run
+from twin.site import load_site
+from twin.site.catalog import GPU_MODELS
+from twin.store import Store
+
+from .conftest import REPO, SMALL_SITE
+
+BUNDLE = REPO / "sample_telemetry" / "demo_bundle"
+SCENARIOS = REPO / "sample_telemetry" / "scenarios"
+
+pytestmark = pytest.mark.slow  # the demo day: 880 GPUs x 8,640 steps per run
+
+
+def _neutral(fleet: str) -> Scenario:
+    return Scenario.model_validate(
+        {"name": "neutral", "changes": [{"op": "scale_fleet", "fleet": fleet, "factor": 1}]}
+    )
+
+
+@pytest.fixture(scope="module")
+def demo():
+    return load(Bundle.load(BUNDLE))
+
+
+@pytest.fixture(scope="module")
+def demo_baseline(demo):
+    return run(demo, None)
+
+
+def test_capping_only_the_training_fleet_fits_and_lowers_it_energy(demo, demo_baseline) -> None:
+    cap = Scenario.model_validate(
+        {"name": "cap", "changes": [{"op": "cap_gpu_power", "fleet": "train-llm", "limit_w": 500}]}
+    )
+    r = run(demo, cap)
+    # the recording already breaches (a PDU phase over its limit): that is not the scenario's
+    assert demo_baseline.recorded_breaches and r.recorded_breaches
+    assert r.verdict != "does not fit", r.reasons
+    assert r.it_energy_kwh < demo_baseline.it_energy_kwh - 100
+    assert not [c for c in r.changes if c.change in ("new breach", "worse breach")]
+
+
+def test_a_cdu_failing_throttles_gpus_at_their_limit_and_does_not_fit(demo) -> None:
+    r = run(demo, load_scenario(SCENARIOS / "cdu-1-fails.yaml", demo.site))
+    assert r.verdict == "does not fit"
+    slowdown = min(g.slowdown_temp_c for g in GPU_MODELS.values())
+    assert max(r.series["gpu_temp_max_c"]) <= slowdown
+    gpu = next(k for k in r.kinds if k.kind == "gpu")
+    assert gpu.worst_min_headroom > -0.05  # held at the max operating temperature, not past it
+    assert r.throttled_gpu_s > 600  # GPU-seconds held by the controller
+    assert r.undelivered_energy_kwh > 0
+    assert any("GPU-hours" in x and "not delivered" in x for x in r.reasons), r.reasons
+    assert any(c.change == "new breach" and c.kind == "cdu_heat" for c in r.changes)
+
+
+def test_a_neutral_scenario_is_the_recording_and_fits(demo, demo_baseline) -> None:
+    r = run(demo, _neutral("train-llm"))
+    assert r.verdict == "fits"
+    assert r.gpu_mean_temp_c == demo_baseline.gpu_mean_temp_c
+    assert r.cdus == demo_baseline.cdus and r.it_energy_kwh == demo_baseline.it_energy_kwh
+    assert r.throttled_gpu_s == 0 and r.undelivered_energy_kwh == 0
+    assert not [c for c in r.changes if c.change != "already breaching"]
+
+
+def test_removing_load_is_never_does_not_fit(demo) -> None:
+    for fleet in ("train-llm", "infer-chat"):
+        s = Scenario.model_validate(
+            {"name": "less", "changes": [{"op": "scale_fleet", "fleet": fleet, "factor": 0.5}]}
+        )
+        assert run(demo, s).verdict != "does not fit"
+
+
+def test_no_time_over_a_limit_exceeds_the_recording(demo, demo_baseline) -> None:
+    length = demo.duration_s
+    for f in sorted(SCENARIOS.glob("*.yaml")):
+        r = run(demo, load_scenario(f, demo.site))
+        assert r.duration_s == length
+        for k in r.kinds:
+            assert 0 <= k.time_over_s <= length, (f.name, k)
+            assert k.component_over_s >= k.time_over_s
+        for c in [*r.worst, *r.recorded_breaches]:
+            assert c.time_over_s <= length, (f.name, c)
+        for c in r.changes:
+            assert c.time_over_s <= length and c.baseline_time_over_s <= length
+
+
+def test_live_headroom_and_a_neutral_whatif_agree_on_every_component(tmp_path: Path) -> None:
+    site = load_site(SMALL_SITE)
+    start = datetime(2026, 11, 20, 12, 0, tzinfo=UTC)
+    sim = SiteSimulator(site, seed=11, start=start)
+    with Store(tmp_path / "src.duckdb") as src:
+        ing = Ingester(src, site, IngestLimits(max_past_s=0))
+        for _ in range(20):
+            batch = []
+            for _ in range(60):
+                batch.extend(sim.step())
+            ing.ingest(batch)
+        record(src, SMALL_SITE, tmp_path / "b", start, start + timedelta(minutes=20))
+    bundle = Bundle.load(tmp_path / "b")
+    with Store(tmp_path / "dst.duckdb") as dst:  # the recording, as the live twin stores it
+        replay(bundle, sink=Ingester(dst, bundle.site, IngestLimits(max_past_s=0)).ingest)
+        live = compute_headroom(dst, bundle.site, use_forecast=False)
+    whatif = component_results(load(bundle), _neutral("train"))
+    key = {
+        "gpu": ("gpu", "temp_c"),
+        "pdu_phase": ("pdu_phase", "current_a"),
+        "rack": ("rack", "power_kw"),
+        "cdu_heat": ("cdu", "heat_kw"),
+        "cdu_flow": ("cdu", "flow_lpm"),
+        "loop": ("loop", "return_temp_c"),
+        "link": ("link", "traffic_gbps"),
+    }
+    rows = {(r.kind, r.quantity, r.id): r for r in live.rows}
+    seen = set()
+    for c in whatif:
+        kind, q = key[c.kind]
+        row = rows.get((kind, q, c.id))
+        assert row is not None, f"live headroom has no row for {c.kind} {c.id}"
+        seen.add((kind, q, c.id))
+        assert c.value_end is not None and row.value_now is not None
+        assert c.value_end == pytest.approx(row.value_now, rel=0.01, abs=0.05), (c, row)
+        if c.kind in ("gpu", "pdu_phase", "rack", "loop", "link"):  # limits that do not move
+            assert c.limit == pytest.approx(row.limit, rel=1e-9), (c, row)
+    assert seen == set(rows), set(rows) - seen
+    assert len(seen) > 40 and {k for k, _, _ in seen} >= {"gpu", "pdu_phase", "rack", "cdu"}
+
+
+def test_facility_water_moves_liquid_gpus_about_3k_and_not_air(demo, demo_baseline) -> None:
+    r = run(demo, load_scenario(SCENARIOS / "facility-water-plus-3c.yaml", demo.site))
+    idx = demo.idx
+    d = np.array([r.gpu_mean_temp_c[g] - demo_baseline.gpu_mean_temp_c[g] for g in idx.gpu_ids])
+    liquid = idx.gpu_cdu >= 0
+    assert np.median(d[liquid]) == pytest.approx(3.0, abs=0.3)
+    assert np.abs(d[~liquid]).max() < 1e-6
