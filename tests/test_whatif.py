@@ -16,12 +16,12 @@ from typer.testing import CliRunner
 
 from collectors.simulator import SiteSimulator
 from models import coolant
+from twin.chain.propagate import pump_flow_ratio as _pump_flow_ratio
 from twin.cli import app
 from twin.ingest import Ingester, IngestLimits
 from twin.replay.bundle import Bundle, BundleError, record
 from twin.replay.replay import replay
 from twin.replay.scenario import Scenario, ScenarioError, load_scenario
-from twin.chain.propagate import pump_flow_ratio as _pump_flow_ratio
 from twin.replay.whatif import load, run
 from twin.site import load_site
 from twin.store import Store

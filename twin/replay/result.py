@@ -45,8 +45,10 @@ class ComponentChange(BaseModel):
     delta: float
     baseline_time_over_s: float
     time_over_s: float
-    #: "new breach", "worse breach", "already breaching", "less headroom", "more headroom"
+    #: "new breach", "worse breach", "already breaching", "less headroom", "within tolerance",
+    #: "more headroom"
     change: str
+    first_breach: datetime | None = None  # in the scenario
 
 
 class KindSummary(BaseModel):

@@ -193,6 +193,7 @@ def compare(
                 baseline_time_over_s=b_over,
                 time_over_s=c.time_over_s,
                 change=change,
+                first_breach=c.first_breach,
             )
         )
     order = {
@@ -223,6 +224,7 @@ def verdict(changes: list[ComponentChange]) -> tuple[str, list[str]]:
             f"{what}: {len(cs)} component(s) ({', '.join(kinds)}); e.g. {w.kind} {w.id}: "
             f"min headroom {w.baseline_min_headroom:.1f} -> {w.min_headroom:.1f} {w.unit}"
             + (f", {_dur(w.time_over_s)} over the limit" if w.time_over_s else "")
+            + (f", first at {w.first_breach:%Y-%m-%d %H:%M} UTC" if w.first_breach else "")
         )
     if by.get("new breach") or by.get("worse breach"):
         return "does not fit", reasons
