@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -169,6 +170,38 @@ def test_whatif_offers_the_bundles_and_scenarios(env: RunningService) -> None:
     assert "No what-if jobs yet" in text(at)
     assert "demo_bundle" in at.selectbox[0].options
     assert "facility-water-plus-3c" in at.multiselect[0].options
+
+
+@pytest.mark.slow  # a what-if job on the demo bundle: out of the fast tier
+def test_whatif_shows_the_reports_figures(env: RunningService) -> None:
+    """After the test above (it wants no job yet): a job's page draws the report's own figures,
+    one per quantity, each scenario in the colour the report gives it."""
+    import httpx
+
+    body = {"bundle": "demo_bundle", "scenarios": ["gpu-power-cap-500w", "cdu-1-fails"]}
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    job = httpx.post(f"{env.url}/api/v1/whatif", json=body, headers=auth, timeout=10).json()
+    deadline = time.monotonic() + 180
+    while (state := httpx.get(f"{env.url}/api/v1/whatif/{job['job']}", timeout=10).json())[
+        "state"
+    ] not in ("done", "failed"):
+        assert time.monotonic() < deadline, state["state"]
+        time.sleep(0.5)
+    assert state["state"] == "done", state["error"]
+    served = httpx.get(f"{env.url}/api/v1/whatif/{job['job']}/figures", timeout=10).json()
+    at = run(DASH / "pages" / "whatif.py")
+    charts = plotly_json(at)
+    assert len(charts) == len(served) >= 5
+    for chart, fig in zip(charts, served, strict=True):
+        assert chart["layout"]["title"]["text"] == fig["title"]
+        drawn = {t["name"]: (t["line"]["color"], t["line"]["dash"]) for t in chart["data"]}
+        sent = {t["name"]: (t["line"]["color"], t["line"]["dash"]) for t in fig["figure"]["data"]}
+        assert drawn == sent
+        assert drawn["baseline"][1] == "dash"
+        assert drawn["gpu-power-cap-500w"][0] != drawn["cdu-1-fails"][0]
+    for name in body["scenarios"]:  # one colour per scenario across every figure
+        seen = {t["line"]["color"] for ch in charts for t in ch["data"] if t["name"] == name}
+        assert len(seen) == 1, (name, seen)
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.stem)

@@ -27,6 +27,22 @@ KIND_LABEL = {
     "loop": "loop return temperature",
     "link": "link traffic",
 }
+
+
+def kind_row(k: dict, b: dict | None) -> dict[str, str]:
+    """One kind of limit: its worst component, baseline against scenario."""
+    return {
+        "component": KIND_LABEL.get(k["kind"], k["kind"]),
+        "worst": k["worst_id"],
+        "min headroom, baseline": ui.fmt(None if b is None else b["worst_min_headroom"], k["unit"]),
+        "min headroom": ui.fmt(k["worst_min_headroom"], k["unit"]),
+        "over the limit": f"{k['breaching']} of {k['components']}",
+        "longest over, one component": f"{k['time_over_s'] / 60:.0f} min",
+        "component-minutes over": f"{k.get('component_over_s', 0.0) / 60:,.0f}",
+        "first breach": ui.ago(k["first_breach"]),
+    }
+
+
 VERDICT_ICON = {"fits": "🟢", "fits with risks": "🟠", "does not fit": "🔴", "baseline": "⚪"}
 
 listing = ui.fetch("/api/v1/whatif")
@@ -79,50 +95,40 @@ def jobs() -> None:
         return
     runs = res["results"]
     base, scen = runs[0], runs[1:]
+    b_kinds = {k["kind"]: k for k in base["kinds"]}
     for r in scen:
         st.subheader(f"{VERDICT_ICON.get(r['verdict'], '')} {r['name']}: {r['verdict']}")
         st.caption(r["description"])
         for reason in r["reasons"]:
             st.markdown(f"- {reason}")
-        b_kinds = {k["kind"]: k for k in base["kinds"]}
-        table = [
-            {
-                "component": KIND_LABEL.get(k["kind"], k["kind"]),
-                "worst": k["worst_id"],
-                "min headroom, baseline": ui.fmt(
-                    b_kinds.get(k["kind"], {}).get("worst_min_headroom"), k["unit"]
-                ),
-                "min headroom": ui.fmt(k["worst_min_headroom"], k["unit"]),
-                "over the limit": f"{k['breaching']} of {k['components']}",
-                "time over": f"{k['time_over_s'] / 60:.0f} min",
-                "first breach": ui.ago(k["first_breach"]),
-            }
-            for k in r["kinds"]
-        ]
-        st.dataframe(pd.DataFrame(table), hide_index=True, use_container_width=True)
-        c1, c2, c3 = st.columns(3)
+        st.dataframe(
+            pd.DataFrame([kind_row(k, b_kinds.get(k["kind"])) for k in r["kinds"]]),
+            hide_index=True,
+            use_container_width=True,
+        )
+        c1, c2, c3, c4 = st.columns(4)
         c1.metric(
             "IT energy",
             ui.fmt(r["it_energy_kwh"], "kWh", 0),
             delta=ui.fmt(r["it_energy_kwh"] - base["it_energy_kwh"], "kWh", 0),
         )
         c2.metric("heat to liquid", ui.fmt(r["liquid_heat_kwh"], "kWh", 0))
-        c3.metric("alerts fired", sum(a["status"] == "firing" for a in r["alerts"]))
-    fig = go.Figure()
-    for r in runs:
-        fig.add_trace(
-            go.Scatter(
-                x=r["series"]["t_h"], y=r["series"]["cdu_util_max"], name=r["name"], mode="lines"
-            )
+        c3.metric("throttled GPU-hours", ui.fmt(r["throttled_gpu_s"] / 3600, "", 1))
+        c4.metric("alerts fired", sum(a["status"] == "firing" for a in r["alerts"]))
+        recorded = r.get("recorded_breaches") or base.get("recorded_breaches") or []
+        if recorded:
+            st.markdown("**Already breaching in the recording**")
+            st.dataframe(pd.DataFrame(recorded), hide_index=True, use_container_width=True)
+        if r.get("changes"):
+            st.markdown("**What the scenario changes**")
+            st.dataframe(pd.DataFrame(r["changes"]), hide_index=True, use_container_width=True)
+    # the report's own figures (twin.replay.report.figures, served by the API): one per
+    # quantity, each scenario in one colour throughout, the baseline dashed
+    figs = ui.fetch(f"/api/v1/whatif/{pick}/figures")
+    for f in figs or []:
+        st.plotly_chart(
+            go.Figure(f["figure"]), use_container_width=True, theme=None, key=f"fig-{f['key']}"
         )
-    fig.add_hline(y=1.0, line_dash="dot")
-    fig.update_layout(
-        title="worst CDU: heat / capacity",
-        xaxis_title="hours into the recording",
-        yaxis_title="fraction of capacity",
-        height=350,
-    )
-    st.plotly_chart(fig, use_container_width=True)
     st.caption(f"Full report: {api.base_url}/api/v1/whatif/{pick}/report.html")
 
 

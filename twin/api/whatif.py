@@ -5,6 +5,8 @@ background, and read their results and reports.
 - ``POST /api/v1/whatif`` (token): ``{"bundle": NAME, "scenarios": [NAME, ...]}`` starts a job.
 - ``GET /api/v1/whatif/{job}``: its state and, once done, the baseline and scenario results.
 - ``GET /api/v1/whatif/{job}/report.html`` and ``/report.md``: the report.
+- ``GET /api/v1/whatif/{job}/figures``: the report's figures as plotly JSON (the console draws
+  them), ``[{"key", "title", "figure"}]``.
 
 Bundles are the directories holding a ``manifest.json`` under the bundle directory; scenarios
 the ``*.yaml`` files of the scenario directory (both given to ``dctwin serve``). Jobs run one at
@@ -199,5 +201,15 @@ def whatif_router(
             raise HTTPException(409, f"job {job} is {j.state}: no report yet")
         media = "text/html" if ext == "html" else "text/markdown"
         return FileResponse(path, media_type=media)
+
+    @router.get("/api/v1/whatif/{job}/figures")
+    def figures(job: str) -> FileResponse:
+        """The report's figures, one per quantity, as plotly JSON: ``[{"key", "title",
+        "figure"}]`` (twin.replay.report.figures_json; report.html draws the same)."""
+        j = get(job)
+        path = out_dir / j.job / "figures.json"
+        if j.state != "done" or not path.is_file():
+            raise HTTPException(409, f"job {job} is {j.state}: no figures yet")
+        return FileResponse(path, media_type="application/json")
 
     return router
