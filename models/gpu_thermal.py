@@ -33,10 +33,10 @@ __all__ = [
 
 F64 = NDArray[np.float64]
 
-#: Share of a cold plate's R that is convective at design flow [A]: physics.md §2.2 says the
+#: Share of a cold plate's R that is convective at design flow [A]: docs/physics.md §2.2 says the
 #: convective term "usually dominates"; half is the conservative reading.
 CONVECTIVE_SHARE = 0.5
-#: h ~ Re^0.8 for turbulent flow (Dittus-Boelter), physics.md §2.2.
+#: h ~ Re^0.8 for turbulent flow (Dittus-Boelter), docs/physics.md §2.2.
 FLOW_EXPONENT = 0.8
 
 
@@ -74,7 +74,7 @@ def r_at_flow_k_per_w(
 
     References
     ----------
-    physics.md §2.2.
+    docs/physics.md §2.2.
     """
     r0 = np.asarray(r_nominal_k_per_w, dtype=float)
     ratio = np.maximum(np.asarray(flow_ratio, dtype=float), 1e-3)
@@ -107,7 +107,7 @@ def steady_temp_c(
 
     References
     ----------
-    physics.md §2.2 (steady state above the coolant) and §9.2 (R defaults: 0.03 K/W liquid,
+    docs/physics.md §2.2 (steady state above the coolant) and §9.2 (R defaults: 0.03 K/W liquid,
     0.07 K/W air).
 
     Examples
@@ -132,7 +132,7 @@ def time_constant_s(r_k_per_w: ArrayLike, c_j_per_k: ArrayLike) -> NDArray[np.fl
 
     References
     ----------
-    physics.md §2.3 and §9.2 (tau ≈ 10 s cold plate, ≈ 60 s air heat sink).
+    docs/physics.md §2.3 and §9.2 (tau ≈ 10 s cold plate, ≈ 60 s air heat sink).
     """
     return np.asarray(r_k_per_w, dtype=float) * np.asarray(c_j_per_k, dtype=float)
 
@@ -180,7 +180,7 @@ def rc_step(
 
     References
     ----------
-    physics.md §2.2 (steady state), §2.3 and §9.2 (time constants).
+    docs/physics.md §2.2 (steady state), §2.3 and §9.2 (time constants).
 
     Examples
     --------
@@ -238,7 +238,7 @@ def rc_simulate(
 
     References
     ----------
-    physics.md §2.2, §2.3 and §9.2; DESIGN.md "Measured on this kind of machine" (fitting the
+    docs/physics.md §2.2, §2.3 and §9.2; DESIGN.md "Measured on this kind of machine" (fitting the
     simulated trajectory recovers both R and C).
 
     Examples
@@ -648,7 +648,7 @@ def fit_rc(
 
     References
     ----------
-    physics.md §2.2 (steady state above the local coolant, position along the loop),
+    docs/physics.md §2.2 (steady state above the local coolant, position along the loop),
     §2.3 and §9.2 (time constants: fit an RC model from power steps, checkpoint dips and job
     starts being natural steps); DESIGN.md "Measured on this kind of machine" (the one-step fit
     gets C about 17 % low; fitting the simulated trajectory recovers both).
@@ -916,7 +916,7 @@ def predict_temp_c(
 
     References
     ----------
-    physics.md §2.2 and §2.3.
+    docs/physics.md §2.2 and §2.3.
 
     Examples
     --------
@@ -972,7 +972,7 @@ def time_to_temp_s(
 
     References
     ----------
-    physics.md §2.1 (slowdown thresholds), §2.2 and §2.3.
+    docs/physics.md §2.1 (slowdown thresholds), §2.2 and §2.3.
 
     Examples
     --------
