@@ -69,8 +69,9 @@ def r_at_flow_k_per_w(
     .. math:: R(\dot V) = R_0\,\left[(1 - s) + s\,(\dot V / \dot V_0)^{-0.8}\right]
 
     The conductive part (TIM, base) does not depend on flow; the convective part follows
-    h ~ Re^0.8. A loop that loses one of two pumps (flow ~0.65) raises R by ~20 %; a loop
-    with no flow raises it without bound, and the GPU throttles.
+    h ~ Re^0.8. A loop that loses one of two pumps (79 % of its flow on the catalog's pump
+    curve, ``models.cdu.parallel_pump_flow_lpm``) raises R by ~10 %; a loop with no flow raises
+    it without bound, and the GPU throttles.
 
     References
     ----------
