@@ -2,7 +2,7 @@
 
 One module per domain (pvlib style), plain functions taking and returning arrays, every
 parameter's unit in brackets in its docstring, the equation in Notes and the source in
-References (sections of ``reference/physics.md``):
+References (sections of ``docs/physics.md``):
 
 - :mod:`models.gpu_power`: GPU board power from SM activity.
 - :mod:`models.gpu_thermal`: first-order RC temperature above the local coolant or air.

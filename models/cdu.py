@@ -39,7 +39,7 @@ F64 = NDArray[np.float64]
 
 #: Shutoff head of a pump as a multiple of the loop's design differential pressure [1]. A
 #: centrifugal pump's shutoff head is typically 1.1-1.4x its head at the best-efficiency point;
-#: 1.25 is an assumption (physics.md tags: A), to calibrate from speed/flow/dP telemetry.
+#: 1.25 is an assumption (docs/physics.md tags: A), to calibrate from speed/flow/dP telemetry.
 SHUTOFF_HEAD_RATIO = 1.25
 
 
@@ -84,7 +84,7 @@ def pump_curve_from_design(
 
     References
     ----------
-    physics.md §3.6 (a pump curve intersected with a system curve k·Q²) and §9.3 (loop ΔP).
+    docs/physics.md §3.6 (a pump curve intersected with a system curve k·Q²) and §9.3 (loop ΔP).
 
     Examples
     --------
@@ -137,7 +137,7 @@ def parallel_pump_flow_lpm(
 
     References
     ----------
-    physics.md §3.6 (affinity laws; pump curve intersected with a system curve).
+    docs/physics.md §3.6 (affinity laws; pump curve intersected with a system curve).
 
     Examples
     --------
@@ -172,7 +172,7 @@ def loop_dp_kpa(flow_lpm: ArrayLike, system_k: ArrayLike) -> NDArray[np.float64]
 
     References
     ----------
-    physics.md §3.6.
+    docs/physics.md §3.6.
     """
     return np.asarray(system_k, dtype=float) * np.asarray(flow_lpm, dtype=float) ** 2
 
@@ -194,7 +194,7 @@ def pump_rated_power_w(
     n_pumps : array_like
         Pumps sharing the flow. [1]
     efficiency : array_like, default 0.5
-        Wire-to-water efficiency (motor × drive × pump), an assumption (physics.md: A). [1]
+        Wire-to-water efficiency (motor × drive × pump), an assumption (docs/physics.md: A). [1]
 
     Returns
     -------
@@ -207,11 +207,11 @@ def pump_rated_power_w(
 
     with :math:`\Delta p` in Pa and :math:`Q` in m³/s. A 300 L/min, 100 kPa in-rack CDU with
     two pumps draws 0.5 kW per pump at full speed, 0.26 kW at speed 0.8: ~0.5 % of a 100 kW
-    load, in the band of physics.md §9.3 (RAPS Frontier ≈ 0.75 %).
+    load, in the band of docs/physics.md §9.3 (RAPS Frontier ≈ 0.75 %).
 
     References
     ----------
-    physics.md §3.5 and §9.3 (pump power relative to heat load).
+    docs/physics.md §3.5 and §9.3 (pump power relative to heat load).
     """
     q_m3s = np.asarray(max_flow_lpm, dtype=float) / 60_000.0
     dp_pa = np.asarray(design_dp_kpa, dtype=float) * 1000.0
@@ -242,11 +242,11 @@ def pump_power_w(
     .. math:: P = P_{base} + P_{rated}\,s^3 \quad (s > 0), \qquad P = 0 \quad (s = 0)
 
     The cube law holds on a fixed quadratic system curve; with a DP setpoint or static head
-    fit :math:`a + b s^3` instead (physics.md §3.6).
+    fit :math:`a + b s^3` instead (docs/physics.md §3.6).
 
     References
     ----------
-    physics.md §3.6 (affinity laws: shaft power ∝ speed³) and §9.3.
+    docs/physics.md §3.6 (affinity laws: shaft power ∝ speed³) and §9.3.
 
     Examples
     --------
@@ -286,7 +286,7 @@ def supply_temp_c(
 
     References
     ----------
-    physics.md §3.5 (approach 3-5 K) and §9.3.
+    docs/physics.md §3.5 (approach 3-5 K) and §9.3.
 
     Examples
     --------
@@ -327,13 +327,13 @@ def available_capacity_kw(
     -----
     .. math:: Q_{avail} = Q_{rated}\,\min(1, \dot V / \dot V_{max}) - Q
 
-    At a fixed design rise the heat a loop carries scales with flow (physics.md §3.1), so a
+    At a fixed design rise the heat a loop carries scales with flow (docs/physics.md §3.1), so a
     CDU that lost a pump loses capacity in proportion to its flow. Without flows the rating is
     used as is.
 
     References
     ----------
-    physics.md §3.1, §3.5 and §9.3.
+    docs/physics.md §3.1, §3.5 and §9.3.
     """
     cap = np.asarray(capacity_kw, dtype=float)
     if flow_lpm is not None and max_flow_lpm is not None:
@@ -374,7 +374,7 @@ def first_order_lag(
 
     Notes
     -----
-    The return temperature of a loop (physics.md §2.3, §9.3: TCS transport delay
+    The return temperature of a loop (docs/physics.md §2.3, §9.3: TCS transport delay
     :math:`V/Q`; "fit a first-order lag for CDU supply/return temperatures") follows its
     heat-balance target with this lag. It is the same exact zero-order-hold step as the GPU
     RC model, so it runs on :func:`models.gpu_thermal.rc_simulate` with :math:`R = 1`,
@@ -422,7 +422,7 @@ def cdu_heat_kw(
 
     References
     ----------
-    physics.md §3.7 and §9.4 (capture fraction).
+    docs/physics.md §3.7 and §9.4 (capture fraction).
 
     Examples
     --------
@@ -493,7 +493,7 @@ def predict_return_temp_c(
 
     References
     ----------
-    physics.md §3.1 (heat balance), §3.2 (properties), §3.7 and §9.4 (capture fraction),
+    docs/physics.md §3.1 (heat balance), §3.2 (properties), §3.7 and §9.4 (capture fraction),
     §2.3 (loop lag).
 
     Examples
@@ -608,7 +608,7 @@ def fit_capture_fraction(
     rack_cdu_index : array_like
         CDU of each rack, an index into the CDU axis; -1 for a rack on no CDU. [1]
     prior : array_like
-        Prior capture fraction per rack (catalog, physics.md §9.4), shape ``(R,)``. [1]
+        Prior capture fraction per rack (catalog, docs/physics.md §9.4), shape ``(R,)``. [1]
     prior_weight : float, default 1e-3
         Weight of the ridge toward the prior, relative to the mean diagonal of the normal
         equations: weak, it only decides among collinear racks. [1]
@@ -646,7 +646,7 @@ def fit_capture_fraction(
 
     References
     ----------
-    physics.md §3.1 (heat balance), §3.7 and §9.4 (capture fraction; calibrate per rack
+    docs/physics.md §3.1 (heat balance), §3.7 and §9.4 (capture fraction; calibrate per rack
     :math:`f = \rho \dot V c_p \Delta T / P_{rack}`), §2.3 (loop lag).
     """
     p_all = np.asarray(rack_power_w, dtype=float)

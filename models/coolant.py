@@ -1,7 +1,7 @@
 """Coolant properties and the heat balance of a liquid loop.
 
 Properties of water and PG25 (25 % propylene glycol) are interpolated linearly in the table of
-physics.md §3.2 (Airedale DeltaChill design data, 20-45 °C) and held constant outside it.
+docs/physics.md §3.2 (Airedale DeltaChill design data, 20-45 °C) and held constant outside it.
 Fluids are named by the keys of :data:`COOLANT_TABLE` (``"water"``, ``"pg25"``), the same names
 as the ``coolant`` field of a CDU in the site file.
 """
@@ -22,7 +22,7 @@ __all__ = [
     "specific_heat_j_kgk",
 ]
 
-#: physics.md §3.2: temperature [°C], specific heat [J/(kg K)] and density [kg/m³] per fluid.
+#: docs/physics.md §3.2: temperature [°C], specific heat [J/(kg K)] and density [kg/m³] per fluid.
 COOLANT_TABLE: dict[str, dict[str, tuple[float, ...]]] = {
     "water": {
         "temp_c": (20.0, 25.0, 30.0, 40.0, 45.0),
@@ -66,11 +66,11 @@ def density_kg_m3(fluid: str, temp_c: ArrayLike) -> NDArray[np.float64]:
 
     Notes
     -----
-    Linear interpolation in the physics.md §3.2 table.
+    Linear interpolation in the docs/physics.md §3.2 table.
 
     References
     ----------
-    physics.md §3.2 (Airedale DeltaChill glycol design data).
+    docs/physics.md §3.2 (Airedale DeltaChill glycol design data).
 
     Examples
     --------
@@ -98,11 +98,11 @@ def specific_heat_j_kgk(fluid: str, temp_c: ArrayLike) -> NDArray[np.float64]:
 
     Notes
     -----
-    Linear interpolation in the physics.md §3.2 table.
+    Linear interpolation in the docs/physics.md §3.2 table.
 
     References
     ----------
-    physics.md §3.2.
+    docs/physics.md §3.2.
 
     Examples
     --------
@@ -153,7 +153,7 @@ def heat_kw(
 
     References
     ----------
-    physics.md §3.1 (heat balance) and §3.2 (properties).
+    docs/physics.md §3.1 (heat balance) and §3.2 (properties).
 
     Examples
     --------
@@ -198,7 +198,7 @@ def return_temp_c(
 
     References
     ----------
-    physics.md §3.1 and §3.2.
+    docs/physics.md §3.1 and §3.2.
 
     Examples
     --------
@@ -241,11 +241,11 @@ def flow_for_heat_lpm(
     -----
     .. math:: \dot V = Q / (\rho\,c_p\,\Delta T)
 
-    PG25 at 25 °C needs 1.50 L/min per kW for a 10 K rise (OCP guideline, physics.md §3.3).
+    PG25 at 25 °C needs 1.50 L/min per kW for a 10 K rise (OCP guideline, docs/physics.md §3.3).
 
     References
     ----------
-    physics.md §3.1-§3.3 and §9.3.
+    docs/physics.md §3.1-§3.3 and §9.3.
 
     Examples
     --------

@@ -69,7 +69,7 @@ def node_power_w(
 
     References
     ----------
-    physics.md §1.4 (non-GPU overhead of a DGX H100), §7.1 (RAPS node model) and §9.1.
+    docs/physics.md §1.4 (non-GPU overhead of a DGX H100), §7.1 (RAPS node model) and §9.1.
 
     Examples
     --------
@@ -110,7 +110,7 @@ def psu_input_w(
 
     References
     ----------
-    physics.md §4.2 (conversion losses) and §9.5; ExaDigiT/RAPS ``raps/power.py``.
+    docs/physics.md §4.2 (conversion losses) and §9.5; ExaDigiT/RAPS ``raps/power.py``.
 
     Examples
     --------
@@ -134,7 +134,7 @@ def phase_voltage_v(voltage_ll_v: ArrayLike, wiring: str = "wye") -> NDArray[np.
 
     References
     ----------
-    physics.md §4.1.
+    docs/physics.md §4.1.
     """
     v = np.asarray(voltage_ll_v, dtype=float)
     if wiring == "wye":
@@ -178,7 +178,7 @@ def phase_current_a(
 
     References
     ----------
-    physics.md §4.1 (three-phase identity; 208 V line-to-line outlets) and §9.5 (PF 0.97).
+    docs/physics.md §4.1 (three-phase identity; 208 V line-to-line outlets) and §9.5 (PF 0.97).
 
     Examples
     --------
@@ -226,7 +226,7 @@ def delta_line_currents_a(
 
     References
     ----------
-    physics.md §4.1 (Raritan, "How to calculate current on a 3-phase 208 V rack PDU").
+    docs/physics.md §4.1 (Raritan, "How to calculate current on a 3-phase 208 V rack PDU").
 
     Examples
     --------
@@ -280,7 +280,7 @@ def derated_limit_a(rated_a: ArrayLike, factor: ArrayLike = 0.8) -> NDArray[np.f
 
     References
     ----------
-    physics.md §4.2 and §9.5.
+    docs/physics.md §4.2 and §9.5.
 
     Examples
     --------
@@ -307,7 +307,7 @@ def imbalance(currents: ArrayLike, axis: int = -1) -> NDArray[np.float64]:
 
     Notes
     -----
-    An operator target is < 0.10 (physics.md §4.1, §9.5: assumption).
+    An operator target is < 0.10 (docs/physics.md §4.1, §9.5: assumption).
 
     Examples
     --------
@@ -547,7 +547,7 @@ def fit_rack_power(
 
     References
     ----------
-    physics.md §1.4 (non-GPU overhead), §4.2 (conversion losses, RAPS
+    docs/physics.md §1.4 (non-GPU overhead), §4.2 (conversion losses, RAPS
     :math:`P_{in} = (P_{out} + L)/\eta`), §7.1 and §9.5.
     """
     alpha, beta, q = fit_affine(
@@ -598,7 +598,7 @@ def rack_input_power_w(
 
     References
     ----------
-    physics.md §1.4, §4.2.
+    docs/physics.md §1.4, §4.2.
 
     Examples
     --------

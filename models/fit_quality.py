@@ -121,7 +121,7 @@ def cv_rmse(measured: ArrayLike, predicted: ArrayLike) -> F64:
 
     References
     ----------
-    physics.md §8 (V4: CV(RMSE) ≤ 30 %, NMBE ≤ ±10 % hourly; Frontier twin < 2.7 %, ±2.5 %).
+    docs/physics.md §8 (V4: CV(RMSE) ≤ 30 %, NMBE ≤ ±10 % hourly; Frontier twin < 2.7 %, ±2.5 %).
 
     Examples
     --------
@@ -152,7 +152,7 @@ def nmbe(measured: ArrayLike, predicted: ArrayLike) -> F64:
 
     References
     ----------
-    physics.md §8 (V4, ASHRAE Guideline 14 style acceptance).
+    docs/physics.md §8 (V4, ASHRAE Guideline 14 style acceptance).
 
     Examples
     --------

@@ -24,10 +24,12 @@ weekend factor, because power is not proportional to load (idle power, ``a^gamma
 ``level_window_s`` (6 h): robust to checkpoint dips and job gaps, which are short and take less
 than half the time. Periodic dips are searched on the recent ``dip_window_s`` (12 h): a step is a
 dip when it lies below ``level - max(6 sigma, 0.2 |level|)`` (sigma from the MAD); for each
-candidate period ``P`` (2 steps to ``max_dip_period_s``, at least 3 whole cycles), the history is
-folded at ``P`` and the phase with the most dips is scored by its dip fraction; the shortest
-period whose best phase dips in at least 60 % of the cycles (while some phase dips in under 30 %)
-wins, and the forecast takes the median dip value at those phases. With no such period (dips
+candidate period ``P`` (2 steps to ``max_dip_period_s``, at least 8 whole cycles in the window),
+the history is folded at ``P`` and the phase with the most dips is scored by its dip fraction;
+the shortest period whose best phase dips in at least 75 % of the cycles (while some phase dips
+in under 30 % and the overall dip rate is at most half the best phase's) wins, and the forecast
+takes the median dip value at the phases that dip in at least half the cycles
+(docs/physics.md §6.4). With no such period (dips
 aliased away by a coarse step, or restarted at random with each job) the forecast is the level
 alone. Job gaps (idle between jobs, warm-up ramps) are not in the point forecast; they are in
 the quantiles, through the residuals.

@@ -57,7 +57,7 @@ def gpu_power_w(
 
     References
     ----------
-    physics.md §1.3 (shape: linear in utilization in ExaDigiT/RAPS ``raps/power.py``, with an
+    docs/physics.md §1.3 (shape: linear in utilization in ExaDigiT/RAPS ``raps/power.py``, with an
     optional concave exponent) and §9.1 (defaults).
 
     Examples
@@ -347,7 +347,7 @@ def fit_power_curve(
         Largest relative standard error of the idle power and of the limit. [1]
     idle_reach, min_idle_samples : float and int, default 0.05 and 10
         The idle power is only identified from a GPU that spent at least ``min_idle_samples``
-        samples at an activity of ``idle_reach`` or less (the idle threshold of physics.md
+        samples at an activity of ``idle_reach`` or less (the idle threshold of docs/physics.md
         §6.3, SM activity < 5 %): the shape a^gamma is an assumption near zero, so a curve
         seen only from 0.1 up is not extrapolated down to idle, however small its standard
         error.
@@ -363,7 +363,7 @@ def fit_power_curve(
 
     Notes
     -----
-    Model (physics.md §1.3): :math:`P = P_{idle} + (P_{limit} - P_{idle})\,a^{\gamma}`,
+    Model (docs/physics.md §1.3): :math:`P = P_{idle} + (P_{limit} - P_{idle})\,a^{\gamma}`,
     clamped at the enforced limit. For a fixed :math:`\gamma` the model is linear in
     :math:`(P_{idle}, \text{span})`, so :math:`\gamma` is searched on a grid over 0.5..1.5
     (step 0.05, then 0.005 around the best point, each refined by a parabola through the three
@@ -381,7 +381,7 @@ def fit_power_curve(
 
     References
     ----------
-    physics.md §1.3 (shape, linear RAPS model with an optional exponent, clamp at the
+    docs/physics.md §1.3 (shape, linear RAPS model with an optional exponent, clamp at the
     enforced limit) and §9.1 (defaults: idle ~10 % of TDP, :math:`\gamma` 0.7-1).
 
     Examples

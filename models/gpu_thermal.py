@@ -33,10 +33,10 @@ __all__ = [
 
 F64 = NDArray[np.float64]
 
-#: Share of a cold plate's R that is convective at design flow [A]: physics.md §2.2 says the
+#: Share of a cold plate's R that is convective at design flow [A]: docs/physics.md §2.2 says the
 #: convective term "usually dominates"; half is the conservative reading.
 CONVECTIVE_SHARE = 0.5
-#: h ~ Re^0.8 for turbulent flow (Dittus-Boelter), physics.md §2.2.
+#: h ~ Re^0.8 for turbulent flow (Dittus-Boelter), docs/physics.md §2.2.
 FLOW_EXPONENT = 0.8
 
 
@@ -69,12 +69,13 @@ def r_at_flow_k_per_w(
     .. math:: R(\dot V) = R_0\,\left[(1 - s) + s\,(\dot V / \dot V_0)^{-0.8}\right]
 
     The conductive part (TIM, base) does not depend on flow; the convective part follows
-    h ~ Re^0.8. A loop that loses one of two pumps (flow ~0.65) raises R by ~20 %; a loop
-    with no flow raises it without bound, and the GPU throttles.
+    h ~ Re^0.8. A loop that loses one of two pumps (79 % of its flow on the catalog's pump
+    curve, ``models.cdu.parallel_pump_flow_lpm``) raises R by ~10 %; a loop with no flow raises
+    it without bound, and the GPU throttles.
 
     References
     ----------
-    physics.md §2.2.
+    docs/physics.md §2.2.
     """
     r0 = np.asarray(r_nominal_k_per_w, dtype=float)
     ratio = np.maximum(np.asarray(flow_ratio, dtype=float), 1e-3)
@@ -107,7 +108,7 @@ def steady_temp_c(
 
     References
     ----------
-    physics.md §2.2 (steady state above the coolant) and §9.2 (R defaults: 0.03 K/W liquid,
+    docs/physics.md §2.2 (steady state above the coolant) and §9.2 (R defaults: 0.03 K/W liquid,
     0.07 K/W air).
 
     Examples
@@ -132,7 +133,7 @@ def time_constant_s(r_k_per_w: ArrayLike, c_j_per_k: ArrayLike) -> NDArray[np.fl
 
     References
     ----------
-    physics.md §2.3 and §9.2 (tau ≈ 10 s cold plate, ≈ 60 s air heat sink).
+    docs/physics.md §2.3 and §9.2 (tau ≈ 10 s cold plate, ≈ 60 s air heat sink).
     """
     return np.asarray(r_k_per_w, dtype=float) * np.asarray(c_j_per_k, dtype=float)
 
@@ -180,7 +181,7 @@ def rc_step(
 
     References
     ----------
-    physics.md §2.2 (steady state), §2.3 and §9.2 (time constants).
+    docs/physics.md §2.2 (steady state), §2.3 and §9.2 (time constants).
 
     Examples
     --------
@@ -288,7 +289,7 @@ def rc_simulate(
 
     References
     ----------
-    physics.md §2.2, §2.3 and §9.2; DESIGN.md "Measured on this kind of machine" (fitting the
+    docs/physics.md §2.2, §2.3 and §9.2; DESIGN.md "Measured on this kind of machine" (fitting the
     simulated trajectory recovers both R and C).
 
     Examples
@@ -698,7 +699,7 @@ def fit_rc(
 
     References
     ----------
-    physics.md §2.2 (steady state above the local coolant, position along the loop),
+    docs/physics.md §2.2 (steady state above the local coolant, position along the loop),
     §2.3 and §9.2 (time constants: fit an RC model from power steps, checkpoint dips and job
     starts being natural steps); DESIGN.md "Measured on this kind of machine" (the one-step fit
     gets C about 17 % low; fitting the simulated trajectory recovers both).
@@ -966,7 +967,7 @@ def predict_temp_c(
 
     References
     ----------
-    physics.md §2.2 and §2.3.
+    docs/physics.md §2.2 and §2.3.
 
     Examples
     --------
@@ -1022,7 +1023,7 @@ def time_to_temp_s(
 
     References
     ----------
-    physics.md §2.1 (slowdown thresholds), §2.2 and §2.3.
+    docs/physics.md §2.1 (slowdown thresholds), §2.2 and §2.3.
 
     Examples
     --------

@@ -31,7 +31,7 @@ def allreduce_bytes_per_rank(size_bytes: ArrayLike, n_ranks: ArrayLike) -> NDArr
 
     References
     ----------
-    physics.md §5 (NCCL tests, ``doc/PERFORMANCE.md``: busBW = algBW · 2(n-1)/n).
+    docs/physics.md §5 (NCCL tests, ``doc/PERFORMANCE.md``: busBW = algBW · 2(n-1)/n).
 
     Examples
     --------
@@ -63,7 +63,7 @@ def allreduce_time_s(
 
     References
     ----------
-    physics.md §5.
+    docs/physics.md §5.
     """
     return (
         8.0 * allreduce_bytes_per_rank(size_bytes, n_ranks) / np.asarray(bandwidth_bps, dtype=float)
@@ -87,7 +87,7 @@ def link_utilization(tx_bps: ArrayLike, capacity_bps: ArrayLike) -> NDArray[np.f
 
     References
     ----------
-    physics.md §5.
+    docs/physics.md §5.
 
     Examples
     --------

@@ -88,7 +88,7 @@ TEMP_NOISE_K = 0.3
 # ---- nodes, racks, PDUs -----------------------------------------------------------------------
 NODE_BASE_SPREAD = 0.05
 NODE_OVERHEAD_SPREAD = 0.10
-PSU_LOSS_CONST_W = 17.0  # physics.md §4.2 / §9.5, RAPS rectifier
+PSU_LOSS_CONST_W = 17.0  # docs/physics.md §4.2 / §9.5, RAPS rectifier
 PSU_EFFICIENCY = 0.96
 NODE_POWER_NOISE = 0.005
 CAPTURE_SPREAD = 0.03
@@ -784,7 +784,7 @@ class SiteSimulator:
         # -- workload and power
         activity = self._activity(t)
         p_demand = gpu_power.gpu_power_w(activity, self._idle, self._limit, self._gamma)
-        # -- pumps and loop flow; a cold plate's R rises as its flow falls (physics.md §2.2)
+        # -- pumps and loop flow; a cold plate's R rises as its flow falls (docs/physics.md §2.2)
         n_cdus = len(self._cdus)
         pump_running = np.ones(len(self._pump_ids), bool)
         for p_i, _, _ in self._active("pump_failure", t):

@@ -57,7 +57,7 @@ class Fault(BaseModel):
     ``magnitude`` by kind (None takes the default):
 
     - ``cold_plate``: the GPU's thermal resistance is multiplied by ``1 + magnitude`` [1];
-      default: the GPU's R rises by +0.1 K/W (degraded TIM, physics.md §9.2).
+      default: the GPU's R rises by +0.1 K/W (degraded TIM, docs/physics.md §9.2).
     - ``cold_plate_decay``: as ``cold_plate``, but R degrades linearly from its healthy value
       at ``start_s`` to the full magnitude over ``duration_s`` (default 1 h) and stays there:
       thermal paste pumping out, a cold plate fouling. The fault never ends.

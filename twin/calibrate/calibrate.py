@@ -29,7 +29,7 @@ from twin.site import Site
 from twin.store import Store
 
 #: A GPU's R is an event when it sits this far above its fleet's median (wider than the spread
-#: of healthy cold plates, ±15 % in physics.md §9.2's range) ...
+#: of healthy cold plates, ±15 % in docs/physics.md §9.2's range) ...
 FLEET_BAND = 0.50
 #: ... and this far above its own history (the median of its earlier usable fits), if any.
 OWN_BAND = 0.20

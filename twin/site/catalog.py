@@ -1,7 +1,7 @@
 """Hardware catalog: per-model defaults for GPUs, nodes and CDUs.
 
-Every number is a prior from ``reference/physics.md`` (section numbers in the comments) and is
-overridden by per-device calibration. Confidence tags follow physics.md: H primary source,
+Every number is a prior from ``docs/physics.md`` (section numbers in the comments) and is
+overridden by per-device calibration. Confidence tags follow docs/physics.md: H primary source,
 M secondary or derived, L assumption.
 """
 
@@ -64,8 +64,9 @@ class CduModel(BaseModel):
     design_dp_kpa: float = Field(gt=0)
 
 
-# Hopper thresholds: nvidia-smi -q of a 700 W Hopper SXM5 (physics.md §2.1, H); H200 assumed the
-# same die (§2.1, L). Blackwell thresholds not published: Hopper values as placeholders (§9.1, L).
+# Hopper thresholds: nvidia-smi -q of a 700 W Hopper SXM5 (docs/physics.md §2.1, H); H200 assumed
+# the same die (§2.1, L). Blackwell thresholds not published: Hopper values as placeholders
+# (§9.1, L).
 _HOPPER_THERMAL = dict(
     max_operating_temp_c=87.0, slowdown_temp_c=89.0, shutdown_temp_c=92.0, hbm_max_temp_c=95.0
 )
@@ -73,7 +74,7 @@ _HOPPER_THERMAL = dict(
 GPU_MODELS: dict[str, GpuModel] = {
     "H100-SXM": GpuModel(
         name="NVIDIA H100 SXM5 80GB",
-        tdp_w=700.0,  # physics.md §1.1, nvidia-smi Max Power Limit (H)
+        tdp_w=700.0,  # docs/physics.md §1.1, nvidia-smi Max Power Limit (H)
         min_power_limit_w=200.0,  # §1.1, nvidia-smi Min Power Limit (H)
         idle_w=70.0,  # §1.2/§9.1, measured 64-75 W (H)
         gamma=1.0,  # §9.1, RAPS linear model (H), fit 0.7-1
