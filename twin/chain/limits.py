@@ -18,7 +18,7 @@ from twin.site.catalog import ASSUMPTIONS
 
 
 def derated_a(rated_a: Any) -> np.ndarray:
-    """Continuous-load limit of a breaker or PDU phase (NEC 210.20(A), docs/physics.md §4.3)."""
+    """Continuous-load limit of a breaker or PDU phase (NEC 210.20(A), docs/physics.md §4.2)."""
     return electrical.derated_limit_a(rated_a, ASSUMPTIONS.continuous_load_factor)
 
 

@@ -1,6 +1,6 @@
 """Which parameter each device runs on: its calibrated value where usable, else the catalog's.
 
-One resolver for headroom, what-if and the API (docs/physics.md §6: what calibration fits).
+One resolver for headroom, what-if and the API (docs/physics.md §6).
 ``source`` says, per GPU, which of the two the thermal model uses.
 """
 

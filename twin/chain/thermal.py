@@ -7,7 +7,7 @@ Vectorized over GPUs, stepped over time (the model is a recurrence). Two uses:
   the scenario and the recording, ``T = T_meas + (x_scenario - x_baseline)``, so the model's
   residual error cancels and a neutral scenario reproduces the recording exactly.
 
-The controller (docs/physics.md §2.4): where a step would take a GPU past its max operating
+The controller (docs/physics.md §2.4, §2.5): where a step would take a GPU past its max operating
 temperature, its power falls to what holds it there (``models.gpu_thermal.hold_power_w``), but
 not below idle. A GPU that idle power cannot hold (its loop has no flow) runs hotter, and that
 is a breach. The power not drawn is work not done; it is reported as energy.

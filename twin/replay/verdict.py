@@ -1,6 +1,6 @@
 """Judging a run: per component headroom over the recording, and the verdict on a scenario.
 
-A verdict is relative to the recording (docs/physics.md §10.3): a scenario **does not fit**
+A verdict is relative to the recording (docs/physics.md §12.4): a scenario **does not fit**
 when it creates a breach or worsens one the recording already had; it **fits with risks** when
 it takes away more headroom than the tolerance from some component without breaching; else it
 **fits**. What the recording itself breached is reported apart, as the recording's.

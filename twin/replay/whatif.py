@@ -3,7 +3,7 @@
 Both runs go through ``twin.chain``, and a scenario's value is the recorded value plus what the
 chain says the scenario changes (``measured + model(scenario) - model(baseline)``), so the
 calibration's residual error cancels and a neutral scenario reproduces the recording exactly
-(docs/physics.md §10). Per step of the recording:
+(docs/physics.md §12.1). Per step of the recording:
 
 1. **GPU power**: recorded power plus the calibrated curve's change for a scaled activity,
    within a power cap; new racks run their fleet's mean recorded activity on the catalog curve.

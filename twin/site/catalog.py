@@ -203,7 +203,7 @@ class Assumptions(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     continuous_load_factor: float = Field(
-        0.8, gt=0, le=1, description="continuous load over breaker rating, NEC 210.20(A) (§4.3)"
+        0.8, gt=0, le=1, description="continuous load over breaker rating, NEC 210.20(A) (§4.2)"
     )
     power_factor: float = Field(
         0.98, gt=0, le=1, description="PDU power factor when none is measured; server PSUs (§4.2)"
