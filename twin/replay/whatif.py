@@ -784,6 +784,7 @@ def _alerts(
     if rules is None:
         return []
     from twin.alerts import AlertEngine, Observation, Topology
+    from twin.alerts import metrics as am
     from twin.alerts.rules import OPS
 
     engine = AlertEngine(rules, Topology.from_site(d.site), None, clock=lambda: ts[-1])
@@ -794,15 +795,15 @@ def _alerts(
         free = np.where(cap > 0, (cap - heat) / cap, np.nan)
     # (metric, entity kind, ids, values at the evaluated rows)
     series = [
-        ("headroom.gpu.k_to_slowdown", "gpu", gpu_ids, (tmax[None, :] - t_gpu)[rows]),
+        (am.HEADROOM_GPU_K_TO_SLOWDOWN, "gpu", gpu_ids, (tmax[None, :] - t_gpu)[rows]),
         (
-            "headroom.pdu_phase.a_to_limit",
+            am.HEADROOM_PDU_PHASE_A_TO_LIMIT,
             "pdu_phase",
             ph_ids[:n_ph],
             (ph_lim[None, :] - ph_cur[:, :n_ph])[rows],
         ),
-        ("headroom.cdu.capacity_free_fraction", "cdu", [c.name for c in cdus], free[rows]),
-        ("cdu.pumps_running", "cdu", [c.name for c in cdus], running[rows].astype(float)),
+        (am.HEADROOM_CDU_FREE_FRACTION, "cdu", [c.name for c in cdus], free[rows]),
+        (am.CDU_PUMPS_RUNNING, "cdu", [c.name for c in cdus], running[rows].astype(float)),
     ]
     index = rules.index()
     watched = []
