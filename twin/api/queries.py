@@ -18,16 +18,14 @@ import pyarrow as pa
 from collectors.contract import KINDS, QUANTITIES
 from twin.site import Site
 from twin.store import Store
+from twin.store.schema import ALERT_ACKS_DDL
 
 #: Raw samples up to this span, 1-minute rollups up to ROLLUP_1H_OVER_S, 1-hour beyond. [s]
 RAW_UP_TO_S = 2 * 3600.0
 ROLLUP_1H_OVER_S = 2 * 86400.0
 
-ACK_DDL = (
-    "CREATE TABLE IF NOT EXISTS alert_acks (dedup_key VARCHAR NOT NULL,"
-    " incident_start TIMESTAMPTZ, acked_at TIMESTAMPTZ NOT NULL, acked_by VARCHAR NOT NULL,"
-    " comment VARCHAR NOT NULL)"
-)
+#: The store's DDL of ``alert_acks`` (the store creates it; kept here for the API's setup).
+ACK_DDL = ALERT_ACKS_DDL
 
 
 def _f(x: Any) -> float | None:
