@@ -42,6 +42,7 @@ from typing import TypeVar
 
 from pydantic import BaseModel
 
+from collectors.contract import sub_id
 from twin.alerts import AlertEngine
 from twin.alerts.metrics import (
     CDU_PUMPS_RUNNING,
@@ -122,7 +123,7 @@ def pump_states(store: Store, site: Site, now: datetime, window_s: float = 60.0)
     speed = dict(rows)
     out = []
     for c in site.cdus:
-        seen = {p: speed[f"{c.name}/{p}"] for p in c.pumps if f"{c.name}/{p}" in speed}
+        seen = {p: speed[sid] for p in c.pumps if (sid := sub_id(c.name, p)) in speed}
         if not seen:
             continue  # no pump telemetry: say nothing rather than "0 running"
         stopped = [p for p, v in seen.items() if v is None or v < PUMP_RUNNING_MIN_PCT]
