@@ -36,6 +36,7 @@ import pyarrow.ipc
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from collectors.contract import cdu_sample_ids, sub_id  # noqa: E402
 from twin.api import ARROW_STREAM, ApiContext, ApiServer  # noqa: E402
 from twin.headroom import HEADROOM_SCHEMA  # noqa: E402
 from twin.site import Site  # noqa: E402
@@ -145,9 +146,9 @@ def build_overview_store(path: Path, site: Site, seconds: int, reports: int) -> 
     gpu_ids = [g for nd in site.nodes for g in nd.gpu_ids()]
     node_ids = [nd.name for nd in site.nodes]
     pdu_ids = [p.name for p in site.pdus] + [
-        f"{p.name}/{x}" for p in site.pdus for x in ("L1", "L2", "L3", "cb1", "cb2", "cb3")
+        sub_id(p.name, x) for p in site.pdus for x in ("L1", "L2", "L3", "cb1", "cb2", "cb3")
     ]
-    cdu_ids = [c.name for c in site.cdus] + [f"{c.name}/{p}" for c in site.cdus for p in c.pumps]
+    cdu_ids = [i for c in site.cdus for i in cdu_sample_ids(c.name, c.pumps)]
     with Store(path) as store:
         ng = len(gpu_ids) * seconds
         store.insert_arrow(

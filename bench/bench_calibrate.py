@@ -60,6 +60,7 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
+from collectors.contract import gpu_id
 from models.gpu_power import fit_power_curve, gpu_power_w
 from models.gpu_thermal import fit_rc_many, rc_simulate
 from twin.calibrate.calibrate import fit_gpu_links
@@ -206,7 +207,7 @@ def make_data(seed: int, n: int, n_t: int, truth: dict[str, np.ndarray]) -> dict
 def names(n: int) -> tuple[list[str], list[str], list[str]]:
     """GPU ids (``node:i``, as Node.gpu_ids), their sources (node names) and CDU names."""
     nodes = [f"gpu-node-{i // GPUS_PER_NODE:05d}" for i in range(n)]
-    ids = [f"{node}:{i % GPUS_PER_NODE}" for i, node in enumerate(nodes)]
+    ids = [gpu_id(node, i % GPUS_PER_NODE) for i, node in enumerate(nodes)]
     cdus = [f"cdu-{j:03d}" for j in range(-(-n // GPUS_PER_CDU))]
     return ids, nodes, cdus
 

@@ -59,7 +59,7 @@ from typing import Any
 
 import orjson
 
-from collectors.contract import QUANTITIES, TOPIC_PREFIX, decode, encode, topic_for
+from collectors.contract import QUANTITIES, TOPIC_PREFIX, decode, encode, gpu_id, topic_for
 
 #: The quantities the simulator sends for a GPU (a subset of the contract's gpu quantities).
 GPU_QUANTITIES: tuple[str, ...] = (
@@ -142,7 +142,7 @@ def build_templates(nodes: list[str], gpus: int, variants: int, seed: int) -> li
         for _ in range(variants):
             samples = []
             for g in range(gpus):
-                samples.append(_gpu_sample(rng, f"{node}:{g}", energy[g]))
+                samples.append(_gpu_sample(rng, gpu_id(node, g), energy[g]))
                 energy[g] += samples[-1]["power_w"]
             full = encode(collector=COLLECTOR, source=node, seq=0, ts=ts0, samples=samples)
             i = full.index(marker)
@@ -154,7 +154,7 @@ def build_templates(nodes: list[str], gpus: int, variants: int, seed: int) -> li
     now = datetime.now(UTC).replace(microsecond=123000)
     rng2 = random.Random(seed)
     energy = [rng2.uniform(1e8, 1e9) for _ in range(gpus)]
-    samples = [_gpu_sample(rng2, f"{nodes[0]}:{g}", energy[g]) for g in range(gpus)]
+    samples = [_gpu_sample(rng2, gpu_id(nodes[0], g), energy[g]) for g in range(gpus)]
     want = encode(collector=COLLECTOR, source=nodes[0], seq=12345, ts=now, samples=samples)
     if t.payload(12345, _fmt_ts(now), 0) != want:
         raise AssertionError("spliced payload differs from collectors.contract.encode output")

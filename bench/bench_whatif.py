@@ -36,6 +36,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from collectors.contract import phase_id, sub_id
 from twin.alerts.rules import load_rules
 from twin.replay.bundle import RESOLUTION, Bundle, Manifest, _quantize, write_parquet
 from twin.replay.report import write_report
@@ -174,7 +175,7 @@ def make_bundle(site_raw: dict, out: Path) -> None:
             pdu_pw.append(rack_p[:, r_i] / 2)
             pdu_cur.append(np.full(n_t, np.nan))
             for k in (1, 2, 3):
-                pdu_ids.append(f"{p}/L{k}")
+                pdu_ids.append(phase_id(p, k))
                 pdu_src.append(p)
                 pdu_pw.append(rack_p[:, r_i] / 6)
                 pdu_cur.append(rack_p[:, r_i] / 6 / (240 * 0.98))
@@ -218,7 +219,7 @@ def make_bundle(site_raw: dict, out: Path) -> None:
                     "fw_supply_temp_c": np.full(n_t, 30.0),
                 },
             ),
-            *((f"{c.name}/{p}", {"pump_speed_pct": np.full(n_t, 80.0)}) for p in c.pumps),
+            *((sub_id(c.name, p), {"pump_speed_pct": np.full(n_t, 80.0)}) for p in c.pumps),
         ):
             c_ids.append(sid)
             c_src.append(c.name)

@@ -37,6 +37,7 @@ import itertools
 import json
 import math
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any
@@ -115,6 +116,42 @@ UNIT_BOUNDS: dict[str, float] = {
 }
 #: Absolute zero [°C] (the SI definition of the kelvin).
 ABSOLUTE_ZERO_C = -273.15
+
+#: The unit a quantity's name ends with: every name carries its unit (``power_w``, ``heat_kw``,
+#: ``flow_lpm``), the contract's and derived ones alike (``headroom_k``, ``traffic_gbps``).
+#: The contract's own quantities agree with it (tests/test_contract.py checks).
+SUFFIX_UNITS: dict[str, str] = {
+    "_w": "W",
+    "_kw": "kW",
+    "_va": "VA",
+    "_c": "°C",
+    "_k": "K",
+    "_pct": "%",
+    "_j": "J",
+    "_kwh": "kWh",
+    "_mhz": "MHz",
+    "_mib": "MiB",
+    "_a": "A",
+    "_v": "V",
+    "_hz": "Hz",
+    "_lpm": "L/min",
+    "_kpa": "kPa",
+    "_bps": "bit/s",
+    "_gbps": "Gb/s",
+    "_s": "s",
+}
+_SUFFIXES_LONGEST_FIRST = sorted(SUFFIX_UNITS, key=len, reverse=True)
+
+
+def unit_of(name: str, kind: str | None = None) -> str | None:
+    """The unit of a quantity: the contract's for ``kind`` (when it names one), else the one
+    its name ends with (:data:`SUFFIX_UNITS`); None when the name carries none."""
+    if kind is not None and (q := QUANTITIES.get(kind, {}).get(name)) is not None:
+        return q.unit
+    for suffix in _SUFFIXES_LONGEST_FIRST:
+        if name.endswith(suffix):
+            return SUFFIX_UNITS[suffix]
+    return None
 
 
 def _q(unit: str, description: str, *, integer: bool = False, nonneg: bool = False) -> Quantity:
@@ -244,6 +281,86 @@ def parse_topic(topic: str, site: str | None = None) -> tuple[str, str, str]:
 _RFC3339 = re.compile(
     r"\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(?:\.\d{1,9})?(?:[Zz]|[+-]\d{2}:\d{2})", re.ASCII
 )
+# ---- sample ids ------------------------------------------------------------------------------
+#
+# A sample's ``id`` names the device it measures, in the site file's names:
+#
+# - a GPU: ``<node>:<index>`` (or its UUID), a MIG instance ``<node>:<index>/mig<n>``;
+# - a PDU ``<pdu>``, its phases ``<pdu>/L<n>`` (n from 1), breakers ``<pdu>/<breaker>`` and
+#   outlets ``<pdu>/outlet<n>``;
+# - a CDU ``<cdu>`` and its pumps ``<cdu>/<pump>``;
+# - a node or a link by its name.
+#
+# Collectors, the simulator and the twin build and take apart ids with these functions only.
+
+_PHASE_LABEL = re.compile(r"L([1-9][0-9]*)")
+
+
+def gpu_id(node: str, index: int | str) -> str:
+    """``<node>:<index>``: a GPU by its node and its index on the node (as the exporter gives
+    it, when that is a string)."""
+    return f"{node}:{index}"
+
+
+def split_gpu_id(sample_id: str) -> tuple[str, int] | None:
+    """``(node, index)`` of a ``<node>:<index>`` id; None for a UUID or anything else."""
+    node, sep, index = sample_id.rpartition(":")
+    if not sep or not node or not index.isdigit():
+        return None
+    return node, int(index)
+
+
+def sub_id(parent: str, element: str) -> str:
+    """``<parent>/<element>``: a phase, breaker or outlet of a PDU, a pump of a CDU."""
+    return f"{parent}/{element}"
+
+
+def split_sub_id(sample_id: str) -> tuple[str, str | None]:
+    """``(parent, element)`` of a ``<parent>/<element>`` id; ``(id, None)`` for a device."""
+    parent, sep, element = sample_id.partition("/")
+    return (parent, element) if sep else (sample_id, None)
+
+
+def phase_label(leg: int) -> str:
+    """``L<leg>``, legs counted from 1."""
+    if leg < 1:
+        raise ValueError(f"phase leg {leg}: legs are counted from 1")
+    return f"L{leg}"
+
+
+def phase_leg(label: str) -> int | None:
+    """The leg of an ``L<n>`` label (``"L2"`` -> 2); None when it is not one."""
+    m = _PHASE_LABEL.fullmatch(label)
+    return int(m.group(1)) if m else None
+
+
+def phase_id(pdu: str, leg: int) -> str:
+    """``<pdu>/L<leg>``: one phase (line) of a PDU."""
+    return sub_id(pdu, phase_label(leg))
+
+
+def phase_ids(pdu: str, phases: int) -> list[str]:
+    """The ids of a PDU's ``phases`` phases: ``<pdu>/L1`` ... ``<pdu>/L<phases>``."""
+    return [phase_id(pdu, k) for k in range(1, phases + 1)]
+
+
+def split_phase_id(sample_id: str) -> tuple[str, int] | None:
+    """``(pdu, leg)`` of a ``<pdu>/L<n>`` id; None for any other id."""
+    parent, element = split_sub_id(sample_id)
+    leg = None if element is None else phase_leg(element)
+    return None if leg is None else (parent, leg)
+
+
+def pdu_sample_ids(pdu: str, phases: int, breakers: Iterable[str]) -> list[str]:
+    """Every id a PDU reports under: itself, its phases, its breakers (outlets aside)."""
+    return [pdu, *phase_ids(pdu, phases), *(sub_id(pdu, b) for b in breakers)]
+
+
+def cdu_sample_ids(cdu: str, pumps: Iterable[str]) -> list[str]:
+    """Every id a CDU reports under: itself and its pumps."""
+    return [cdu, *(sub_id(cdu, p) for p in pumps)]
+
+
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _TS_MIN_S = (TS_MIN - _EPOCH).total_seconds()
 _TS_MAX_S = (TS_MAX - _EPOCH).total_seconds()

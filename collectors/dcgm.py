@@ -68,7 +68,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from collectors.base import CollectorError, Message, MessageBuilder
-from collectors.contract import QUANTITIES
+from collectors.contract import QUANTITIES, gpu_id, split_gpu_id, split_sub_id, sub_id
 
 log = logging.getLogger(__name__)
 
@@ -174,9 +174,9 @@ def parse_scrape(
                 continue
             host = node or _label(s.labels, "Hostname", "hostname") or default_node
             instance = _label(s.labels, "GPU_I_ID")
-            sid = f"{host}:{gpu}"
+            sid = gpu_id(host, gpu)
             if instance is not None and not field.device_wide:
-                sid = f"{sid}/mig{instance}"
+                sid = sub_id(sid, f"mig{instance}")
             value = float(s.value)
             if is_blank(value, field.fp64):
                 blanks += 1
@@ -197,9 +197,9 @@ def parse_scrape(
 
 
 def _sort_key(sample_id: str) -> tuple[Any, ...]:
-    _, _, rest = sample_id.rpartition(":")
-    gpu, _, mig = rest.partition("/mig")
-    return (sample_id.rpartition(":")[0], int(gpu) if gpu.isdigit() else gpu, mig)
+    gpu, mig = split_sub_id(sample_id)
+    node_index = split_gpu_id(gpu)
+    return (*(node_index or (gpu, -1)), mig or "")
 
 
 class DcgmCollector:

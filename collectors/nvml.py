@@ -47,6 +47,7 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 from collectors.base import CollectorError, Message, MessageBuilder
+from collectors.contract import gpu_id
 
 log = logging.getLogger(__name__)
 
@@ -206,7 +207,7 @@ class NvmlCollector:
         uuid = _text(nvml.nvmlDeviceGetUUID(handle))
         name = _text(self._optional(nvml.nvmlDeviceGetName, handle) or "unknown")
         serial = self._optional(nvml.nvmlDeviceGetSerial, handle)
-        sample_id = uuid if self._gpu_id == "uuid" else f"{self.node}:{index}"
+        sample_id = uuid if self._gpu_id == "uuid" else gpu_id(self.node, index)
         return GpuIdentity(index, uuid, name, _text(serial) if serial else None, sample_id)
 
     # -- one quantity -------------------------------------------------------------------------

@@ -73,7 +73,7 @@ from urllib.parse import urljoin, urlsplit
 import httpx
 
 from collectors.base import CollectorError, Message, MessageBuilder
-from collectors.contract import QUANTITIES
+from collectors.contract import QUANTITIES, phase_id, sub_id
 
 __all__ = ["UCUM", "RedfishCollector"]
 
@@ -561,7 +561,7 @@ class RedfishCollector:
             self._excerpt(
                 samples,
                 local,
-                f"{prefix}/L{n}",
+                phase_id(prefix, n),
                 "current_a",
                 currents.get(key),
                 f"{what}.PolyPhaseCurrentAmps.{key}",
@@ -579,7 +579,8 @@ class RedfishCollector:
             if n is None:
                 continue
             q = "voltage_v" if key in _LN or not has_ln_v else f"voltage_{_line_key(key)}_v"
-            self._excerpt(samples, local, f"{prefix}/L{n}", q, ex, f"{what}.PolyPhaseVoltage.{key}")
+            where = f"{what}.PolyPhaseVoltage.{key}"
+            self._excerpt(samples, local, phase_id(prefix, n), q, ex, where)
         for key, ex in powers.items():
             n = _LN.get(key) or _LL.get(key)
             if n is None:
@@ -588,7 +589,7 @@ class RedfishCollector:
             self._power(
                 samples,
                 local,
-                f"{prefix}/L{n}",
+                phase_id(prefix, n),
                 ex,
                 f"{what}.PolyPhasePowerWatts.{key}",
                 suffix=suffix,
@@ -611,7 +612,7 @@ class RedfishCollector:
         mains = self._members(mains_uri) if mains_uri else []
         for c in mains:
             cid = str(c.get("Id", "mains"))
-            circuit_sid = f"{src}/{cid}"
+            circuit_sid = sub_id(src, cid)
             prefix = src if len(mains) == 1 else circuit_sid
             self._mains(c, prefix, circuit_sid, samples, set(), f"Mains/{cid}")
             if len(mains) == 1 and samples.has(circuit_sid, "frequency_hz"):
@@ -621,15 +622,12 @@ class RedfishCollector:
                     samples.by_id[circuit_sid]["frequency_hz"],
                     f"Mains/{cid}.FrequencyHz",
                 )
-        for prop, fmt in (
-            ("Branches", "{src}/{id}"),
-            ("Outlets", "{src}/outlet{id}"),
-            ("OutletGroups", "{src}/group-{id}"),
-        ):
+        for prop, element in (("Branches", ""), ("Outlets", "outlet"), ("OutletGroups", "group-")):
             uri = self._link(pdu, prop)
             for c in self._members(uri) if uri else []:
                 cid = str(c.get("Id", ""))
-                self._circuit(c, fmt.format(src=src, id=cid), samples, set(), f"{prop}/{cid}")
+                sid = sub_id(src, f"{element}{cid}")
+                self._circuit(c, sid, samples, set(), f"{prop}/{cid}")
 
     # ---- CDU ---------------------------------------------------------------------------------
 
@@ -641,7 +639,7 @@ class RedfishCollector:
             uri = self._link(cdu, prop)
             for i, c in enumerate(self._members(uri) if uri else []):
                 cid = str(c.get("Id", i))
-                sid = src if i == 0 else f"{src}/{sub}{cid}"
+                sid = src if i == 0 else sub_id(src, f"{sub}{cid}")
                 local: set[str] = set()
                 for field, q in _CONNECTOR.items():
                     self._excerpt(
@@ -651,7 +649,7 @@ class RedfishCollector:
         pump_power: list[float] = []
         for p in self._members(uri) if uri else []:
             pid = str(p.get("Id", ""))
-            sid = f"{src}/{pid}" if pid.lower().startswith("pump") else f"{src}/pump{pid}"
+            sid = sub_id(src, pid if pid.lower().startswith("pump") else f"pump{pid}")
             local = set()
             speed = p.get("PumpSpeedPercent")
             self._excerpt(

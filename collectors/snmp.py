@@ -75,7 +75,7 @@ from pysnmp.hlapi.v3arch.asyncio import (
 from pysnmp.proto.rfc1905 import EndOfMibView, NoSuchInstance, NoSuchObject
 
 from collectors.base import CollectorError, Message, MessageBuilder
-from collectors.contract import QUANTITIES
+from collectors.contract import QUANTITIES, unit_of
 
 __all__ = ["PROFILES", "Column", "Profile", "SnmpPduCollector", "Table"]
 
@@ -99,29 +99,16 @@ UNITS: dict[str, tuple[str, float, float]] = {
     "degF": ("°C", 5.0 / 9.0, -32.0 * 5.0 / 9.0),
     "%": ("%", 1.0, 0.0),
 }
-_SUFFIX_UNIT = {
-    "_a": "A",
-    "_v": "V",
-    "_w": "W",
-    "_va": "VA",
-    "_kwh": "kWh",
-    "_hz": "Hz",
-    "_c": "°C",
-    "_pct": "%",
-}
 
 
 def contract_unit(quantity: str) -> str:
     """The unit a quantity is stored in: the contract's, or the one its name ends with."""
-    q = QUANTITIES["pdu"].get(quantity)
-    if q is not None:
-        return q.unit
     if quantity.startswith("power_factor"):
         return "1"
-    for suffix, unit in sorted(_SUFFIX_UNIT.items(), key=lambda kv: -len(kv[0])):
-        if quantity.endswith(suffix):
-            return unit
-    raise ValueError(f"quantity {quantity!r} names no unit")
+    unit = unit_of(quantity, "pdu")
+    if unit is None:
+        raise ValueError(f"quantity {quantity!r} names no unit")
+    return unit
 
 
 class Column(BaseModel):

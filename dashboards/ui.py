@@ -14,7 +14,9 @@ from dashboards.client import Api, ApiError
 #: Seconds between a page's automatic refreshes (``DCTWIN_CONSOLE_REFRESH_S``).
 REFRESH_S = float(os.environ.get("DCTWIN_CONSOLE_REFRESH_S", "15"))
 
-#: Unit of a field, from its name's suffix (every quantity carries its unit in its name).
+#: Unit of a field, from its name's suffix (every quantity carries its unit in its name). The
+#: owner is the wire contract's ``collectors.contract.SUFFIX_UNITS``; the console imports
+#: nothing of collectors/ or twin/, so this is a copy that tests/test_contract.py holds equal.
 SUFFIX_UNITS = {
     "_kw": "kW",
     "_w": "W",
@@ -32,6 +34,8 @@ SUFFIX_UNITS = {
     "_mib": "MiB",
     "_j": "J",
     "_kwh": "kWh",
+    "_va": "VA",
+    "_hz": "Hz",
 }
 
 

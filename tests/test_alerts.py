@@ -29,10 +29,12 @@ from .conftest import REPO, SMALL_SITE
 
 T0 = datetime(2026, 11, 29, 14, 0, tzinfo=UTC)
 
+# The engine is metric-agnostic: these rules drive one registered GPU metric
+# (twin.alerts.metrics) with temperature-like values, and the CDU pump count.
 RULES = """
 rules:
   - name: gpu_temp_high
-    metric: gpu.temp_c
+    metric: hotspot.gpu.over_limit_k
     entity_kind: gpu
     op: ">="
     value: 84
@@ -40,7 +42,7 @@ rules:
     for_s: 30
     severity: warning
     group_by: rack
-    summary: "GPU {entity_id} at {value:.1f} °C"
+    summary: "GPU {entity_id} {value:.1f} K over its limit"
   - name: cdu_pump_lost
     metric: cdu.pumps_running
     entity_kind: cdu
@@ -74,7 +76,7 @@ def obs(metric: str, kind: str, ids: list[str], value: float, t_s: float) -> lis
 
 
 def temps(ids: list[str], value: float, t_s: float) -> list[Observation]:
-    return obs("gpu.temp_c", "gpu", ids, value, t_s)
+    return obs("hotspot.gpu.over_limit_k", "gpu", ids, value, t_s)
 
 
 def at(t_s: float) -> datetime:
@@ -342,7 +344,7 @@ def test_restart_neither_repages_nor_forgets_to_resolve(topo: Topology, tmp_path
 
 GOOD = """
 rules:
-  - {name: a, metric: gpu.temp_c, entity_kind: gpu, op: ">", value: 80}
+  - {name: a, metric: hotspot.gpu.over_limit_k, entity_kind: gpu, op: ">", value: 80}
   - {name: b, metric: cdu.pumps_running, entity_kind: cdu, op: "<", value: 2}
 """
 
@@ -365,7 +367,13 @@ rules:
         ),
         (GOOD.replace("value: 80}", "value: 80, clear_value: 85}"), "'a'", "clear_value"),
         (GOOD.replace("value: 80}", "value: 80, summary: '{nope}'}"), "'a'", "summary"),
-        (GOOD.replace("name: a, metric: gpu.temp_c, ", "metric: gpu.temp_c, "), "rules[0]", "name"),
+        (
+            GOOD.replace(
+                "name: a, metric: hotspot.gpu.over_limit_k, ", "metric: hotspot.gpu.over_limit_k, "
+            ),
+            "rules[0]",
+            "name",
+        ),
         (
             GOOD.replace(
                 'entity_kind: cdu, op: "<", value: 2',

@@ -294,10 +294,12 @@ class Clock:
         return self.now
 
 
+# The engine is metric-agnostic: these rules drive one registered GPU metric
+# (twin.alerts.metrics) with temperature-like values, and the CDU pump count.
 RULES = """
 rules:
   - name: gpu_temp_high
-    metric: gpu.temp_c
+    metric: hotspot.gpu.over_limit_k
     entity_kind: gpu
     op: ">="
     value: 84
@@ -342,7 +344,13 @@ def observe(clock: Clock, pumps: float, temp_c: float) -> list[Observation]:
             metric="cdu.pumps_running", entity_kind="cdu", entity_id="cdu-1", value=pumps, ts=ts
         ),
         *(
-            Observation(metric="gpu.temp_c", entity_kind="gpu", entity_id=g, value=temp_c, ts=ts)
+            Observation(
+                metric="hotspot.gpu.over_limit_k",
+                entity_kind="gpu",
+                entity_id=g,
+                value=temp_c,
+                ts=ts,
+            )
             for g in R01_GPUS
         ),
     ]
@@ -436,7 +444,11 @@ def test_hooks_down_five_minutes_get_every_alert_once_per_key(
 
     def temp(gpu: str, v: float) -> Observation:
         return Observation(
-            metric="gpu.temp_c", entity_kind="gpu", entity_id=gpu, value=v, ts=clock.now
+            metric="hotspot.gpu.over_limit_k",
+            entity_kind="gpu",
+            entity_id=gpu,
+            value=v,
+            ts=clock.now,
         )
 
     engine.evaluate([temp("trn-r01-n1:0", 90), temp("inf-r02-n1:3", 88)])  # two incidents
@@ -519,7 +531,7 @@ def test_outbox_survives_restart_and_never_doubles_a_pending_row(
         [n] = engine.evaluate(
             [
                 Observation(
-                    metric="gpu.temp_c",
+                    metric="hotspot.gpu.over_limit_k",
                     entity_kind="gpu",
                     entity_id="trn-r01-n1:0",
                     value=90,
@@ -725,7 +737,11 @@ def test_trickling_hook_never_delays_a_healthy_one(
 
     def temp(gpu: str, v: float) -> list[Observation]:
         ts = datetime.now(UTC)
-        return [Observation(metric="gpu.temp_c", entity_kind="gpu", entity_id=gpu, value=v, ts=ts)]
+        return [
+            Observation(
+                metric="hotspot.gpu.over_limit_k", entity_kind="gpu", entity_id=gpu, value=v, ts=ts
+            )
+        ]
 
     sent: dict[tuple[str, str], float] = {}
     try:
@@ -784,7 +800,9 @@ def test_reload_refuses_bad_files_and_swaps_good_ones(
 
         caplog.clear()
         with caplog.at_level(logging.INFO, logger="twin.alerts"):
-            rules.write_text("rules:\n  - name: x\n    metric: gpu.temp_c\n    op: '=>'\n")
+            rules.write_text(
+                "rules:\n  - name: x\n    metric: hotspot.gpu.over_limit_k\n    op: '=>'\n"
+            )
             assert reloader.reload() is False
             hooks.write_text(_hooks_yaml(keep, {**moved, "type": "pager"}))
             rules.write_text(RULES)

@@ -215,3 +215,111 @@ def test_every_quantity_name_carries_a_unit_suffix_or_is_dimensionless():
     for kind, quantities in QUANTITIES.items():
         for name in quantities:
             assert name.endswith(suffixes) or name in dimensionless, (kind, name)
+
+
+# ---- units of quantity names ---------------------------------------------------------------
+
+
+def test_every_contract_quantity_agrees_with_its_name_suffix() -> None:
+    from collectors.contract import QUANTITIES, SUFFIX_UNITS, UNIT_BOUNDS, unit_of
+
+    checked = 0
+    for kind, quantities in QUANTITIES.items():
+        for name, q in quantities.items():
+            assert q.integer or q.unit in UNIT_BOUNDS, (kind, name)
+            assert unit_of(name, kind) == q.unit
+            by_suffix = unit_of(name)
+            if by_suffix is not None:  # sm_active, throttle_reasons, ecc_*_total: no suffix
+                assert by_suffix == q.unit, (kind, name, by_suffix, q.unit)
+                checked += 1
+    assert checked >= 30  # most names carry their unit (35 of 41 today)
+    assert set(SUFFIX_UNITS.values()) >= {
+        q.unit for qs in QUANTITIES.values() for q in qs.values()
+    } - {"1"}
+
+
+def test_unit_of_derived_names_and_names_without_a_unit() -> None:
+    from collectors.contract import unit_of
+
+    assert unit_of("headroom_kw") == "kW" and unit_of("power_w") == "W"
+    assert unit_of("energy_kwh") == "kWh" and unit_of("traffic_gbps") == "Gb/s"
+    assert unit_of("breach_in_s") == "s" and unit_of("headroom_k") == "K"
+    assert unit_of("sm_active") is None and unit_of("sm_active", "gpu") == "1"
+
+
+def test_the_consoles_suffix_map_is_the_contracts() -> None:
+    # the console imports nothing of collectors/ (it talks to the API), so it keeps a copy
+    from collectors.contract import SUFFIX_UNITS
+    from dashboards.ui import SUFFIX_UNITS as CONSOLE
+    from dashboards.ui import unit_of
+
+    assert CONSOLE == SUFFIX_UNITS
+    assert unit_of("flow_lpm") == "L/min" and unit_of("sm_active") == ""
+
+
+def test_the_snmp_collector_takes_its_units_from_the_contract() -> None:
+    from collectors.snmp import contract_unit
+
+    assert contract_unit("current_a") == "A" and contract_unit("power_factor_l1") == "1"
+    assert contract_unit("outlet_energy_kwh") == "kWh"
+    with pytest.raises(ValueError, match="names no unit"):
+        contract_unit("status")
+
+
+# ---- sample ids ------------------------------------------------------------------------------
+
+
+def test_gpu_ids_build_and_split() -> None:
+    from collectors.contract import gpu_id, split_gpu_id
+
+    assert gpu_id("trn-r01-n1", 3) == "trn-r01-n1:3"
+    assert split_gpu_id("trn-r01-n1:3") == ("trn-r01-n1", 3)
+    assert split_gpu_id(gpu_id("host:with:colons", 12)) == ("host:with:colons", 12)
+    for not_an_index in ("GPU-5e0c2a4b-1f2e", "node:", ":3", "node:x", "node"):
+        assert split_gpu_id(not_an_index) is None, not_an_index
+
+
+def test_phase_breaker_and_pump_ids_build_and_split() -> None:
+    from collectors.contract import (
+        cdu_sample_ids,
+        pdu_sample_ids,
+        phase_id,
+        phase_ids,
+        phase_label,
+        phase_leg,
+        split_phase_id,
+        split_sub_id,
+    )
+
+    assert phase_id("pdu-r01-a", 2) == "pdu-r01-a/L2" and phase_label(3) == "L3"
+    assert phase_ids("p", 3) == ["p/L1", "p/L2", "p/L3"] and phase_ids("p", 1) == ["p/L1"]
+    assert split_phase_id("pdu-r01-a/L2") == ("pdu-r01-a", 2)
+    for not_a_phase in ("pdu-r01-a", "pdu-r01-a/cb1", "p/L0", "p/L01", "p/l1", "p/L2x"):
+        assert split_phase_id(not_a_phase) is None, not_a_phase
+    assert phase_leg("L12") == 12 and phase_leg("cb1") is None
+    with pytest.raises(ValueError, match="from 1"):
+        phase_id("p", 0)
+    assert split_sub_id("cdu-1/pump2") == ("cdu-1", "pump2")
+    assert split_sub_id("cdu-1") == ("cdu-1", None)
+    assert split_sub_id("node:0/mig1") == ("node:0", "mig1")
+    assert pdu_sample_ids("p", 3, ["cb1", "cb2"]) == ["p", "p/L1", "p/L2", "p/L3", "p/cb1", "p/cb2"]
+    assert cdu_sample_ids("c", ["pump1", "pump2"]) == ["c", "c/pump1", "c/pump2"]
+
+
+def test_the_site_knows_the_ids_the_grammar_builds() -> None:
+    from collectors.contract import cdu_sample_ids, gpu_id, pdu_sample_ids
+    from twin.site import load_site
+
+    from .conftest import SMALL_SITE
+
+    site = load_site(SMALL_SITE)
+    known = site.known_ids
+    for p in site.pdus:
+        assert set(pdu_sample_ids(p.name, p.phases, [b.name for b in p.breakers])) <= known["pdu"]
+        assert site.is_known("pdu", f"{p.name}/outlet7")
+        assert not site.is_known("pdu", f"{p.name}/L{p.phases + 1}")
+    for c in site.cdus:
+        assert set(cdu_sample_ids(c.name, c.pumps)) <= known["cdu"]
+    n = site.nodes[0]
+    assert gpu_id(n.name, 0) in known["gpu"] and n.gpu_ids()[0] == gpu_id(n.name, 0)
+    assert not site.is_known("pdu", "ghost/outlet1")

@@ -234,6 +234,22 @@ def test_headroom_is_stored_and_covers_every_limit(site: Site, base_db: Path, tm
         assert n == len(stored) == len(report.rows)
 
 
+def test_every_observation_is_a_registered_metric(site: Site, base_db: Path, tmp_path) -> None:
+    from twin.alerts.metrics import METRICS, metric_problem
+
+    db = tmp_path / "o.duckdb"
+    shutil.copy(base_db, db)
+    with Store(db) as store:
+        obs = observations(detect(store, site))
+    seen = {(o.metric, o.entity_kind) for o in obs}
+    assert all(metric_problem(m, k) is None for m, k in seen), seen
+    # a healthy site: every headroom metric, the pumps and the hot-spot residuals are reported
+    assert {m for m, _ in seen} >= {m for m in METRICS if m.startswith("headroom.")} | {
+        "cdu.pumps_running",
+        "hotspot.gpu.residual_sigma",
+    }
+
+
 def test_headroom_command_prints_json(base_db: Path, tmp_path: Path) -> None:
     from typer.testing import CliRunner
 

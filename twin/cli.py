@@ -369,6 +369,8 @@ def serve(
     if calibrate_holdout >= calibrate_window:
         raise _fail("--calibrate-holdout must be shorter than --calibrate-window")
     site_obj = _site(site)
+    # a bad rule or hook file is refused before anything starts
+    alert_files = _alert_files(rules, hooks) if rules is not None else None
     cfg = _broker(broker)
     store = _store(db)
     ingester = Ingester(store, site_obj, IngestLimits(max_future, max_past))
@@ -405,8 +407,8 @@ def serve(
     if site_obj is not None and detect_every > 0:
         from twin.detect import DetectionScheduler
 
-        if rules is not None:
-            engine, delivery = _alerting(store, site_obj, rules, hooks, health=health)
+        if alert_files is not None:
+            engine, delivery = _alerting(store, site_obj, *alert_files, health=health)
         detector = DetectionScheduler(
             store, site_obj, interval_s=detect_every, engine=engine, health=health
         )
@@ -641,17 +643,23 @@ def calibrate(
         out.print(f"[yellow]event[/] {e['id']}: {e['detail']}")
 
 
-def _alerting(store, site_obj, rules: Path, hooks: Path | None, health=None):
-    """The alert engine on the store, and the delivery workers of its outbox (started; one
-    per hook, reporting into ``health`` as ``outbox:<hook>`` when given)."""
-    from twin.alerts import AlertEngine, Delivery, Outbox, RuleFileError, Topology, load_rules
+def _alert_files(rules: Path, hooks: Path | None):
+    """The rule set and the hooks, validated; a bad file exits with its error (file, rule,
+    field), no traceback."""
+    from twin.alerts import RuleFileError, load_rules
     from twin.alerts.hooks import load_hooks
 
     try:
-        rule_set = load_rules(rules)
-        hook_list = load_hooks(hooks) if hooks is not None else []
+        return load_rules(rules), (load_hooks(hooks) if hooks is not None else [])
     except RuleFileError as e:
         raise _fail(str(e)) from None
+
+
+def _alerting(store, site_obj, rule_set, hook_list, health=None):
+    """The alert engine on the store, and the delivery workers of its outbox (started; one
+    per hook, reporting into ``health`` as ``outbox:<hook>`` when given)."""
+    from twin.alerts import AlertEngine, Delivery, Outbox, Topology
+
     if not hook_list:
         err.print(
             "[yellow]no --hooks: alerts are kept in the store (alert_history, GET"

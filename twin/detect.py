@@ -3,7 +3,8 @@
 :func:`detect` computes what the twin knows about its limits from the store (headroom through
 the calibrated chain, hot spots, running pumps, underused fleets) and :func:`observations`
 turns it into the :class:`twin.alerts.Observation` list the alert engine evaluates. The metric
-names are the ones ``deploy/alert_rules.yaml`` uses:
+names are the constants of :mod:`twin.alerts.metrics` (the registry rule files are checked
+against):
 
 =========================================  ======  ==============================================
 metric                                      entity  value
@@ -41,7 +42,23 @@ from typing import TypeVar
 
 from pydantic import BaseModel
 
+from collectors.contract import sub_id
 from twin.alerts import AlertEngine
+from twin.alerts.metrics import (
+    CDU_PUMPS_RUNNING,
+    DRIFT_GPU_R,
+    FLEET_UNDERUSED_GPUS,
+    HEADROOM_CDU_FREE_FRACTION,
+    HEADROOM_GPU_K_TO_SLOWDOWN,
+    HEADROOM_GPU_TIME_TO_BREACH_P90_S,
+    HEADROOM_LOOP_K_TO_RETURN_LIMIT,
+    HEADROOM_PDU_PHASE_A_TO_LIMIT,
+    HEADROOM_PDU_PHASE_TIME_TO_BREACH_P50_S,
+    HEADROOM_RACK_KW_TO_LIMIT,
+    HOTSPOT_GPU_OVER_LIMIT_K,
+    HOTSPOT_GPU_RESIDUAL_SIGMA,
+    HOTSPOT_RACK_INLET_C,
+)
 from twin.alerts.model import Observation
 from twin.coverage import NoTelemetry, missing_kinds, newest_sample
 from twin.fleets import FleetReport, underused_fleets
@@ -106,7 +123,7 @@ def pump_states(store: Store, site: Site, now: datetime, window_s: float = 60.0)
     speed = dict(rows)
     out = []
     for c in site.cdus:
-        seen = {p: speed[f"{c.name}/{p}"] for p in c.pumps if f"{c.name}/{p}" in speed}
+        seen = {p: speed[sid] for p in c.pumps if (sid := sub_id(c.name, p)) in speed}
         if not seen:
             continue  # no pump telemetry: say nothing rather than "0 running"
         stopped = [p for p, v in seen.items() if v is None or v < PUMP_RUNNING_MIN_PCT]
@@ -219,54 +236,54 @@ def observations(d: Detection) -> list[Observation]:
         if r.headroom_now is None:
             continue
         if r.kind == "gpu":
-            obs("headroom.gpu.k_to_slowdown", "gpu", r.id, r.headroom_now, limit_c=f"{r.limit:g}")
+            obs(HEADROOM_GPU_K_TO_SLOWDOWN, "gpu", r.id, r.headroom_now, limit_c=f"{r.limit:g}")
             b = r.breach_in_s_p90
             obs(
-                "headroom.gpu.time_to_breach_p90_s",
+                HEADROOM_GPU_TIME_TO_BREACH_P90_S,
                 "gpu",
                 r.id,
                 beyond if b is None else b,
                 **({"beyond_horizon": "true"} if b is None else {}),
             )
         elif r.kind == "pdu_phase":
-            obs("headroom.pdu_phase.a_to_limit", "pdu_phase", r.id, r.headroom_now)
+            obs(HEADROOM_PDU_PHASE_A_TO_LIMIT, "pdu_phase", r.id, r.headroom_now)
             b = r.breach_in_s_p50
             labels = {"limit_a": f"{r.limit:g}", "current_a": f"{r.value_now:.1f}"}
             if b is None:
                 labels["beyond_horizon"] = "true"
             obs(
-                "headroom.pdu_phase.time_to_breach_p50_s",
+                HEADROOM_PDU_PHASE_TIME_TO_BREACH_P50_S,
                 "pdu_phase",
                 r.id,
                 beyond if b is None else b,
                 **labels,
             )
         elif r.kind == "rack":
-            obs("headroom.rack.kw_to_limit", "rack", r.id, r.headroom_now)
+            obs(HEADROOM_RACK_KW_TO_LIMIT, "rack", r.id, r.headroom_now)
         elif r.kind == "cdu" and r.quantity == "heat_kw" and r.limit > 0:
             obs(
-                "headroom.cdu.capacity_free_fraction",
+                HEADROOM_CDU_FREE_FRACTION,
                 "cdu",
                 r.id,
                 r.headroom_now / r.limit,
                 free_kw=f"{r.headroom_now:.1f}",
             )
         elif r.kind == "loop":
-            obs("headroom.loop.k_to_return_limit", "cdu", r.id, r.headroom_now)
+            obs(HEADROOM_LOOP_K_TO_RETURN_LIMIT, "cdu", r.id, r.headroom_now)
     for gid, z in d.hotspots.residual_sigma.items():
-        obs("hotspot.gpu.residual_sigma", "gpu", gid, z)
+        obs(HOTSPOT_GPU_RESIDUAL_SIGMA, "gpu", gid, z)
     for h in d.hotspots.hotspots:
         if h.reason == "over_limit":
-            obs("hotspot.gpu.over_limit_k", "gpu", h.id, h.excess, detail=h.detail)
+            obs(HOTSPOT_GPU_OVER_LIMIT_K, "gpu", h.id, h.excess, detail=h.detail)
         elif h.reason == "r_drift" and h.reference:
-            obs("drift.gpu.r_k_per_w", "gpu", h.id, h.value / h.reference - 1.0, detail=h.detail)
+            obs(DRIFT_GPU_R, "gpu", h.id, h.value / h.reference - 1.0, detail=h.detail)
     for rack, value in d.hotspots.rack_inlet_c.items():
-        obs("hotspot.rack.inlet_c", "rack", rack, value)
+        obs(HOTSPOT_RACK_INLET_C, "rack", rack, value)
     for p in d.pumps:
         # a pump without a reading is not claimed stopped: only a pump seen stopped counts
         extra = {"unknown": ",".join(p.unknown)} if p.unknown else {}
         obs(
-            "cdu.pumps_running",
+            CDU_PUMPS_RUNNING,
             "cdu",
             p.cdu,
             float(p.running + len(p.unknown)),
@@ -278,7 +295,7 @@ def observations(d: Detection) -> list[Observation]:
         for f in d.fleets.fleets:
             if f.flagged and f.gpus_to_reclaim:
                 obs(
-                    "fleet.underused_gpus",
+                    FLEET_UNDERUSED_GPUS,
                     "fleet",
                     f.fleet,
                     float(f.gpus_to_reclaim),

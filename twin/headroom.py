@@ -118,12 +118,8 @@ def _mean(a: np.ndarray) -> np.ndarray:
 
 
 def _latest_params(store: Store) -> dict[tuple[str, str, str], float]:
-    """(kind, id, param) -> value of the newest run's usable parameters."""
-    rows = store.con.execute(
-        "SELECT kind, id, param, value FROM calibration_params WHERE usable AND value IS NOT"
-        " NULL AND run_id = (SELECT max(run_id) FROM calibration_runs)"
-    ).fetchall()
-    return {(k, i, p): v for k, i, p, v in rows}
+    """(kind, id, param) -> value of the newest run's usable parameters (the store reads them)."""
+    return store.latest_calibration_params()
 
 
 def _ratio_paths_persistence(

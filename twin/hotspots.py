@@ -68,11 +68,6 @@ class HotSpotReport(BaseModel):
     problems: list[str]
 
 
-def _latest_run(store: Store) -> int | None:
-    rows = store.con.execute("SELECT max(run_id) FROM calibration_runs").fetchall()
-    return rows[0][0]
-
-
 def find_hotspots(
     store: Store,
     site: Site,
@@ -136,27 +131,23 @@ def find_hotspots(
                 )
 
     # ---- above the calibrated model
-    run = _latest_run(store)
+    run = store.latest_calibration_run_id()
     residual_sigma: dict[str, float] = {}
     if run is None:
         problems.append("no calibration run yet: the model-residual detector has nothing to use")
     else:
         params = {
             (i_, p): v
-            for i_, p, v in store.con.execute(
-                "SELECT id, param, value FROM calibration_params WHERE run_id = ? AND usable"
-                " AND param IN ('r_k_per_w', 'c_j_per_k', 'offset_k', 'flow_ref_lpm')",
-                [run],
-            ).fetchall()
+            for (_, i_, p), v in store.calibration_params(
+                run, kind="gpu", params=("r_k_per_w", "c_j_per_k", "offset_k", "flow_ref_lpm")
+            ).items()
         }
         flow_ref = {i_: v for (i_, p), v in params.items() if p == "flow_ref_lpm"}
-        mae = dict(
-            store.con.execute(
-                "SELECT id, mae FROM calibration_quality WHERE run_id = ? AND kind = 'gpu' AND"
-                " quantity LIKE 'temp_c@%'",
-                [run],
-            ).fetchall()
-        )
+        mae = {
+            q["id"]: q["mae"]
+            for q in store.calibration_quality(run, kind="gpu")
+            if q["quantity"].startswith("temp_c@")
+        }
         g = len(idx.gpu_ids)
         r = np.array([params.get((gid, "r_k_per_w"), np.nan) for gid in idx.gpu_ids])
         c = np.array([params.get((gid, "c_j_per_k"), np.nan) for gid in idx.gpu_ids])
@@ -215,11 +206,9 @@ def find_hotspots(
         else:
             problems.append(f"less than {minutes} min of GPU data: no model-residual check")
         # ---- drift events of the latest run
-        for gid, param, value, fleet, detail in store.con.execute(
-            "SELECT id, param, value, fleet_median, detail FROM calibration_events"
-            " WHERE run_id = ? AND kind = 'gpu'",
-            [run],
-        ).fetchall():
+        for ev in store.calibration_events(run, kind="gpu"):
+            gid, param, value, fleet = ev["id"], ev["param"], ev["value"], ev["fleet_median"]
+            detail = ev["detail"]
             gi = idx.gpu_ids.index(gid) if gid in idx.gpu_ids else None
             out.append(
                 HotSpot(

@@ -23,7 +23,17 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from collectors.contract import KINDS, encode, topic_for
+from collectors.contract import (
+    KINDS,
+    encode,
+    gpu_id,
+    phase_id,
+    phase_ids,
+    phase_leg,
+    split_sub_id,
+    sub_id,
+    topic_for,
+)
 from collectors.simulator.faults import Fault
 from models import cdu as cdu_model
 from models import coolant, electrical, gpu_power, gpu_thermal, network
@@ -239,7 +249,7 @@ class SiteSimulator:
         self._gpu_index = {g: i for i, g in enumerate(self._gpu_ids)}
         for n in nodes:
             for i, uuid in enumerate(n.gpu_uuids or ()):
-                self._gpu_index.setdefault(uuid, self._gpu_index[f"{n.name}:{i}"])
+                self._gpu_index.setdefault(uuid, self._gpu_index[gpu_id(n.name, i)])
 
         def per_gpu(attr: str) -> F64:
             return np.repeat(np.array([getattr(n.gpu_spec, attr) for n in nodes], float), counts)
@@ -382,7 +392,7 @@ class SiteSimulator:
             for b in p.breakers:
                 keys.append(self._breaker_key(p, b.phase))
             for b, key in zip(p.breakers, keys, strict=True):
-                br_ids.append(f"{p.name}/{b.name}")
+                br_ids.append(sub_id(p.name, b.name))
                 if key is None:
                     br_from_line.append(False)
                     br_idx.append(-1)
@@ -395,14 +405,14 @@ class SiteSimulator:
         self._br_idx = np.array(br_idx, np.int64)
         self._br_share = np.array(br_share, float)
         self._br_ids = br_ids
-        self._br_pdu = np.array([pdu_index[i.split("/", 1)[0]] for i in br_ids], np.int64)
+        self._br_pdu = np.array([pdu_index[split_sub_id(i)[0]] for i in br_ids], np.int64)
 
         # CDU pumps.
         pump_ids: list[str] = []
         pump_cdu: list[int] = []
         for c_i, c in enumerate(cdus):
             for pump in c.pumps:
-                pump_ids.append(f"{c.name}/{pump}")
+                pump_ids.append(sub_id(c.name, pump))
                 pump_cdu.append(c_i)
         self._pump_ids = pump_ids
         self._pump_index = {p: i for i, p in enumerate(pump_ids)}
@@ -555,19 +565,20 @@ class SiteSimulator:
                     )
                 self._fault_index.append(self._pump_index[t])
             elif f.kind in ("phase_overload", "phase_creep"):
-                pdu_name, _, phase = t.partition("/")
+                pdu_name, phase = split_sub_id(t)
                 if pdu_name not in self._pdu_index:
                     raise ValueError(f"fault {f}: unknown PDU {pdu_name!r} in target {t!r}")
                 p = self._pdu_index[pdu_name]
                 n_ph = int(self._pdu_phases[p])
-                if phase not in [f"L{i}" for i in range(1, n_ph + 1)]:
+                leg = phase_leg(phase or "")
+                if leg is None or leg > n_ph:
                     raise ValueError(
                         f"fault {f}: unknown phase {phase!r} of PDU {pdu_name!r}; expected "
-                        f"{', '.join(f'{pdu_name}/L{i}' for i in range(1, n_ph + 1))}"
+                        f"{', '.join(phase_ids(pdu_name, n_ph))}"
                     )
                 if f.magnitude is not None and f.magnitude < 0:
                     raise ValueError(f"fault {f}: {f.kind} magnitude [W] must be >= 0")
-                self._fault_index.append(3 * p + int(phase[1]) - 1)
+                self._fault_index.append(3 * p + leg - 1)
             elif f.kind == "fleet_idle":
                 if t not in self._fleet_index:
                     raise ValueError(
@@ -1137,7 +1148,7 @@ class SiteSimulator:
                     k = 3 * p_i + ph
                     samples.append(
                         {
-                            "id": f"{pdu.name}/L{ph + 1}",
+                            "id": phase_id(pdu.name, ph + 1),
                             "current_a": li[k],
                             "voltage_v": lv[k],
                             "power_w": lp[k],

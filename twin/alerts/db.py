@@ -1,6 +1,7 @@
 """The alert engine's tables in the store, and a thread-safe handle on them.
 
-Tables (created by :func:`ensure_alert_tables`, idempotent):
+Tables (their DDL is the store's, :data:`twin.store.schema.ALERT_DDL`; a
+:class:`twin.store.Store` creates them, and :func:`ensure_alert_tables` on a bare connection):
 
 - ``alert_outbox``: one row per (event, hook): ``dedup_key``, ``status`` (firing, resolved,
   acknowledge), ``event_id``, ``payload`` (the notification as JSON: hooks render it when they
@@ -9,6 +10,8 @@ Tables (created by :func:`ensure_alert_tables`, idempotent):
 - ``alert_state``: the engine's pending and firing alerts and its groups, one JSON row each,
   so a restart neither re-pages a firing incident nor forgets to resolve it.
 - ``alert_silences``: silences with their matchers and validity window.
+- ``alert_history``: every notification the engine made, hooks or none.
+- ``alert_acks``: acknowledgements recorded through the API.
 
 DuckDB connections are not shared between threads: :class:`AlertDb` hands each thread its own
 cursor of one connection, and serializes writes with a lock (one process owns the store).
@@ -23,32 +26,15 @@ from typing import Any
 
 import duckdb
 
-__all__ = ["AlertDb", "ensure_alert_tables"]
+from twin.store.schema import ALERT_DDL
 
-_DDL = (
-    "CREATE SEQUENCE IF NOT EXISTS alert_outbox_seq",
-    "CREATE TABLE IF NOT EXISTS alert_outbox (id BIGINT PRIMARY KEY"
-    " DEFAULT nextval('alert_outbox_seq'), hook VARCHAR NOT NULL, dedup_key VARCHAR NOT NULL,"
-    " status VARCHAR NOT NULL, event_id VARCHAR NOT NULL, payload VARCHAR NOT NULL,"
-    " created_at TIMESTAMPTZ NOT NULL, attempts INTEGER NOT NULL DEFAULT 0,"
-    " next_attempt_at TIMESTAMPTZ NOT NULL, last_error VARCHAR, last_status_code INTEGER,"
-    " delivered_at TIMESTAMPTZ, state VARCHAR NOT NULL DEFAULT 'pending',"
-    " next_resend_at TIMESTAMPTZ)",
-    # every notification the engine made, hooks or none: the alert history
-    "CREATE TABLE IF NOT EXISTS alert_history (created_at TIMESTAMPTZ NOT NULL,"
-    " dedup_key VARCHAR NOT NULL, status VARCHAR NOT NULL, event_id VARCHAR NOT NULL,"
-    " rule VARCHAR NOT NULL, severity VARCHAR NOT NULL, payload VARCHAR NOT NULL)",
-    "CREATE TABLE IF NOT EXISTS alert_state (key VARCHAR PRIMARY KEY, kind VARCHAR NOT NULL,"
-    " state VARCHAR NOT NULL, updated_at TIMESTAMPTZ NOT NULL)",
-    "CREATE TABLE IF NOT EXISTS alert_silences (id VARCHAR PRIMARY KEY,"
-    " matchers VARCHAR NOT NULL, starts_at TIMESTAMPTZ NOT NULL, ends_at TIMESTAMPTZ NOT NULL,"
-    " created_by VARCHAR NOT NULL, comment VARCHAR NOT NULL)",
-)
+__all__ = ["AlertDb", "ensure_alert_tables"]
 
 
 def ensure_alert_tables(con: duckdb.DuckDBPyConnection) -> None:
-    """Create the alert tables on ``con`` when missing (idempotent)."""
-    for stmt in _DDL:
+    """Create the alert tables on ``con`` when missing (idempotent): the store's
+    :data:`twin.store.schema.ALERT_DDL`, which every :class:`twin.store.Store` also runs."""
+    for stmt in ALERT_DDL:
         con.execute(stmt).fetchall()
 
 

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 import duckdb
 
+from collectors.contract import split_sub_id
 from twin.alerts.db import AlertDb
 from twin.alerts.model import (
     GroupRef,
@@ -524,7 +525,7 @@ class AlertEngine:
         labels = {**rule.labels, "group_kind": group.kind, "group_id": group.id}
         if group.kind in ("cdu", "pdu", "pdu_phase", "fleet", "loop"):
             racks = self.topology.children_of_kind(
-                (group.kind if group.kind != "loop" else "cdu", group.id.split("/")[0]),
+                (group.kind if group.kind != "loop" else "cdu", split_sub_id(group.id)[0]),
                 ["rack"],
             )
             if racks:

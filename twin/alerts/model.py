@@ -43,7 +43,7 @@ class Observation(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    metric: str = Field(min_length=1, description="e.g. gpu.temp_c, cdu.pumps_running")
+    metric: str = Field(min_length=1, description="a name of twin.alerts.metrics.METRICS")
     entity_kind: EntityKind
     entity_id: str = Field(min_length=1, description="the id the site file gives the entity")
     value: float

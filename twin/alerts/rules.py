@@ -6,17 +6,17 @@ A rule file::
       - name: gpu_temp_high              # unique; the Alertmanager alertname
         type: threshold                  # threshold | forecast_breach | residual | drift
                                          # | fleet_underuse
-        metric: gpu.temp_c               # Observation.metric it watches
+        metric: headroom.gpu.k_to_slowdown  # Observation.metric it watches (twin.alerts.metrics)
         entity_kind: gpu                 # Observation.entity_kind it watches
-        op: ">="                         # > >= < <=
-        value: 84                        # fires when `value op threshold` holds ...
-        clear_value: 80                  # ... and resolves only once past this (hysteresis)
+        op: "<="                         # > >= < <=
+        value: 3                         # fires when `value op threshold` holds ...
+        clear_value: 6                   # ... and resolves only once past this (hysteresis)
         for_s: 60                        # the condition must hold this long first
         severity: warning                # critical | warning | info
         group_by: rack                   # none | node | rack | cdu | pdu | fleet
         group_wait_s: 0                  # hold a new group's first page to gather members
         resolve_if_absent_s: null        # resolve when the entity reports nothing this long
-        summary: "GPU {entity_id} at {value:.1f} °C"
+        summary: "GPU {entity_id} {value:.1f} K from slowdown"
         labels: {team: facilities}       # static labels, carried into every payload
         inhibits:                        # while this rule fires for X, mute rule `r` below X
           - {rule: other_rule, along: cooling, hold_s: 300}   # along: cooling | power;
@@ -38,10 +38,14 @@ Summary templates are :meth:`str.format` strings over ``rule``, ``entity_kind``,
 ``entity_id``, ``value``, ``threshold``, ``severity``, ``group_kind``, ``group_id``,
 ``count`` (members) and ``labels`` (``{labels[fleet]}``; a missing label renders as ``?``).
 
+``metric`` must be one of :data:`twin.alerts.metrics.METRICS` (what the detectors and what-if
+emit) and ``entity_kind`` one the metric is emitted for: a rule that could never fire is refused.
+
 Errors raise :class:`RuleFileError`; its message names the file, the rule (by name, else by
 index) and the field::
 
     rules.yaml: rule 'gpu_temp' (rules[0]): op: Input should be '>', '>=', '<' or '<='
+    rules.yaml: rule 'gpu_hot' (rules[1]): metric: unknown metric 'gpu.temp'; known metrics: ...
 """
 
 from __future__ import annotations
@@ -56,6 +60,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from twin.alerts.metrics import metric_problem
 from twin.alerts.model import EntityKind, Severity
 
 __all__ = [
@@ -323,6 +328,11 @@ def parse_rules(text: str, source: str = "<rules>") -> RuleSet:
                     if ": " in msg:
                         field, msg = msg.split(": ", 1)
                 issues.append(RuleIssue(label, field, msg))
+            continue
+        problem = metric_problem(rule.metric, rule.entity_kind)
+        if problem is not None:
+            field = "metric" if problem.startswith("unknown metric") else "entity_kind"
+            issues.append(RuleIssue(label, field, problem))
             continue
         if rule.name in first:
             issues.append(

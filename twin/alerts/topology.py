@@ -27,6 +27,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
+from collectors.contract import phase_ids, phase_label, split_sub_id, sub_id
 from twin.site.model import Site
 
 Entity = tuple[str, str]
@@ -80,24 +81,24 @@ class Topology:
                 n = ("node", node.name)
                 link(pw, n, r)
                 link(cool, n, r)
-                phase = node.phase or f"L{k % 3 + 1}"
+                phase = node.phase or phase_label(k % 3 + 1)
                 for p in rack.pdus:
                     pdu = site.pdu_by_name.get(p)
-                    ph = phase if pdu is None or pdu.phases == 3 else "L1"
-                    link(pw, n, ("pdu_phase", f"{p}/{ph}"))
+                    ph = phase if pdu is None or pdu.phases == 3 else phase_label(1)
+                    link(pw, n, ("pdu_phase", sub_id(p, ph)))
                 gpus = [*node.gpu_ids(), *(node.gpu_uuids or ())]
                 for g in gpus:
                     link(pw, ("gpu", g), n)
                     link(cool, ("gpu", g), n)
         for pdu in site.pdus:
-            for i in range(1, pdu.phases + 1):
-                link(pw, ("pdu_phase", f"{pdu.name}/L{i}"), ("pdu", pdu.name))
+            for ph_id in phase_ids(pdu.name, pdu.phases):
+                link(pw, ("pdu_phase", ph_id), ("pdu", pdu.name))
             for b in pdu.breakers:
-                link(pw, ("pdu", f"{pdu.name}/{b.name}"), ("pdu", pdu.name))
+                link(pw, ("pdu", sub_id(pdu.name, b.name)), ("pdu", pdu.name))
         for cdu in site.cdus:
             link(cool, ("loop", cdu.name), ("cdu", cdu.name))
             for pump in cdu.pumps:
-                link(cool, ("cdu", f"{cdu.name}/{pump}"), ("cdu", cdu.name))
+                link(cool, ("cdu", sub_id(cdu.name, pump)), ("cdu", cdu.name))
         for node_name, fl in site.fleet_of_node.items():
             topo.fleet[("node", node_name)] = ("fleet", fl.name)
         return topo
@@ -164,12 +165,12 @@ class Topology:
         kind, name = entity
         word = kind_word(kind)
         if kind in ("cdu", "loop"):
-            racks = self.children_of_kind(("cdu", name.split("/")[0]), ["rack"])
+            racks = self.children_of_kind(("cdu", split_sub_id(name)[0]), ["rack"])
             nodes = sorted({n for r in racks for n in self.children_of_kind(("rack", r), ["node"])})
             if racks:
                 return f"{word} {name} cools racks {', '.join(racks)} (nodes {', '.join(nodes)})"
         if kind == "pdu":
-            racks = self.children_of_kind(("pdu", name.split("/")[0]), ["rack"])
+            racks = self.children_of_kind(("pdu", split_sub_id(name)[0]), ["rack"])
             if racks:
                 return f"{word} {name} feeds racks {', '.join(racks)}"
         if kind == "pdu_phase":

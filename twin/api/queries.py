@@ -18,16 +18,14 @@ import pyarrow as pa
 from collectors.contract import KINDS, QUANTITIES
 from twin.site import Site
 from twin.store import Store
+from twin.store.schema import ALERT_ACKS_DDL
 
 #: Raw samples up to this span, 1-minute rollups up to ROLLUP_1H_OVER_S, 1-hour beyond. [s]
 RAW_UP_TO_S = 2 * 3600.0
 ROLLUP_1H_OVER_S = 2 * 86400.0
 
-ACK_DDL = (
-    "CREATE TABLE IF NOT EXISTS alert_acks (dedup_key VARCHAR NOT NULL,"
-    " incident_start TIMESTAMPTZ, acked_at TIMESTAMPTZ NOT NULL, acked_by VARCHAR NOT NULL,"
-    " comment VARCHAR NOT NULL)"
-)
+#: The store's DDL of ``alert_acks`` (the store creates it; kept here for the API's setup).
+ACK_DDL = ALERT_ACKS_DDL
 
 
 def _f(x: Any) -> float | None:
@@ -289,67 +287,24 @@ def headroom_summary(db: Store) -> tuple[datetime | None, list[dict[str, Any]], 
 
 def calibration_summary(db: Store, site: Site | None) -> dict[str, Any]:
     """The newest run: per device class, parameter spread, fit quality and usable share."""
-    runs = db.con.execute(
-        "SELECT run_id, fitted_at, window_start, window_end, holdout_start, gpus, seconds"
-        " FROM calibration_runs ORDER BY run_id DESC"
-    ).fetchall()
+    runs = db.calibration_runs()
     if not runs:
         return {"run": None, "runs": 0, "classes": [], "events": []}
-    run = dict(
-        zip(
-            (
-                "run_id",
-                "fitted_at",
-                "window_start",
-                "window_end",
-                "holdout_start",
-                "gpus",
-                "seconds",
-            ),
-            runs[0],
-            strict=True,
-        )
-    )
+    run = runs[0]
     run_id = run["run_id"]
     gpu_class: dict[str, str] = {}
     if site is not None:
         for n in site.nodes:
             for gid in (*n.gpu_ids(), *(n.gpu_uuids or ())):
                 gpu_class[gid] = f"gpu:{n.gpu_model or n.spec.gpu}"
-    cls_sql = "CASE WHEN kind = 'gpu' THEN coalesce(cls, 'gpu') ELSE kind END"
-    cmap = "(SELECT unnest(?) AS id, unnest(?) AS cls)"
-    cargs: list[Any] = [list(gpu_class) or [""], list(gpu_class.values()) or [""]]
-    params = db.con.execute(
-        f"SELECT {cls_sql} AS c, param, median(value) FILTER (WHERE usable),"
-        " quantile_cont(value, 0.1) FILTER (WHERE usable),"
-        " quantile_cont(value, 0.9) FILTER (WHERE usable), count(value) FILTER (WHERE usable)"
-        f" FROM calibration_params p LEFT JOIN {cmap} USING (id) WHERE run_id = ?"
-        " GROUP BY c, param ORDER BY c, param",
-        [*cargs, run_id],
-    ).fetchall()
-    usable = db.con.execute(
-        f"SELECT {cls_sql} AS c, count(DISTINCT id), avg(CAST(usable AS DOUBLE))"
-        f" FROM calibration_params p LEFT JOIN {cmap} USING (id) WHERE run_id = ?"
-        " GROUP BY c",
-        [*cargs, run_id],
-    ).fetchall()
-    reasons = db.con.execute(
-        f"SELECT {cls_sql} AS c, reason, count(*) FROM calibration_params p"
-        f" LEFT JOIN {cmap} USING (id) WHERE run_id = ? AND NOT usable"
-        " GROUP BY c, reason",
-        [*cargs, run_id],
-    ).fetchall()
-    quality = db.con.execute(
-        f"SELECT {cls_sql} AS c, quantity, median(mae), median(cv_rmse), median(nmbe),"
-        f" median(mape), count(*) FROM calibration_quality q LEFT JOIN {cmap} USING (id)"
-        " WHERE run_id = ? GROUP BY c, quantity ORDER BY c, quantity",
-        [*cargs, run_id],
-    ).fetchall()
-    events = db.con.execute(
-        "SELECT kind, id, param, value, own_median, fleet_median, detail FROM calibration_events"
-        " WHERE run_id = ? ORDER BY kind, id",
-        [run_id],
-    ).fetchall()
+    stats = db.calibration_class_stats(run_id, gpu_class)
+    params, usable, reasons, quality = (
+        stats["params"],
+        stats["usable"],
+        stats["reasons"],
+        stats["quality"],
+    )
+    events = db.calibration_events(run_id)
     classes: dict[str, dict[str, Any]] = {}
 
     def cls(c: str) -> dict[str, Any]:
@@ -384,12 +339,11 @@ def calibration_summary(db: Store, site: Site | None) -> dict[str, Any]:
                 "devices": int(n),
             }
         )
-    keys = ("kind", "id", "param", "value", "own_median", "fleet_median", "detail")
     return {
         "run": run,
         "runs": len(runs),
         "classes": [classes[c] for c in sorted(classes)],
-        "events": [dict(zip(keys, e, strict=True)) for e in events],
+        "events": events,
     }
 
 

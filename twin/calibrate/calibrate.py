@@ -17,7 +17,6 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 
 from models import fit_quality
 from models.cdu import fit_capture_fraction, predict_return_temp_c
@@ -395,12 +394,7 @@ def _drift_events(store: Store, idx: SiteIndex, rc) -> list[dict[str, Any]]:
     if rc is None:
         return []
     r = rc.r_k_per_w
-    history = dict(
-        store.con.execute(
-            "SELECT id, median(value) FROM calibration_params WHERE kind = 'gpu'"
-            " AND param = 'r_k_per_w' AND usable GROUP BY id"
-        ).fetchall()
-    )
+    history = store.calibration_param_medians("gpu", "r_k_per_w")
     groups: dict[tuple[str, str], list[int]] = {}
     for g, (fleet, cls) in enumerate(zip(idx.gpu_fleet, idx.gpu_class, strict=True)):
         cooling = "liquid" if idx.gpu_cdu[g] >= 0 else "air"
@@ -464,44 +458,10 @@ def _class_summary(idx: SiteIndex, results: dict[str, Any]) -> dict[str, Any]:
 
 
 def save_run(store: Store, result: dict[str, Any]) -> int:
-    """Store a calibration result as a new version; returns its run id."""
-    con = store.con
-    run_id = con.execute("SELECT coalesce(max(run_id), 0) + 1 FROM calibration_runs").fetchall()[0][
-        0
-    ]
-    run = result["run"]
-    con.execute("BEGIN TRANSACTION")
-    try:
-        con.execute(
-            "INSERT INTO calibration_runs VALUES (?, ?, ?, ?, ?, ?, ?)",
-            [
-                run_id,
-                run["fitted_at"],
-                run["window_start"],
-                run["window_end"],
-                run["holdout_start"],
-                run["gpus"],
-                run["seconds"],
-            ],
-        )
-        for table, rows in (
-            ("calibration_params", result["params"]),
-            ("calibration_quality", result["quality"]),
-            ("calibration_events", result["events"]),
-        ):
-            if not rows:
-                continue
-            cols = [c for c in rows[0] if not (table == "calibration_events" and c == "group")]
-            data = {c: [row.get(c) for row in rows] for c in cols}
-            data = {"run_id": [run_id] * len(rows), **data}
-            con.register("_cal_batch", pa.table(data))
-            con.execute(
-                f"INSERT INTO {table} BY NAME SELECT * FROM _cal_batch"  # table: fixed names
-            )
-            con.unregister("_cal_batch")
-        con.execute("COMMIT")
-    except Exception:
-        con.execute("ROLLBACK")
-        raise
+    """Store a calibration result as a new version (:meth:`Store.save_calibration_run`);
+    returns its run id, also set as ``result["run"]["run_id"]``."""
+    run_id = store.save_calibration_run(
+        result["run"], result["params"], result["quality"], result["events"]
+    )
     result["run"]["run_id"] = run_id
-    return int(run_id)
+    return run_id

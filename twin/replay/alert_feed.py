@@ -12,12 +12,21 @@ from typing import Any
 
 import numpy as np
 
+from twin.alerts.metrics import (
+    CDU_PUMPS_RUNNING as M_PUMPS,
+)
+from twin.alerts.metrics import (
+    HEADROOM_CDU_FREE_FRACTION as M_CDU_FREE,
+)
+from twin.alerts.metrics import (
+    HEADROOM_GPU_K_TO_SLOWDOWN as M_GPU_K,
+)
+from twin.alerts.metrics import (
+    HEADROOM_PDU_PHASE_A_TO_LIMIT as M_PHASE_A,
+)
 from twin.replay.recording import Recording
 
-M_GPU_K = "headroom.gpu.k_to_slowdown"
-M_PHASE_A = "headroom.pdu_phase.a_to_limit"
-M_CDU_FREE = "headroom.cdu.capacity_free_fraction"
-M_PUMPS = "cdu.pumps_running"
+__all__ = ["M_CDU_FREE", "M_GPU_K", "M_PHASE_A", "M_PUMPS", "AlertFeed"]
 
 
 class AlertFeed:

@@ -240,32 +240,15 @@ def write_parquet(table: pa.Table, path: Path) -> None:
 
 
 def _calibration(store: Store) -> dict[str, Any] | None:
-    runs = store.con.execute(
-        "SELECT run_id, fitted_at, window_start, window_end FROM calibration_runs"
-        " ORDER BY run_id DESC LIMIT 1"
-    ).fetchall()
+    """The newest calibration run with every parameter and quality row, for the bundle."""
+    runs = store.calibration_runs()
     if not runs:
         return None
-    run_id, fitted, w0, w1 = runs[0]
-    params = store.con.execute(
-        "SELECT kind, id, param, value, stderr, usable, reason FROM calibration_params"
-        " WHERE run_id = ?",
-        [run_id],
-    ).fetchall()
-    quality = store.con.execute(
-        "SELECT kind, id, quantity, mae, cv_rmse, nmbe, mape, n FROM calibration_quality"
-        " WHERE run_id = ?",
-        [run_id],
-    ).fetchall()
-    keys_p = ("kind", "id", "param", "value", "stderr", "usable", "reason")
-    keys_q = ("kind", "id", "quantity", "mae", "cv_rmse", "nmbe", "mape", "n")
+    run = runs[0]
     return {
-        "run_id": run_id,
-        "fitted_at": fitted,
-        "window_start": w0,
-        "window_end": w1,
-        "params": [dict(zip(keys_p, r, strict=True)) for r in params],
-        "quality": [dict(zip(keys_q, r, strict=True)) for r in quality],
+        **{k: run[k] for k in ("run_id", "fitted_at", "window_start", "window_end")},
+        "params": store.calibration_param_rows(run["run_id"]),
+        "quality": store.calibration_quality(run["run_id"]),
     }
 
 

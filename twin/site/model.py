@@ -31,6 +31,7 @@ from pydantic import (
 )
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
+from collectors.contract import cdu_sample_ids, gpu_id, pdu_sample_ids, split_sub_id
 from twin.site.catalog import CDU_MODELS, GPU_MODELS, NODE_MODELS, GpuModel, NodeModel
 
 Name = str
@@ -95,7 +96,7 @@ class Node(_Strict):
         return GPU_MODELS[self.gpu_model or self.spec.gpu]
 
     def gpu_ids(self) -> list[str]:
-        return [f"{self.name}:{i}" for i in range(self.spec.gpus)]
+        return [gpu_id(self.name, i) for i in range(self.spec.gpus)]
 
 
 class Rack(_Strict):
@@ -245,13 +246,10 @@ class Site(_Strict):
             gpu.update(n.gpu_uuids or ())
         pdu: set[str] = set()
         for p in self.pdus:
-            pdu.add(p.name)
-            pdu.update(f"{p.name}/L{i}" for i in range(1, p.phases + 1))
-            pdu.update(f"{p.name}/{b.name}" for b in p.breakers)
+            pdu.update(pdu_sample_ids(p.name, p.phases, (b.name for b in p.breakers)))
         cdu: set[str] = set()
         for c in self.cdus:
-            cdu.add(c.name)
-            cdu.update(f"{c.name}/{pump}" for pump in c.pumps)
+            cdu.update(cdu_sample_ids(c.name, c.pumps))
         return {
             "gpu": frozenset(gpu),
             "node": frozenset(n.name for n in self.nodes),
@@ -268,8 +266,9 @@ class Site(_Strict):
         ids = self.known_ids.get(kind, frozenset())
         if sample_id in ids:
             return True
-        if kind == "pdu" and "/outlet" in sample_id:
-            return sample_id.split("/", 1)[0] in self.pdu_by_name
+        if kind == "pdu":
+            parent, element = split_sub_id(sample_id)
+            return (element or "").startswith("outlet") and parent in self.pdu_by_name
         return False
 
     # ---- cross-reference checks ----------------------------------------------------------

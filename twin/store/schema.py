@@ -2,7 +2,8 @@
 
 One typed table per kind (one row per device per timestamp, one column per quantity), a long
 table for quantities the contract does not name, the ingest log (one row per stored message:
-gaps and duplicates by ``seq``), dead letters, unknown ids, and 1-minute / 1-hour rollups.
+gaps and duplicates by ``seq``), dead letters, unknown ids, and 1-minute / 1-hour rollups;
+the calibration, headroom and alert tables. Every CREATE statement of the project is here.
 """
 
 from __future__ import annotations
@@ -89,6 +90,35 @@ UNKNOWN_SCHEMA = pa.schema(
 )
 
 
+#: The alert engine's tables (twin/alerts: outbox, history, state, silences) and the API's
+#: acknowledgements; twin/alerts/db.py documents the columns.
+ALERT_DDL: tuple[str, ...] = (
+    "CREATE SEQUENCE IF NOT EXISTS alert_outbox_seq",
+    "CREATE TABLE IF NOT EXISTS alert_outbox (id BIGINT PRIMARY KEY"
+    " DEFAULT nextval('alert_outbox_seq'), hook VARCHAR NOT NULL, dedup_key VARCHAR NOT NULL,"
+    " status VARCHAR NOT NULL, event_id VARCHAR NOT NULL, payload VARCHAR NOT NULL,"
+    " created_at TIMESTAMPTZ NOT NULL, attempts INTEGER NOT NULL DEFAULT 0,"
+    " next_attempt_at TIMESTAMPTZ NOT NULL, last_error VARCHAR, last_status_code INTEGER,"
+    " delivered_at TIMESTAMPTZ, state VARCHAR NOT NULL DEFAULT 'pending',"
+    " next_resend_at TIMESTAMPTZ)",
+    # every notification the engine made, hooks or none: the alert history
+    "CREATE TABLE IF NOT EXISTS alert_history (created_at TIMESTAMPTZ NOT NULL,"
+    " dedup_key VARCHAR NOT NULL, status VARCHAR NOT NULL, event_id VARCHAR NOT NULL,"
+    " rule VARCHAR NOT NULL, severity VARCHAR NOT NULL, payload VARCHAR NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS alert_state (key VARCHAR PRIMARY KEY, kind VARCHAR NOT NULL,"
+    " state VARCHAR NOT NULL, updated_at TIMESTAMPTZ NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS alert_silences (id VARCHAR PRIMARY KEY,"
+    " matchers VARCHAR NOT NULL, starts_at TIMESTAMPTZ NOT NULL, ends_at TIMESTAMPTZ NOT NULL,"
+    " created_by VARCHAR NOT NULL, comment VARCHAR NOT NULL)",
+    # acknowledgements recorded through the API (twin/api)
+    "CREATE TABLE IF NOT EXISTS alert_acks (dedup_key VARCHAR NOT NULL,"
+    " incident_start TIMESTAMPTZ, acked_at TIMESTAMPTZ NOT NULL, acked_by VARCHAR NOT NULL,"
+    " comment VARCHAR NOT NULL)",
+)
+#: The acknowledgements table's DDL alone (one of :data:`ALERT_DDL`).
+ALERT_ACKS_DDL = ALERT_DDL[-1]
+
+
 def ddl() -> list[str]:
     """CREATE statements for every table (idempotent)."""
     stmts = [
@@ -147,6 +177,7 @@ def ddl() -> list[str]:
                 f"CREATE TABLE IF NOT EXISTS {kind}_{res} (bucket TIMESTAMPTZ NOT NULL,"
                 f" id VARCHAR NOT NULL, n BIGINT NOT NULL, {agg})"
             )
+    stmts.extend(ALERT_DDL)
     return stmts
 
 

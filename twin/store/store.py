@@ -19,6 +19,7 @@ import duckdb
 import pyarrow as pa
 
 from collectors.contract import KINDS
+from twin.store.calibration import CalibrationTables
 from twin.store.schema import (
     DEAD_SCHEMA,
     EXTRA_SCHEMA,
@@ -107,8 +108,12 @@ def _iso(ts: datetime | None) -> str | None:
     return ts.astimezone(UTC).isoformat() if ts is not None else None
 
 
-class Store:
-    """A dctwin DuckDB file. Use as a context manager, or call ``close()``."""
+class Store(CalibrationTables):
+    """A dctwin DuckDB file. Use as a context manager, or call ``close()``.
+
+    The calibration tables are read and written through the methods of
+    :class:`twin.store.calibration.CalibrationTables`.
+    """
 
     def __init__(self, path: str | Path, *, read_only: bool = False):
         self.path = str(path)

@@ -1,0 +1,150 @@
+"""The alert metric names: every metric an :class:`~twin.alerts.model.Observation` may carry.
+
+One owner for the names the detectors emit (:mod:`twin.detect`, fed by :mod:`twin.headroom`,
+:mod:`twin.hotspots` and :mod:`twin.fleets`), what-if replays (:mod:`twin.replay.whatif`) and
+rule files watch. Emitters use the constants below; the rule loader
+(:func:`twin.alerts.rules.parse_rules`) refuses a rule whose metric is not listed here, or whose
+``entity_kind`` is not one the metric is emitted for, so a rule that could never fire is an
+error at load instead of a silent gap.
+
+Adding a metric: add a constant and a :class:`MetricSpec` to :data:`METRICS`, then emit it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from twin.alerts.model import EntityKind
+
+__all__ = [
+    "CDU_PUMPS_RUNNING",
+    "DRIFT_GPU_R",
+    "FLEET_UNDERUSED_GPUS",
+    "HEADROOM_CDU_FREE_FRACTION",
+    "HEADROOM_GPU_K_TO_SLOWDOWN",
+    "HEADROOM_GPU_TIME_TO_BREACH_P90_S",
+    "HEADROOM_LOOP_K_TO_RETURN_LIMIT",
+    "HEADROOM_PDU_PHASE_A_TO_LIMIT",
+    "HEADROOM_PDU_PHASE_TIME_TO_BREACH_P50_S",
+    "HEADROOM_RACK_KW_TO_LIMIT",
+    "HOTSPOT_GPU_OVER_LIMIT_K",
+    "HOTSPOT_GPU_RESIDUAL_SIGMA",
+    "HOTSPOT_RACK_INLET_C",
+    "METRICS",
+    "MetricSpec",
+    "metric_problem",
+]
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """One alert metric: its name, the entity kinds it is emitted for, its unit, its meaning."""
+
+    name: str
+    kinds: tuple[EntityKind, ...]
+    unit: str
+    meaning: str
+
+
+HEADROOM_GPU_K_TO_SLOWDOWN = "headroom.gpu.k_to_slowdown"
+HEADROOM_GPU_TIME_TO_BREACH_P90_S = "headroom.gpu.time_to_breach_p90_s"
+HEADROOM_PDU_PHASE_A_TO_LIMIT = "headroom.pdu_phase.a_to_limit"
+HEADROOM_PDU_PHASE_TIME_TO_BREACH_P50_S = "headroom.pdu_phase.time_to_breach_p50_s"
+HEADROOM_RACK_KW_TO_LIMIT = "headroom.rack.kw_to_limit"
+HEADROOM_CDU_FREE_FRACTION = "headroom.cdu.capacity_free_fraction"
+HEADROOM_LOOP_K_TO_RETURN_LIMIT = "headroom.loop.k_to_return_limit"
+HOTSPOT_GPU_RESIDUAL_SIGMA = "hotspot.gpu.residual_sigma"
+HOTSPOT_GPU_OVER_LIMIT_K = "hotspot.gpu.over_limit_k"
+HOTSPOT_RACK_INLET_C = "hotspot.rack.inlet_c"
+DRIFT_GPU_R = "drift.gpu.r_k_per_w"
+CDU_PUMPS_RUNNING = "cdu.pumps_running"
+FLEET_UNDERUSED_GPUS = "fleet.underused_gpus"
+
+_SPECS = (
+    MetricSpec(
+        HEADROOM_GPU_K_TO_SLOWDOWN, ("gpu",), "K", "K left to the max operating temperature, now"
+    ),
+    MetricSpec(
+        HEADROOM_GPU_TIME_TO_BREACH_P90_S,
+        ("gpu",),
+        "s",
+        "s until the p90 forecast reaches the max operating temperature (2x horizon if never)",
+    ),
+    MetricSpec(
+        HEADROOM_PDU_PHASE_A_TO_LIMIT,
+        ("pdu_phase",),
+        "A",
+        "A left to the phase's derated (80 %) limit, now",
+    ),
+    MetricSpec(
+        HEADROOM_PDU_PHASE_TIME_TO_BREACH_P50_S,
+        ("pdu_phase",),
+        "s",
+        "s until the p50 forecast current reaches the derated limit (2x horizon if never)",
+    ),
+    MetricSpec(
+        HEADROOM_RACK_KW_TO_LIMIT, ("rack",), "kW", "kW left on the rack's feeds together, now"
+    ),
+    MetricSpec(
+        HEADROOM_CDU_FREE_FRACTION, ("cdu",), "1", "share of the CDU's heat capacity free, now"
+    ),
+    MetricSpec(
+        HEADROOM_LOOP_K_TO_RETURN_LIMIT,
+        ("cdu",),
+        "K",
+        "K from the loop's return-temperature limit, reported per CDU, now",
+    ),
+    MetricSpec(
+        HOTSPOT_GPU_RESIDUAL_SIGMA,
+        ("gpu",),
+        "sigma",
+        "smallest minute residual over the thermal model, in sigmas, over the window",
+    ),
+    MetricSpec(
+        HOTSPOT_GPU_OVER_LIMIT_K,
+        ("gpu",),
+        "K",
+        "K over the catalog temperature limit (reported only while over)",
+    ),
+    MetricSpec(
+        HOTSPOT_RACK_INLET_C, ("rack",), "degC", "rack inlet air temperature (racks with a reading)"
+    ),
+    MetricSpec(
+        DRIFT_GPU_R,
+        ("gpu",),
+        "1",
+        "thermal resistance R over its fleet's median, minus 1 (reported only while drifting)",
+    ),
+    MetricSpec(
+        CDU_PUMPS_RUNNING,
+        ("cdu",),
+        "pumps",
+        "pumps not seen stopped (speed >= the running threshold, or no reading)",
+    ),
+    MetricSpec(
+        FLEET_UNDERUSED_GPUS,
+        ("fleet",),
+        "GPUs",
+        "GPUs an underused inference fleet could free at its p95 load (flagged fleets only)",
+    ),
+)
+
+#: metric name -> its spec; the rule loader validates against this.
+METRICS: Mapping[str, MetricSpec] = MappingProxyType({s.name: s for s in _SPECS})
+
+
+def metric_problem(
+    metric: str, entity_kind: str | None, metrics: Mapping[str, MetricSpec] = METRICS
+) -> str | None:
+    """Why a rule on (``metric``, ``entity_kind``) could never fire, or None when it can."""
+    spec = metrics.get(metric)
+    if spec is None:
+        return f"unknown metric {metric!r}; known metrics: {', '.join(sorted(metrics))}"
+    if entity_kind is not None and entity_kind not in spec.kinds:
+        return (
+            f"metric {metric!r} is emitted for entity_kind {' or '.join(spec.kinds)},"
+            f" not {entity_kind!r}"
+        )
+    return None

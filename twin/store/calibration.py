@@ -1,0 +1,230 @@
+"""The store's calibration tables: the one place that reads and writes them.
+
+A calibration run (:mod:`twin.calibrate`) is one row of ``calibration_runs`` plus its
+parameters, fit quality and drift events, all under one ``run_id`` (a version: runs are only
+ever added). :class:`CalibrationTables` is mixed into :class:`twin.store.Store`; hot spots,
+headroom, the API, the bundles and calibrate itself call these methods instead of writing
+their own SQL against the tables.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+
+__all__ = ["PARAM_COLUMNS", "QUALITY_COLUMNS", "RUN_COLUMNS", "CalibrationTables", "ParamKey"]
+
+RUN_COLUMNS = (
+    "run_id",
+    "fitted_at",
+    "window_start",
+    "window_end",
+    "holdout_start",
+    "gpus",
+    "seconds",
+)
+PARAM_COLUMNS = ("kind", "id", "param", "value", "stderr", "usable", "reason")
+QUALITY_COLUMNS = ("kind", "id", "quantity", "mae", "cv_rmse", "nmbe", "mape", "n")
+EVENT_COLUMNS = ("kind", "id", "param", "value", "own_median", "fleet_median", "detail")
+
+#: (device kind, device id, parameter name)
+ParamKey = tuple[str, str, str]
+
+
+def _filters(kind: str | None, params: Iterable[str] | None) -> tuple[str, list[Any]]:
+    sql, args = "", []
+    if kind is not None:
+        sql += " AND kind = ?"
+        args.append(kind)
+    if params is not None:
+        sql += " AND list_contains(?, param)"
+        args.append(list(params))
+    return sql, args
+
+
+class CalibrationTables:
+    """Reads and writes of ``calibration_runs``, ``_params``, ``_quality`` and ``_events``."""
+
+    con: duckdb.DuckDBPyConnection
+
+    # ---- reads ---------------------------------------------------------------------------
+
+    def calibration_runs(self) -> list[dict[str, Any]]:
+        """Every run, newest first: ``run_id``, ``fitted_at``, the window, GPUs, seconds."""
+        rows = self.con.execute(
+            f"SELECT {', '.join(RUN_COLUMNS)} FROM calibration_runs ORDER BY run_id DESC"
+        ).fetchall()
+        return [dict(zip(RUN_COLUMNS, r, strict=True)) for r in rows]
+
+    def latest_calibration_run_id(self) -> int | None:
+        """The newest run's id; None before the first calibration."""
+        run_id = self.con.execute("SELECT max(run_id) FROM calibration_runs").fetchall()[0][0]
+        return None if run_id is None else int(run_id)
+
+    def calibration_params(
+        self,
+        run_id: int,
+        *,
+        usable_only: bool = True,
+        kind: str | None = None,
+        params: Iterable[str] | None = None,
+    ) -> dict[ParamKey, float]:
+        """``(kind, id, param) -> value`` of one run: the usable values (``usable_only``), or
+        every non-null one; optionally one device ``kind`` and a subset of ``params``."""
+        extra, args = _filters(kind, params)
+        if usable_only:
+            extra += " AND usable"
+        rows = self.con.execute(
+            "SELECT kind, id, param, value FROM calibration_params"
+            f" WHERE run_id = ? AND value IS NOT NULL{extra}",
+            [run_id, *args],
+        ).fetchall()
+        return {(k, i, p): float(v) for k, i, p, v in rows}
+
+    def latest_calibration_params(
+        self,
+        *,
+        usable_only: bool = True,
+        kind: str | None = None,
+        params: Iterable[str] | None = None,
+    ) -> dict[ParamKey, float]:
+        """:meth:`calibration_params` of the newest run; empty before the first calibration."""
+        run_id = self.latest_calibration_run_id()
+        if run_id is None:
+            return {}
+        return self.calibration_params(run_id, usable_only=usable_only, kind=kind, params=params)
+
+    def calibration_param_rows(self, run_id: int) -> list[dict[str, Any]]:
+        """Every parameter row of one run, usable or not, with its stderr and reason."""
+        rows = self.con.execute(
+            f"SELECT {', '.join(PARAM_COLUMNS)} FROM calibration_params WHERE run_id = ?",
+            [run_id],
+        ).fetchall()
+        return [dict(zip(PARAM_COLUMNS, r, strict=True)) for r in rows]
+
+    def calibration_param_medians(self, kind: str, param: str) -> dict[str, float]:
+        """id -> the median of its usable values of ``param`` over every run (its history)."""
+        rows = self.con.execute(
+            "SELECT id, median(value) FROM calibration_params WHERE kind = ? AND param = ?"
+            " AND usable AND value IS NOT NULL GROUP BY id",
+            [kind, param],
+        ).fetchall()
+        return {i: float(v) for i, v in rows}
+
+    def calibration_quality(self, run_id: int, *, kind: str | None = None) -> list[dict[str, Any]]:
+        """Fit quality rows of one run (MAE, CV(RMSE), NMBE, MAPE, n per device and quantity)."""
+        extra, args = _filters(kind, None)
+        rows = self.con.execute(
+            f"SELECT {', '.join(QUALITY_COLUMNS)} FROM calibration_quality WHERE run_id = ?{extra}",
+            [run_id, *args],
+        ).fetchall()
+        return [dict(zip(QUALITY_COLUMNS, r, strict=True)) for r in rows]
+
+    def calibration_events(self, run_id: int, *, kind: str | None = None) -> list[dict[str, Any]]:
+        """Drift events of one run, by kind and id."""
+        extra, args = _filters(kind, None)
+        rows = self.con.execute(
+            f"SELECT {', '.join(EVENT_COLUMNS)} FROM calibration_events"
+            f" WHERE run_id = ?{extra} ORDER BY kind, id",
+            [run_id, *args],
+        ).fetchall()
+        return [dict(zip(EVENT_COLUMNS, r, strict=True)) for r in rows]
+
+    def calibration_class_stats(
+        self, run_id: int, device_class: Mapping[str, str]
+    ) -> dict[str, list[tuple[Any, ...]]]:
+        """One run's parameters and fit quality aggregated per device class.
+
+        ``device_class`` maps GPU ids to a class (``gpu:<model>``); a GPU without one is
+        ``gpu``, other devices are their kind. Returns lists of tuples under ``params``
+        (class, param, median, p10, p90, n over usable values), ``usable`` (class, devices,
+        usable share), ``reasons`` (class, reason, count of unusable rows) and ``quality``
+        (class, quantity, median MAE, CV(RMSE), NMBE, MAPE, devices).
+        """
+        cls_sql = "CASE WHEN kind = 'gpu' THEN coalesce(cls, 'gpu') ELSE kind END"
+        cmap = "(SELECT unnest(?) AS id, unnest(?) AS cls)"
+        cargs: list[Any] = [list(device_class) or [""], list(device_class.values()) or [""]]
+        con = self.con
+        return {
+            "params": con.execute(
+                f"SELECT {cls_sql} AS c, param, median(value) FILTER (WHERE usable),"
+                " quantile_cont(value, 0.1) FILTER (WHERE usable),"
+                " quantile_cont(value, 0.9) FILTER (WHERE usable),"
+                " count(value) FILTER (WHERE usable)"
+                f" FROM calibration_params p LEFT JOIN {cmap} USING (id) WHERE run_id = ?"
+                " GROUP BY c, param ORDER BY c, param",
+                [*cargs, run_id],
+            ).fetchall(),
+            "usable": con.execute(
+                f"SELECT {cls_sql} AS c, count(DISTINCT id), avg(CAST(usable AS DOUBLE))"
+                f" FROM calibration_params p LEFT JOIN {cmap} USING (id) WHERE run_id = ?"
+                " GROUP BY c",
+                [*cargs, run_id],
+            ).fetchall(),
+            "reasons": con.execute(
+                f"SELECT {cls_sql} AS c, reason, count(*) FROM calibration_params p"
+                f" LEFT JOIN {cmap} USING (id) WHERE run_id = ? AND NOT usable"
+                " GROUP BY c, reason",
+                [*cargs, run_id],
+            ).fetchall(),
+            "quality": con.execute(
+                f"SELECT {cls_sql} AS c, quantity, median(mae), median(cv_rmse), median(nmbe),"
+                f" median(mape), count(*) FROM calibration_quality q LEFT JOIN {cmap} USING (id)"
+                " WHERE run_id = ? GROUP BY c, quantity ORDER BY c, quantity",
+                [*cargs, run_id],
+            ).fetchall(),
+        }
+
+    # ---- writes --------------------------------------------------------------------------
+
+    def save_calibration_run(
+        self,
+        run: Mapping[str, Any],
+        params: Sequence[Mapping[str, Any]],
+        quality: Sequence[Mapping[str, Any]],
+        events: Sequence[Mapping[str, Any]],
+    ) -> int:
+        """Store one run as a new version, all of it or nothing; returns its run id.
+
+        ``run`` holds the columns of ``calibration_runs`` but ``run_id``; each row of
+        ``params``, ``quality`` and ``events`` the columns of its table but ``run_id`` (keys
+        the table does not have are left out).
+        """
+        con = self.con
+        con.execute("BEGIN TRANSACTION")
+        try:
+            run_id = int(
+                con.execute("SELECT coalesce(max(run_id), 0) + 1 FROM calibration_runs").fetchall()[
+                    0
+                ][0]
+            )
+            con.execute(
+                "INSERT INTO calibration_runs VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [run_id, *(run[c] for c in RUN_COLUMNS[1:])],
+            )
+            for table, columns, rows in (
+                ("calibration_params", PARAM_COLUMNS, params),
+                ("calibration_quality", QUALITY_COLUMNS, quality),
+                ("calibration_events", EVENT_COLUMNS, events),
+            ):
+                if not rows:
+                    continue
+                cols = [c for c in columns if c in rows[0]]
+                data = {"run_id": [run_id] * len(rows)}
+                data.update({c: [row.get(c) for row in rows] for c in cols})
+                con.register("_cal_batch", pa.table(data))
+                # table: one of three fixed names
+                con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM _cal_batch")
+                con.unregister("_cal_batch")
+            con.execute("COMMIT")
+        except Exception:
+            with contextlib.suppress(duckdb.Error):
+                con.execute("ROLLBACK")
+            with contextlib.suppress(duckdb.Error, KeyError):
+                con.unregister("_cal_batch")
+            raise
+        return run_id
