@@ -32,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -128,7 +129,6 @@ def make_bundle(site_raw: dict, out: Path) -> None:
     n_t = round(86400 / DT)
     t_s = np.arange(n_t) * DT
     ts = (START.timestamp() * 1e6 + t_s * 1e6).astype(np.int64)
-    rng = np.random.default_rng(0)
     nodes = site.nodes
     gpu_ids = [g for nd in nodes for g in nd.gpu_ids()]
     gpu_src = [nd.name for nd in nodes for _ in nd.gpu_ids()]
@@ -137,27 +137,56 @@ def make_bundle(site_raw: dict, out: Path) -> None:
     g = len(gpu_ids)
     daily = 0.15 + 0.5 * np.maximum(0, np.sin(2 * np.pi * (t_s / 3600 - 8) / 24))
     dips = (t_s % 1800) < 60
-    act = np.where(training[None, :], np.where(dips[:, None], 0.1, 0.9), daily[:, None])
-    act = np.clip(act + 0.03 * rng.standard_normal((n_t, g)), 0, 1)
-    power = 75 + (700 - 75) * act**0.9
     supply = 34.0
-    temp = supply + 0.03 * power + 0.3 * rng.standard_normal((n_t, g))
-    rows = {
-        "gpu": _table(
+    # the GPU table is written a block of nodes at a time (one row group each), so a 10,000-GPU
+    # day (86 M rows) never sits in memory whole
+    gpus_per_node = NODE_GPUS
+    block = 64 * gpus_per_node
+    node_p = np.empty((n_t, len(nodes)))
+    writer = None
+    for lo in range(0, g, block):
+        hi = min(lo + block, g)
+        rng_b = np.random.default_rng([0, lo])
+        tr = training[lo:hi]
+        act = np.where(tr[None, :], np.where(dips[:, None], 0.1, 0.9), daily[:, None])
+        act = np.clip(act + 0.03 * rng_b.standard_normal((n_t, hi - lo)), 0, 1)
+        power = 75 + (700 - 75) * act**0.9
+        temp = supply + 0.03 * power + 0.3 * rng_b.standard_normal((n_t, hi - lo))
+        t = _quantize(
             "gpu",
-            ts,
-            gpu_ids,
-            gpu_src,
-            {
-                "power_w": power,
-                "temp_c": temp,
-                "mem_temp_c": temp + 3,
-                "sm_active": act,
-                "power_limit_w": np.full((n_t, g), 700.0),
-            },
+            _table(
+                "gpu",
+                ts,
+                gpu_ids[lo:hi],
+                gpu_src[lo:hi],
+                {
+                    "power_w": power,
+                    "temp_c": temp,
+                    "mem_temp_c": temp + 3,
+                    "sm_active": act,
+                    "power_limit_w": np.full((n_t, hi - lo), 700.0),
+                },
+            ),
         )
-    }
-    node_p = power.reshape(n_t, len(nodes), NODE_GPUS).sum(axis=2) * 1.1 / 0.96 + 800
+        t = t.cast(t.schema.set(t.schema.get_field_index("id"), pa.field("id", pa.string())))
+        t = t.cast(
+            t.schema.set(t.schema.get_field_index("source"), pa.field("source", pa.string()))
+        )
+        if writer is None:
+            writer = pq.ParquetWriter(
+                out / "gpu.parquet",
+                t.schema,
+                compression="zstd",
+                compression_level=3,
+                use_dictionary=["source", "id"],
+            )
+        writer.write_table(t)
+        nb = (hi - lo) // gpus_per_node
+        node_p[:, lo // gpus_per_node : lo // gpus_per_node + nb] = (
+            power.reshape(n_t, nb, gpus_per_node).sum(axis=2) * 1.1 / 0.96 + 800
+        )
+    writer.close()
+    rows = {}
     rows["node"] = _table(
         "node",
         ts,
@@ -228,7 +257,7 @@ def make_bundle(site_raw: dict, out: Path) -> None:
     rows["cdu"] = _table(
         "cdu", ts, c_ids, c_src, {q: np.column_stack(v) for q, v in c_cols.items()}
     )
-    counts = {}
+    counts = {"gpu": g * n_t}
     for kind, t in rows.items():
         write_parquet(_quantize(kind, t), out / f"{kind}.parquet")
         counts[kind] = t.num_rows

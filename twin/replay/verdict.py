@@ -100,6 +100,7 @@ class Judge:
                         (old.min_headroom, s.min_headroom),
                         (old.over_steps, s.over_steps),
                         (old.first, s.first),
+                        (old.end, s.end),
                     )
                 ),
             )

@@ -54,7 +54,7 @@ from twin.replay.scenario import (
 from twin.replay.verdict import Judge, Tolerance, compare, summarize, verdict
 from twin.site.catalog import GPU_MODELS, NODE_MODELS
 
-GPU_CHUNK = 1024  # GPUs per block of the GPU pass: (T, 1024) float64 is 71 MB at 24 h / 10 s
+GPU_CHUNK = 256  # GPUs per block of the GPU pass: (T, 256) float64 is 18 MB at 24 h / 10 s
 SERIES_POINTS = 600  # points per path in the report's figures
 _Data = Recording  # the name earlier callers used
 
