@@ -25,7 +25,7 @@ from twin.broker import LocalBroker, free_port, port_open
 from twin.procs import stop_processes
 from twin.store import Store
 
-from .conftest import SMALL_SITE
+from .conftest import REPO, SMALL_SITE
 
 DCTWIN = [sys.executable, "-m", "twin.cli"]
 STOP_DEADLINE_S = 15.0
@@ -248,10 +248,10 @@ class _Handler(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def exporter() -> Iterator[str]:
-    from .test_collect_dcgm import scrape
-
     srv = _Exporter(("127.0.0.1", 0), _Handler)
-    srv.body = scrape().encode()
+    # a dcgm-exporter /metrics body of one H100 and one MIG slice (what test_collect_dcgm's
+    # scrape() writes, kept as a file so that no test imports another)
+    srv.body = (REPO / "tests" / "fixtures" / "dcgm" / "metrics-h100-and-mig.txt").read_bytes()
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{srv.server_address[1]}/metrics"
     srv.shutdown()

@@ -231,7 +231,7 @@ def test_record_and_replay_round_trip_through_the_ingest_path(tmp_path: Path) ->
 def test_replay_over_mqtt_to_a_running_service_shifted_to_now(broker, tmp_path: Path) -> None:
     from collectors.mqtt import wait_until
 
-    from .test_mqtt_ingest import Service
+    from .conftest import IngestService
 
     site = load_site(SMALL_SITE)
     start = datetime(2026, 11, 20, 12, 0, tzinfo=UTC)
@@ -241,7 +241,7 @@ def test_replay_over_mqtt_to_a_running_service_shifted_to_now(broker, tmp_path: 
             [m for _ in range(120) for m in sim.step()]
         )
         record(src, SMALL_SITE, tmp_path / "b", start, start + timedelta(minutes=2))
-    svc = Service(broker, tmp_path / "live.duckdb")
+    svc = IngestService(broker, tmp_path / "live.duckdb")
     try:
         res = CliRunner().invoke(
             app,
