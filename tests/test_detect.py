@@ -215,6 +215,7 @@ def test_creeping_phase_is_forecast_to_breach_before_it_does(site: Site, replay)
     assert rows["pdu-r01-b/L1"].breach_in_s_p50 is None
 
 
+@pytest.mark.slow  # 2 simulated hours at 1 Hz (module fixture): out of the fast tier
 def test_headroom_is_stored_and_covers_every_limit(site: Site, base_db: Path, tmp_path) -> None:
     db = tmp_path / "h.duckdb"
     shutil.copy(base_db, db)
@@ -245,6 +246,7 @@ def test_headroom_is_stored_and_covers_every_limit(site: Site, base_db: Path, tm
         assert n == len(stored) == len(report.rows)
 
 
+@pytest.mark.slow  # 2 simulated hours at 1 Hz (module fixture): out of the fast tier
 def test_headroom_command_prints_json(base_db: Path, tmp_path: Path) -> None:
     from typer.testing import CliRunner
 

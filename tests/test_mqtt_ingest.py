@@ -349,6 +349,7 @@ def test_receiver_child_killed_mid_stream_loses_and_doubles_nothing(broker, tmp_
         assert s.status()["dead_letters"] == {}
 
 
+@pytest.mark.slow  # a receiver child process: out of the fast tier
 def test_receiver_child_exits_when_the_service_dies(broker, tmp_path):
     db, log = tmp_path / "d.duckdb", tmp_path / "serve.log"
     p = _serve(broker, db, log)
@@ -366,6 +367,7 @@ def test_receiver_child_exits_when_the_service_dies(broker, tmp_path):
             p.kill()
 
 
+@pytest.mark.slow  # a receiver child process: out of the fast tier
 def test_receiver_child_reports_broker_disconnects(broker, tmp_path):
     if broker.kind == "embedded":
         pytest.skip("session takeover is tested against mosquitto")
@@ -397,6 +399,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.slow  # a receiver child process: out of the fast tier
 def test_exit_without_stop_neither_hangs_nor_leaves_the_receiver(broker, tmp_path):
     script = tmp_path / "no_stop.py"
     script.write_text(EXIT_WITHOUT_STOP)

@@ -195,6 +195,7 @@ def test_serve_as_a_background_job_ignores_sigint_and_stops_on_sigterm(broker, t
 # -- sim, broker, collect, replay, console ---------------------------------------------------------
 
 
+@pytest.mark.slow  # a dctwin subprocess: out of the fast tier
 @pytest.mark.mqtt
 def test_sim_stops_on_sigterm_after_its_last_acknowledgements(broker, tmp_path):
     log = tmp_path / "sim.log"
@@ -258,6 +259,7 @@ def exporter() -> Iterator[str]:
     srv.server_close()
 
 
+@pytest.mark.slow  # a dctwin subprocess: out of the fast tier
 @pytest.mark.mqtt
 def test_collect_dcgm_stops_on_sigterm_with_its_spool_drained(broker, exporter, tmp_path):
     log = tmp_path / "collect.log"
@@ -378,6 +380,7 @@ def test_a_child_that_ignores_sigterm_is_killed_after_the_deadline():
     assert stubborn.returncode == -signal.SIGKILL and polite.returncode == -signal.SIGTERM
 
 
+@pytest.mark.slow  # a dctwin subprocess: out of the fast tier
 def test_a_demo_child_stops_when_its_parent_is_killed(tmp_path):
     """SIGKILL gives a parent no chance to stop its children: they watch it themselves."""
     log = tmp_path / "broker.log"

@@ -82,6 +82,7 @@ def test_facility_water_plus_3c_raises_steady_gpu_temperatures_about_3k(data, ba
         assert c["supply_c"] - baseline.cdus[name]["supply_c"] == pytest.approx(3.0, abs=0.05)
 
 
+@pytest.mark.slow  # the demo bundle's day through what-if (module fixture): out of the fast tier
 def test_losing_one_of_two_pumps_cuts_flow_as_the_pump_model_says(data, baseline) -> None:
     s = run(data, _scenario("cdu-2-loses-a-pump", data.site))
     cdu2 = data.site.cdu_by_name["cdu-2"]
@@ -122,6 +123,7 @@ def test_same_bundle_and_scenario_give_the_same_numbers(data, bundle) -> None:
     assert a == b
 
 
+@pytest.mark.slow  # the demo bundle's day through what-if (module fixture): out of the fast tier
 def test_a_neutral_scenario_reproduces_the_recording(data, baseline) -> None:
     s = run(
         data,
@@ -259,6 +261,7 @@ def test_replay_over_mqtt_to_a_running_service_shifted_to_now(broker, tmp_path: 
         assert live.status()["dead_letters"] == {}
 
 
+@pytest.mark.slow  # the demo bundle's day through what-if (module fixture): out of the fast tier
 def test_the_alerts_the_rule_file_would_have_sent(data) -> None:
     from twin.alerts import load_rules
 
