@@ -20,16 +20,13 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import duckdb
 import httpx
 import pytest
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, RootModel, model_validator
 
 from collectors.mqtt import wait_until
 from twin.alerts import (
@@ -38,7 +35,6 @@ from twin.alerts import (
     Observation,
     Outbox,
     Topology,
-    WebhookEvent,
     load_hooks,
     load_rules,
     parse_hooks,
@@ -50,236 +46,9 @@ from twin.health import ServiceHealth
 from twin.site import load_site
 from twin.store import Store
 
-from .conftest import SMALL_SITE
+from .conftest import ROUTING_KEY, SMALL_SITE, Recorder, check_schemas, hooks_for
 
 T0 = datetime(2026, 11, 29, 14, 0, tzinfo=UTC)
-ROUTING_KEY = "0123456789abcdef0123456789abcdef"
-
-
-# ---- the services' documented schemas -------------------------------------------------------
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
-
-
-class PdPayload(_Strict):
-    """PagerDuty Events API v2, ``payload`` of a trigger event."""
-
-    summary: str = Field(min_length=1, max_length=1024)
-    source: str = Field(min_length=1)
-    severity: Literal["critical", "error", "warning", "info"]
-    timestamp: AwareDatetime | None = None
-    component: str | None = None
-    group: str | None = None
-    class_: str | None = Field(default=None, alias="class")
-    custom_details: dict[str, Any] | None = None
-
-
-class PdEvent(_Strict):
-    """PagerDuty Events API v2 event (POST /v2/enqueue)."""
-
-    routing_key: str = Field(min_length=32, max_length=32)
-    event_action: Literal["trigger", "acknowledge", "resolve"]
-    dedup_key: str | None = Field(default=None, max_length=255)
-    payload: PdPayload | None = None
-    client: str | None = None
-    client_url: str | None = None
-    images: list[dict[str, Any]] | None = None
-    links: list[dict[str, Any]] | None = None
-
-    @model_validator(mode="after")
-    def _shape(self) -> PdEvent:
-        if self.event_action == "trigger":
-            assert self.payload is not None, "trigger needs a payload"
-        else:
-            assert self.dedup_key, "acknowledge/resolve need the dedup_key"
-            assert self.payload is None, "payload only on trigger"
-        return self
-
-
-class AmPostableAlert(_Strict):
-    """Alertmanager API v2 ``postableAlert`` (POST /api/v2/alerts takes a list of them)."""
-
-    labels: dict[str, str] = Field(min_length=1)
-    annotations: dict[str, str] | None = None
-    startsAt: AwareDatetime | None = None  # noqa: N815 - the API's name
-    endsAt: AwareDatetime | None = None  # noqa: N815
-    generatorURL: str | None = None  # noqa: N815
-
-
-AmPostableAlerts = RootModel[list[AmPostableAlert]]
-
-
-class SlackText(_Strict):
-    type: Literal["plain_text", "mrkdwn"]
-    text: str = Field(min_length=1, max_length=3000)
-    emoji: bool | None = None
-    verbatim: bool | None = None
-
-
-class SlackHeader(_Strict):
-    type: Literal["header"]
-    text: SlackText
-    block_id: str | None = None
-
-    @model_validator(mode="after")
-    def _plain(self) -> SlackHeader:
-        assert self.text.type == "plain_text" and len(self.text.text) <= 150
-        return self
-
-
-class SlackSection(_Strict):
-    type: Literal["section"]
-    text: SlackText
-    block_id: str | None = None
-
-
-class SlackContext(_Strict):
-    type: Literal["context"]
-    elements: list[SlackText] = Field(min_length=1, max_length=10)
-    block_id: str | None = None
-
-
-class SlackMessage(_Strict):
-    """Slack incoming webhook message with Block Kit blocks."""
-
-    text: str = Field(min_length=1)
-    blocks: list[SlackHeader | SlackSection | SlackContext] = Field(max_length=50)
-
-
-# ---- recording servers ---------------------------------------------------------------------
-
-
-@dataclass
-class Request:
-    path: str
-    headers: dict[str, str]
-    body: Any
-    status: int
-    at: float = field(default_factory=time.monotonic)  # when it arrived
-
-
-@dataclass
-class Recorder:
-    """A local HTTP server for one service; ``mode`` is "up", "500", "echo" (one 503 whose
-    body repeats the request's path and headers, as careless receivers do, then "up") or
-    (with stop) refused."""
-
-    service: str
-    mode: str = "up"
-    answer: int | None = None  # force this status when up (e.g. 400)
-    requests: list[Request] = field(default_factory=list)
-    server: ThreadingHTTPServer | None = None
-    port: int = 0
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def accepted(self) -> list[Any]:
-        return [r.body for r in self.requests if 200 <= r.status < 300]
-
-    def start(self) -> None:
-        rec = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: object) -> None:
-                pass
-
-            def do_POST(self) -> None:
-                raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                if rec.mode == "echo":
-                    rec.mode = "up"
-                    status, ctype = 503, "text/plain"
-                    out = f"cannot take {self.path} with {dict(self.headers)}".encode()
-                else:
-                    status, ctype, out = rec.respond(json.loads(raw))
-                rec.requests.append(Request(self.path, dict(self.headers), json.loads(raw), status))
-                self.send_response(status)
-                self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(out)))
-                self.end_headers()
-                self.wfile.write(out)
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
-        self.port = self.server.server_address[1]
-        threading.Thread(
-            target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        ).start()
-
-    def stop(self) -> None:
-        """Refuse connections from now on (the port closes)."""
-        if self.server is not None:
-            self.server.shutdown()
-            self.server.server_close()
-            self.server = None
-
-    def respond(self, body: Any) -> tuple[int, str, bytes]:
-        if self.mode == "500":
-            return 503, "text/plain", b"unavailable"
-        if self.answer is not None and self.answer >= 400:
-            msg = {"status": "invalid event", "message": "Event object is invalid"}
-            return self.answer, "application/json", json.dumps(msg).encode()
-        if self.service == "pagerduty":
-            ok = {"status": "success", "message": "Event processed", "dedup_key": body["dedup_key"]}
-            return 202, "application/json", json.dumps(ok).encode()
-        if self.service == "slack":
-            return 200, "text/plain", b"ok"
-        return 200, "application/json", b"{}"
-
-
-@pytest.fixture
-def servers() -> Iterator[dict[str, Recorder]]:
-    recs = {s: Recorder(s) for s in ("webhook", "slack", "pagerduty", "alertmanager")}
-    for r in recs.values():
-        r.start()
-    yield recs
-    for r in recs.values():
-        r.stop()
-
-
-def hooks_for(recs: dict[str, Recorder], am_resend_s: float | None = 3600) -> list[Any]:
-    return parse_hooks(
-        {
-            "hooks": [
-                {"type": "webhook", "name": "hook", "url": recs["webhook"].url + "/alerts"},
-                {"type": "slack", "name": "slack", "url_env": "SLACK_URL"},
-                {
-                    "type": "pagerduty",
-                    "name": "pd",
-                    "url": recs["pagerduty"].url + "/v2/enqueue",
-                    "routing_key_env": "PD_KEY",
-                },
-                {
-                    "type": "alertmanager",
-                    "name": "am",
-                    "url": recs["alertmanager"].url,
-                    "resend_interval_s": am_resend_s,
-                },
-            ]
-        },
-        env={"SLACK_URL": recs["slack"].url + "/services/T/B/X", "PD_KEY": ROUTING_KEY},
-    )
-
-
-def check_schemas(recs: dict[str, Recorder]) -> None:
-    """Every request each server saw matches its service's documented schema."""
-    for r in recs["pagerduty"].requests:
-        assert r.path == "/v2/enqueue"
-        PdEvent.model_validate(r.body)
-    for r in recs["alertmanager"].requests:
-        assert r.path == "/api/v2/alerts"
-        AmPostableAlerts.model_validate(r.body)
-    for r in recs["slack"].requests:
-        assert r.path == "/services/T/B/X"
-        SlackMessage.model_validate(r.body)
-    for r in recs["webhook"].requests:
-        assert r.path == "/alerts"
-        WebhookEvent.model_validate(r.body)
-    for rec in recs.values():
-        for r in rec.requests:
-            assert r.headers["Content-Type"] == "application/json"
 
 
 class Clock:

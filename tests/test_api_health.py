@@ -218,6 +218,7 @@ def test_concurrent_real_forecasts_beyond_the_limit_get_429(svc: RunningService)
         assert len(codes) == n and set(codes) == {200, 429}, codes
 
 
+@pytest.mark.slow  # many forecasts through the API: out of the fast tier
 def test_forecast_cache_never_holds_more_than_its_bound(svc: RunningService) -> None:
     with (
         serve(svc, forecast_cache_entries=3) as server,

@@ -75,6 +75,7 @@ def test_thermal_parameters_recovered_for_every_gpu(calibrated):
             assert abs(p["value"] / true - 1) <= tol, (gid, param, p["value"], true)
 
 
+@pytest.mark.slow  # 2 simulated hours at 1 Hz (module fixture): out of the fast tier
 def test_capture_fraction_recovered_per_rack(calibrated):
     _, result, truth, _ = calibrated
     fitted = _params(result, "rack", "capture_fraction")
@@ -83,6 +84,7 @@ def test_capture_fraction_recovered_per_rack(calibrated):
         assert abs(fitted[rack]["value"] - t["capture_fraction"]) <= 0.02
 
 
+@pytest.mark.slow  # 2 simulated hours at 1 Hz (module fixture): out of the fast tier
 def test_power_curve_is_recovered_or_refused_with_a_reason(calibrated):
     _, result, truth, _ = calibrated
     idle = _params(result, "gpu", "idle_w")
@@ -98,6 +100,7 @@ def test_power_curve_is_recovered_or_refused_with_a_reason(calibrated):
             ]
 
 
+@pytest.mark.slow  # 2 simulated hours at 1 Hz (module fixture): out of the fast tier
 def test_held_out_prediction_quality(calibrated):
     _, result, _, _ = calibrated
     q = result["quality"]
@@ -111,12 +114,14 @@ def test_held_out_prediction_quality(calibrated):
         assert r["cv_rmse"] is not None and r["nmbe"] is not None, r
 
 
+@pytest.mark.slow  # 2 simulated hours at 1 Hz (module fixture): out of the fast tier
 def test_degraded_cold_plate_is_a_drift_event(calibrated):
     _, result, _, _ = calibrated
     ids = [e["id"] for e in result["events"]]
     assert ids == [FAULTY]
 
 
+@pytest.mark.slow  # 2 simulated hours at 1 Hz (module fixture): out of the fast tier
 def test_runs_are_versioned_in_the_store(calibrated):
     store, result, _, _ = calibrated
     assert result["run"]["run_id"] == 1
@@ -141,6 +146,7 @@ def test_bad_data_is_unusable_with_a_reason(tmp_path):
     assert all(not p["usable"] and "samples" in p["reason"] for p in r.values())
 
 
+@pytest.mark.slow  # 2 simulated hours at 1 Hz (module fixture): out of the fast tier
 def test_calibrate_cli_json(calibrated):
     store, _, _, db = calibrated
     store.close()

@@ -1,15 +1,18 @@
 """Headroom, hot spots and alerts on the simulator's injected faults, end to end.
 
 Two healthy hours of the small site are simulated, ingested and calibrated once; each test
-copies that store, replays the same seed with its fault starting at the 2-hour mark, ingests
-minute by minute, and runs the twin's detection after every minute, as `dctwin serve` does.
+copies that store and that simulation (``copy.deepcopy`` after its 7,200 ticks), gives the copy
+its fault starting at the 2-hour mark (``SiteSimulator.add_faults``), ingests minute by minute,
+and runs the twin's detection after every minute, as `dctwin serve` does.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import shutil
 from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -25,8 +28,7 @@ from twin.ingest import Ingester, IngestLimits
 from twin.site import Site, load_site
 from twin.store import Store
 
-from .conftest import REPO, SMALL_SITE
-from .test_alerts_hooks import Recorder, check_schemas, hooks_for
+from .conftest import REPO, SMALL_SITE, Recorder, check_schemas, hooks_for
 
 SEED = 21
 BASE_S = 7200
@@ -38,9 +40,15 @@ def site() -> Site:
     return load_site(SMALL_SITE)
 
 
+@dataclass(frozen=True)
+class Base:
+    db: Path  # two healthy hours, ingested and calibrated
+    sim: SiteSimulator  # the simulation that wrote them, 7,200 ticks in
+
+
 @pytest.fixture(scope="module")
-def base_db(site: Site, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Two healthy hours, ingested and calibrated."""
+def base(site: Site, tmp_path_factory: pytest.TempPathFactory) -> Base:
+    """Two healthy hours, simulated once, ingested and calibrated."""
     db = tmp_path_factory.mktemp("detect") / "base.duckdb"
     sim = SiteSimulator(site, seed=SEED, start=START)
     with Store(db) as store:
@@ -50,22 +58,25 @@ def base_db(site: Site, tmp_path_factory: pytest.TempPathFactory) -> Path:
             batch.extend(sim.step())
         ing.ingest(batch)
         save_run(store, calibrate(store, site, window_s=BASE_S, holdout_s=1200.0))
-    return db
+    return Base(db, sim)
+
+
+@pytest.fixture(scope="module")
+def base_db(base: Base) -> Path:
+    return base.db
 
 
 class Replay:
-    """The base store plus the same simulation, now with faults, a minute at a time."""
+    """The base store, and a copy of the base simulation given faults, a minute at a time."""
 
-    def __init__(self, site: Site, base_db: Path, tmp: Path, faults: list[str]):
+    def __init__(self, site: Site, base: Base, tmp: Path, faults: list[str]):
         self.db = tmp / "replay.duckdb"
-        shutil.copy(base_db, self.db)
+        shutil.copy(base.db, self.db)
         self.store = Store(self.db)
         self.site = site
-        self.sim = SiteSimulator(
-            site, seed=SEED, start=START, faults=[parse_fault(f) for f in faults]
-        )
-        for _ in range(BASE_S):  # same seed: the same first two hours, not ingested again
-            self.sim.step()
+        # the same first two hours, neither simulated nor ingested again
+        self.sim = copy.deepcopy(base.sim)
+        self.sim.add_faults([parse_fault(f) for f in faults])
         self.ingester = Ingester(self.store, site, IngestLimits(max_past_s=0))
         self.samples: list[tuple[str, bytes]] = []
 
@@ -82,11 +93,11 @@ class Replay:
 
 
 @pytest.fixture
-def replay(site: Site, base_db: Path, tmp_path: Path) -> Iterator[object]:
+def replay(site: Site, base: Base, tmp_path: Path) -> Iterator[object]:
     made: list[Replay] = []
 
     def make(*faults: str) -> Replay:
-        r = Replay(site, base_db, tmp_path, list(faults))
+        r = Replay(site, base, tmp_path, list(faults))
         made.append(r)
         return r
 
@@ -204,6 +215,7 @@ def test_creeping_phase_is_forecast_to_breach_before_it_does(site: Site, replay)
     assert rows["pdu-r01-b/L1"].breach_in_s_p50 is None
 
 
+@pytest.mark.slow  # 2 simulated hours at 1 Hz (module fixture): out of the fast tier
 def test_headroom_is_stored_and_covers_every_limit(site: Site, base_db: Path, tmp_path) -> None:
     db = tmp_path / "h.duckdb"
     shutil.copy(base_db, db)
@@ -234,6 +246,7 @@ def test_headroom_is_stored_and_covers_every_limit(site: Site, base_db: Path, tm
         assert n == len(stored) == len(report.rows)
 
 
+@pytest.mark.slow  # 2 simulated hours at 1 Hz (module fixture): out of the fast tier
 def test_every_observation_is_a_registered_metric(site: Site, base_db: Path, tmp_path) -> None:
     from twin.alerts.metrics import METRICS, metric_problem
 
@@ -250,6 +263,7 @@ def test_every_observation_is_a_registered_metric(site: Site, base_db: Path, tmp
     }
 
 
+@pytest.mark.slow  # 2 simulated hours at 1 Hz (module fixture): out of the fast tier
 def test_headroom_command_prints_json(base_db: Path, tmp_path: Path) -> None:
     from typer.testing import CliRunner
 

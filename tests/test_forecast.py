@@ -196,6 +196,7 @@ def test_backtest_acceptance_on_simulated_site(simulated):
     assert rep.improvement >= 0.2 and 0.85 <= rep.coverage_p05_p95 <= 0.95  # type: ignore[operator]
 
 
+@pytest.mark.slow  # 21 simulated days (module fixture): out of the fast tier
 def test_forecast_site_result(simulated):
     store, site, now, _ = simulated
     res = forecast_site(store, site, now, history_s=14 * DAY, horizon_s=6 * 3600, step_s=STEP_S)
@@ -211,6 +212,7 @@ def test_forecast_site_result(simulated):
     res.model_dump_json()  # serializable
 
 
+@pytest.mark.slow  # 21 simulated days (module fixture): out of the fast tier
 def test_headroom_uses_the_forecast_once_a_day_of_history_exists(simulated):
     from twin.forecast import rack_ratio_paths
     from twin.headroom import compute_headroom

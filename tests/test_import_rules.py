@@ -57,3 +57,24 @@ def test_twin_never_imports_dashboards(path):
         # contract, the MQTT client settings and the contract's message builder
         if m.startswith("collectors.") and not path.name.startswith("cli"):
             assert m in {"collectors.contract", "collectors.mqtt", "collectors.base"}, (path, m)
+
+
+@pytest.mark.parametrize(
+    "path", sorted((REPO / "tests").glob("*.py")), ids=lambda p: str(p.relative_to(REPO))
+)
+def test_no_test_imports_another_test_module_or_bench(path):
+    # shared helpers live in tests/conftest.py (or the product); bench/ is not importable
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            names = [("." * node.level) + (node.module or "")]
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        else:
+            continue
+        for m in names:
+            leaf = m.lstrip(".").split(".")
+            assert not (leaf[0] == "tests" and len(leaf) > 1 and leaf[1].startswith("test_")), m
+            assert not leaf[0].startswith("test_"), (path.name, m)
+            assert leaf[0] != "bench" and not leaf[0].startswith("bench_"), (path.name, m)
+    if path.name != "test_import_rules.py":  # nor loads one by its file (importlib)
+        assert "spec_from_file_location" not in path.read_text(), path.name

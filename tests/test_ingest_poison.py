@@ -616,6 +616,7 @@ def test_a_flood_of_oversized_payloads_stays_bounded_and_good_ones_flow(broker, 
     assert 0 < peak[0] < 2**30, f"peak RSS {peak[0] / 2**20:.0f} MiB"
 
 
+@pytest.mark.slow  # a dctwin subprocess: out of the fast tier
 def test_dctwin_ingest_on_a_full_disk_says_so_in_one_line(tmp_path):
     """`dctwin ingest` whose store cannot grow (RLIMIT_FSIZE of 2 MB, as a full disk looks to
     DuckDB) exits 2 with one line naming the store, not a traceback."""

@@ -484,6 +484,7 @@ def test_simulator_rc_recovery_every_gpu(sim_data: SimData) -> None:
         assert c_err.max() < 0.15
 
 
+@pytest.mark.slow  # simulated hours at 1 Hz (module fixture): out of the fast tier
 def test_simulator_power_curve_for_every_gpu(sim_data: SimData) -> None:
     d, n = sim_data, FIT_TICKS
     fit = gpu_power.fit_power_curve(d.activity[:n], d.power[:n], d.limit)
@@ -501,6 +502,7 @@ def test_simulator_power_curve_for_every_gpu(sim_data: SimData) -> None:
     assert limit_err.max() < 0.03
 
 
+@pytest.mark.slow  # simulated hours at 1 Hz (module fixture): out of the fast tier
 def test_simulator_capture_fraction_per_rack(sim_data: SimData) -> None:
     d, n = sim_data, FIT_TICKS
     fit = cdu.fit_capture_fraction(d.rack_power[:n], d.heat[:n], d.rack_cdu, d.prior)
@@ -511,6 +513,7 @@ def test_simulator_capture_fraction_per_rack(sim_data: SimData) -> None:
     assert err.max() < 0.02
 
 
+@pytest.mark.slow  # simulated hours at 1 Hz (module fixture): out of the fast tier
 def test_simulator_held_out_prediction(sim_data: SimData) -> None:
     d, n, horizon = sim_data, FIT_TICKS, 600
     report: dict[str, str] = {}

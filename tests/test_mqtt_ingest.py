@@ -24,6 +24,7 @@ from twin.ingest import receiver as rcv
 from twin.ingest.mqtt_service import MqttIngestService, ServiceOptions
 from twin.store import Store
 
+from .conftest import IngestService as Service
 from .conftest import broker_config, has_mosquitto_pub
 
 pytestmark = pytest.mark.mqtt
@@ -51,38 +52,6 @@ def publish_all(b: LocalBroker, items: list[tuple[str, bytes]], rate_hz: float =
         info.wait_for_publish(30)
     client.disconnect()
     client.loop_stop()
-
-
-class Service:
-    """An in-process ingest service on its own store."""
-
-    def __init__(
-        self,
-        b: LocalBroker,
-        db: Path,
-        client_id: str = "svc-test",
-        receiver_process: bool = True,
-        flush_interval_s: float = 0.05,
-    ):
-        self.store = Store(db)
-        self.ingester = Ingester(self.store)
-        self.svc = MqttIngestService(
-            broker_config(b),
-            self.ingester,
-            ServiceOptions(
-                client_id=client_id,
-                flush_interval_s=flush_interval_s,
-                receiver_process=receiver_process,
-            ),
-        )
-        self.svc.start()
-
-    def count(self) -> int:
-        return self.ingester.counters.samples["gpu"]
-
-    def stop(self) -> None:
-        self.svc.stop()
-        self.store.close()
 
 
 @pytest.mark.parametrize("receiver_process", [True, False], ids=["child", "in-process"])
@@ -380,6 +349,7 @@ def test_receiver_child_killed_mid_stream_loses_and_doubles_nothing(broker, tmp_
         assert s.status()["dead_letters"] == {}
 
 
+@pytest.mark.slow  # a receiver child process: out of the fast tier
 def test_receiver_child_exits_when_the_service_dies(broker, tmp_path):
     db, log = tmp_path / "d.duckdb", tmp_path / "serve.log"
     p = _serve(broker, db, log)
@@ -397,6 +367,7 @@ def test_receiver_child_exits_when_the_service_dies(broker, tmp_path):
             p.kill()
 
 
+@pytest.mark.slow  # a receiver child process: out of the fast tier
 def test_receiver_child_reports_broker_disconnects(broker, tmp_path):
     if broker.kind == "embedded":
         pytest.skip("session takeover is tested against mosquitto")
@@ -428,6 +399,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.slow  # a receiver child process: out of the fast tier
 def test_exit_without_stop_neither_hangs_nor_leaves_the_receiver(broker, tmp_path):
     script = tmp_path / "no_stop.py"
     script.write_text(EXIT_WITHOUT_STOP)

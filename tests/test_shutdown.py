@@ -25,7 +25,7 @@ from twin.broker import LocalBroker, free_port, port_open
 from twin.procs import stop_processes
 from twin.store import Store
 
-from .conftest import SMALL_SITE
+from .conftest import REPO, SMALL_SITE
 
 DCTWIN = [sys.executable, "-m", "twin.cli"]
 STOP_DEADLINE_S = 15.0
@@ -195,6 +195,7 @@ def test_serve_as_a_background_job_ignores_sigint_and_stops_on_sigterm(broker, t
 # -- sim, broker, collect, replay, console ---------------------------------------------------------
 
 
+@pytest.mark.slow  # a dctwin subprocess: out of the fast tier
 @pytest.mark.mqtt
 def test_sim_stops_on_sigterm_after_its_last_acknowledgements(broker, tmp_path):
     log = tmp_path / "sim.log"
@@ -248,16 +249,17 @@ class _Handler(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def exporter() -> Iterator[str]:
-    from .test_collect_dcgm import scrape
-
     srv = _Exporter(("127.0.0.1", 0), _Handler)
-    srv.body = scrape().encode()
+    # a dcgm-exporter /metrics body of one H100 and one MIG slice (what test_collect_dcgm's
+    # scrape() writes, kept as a file so that no test imports another)
+    srv.body = (REPO / "tests" / "fixtures" / "dcgm" / "metrics-h100-and-mig.txt").read_bytes()
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{srv.server_address[1]}/metrics"
     srv.shutdown()
     srv.server_close()
 
 
+@pytest.mark.slow  # a dctwin subprocess: out of the fast tier
 @pytest.mark.mqtt
 def test_collect_dcgm_stops_on_sigterm_with_its_spool_drained(broker, exporter, tmp_path):
     log = tmp_path / "collect.log"
@@ -378,6 +380,7 @@ def test_a_child_that_ignores_sigterm_is_killed_after_the_deadline():
     assert stubborn.returncode == -signal.SIGKILL and polite.returncode == -signal.SIGTERM
 
 
+@pytest.mark.slow  # a dctwin subprocess: out of the fast tier
 def test_a_demo_child_stops_when_its_parent_is_killed(tmp_path):
     """SIGKILL gives a parent no chance to stop its children: they watch it themselves."""
     log = tmp_path / "broker.log"

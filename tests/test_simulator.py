@@ -704,3 +704,25 @@ def test_mixed_site_covers_every_wiring_and_coolant() -> None:
     assert truth["gpus"]["tray-0:0"]["coolant"] == "liquid"
     assert truth["nodes"]["tray-2"]["fleet"] is None
     assert truth["nodes"]["tray-1"]["phase"] == "L3"
+
+
+def test_faults_added_to_a_copy_continue_exactly_as_a_run_that_had_them(site: Site) -> None:
+    import copy
+
+    faults = [
+        "cold_plate:trn-a01-n1:3@50s",  # default magnitude, set when added
+        "pump_failure:cdu-1/pump1@55s+20s",
+        "phase_overload:pdu-a01-a/L1@52s",
+        "fleet_idle:infer-chat@58s",
+    ]
+    whole = make(site, faults)
+    before = collect(whole, 40)
+    healthy = make(site)
+    assert collect(healthy, 40) == before  # faults draw nothing before they begin
+    later = copy.deepcopy(healthy)
+    later.add_faults([parse_fault(f) for f in faults])
+    after = collect(whole, 60)
+    assert collect(later, 60) == after
+    assert after != collect(healthy, 60)  # the faults did change the run
+    with pytest.raises(ValueError, match="unknown GPU"):
+        later.add_faults([parse_fault("cold_plate:nope:0@0")])

@@ -83,6 +83,7 @@ def test_facility_water_plus_3c_raises_steady_gpu_temperatures_about_3k(data, ba
         assert c["supply_c"] - baseline.cdus[name]["supply_c"] == pytest.approx(3.0, abs=0.05)
 
 
+@pytest.mark.slow  # the demo bundle's day through what-if (module fixture): out of the fast tier
 def test_losing_one_of_two_pumps_cuts_flow_as_the_pump_model_says(data, baseline) -> None:
     s = run(data, _scenario("cdu-2-loses-a-pump", data.site))
     cdu2 = data.site.cdu_by_name["cdu-2"]
@@ -123,6 +124,7 @@ def test_same_bundle_and_scenario_give_the_same_numbers(data, bundle) -> None:
     assert a == b
 
 
+@pytest.mark.slow  # the demo bundle's day through what-if (module fixture): out of the fast tier
 def test_a_neutral_scenario_reproduces_the_recording(data, baseline) -> None:
     s = run(
         data,
@@ -232,7 +234,7 @@ def test_record_and_replay_round_trip_through_the_ingest_path(tmp_path: Path) ->
 def test_replay_over_mqtt_to_a_running_service_shifted_to_now(broker, tmp_path: Path) -> None:
     from collectors.mqtt import wait_until
 
-    from .test_mqtt_ingest import Service
+    from .conftest import IngestService
 
     site = load_site(SMALL_SITE)
     start = datetime(2026, 11, 20, 12, 0, tzinfo=UTC)
@@ -242,7 +244,7 @@ def test_replay_over_mqtt_to_a_running_service_shifted_to_now(broker, tmp_path: 
             [m for _ in range(120) for m in sim.step()]
         )
         record(src, SMALL_SITE, tmp_path / "b", start, start + timedelta(minutes=2))
-    svc = Service(broker, tmp_path / "live.duckdb")
+    svc = IngestService(broker, tmp_path / "live.duckdb")
     try:
         res = CliRunner().invoke(
             app,
@@ -260,6 +262,7 @@ def test_replay_over_mqtt_to_a_running_service_shifted_to_now(broker, tmp_path: 
         assert live.status()["dead_letters"] == {}
 
 
+@pytest.mark.slow  # the demo bundle's day through what-if (module fixture): out of the fast tier
 def test_the_alerts_the_rule_file_would_have_sent(data) -> None:
     from twin.alerts import load_rules
 

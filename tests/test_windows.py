@@ -96,3 +96,38 @@ def test_load_max_is_the_largest_reading_per_id(tmp_path) -> None:
     assert got[:2].tolist() == [700.0, 700.0] and np.isnan(got[2])
     with pytest.raises(ValueError, match="no quantity"):
         load_max(store, "gpu", t0, end, "bogus", ["n1:0"])
+
+
+def test_many_ids_whose_hashes_share_lookup_slots_land_in_their_own_columns(tmp_path) -> None:
+    # 40,000 ids: the lookup table (2^22 slots) has ids sharing a slot, resolved by search;
+    # a collision-free table would have needed ~2^31 slots (16 GiB)
+    n_ids, n_t = 40_000, 3
+    t0 = datetime(2026, 11, 1, tzinfo=UTC)
+    ids = [f"n{i // 8}:{i % 8}" for i in range(n_ids)]
+    value = np.arange(n_t * n_ids, dtype=float)  # every reading tells where it belongs
+    schema = arrow_schema("gpu")
+    id_arr = pa.array(ids * n_t, pa.string())
+    cols = {
+        "ts": pa.array(
+            np.repeat(
+                np.arange(n_t, dtype=np.int64) * 1_000_000 + int(t0.timestamp() * 1e6), n_ids
+            ),
+            pa.timestamp("us", tz="UTC"),
+        ),
+        "source": id_arr,
+        "id": id_arr,
+    }
+    for f in schema:
+        if f.name not in cols:
+            cols[f.name] = pa.array(value) if f.name == "power_w" else pa.nulls(value.size, f.type)
+    with Store(tmp_path / "many.duckdb") as store:
+        store.insert_arrow("gpu", pa.table(cols, schema=schema))
+        hashes = store.con.sql(
+            "SELECT hash(id) FROM (SELECT unnest($1) AS id)", params=[ids]
+        ).fetchnumpy()
+        w = load_window(
+            store, "gpu", t0, t0 + timedelta(seconds=n_t), ids=ids[::-1], quantities=["power_w"]
+        )
+    low = next(iter(hashes.values())).astype(np.uint64) & np.uint64((1 << 22) - 1)
+    assert len(np.unique(low)) < n_ids  # the case under test: shared slots exist
+    np.testing.assert_array_equal(w.values["power_w"], value.reshape(n_t, n_ids)[:, ::-1])

@@ -86,6 +86,7 @@ def find_hotspots(
         now = newest
     now = now.astimezone(UTC)
     idx = index_site(site)
+    gpu_pos = {gid: i for i, gid in enumerate(idx.gpu_ids)}
     racks = site.racks
     nodes = {nd.name: nd for nd in site.nodes}
     problems: list[str] = []
@@ -109,26 +110,34 @@ def find_hotspots(
         warnings.simplefilter("ignore", RuntimeWarning)
         t_now = np.nanmean(temp[last_min], axis=0)
         m_now = np.nanmean(gpu.values["mem_temp_c"][last_min], axis=0)
-    for i, gid in enumerate(idx.gpu_ids):
-        spec = nodes[idx.gpu_node[i]].gpu_spec
-        rack = racks[idx.gpu_rack[i]].name
-        for value, limit, what in (
-            (t_now[i], spec.max_operating_temp_c, "GPU at its max operating temperature"),
-            (m_now[i], spec.hbm_max_temp_c, "HBM at its temperature limit"),
-        ):
-            if np.isfinite(value) and value >= limit:
-                out.append(
-                    HotSpot(
-                        kind="gpu",
-                        id=gid,
-                        reason="over_limit",
-                        value=float(value),
-                        reference=limit,
-                        excess=float(value - limit),
-                        rack=rack,
-                        detail=f"{what}: {value:.1f} °C >= {limit:g} °C",
-                    )
+    # per GPU, its node's catalog limits (looked up once per node, not per GPU)
+    node_limits = {
+        name: (nd.gpu_spec.max_operating_temp_c, nd.gpu_spec.hbm_max_temp_c)
+        for name, nd in nodes.items()
+    }
+    limits = np.array([node_limits[n] for n in idx.gpu_node], dtype=float).reshape(-1, 2)
+    for values, limit, what in (
+        (t_now, limits[:, 0], "GPU at its max operating temperature"),
+        (m_now, limits[:, 1], "HBM at its temperature limit"),
+    ):
+        with np.errstate(invalid="ignore"):
+            over = np.flatnonzero(np.isfinite(values) & (values >= limit))
+        for i in over:  # only the GPUs at or over a limit
+            value, lim = float(values[i]), float(limit[i])
+            out.append(
+                HotSpot(
+                    kind="gpu",
+                    id=idx.gpu_ids[i],
+                    reason="over_limit",
+                    value=value,
+                    reference=lim,
+                    excess=value - lim,
+                    rack=racks[idx.gpu_rack[i]].name,
+                    detail=f"{what}: {value:.1f} °C >= {lim:g} °C",
                 )
+            )
+    # GPU and HBM hot spots of one GPU side by side, in site order, as before
+    out.sort(key=lambda h: gpu_pos[h.id])
 
     # ---- above the calibrated model
     run = store.latest_calibration_run_id()
@@ -180,36 +189,37 @@ def find_hotspots(
                 means = np.nanmean(per_min, axis=1)  # (minutes, g)
                 worst = np.nanmin(means, axis=0) / sigma
                 pred_now = np.nanmean(pred[last_min], axis=0)
-            for i, gid in enumerate(idx.gpu_ids):
-                if not usable[i] or not np.isfinite(worst[i]):
-                    continue
-                residual_sigma[gid] = float(worst[i])
-                if worst[i] >= k_sigma:
-                    out.append(
-                        HotSpot(
-                            kind="gpu",
-                            id=gid,
-                            reason="above_model",
-                            value=float(t_now[i]),
-                            reference=float(pred_now[i]),
-                            excess=float(t_now[i] - pred_now[i]),
-                            sigma=float(sigma[i]),
-                            residual_sigma=float(worst[i]),
-                            rack=racks[idx.gpu_rack[i]].name,
-                            detail=(
-                                f"{t_now[i] - pred_now[i]:.1f} K above its calibrated model "
-                                f"({worst[i]:.1f} sigma or more in each of the last {minutes} "
-                                f"min; sigma {sigma[i]:.2f} K)"
-                            ),
-                        )
+            judged_ok = np.flatnonzero(usable & np.isfinite(worst))
+            residual_sigma = dict(
+                zip([idx.gpu_ids[i] for i in judged_ok], worst[judged_ok].tolist(), strict=True)
+            )
+            for i in judged_ok[worst[judged_ok] >= k_sigma]:  # only the flagged GPUs
+                gid = idx.gpu_ids[i]
+                out.append(
+                    HotSpot(
+                        kind="gpu",
+                        id=gid,
+                        reason="above_model",
+                        value=float(t_now[i]),
+                        reference=float(pred_now[i]),
+                        excess=float(t_now[i] - pred_now[i]),
+                        sigma=float(sigma[i]),
+                        residual_sigma=float(worst[i]),
+                        rack=racks[idx.gpu_rack[i]].name,
+                        detail=(
+                            f"{t_now[i] - pred_now[i]:.1f} K above its calibrated model "
+                            f"({worst[i]:.1f} sigma or more in each of the last {minutes} "
+                            f"min; sigma {sigma[i]:.2f} K)"
+                        ),
                     )
+                )
         else:
             problems.append(f"less than {minutes} min of GPU data: no model-residual check")
         # ---- drift events of the latest run
         for ev in store.calibration_events(run, kind="gpu"):
             gid, param, value, fleet = ev["id"], ev["param"], ev["value"], ev["fleet_median"]
             detail = ev["detail"]
-            gi = idx.gpu_ids.index(gid) if gid in idx.gpu_ids else None
+            gi = gpu_pos.get(gid)
             out.append(
                 HotSpot(
                     kind="gpu",

@@ -591,6 +591,24 @@ class SiteSimulator:
         # defaults when the fault starts.
         self._fault_value: list[float | None] = [f.magnitude for f in self.faults]
 
+    def _default_fault_magnitudes(self, first: int) -> None:
+        """Cold-plate faults from number ``first`` on without a magnitude: +0.1 K/W over R."""
+        for i in range(first, len(self.faults)):
+            f = self.faults[i]
+            if f.kind in ("cold_plate", "cold_plate_decay") and f.magnitude is None:
+                self._fault_value[i] = 0.1 / float(self._r[self._fault_index[i]])
+
+    def add_faults(self, faults: Sequence[Fault]) -> None:
+        """Inject ``faults`` into a running simulation: each acts from its own start time (one
+        whose window is already over does nothing). Targets are checked as by the constructor.
+        No random number is drawn, so a copy of a run given the faults now continues exactly as
+        a run that had them from the start (faults draw nothing before they begin)."""
+        kept = list(self._fault_value)
+        self.faults = (*self.faults, *faults)
+        self._resolve_faults()
+        self._fault_value[: len(kept)] = kept  # effective magnitudes already set stay
+        self._default_fault_magnitudes(len(kept))
+
     # ---- parameters ---------------------------------------------------------------------------
 
     def _draw_parameters(self) -> None:
@@ -613,9 +631,7 @@ class SiteSimulator:
         self._mem_c = MEM_TAU_FACTOR * tau / self._mem_r
         self._coolant_offset = np.where(self._gpu_liquid, _uniform(rng, COOLANT_OFFSET_K, g), 0.0)
         self._energy_j = rng.uniform(1e6, 5e9, g).round()
-        for i, f in enumerate(self.faults):
-            if f.kind in ("cold_plate", "cold_plate_decay") and f.magnitude is None:
-                self._fault_value[i] = 0.1 / float(self._r[self._fault_index[i]])
+        self._default_fault_magnitudes(0)
 
         # Nodes
         specs = [n.spec for n in self._nodes]

@@ -115,14 +115,22 @@ def load_window(
     wanted = np.array([hash_of[i] for i in ids], dtype=np.uint64)
     if len(np.unique(wanted)) != n_ids:
         raise ValueError(f"64-bit hash collision among the {n_ids} {kind} ids")
-    # a direct lookup table indexed by the low bits of the hash, sized so that no two wanted
-    # ids share a slot: one gather per sample instead of a search; empty slots hold n_ids
-    bits = max(10, int(np.ceil(np.log2(n_ids * 64))))
-    while len(np.unique(wanted & np.uint64((1 << bits) - 1))) != n_ids:
-        bits += 1
+    # a direct lookup table indexed by the low bits of the hash: one gather per sample instead
+    # of a search. It is sized at ~64 slots per id (at most 2^24 slots, 64 MiB), so some wanted
+    # ids share a slot (about n^2 / 2^(bits+1) pairs: none at 1,000 ids, ~300 at 100,000); such
+    # a slot holds AMBIGUOUS and its samples are resolved by a binary search in the sorted
+    # hashes. Empty slots hold n_ids (no column). (A collision-free table would need about
+    # n^2 slots: 2^34 at 100,000 ids.)
+    bits = min(24, max(10, int(np.ceil(np.log2(n_ids * 64)))))
     mask = np.uint64((1 << bits) - 1)
+    slot = (wanted & mask).astype(np.int64)
     lut = np.full(1 << bits, n_ids, dtype=np.int64)
-    lut[(wanted & mask).astype(np.int64)] = np.arange(n_ids)
+    lut[slot] = np.arange(n_ids)
+    ambiguous = n_ids + 1
+    shared = np.bincount(slot, minlength=1 << bits)[slot] > 1
+    lut[slot[shared]] = ambiguous
+    order = np.argsort(wanted)
+    sorted_hashes = wanted[order]
     wanted_at = np.append(wanted, np.uint64(0))  # the hash a column holds; index n_ids: none
     query = con.sql(
         "SELECT hash(id) AS h, (epoch_us(ts) - epoch_us($1::TIMESTAMPTZ)) // $2 AS step, "
@@ -135,6 +143,10 @@ def load_window(
         for batch in reader:
             h = batch.column(0).to_numpy(zero_copy_only=False)
             col = lut[(h & mask).astype(np.int64)]
+            amb = np.flatnonzero(col == ambiguous)
+            if amb.size:
+                pos = np.minimum(np.searchsorted(sorted_hashes, h[amb]), n_ids - 1)
+                col[amb] = np.where(sorted_hashes[pos] == h[amb], order[pos], n_ids)
             step = batch.column(1).to_numpy(zero_copy_only=False)
             # a slot holds one wanted id, but other ids land on it too; steps are in range by the
             # WHERE clause, checked anyway (as unsigned, so negative ones fail as well)
