@@ -76,10 +76,13 @@ def pdu_leg_names(phases: int, breakers: list[str]) -> list[str]:
 
 
 def phase_table(site: Site) -> PhaseTable:
-    rack_of = {r.name: i for i, r in enumerate(site.racks)}
+    feeds_of: dict[str, list[int]] = {}
+    for i, r in enumerate(site.racks):
+        for name in r.pdus:
+            feeds_of.setdefault(name, []).append(i)
     ids, pdu, leg, lim, fed = [], [], [], [], []
     for p in site.pdus:
-        feeds = [rack_of[r.name] for r in site.racks if p.name in r.pdus]
+        feeds = feeds_of.get(p.name, [])
         for name in pdu_leg_names(p.phases, [b.name for b in p.breakers]):
             br = next((b for b in p.breakers if b.name == name), None)
             ids.append(f"{p.name}/{name}")

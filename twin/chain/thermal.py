@@ -100,20 +100,22 @@ def gpu_temperatures(
     x = np.asarray(temp0_c, dtype=float).copy()
     out[0] = x
     decay = np.exp(-dt_s / (r_k_per_w * c_j_per_k[None, :]))
-    for k in range(n - 1):
+    for k in range(n):  # the last row's power holds past the window: it is held the same
         e, r, ref = decay[k], r_k_per_w[k], ref_c[k]
         ss = ref + p[k] * r
         nxt = ss + (x - ss) * e
-        hot = nxt > target[k + 1] + HOLD_TOL_K
+        goal = target[min(k + 1, n - 1)]
+        hot = nxt > goal + HOLD_TOL_K
         if hot.any():
-            hold = (target[k + 1] - x * e - ref * (1.0 - e)) / (r * np.maximum(1.0 - e, 1e-12))
+            hold = (goal - x * e - ref * (1.0 - e)) / (r * np.maximum(1.0 - e, 1e-12))
             cut = np.where(hot, np.maximum(np.minimum(p[k], hold), idle_w), p[k])
             held[k] = hot & (cut < p[k] - HOLD_TOL_W)
             p[k] = cut
             ss = ref + p[k] * r
             nxt = ss + (x - ss) * e
         x = nxt
-        out[k + 1] = x
+        if k + 1 < n:
+            out[k + 1] = x
     if delta:
         out = out + bias
     shed = power_w - p

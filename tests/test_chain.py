@@ -1,0 +1,176 @@
+"""The one chain (twin/chain/): limits, the parameter resolver and the thermal controller."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from models import electrical, gpu_thermal
+from twin.calibrate.calibrate import index_site
+from twin.chain import (
+    derated_a,
+    feed_capacity_kw,
+    gpu_temperatures,
+    phase_table,
+    power_factor,
+    pumps_running,
+    rack_capacity_kw,
+    resolve,
+)
+from twin.chain.params import default_rack_beta
+from twin.chain.thermal import model_path
+from twin.headroom import _unexplained_trend
+from twin.site import load_site
+from twin.site.catalog import ASSUMPTIONS
+
+from .conftest import SMALL_SITE
+
+
+@pytest.fixture(scope="module")
+def site():
+    return load_site(SMALL_SITE)
+
+
+def test_derating_is_models_electrical_at_the_catalogs_factor() -> None:
+    assert ASSUMPTIONS.continuous_load_factor == 0.8  # NEC 210.20(A)
+    np.testing.assert_array_equal(derated_a([32, 63]), electrical.derated_limit_a([32, 63], 0.8))
+
+
+def test_one_power_factor_rule_measured_else_the_default() -> None:
+    got = power_factor([0.95, np.nan, 0.0, 1.2, -1.0, 1.0])
+    d = ASSUMPTIONS.power_factor
+    np.testing.assert_array_equal(got, [0.95, d, d, d, d, 1.0])
+
+
+def test_feed_capacity_and_a_rack_without_pdus(site) -> None:
+    p = site.pdu_by_name["pdu-r01-a"]
+    assert feed_capacity_kw(p, 1.0) == pytest.approx(math.sqrt(3) * 415 * 0.8 * 32 / 1000)
+    # measured pf on one feed, the default on the other; A + B feeds add up
+    cap = rack_capacity_kw(site, site.racks, {"pdu-r01-a": 0.9})
+    a, b = feed_capacity_kw(p, 0.9), feed_capacity_kw(site.pdu_by_name["pdu-r01-b"], 0.98)
+    assert cap[0] == pytest.approx(a + b)
+    bare = site.racks[0].model_copy(update={"pdus": []})
+    assert np.isnan(rack_capacity_kw(site, [bare], {})[0])  # no feed: no limit, not infinity
+
+
+def test_the_phase_table_holds_every_phase_and_breaker_at_its_derated_limit(site) -> None:
+    t = phase_table(site)
+    assert "pdu-r01-a/L1" in t.ids and "pdu-r01-a/cb3" in t.ids
+    assert len(t.ids) == len(site.pdus) * 6  # three phases and three breakers each
+    j = t.ids.index("pdu-r02-b/L2")
+    assert t.limit_a[j] == pytest.approx(0.8 * 32) and t.racks[j] == [1]
+    assert all(site.is_known("pdu", sid) for sid in t.ids)
+
+
+def test_a_pump_runs_above_five_percent_and_nan_is_stopped() -> None:
+    np.testing.assert_array_equal(
+        pumps_running([0.0, 5.0, 5.1, 80.0, np.nan]), [False, False, True, True, False]
+    )
+
+
+def test_the_resolver_takes_calibrated_values_and_says_which(site) -> None:
+    idx = index_site(site)
+    g0 = idx.gpu_ids[0]
+    cal = {
+        ("gpu", g0, "r_k_per_w"): 0.05,
+        ("gpu", g0, "c_j_per_k"): 900.0,
+        ("gpu", g0, "idle_w"): 80.0,
+        ("rack", "r01", "beta"): 1.2,
+    }
+    cp = resolve(site, idx, cal)
+    assert cp.gpu.r_k_per_w[0] == 0.05 and cp.gpu.c_j_per_k[0] == 900.0
+    assert cp.gpu.thermal_source[0] == "calibrated" and cp.gpu.idle_w[0] == 80.0
+    assert cp.gpu.thermal_source[1].startswith("catalog")
+    spec = site.nodes[0].gpu_spec
+    assert cp.gpu.r_k_per_w[1] == spec.r_liquid_k_per_w
+    assert cp.gpu.c_j_per_k[1] == pytest.approx(spec.tau_liquid_s / spec.r_liquid_k_per_w)
+    assert cp.rack_beta[0] == 1.2
+    assert cp.rack_beta[1] == pytest.approx(default_rack_beta(site.racks[1]))
+    assert cp.rack_capture[1] == 0.0  # air-cooled rack: nothing to liquid
+
+
+def test_hold_power_ends_the_step_at_the_target() -> None:
+    t = np.array([70.0, 85.0, 86.9])
+    p = gpu_thermal.hold_power_w(t, 87.0, 30.0, 0.05, 1500.0, 10.0)
+    np.testing.assert_allclose(gpu_thermal.rc_step(t, 30.0, p, 0.05, 1500.0, 10.0), 87.0)
+
+
+def _inputs(n: int = 600, g: int = 3):
+    ref = np.full((n, g), 30.0)
+    r = np.full((n, g), 0.08)
+    c = np.full(g, 800.0)
+    p = np.full((n, g), 700.0)  # steady state 30 + 56 = 86 °C: just under 87
+    return ref, r, c, p
+
+
+def test_the_controller_holds_the_limit_and_reports_what_it_shed() -> None:
+    ref, r, c, p = _inputs()
+    p[:, 1] = 900.0  # would reach 102 °C
+    r[300:, 2] = 0.2  # loses flow half way: 700 W would reach 170 °C
+    res = gpu_temperatures(
+        np.full(3, 40.0), ref, p, r, c, 1.0, idle_w=np.full(3, 80.0), max_temp_c=np.full(3, 87.0)
+    )
+    assert res.temp_c.max() <= 87.0 + 0.011
+    assert res.throttled_s[0] == 0 and res.throttled_s[1] > 0 and res.throttled_s[2] > 0
+    assert (res.power_w[:, 0] == 700.0).all()
+    # held at 87 °C, the GPU draws what keeps it there: (87 - 30) / R
+    assert res.power_w[-1, 1] == pytest.approx(57 / 0.08, rel=1e-3)
+    assert res.power_w[-1, 2] == pytest.approx(57 / 0.2, rel=1e-3)
+    shed = ((p - res.power_w) * 1.0).sum(axis=0)
+    np.testing.assert_allclose(res.undelivered_j, shed)
+
+
+def test_a_gpu_idle_power_cannot_hold_runs_past_its_limit() -> None:
+    ref, r, c, p = _inputs()
+    r[:, 0] = 2.0  # a stopped loop: even 80 W idle gives 30 + 160 °C
+    res = gpu_temperatures(
+        np.full(3, 40.0), ref, p, r, c, 1.0, idle_w=np.full(3, 80.0), max_temp_c=np.full(3, 87.0)
+    )
+    assert res.temp_c[-1, 0] > 87.5 and (res.power_w[-20:, 0] == 80.0).all()
+
+
+def test_measured_plus_change_is_the_recording_when_nothing_changes() -> None:
+    ref, r, c, p = _inputs()
+    rng = np.random.default_rng(1)
+    meas = 60 + rng.normal(0, 0.3, p.shape)
+    meas[100:150, 0] = 88.0  # the recording itself sat over the limit: not throttled again
+    tb = model_path(meas[0], ref, p, r, c, 1.0)
+    res = gpu_temperatures(
+        meas[0],
+        ref,
+        p,
+        r,
+        c,
+        1.0,
+        idle_w=np.full(3, 80.0),
+        max_temp_c=np.full(3, 87.0),
+        measured_c=meas,
+        baseline_model_c=tb,
+    )
+    np.testing.assert_allclose(res.temp_c, meas, atol=1e-9)
+    assert not res.held.any() and (res.power_w == p).all()
+
+
+def test_the_phase_trend_fit_is_the_per_phase_least_squares() -> None:
+    rng = np.random.default_rng(7)
+    n, m, step = 15, 40, 60.0  # the fit uses the last TREND_WINDOW_S = 15 min
+    load = 1 + 0.05 * rng.standard_normal((n, m))
+    t = np.arange(n) * step
+    slope_true = np.where(np.arange(m) % 2 == 0, 0.004, 0.0)
+    cur = 20 + 8 * load + slope_true[None, :] * t[:, None] + 0.05 * rng.standard_normal((n, m))
+    cur[3, 5] = np.nan
+    load[7, 9] = np.nan
+    slope, se = _unexplained_trend(cur, load, step)
+    for j in range(m):
+        ok = ~(np.isnan(cur[:, j]) | np.isnan(load[:, j]))
+        x = np.column_stack([np.ones(ok.sum()), load[ok, j], t[ok] - t[ok].mean()])
+        coef, *_ = np.linalg.lstsq(x, cur[ok, j], rcond=None)
+        resid = cur[ok, j] - x @ coef
+        b_se = math.sqrt(float(resid @ resid) / (ok.sum() - 3) * np.linalg.inv(x.T @ x)[2, 2])
+        if abs(coef[2]) > 3 * b_se:
+            assert slope[j] == pytest.approx(coef[2], rel=1e-6) and se[j] == pytest.approx(b_se)
+        else:
+            assert slope[j] == 0 and se[j] == 0
+    assert (slope[::2] > 0).all()  # every creeping phase is found
