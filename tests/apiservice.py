@@ -14,13 +14,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from collectors.simulator import SiteSimulator, parse_fault
 from twin.alerts import AlertEngine, Outbox, Topology, load_rules, parse_hooks
 from twin.api import ApiContext, ApiServer
 from twin.api.whatif import whatif_router
 from twin.calibrate.calibrate import calibrate, save_run
 from twin.detect import DetectionScheduler
 from twin.ingest import Ingester, IngestLimits
+from twin.simulator import SiteSimulator, parse_fault
 from twin.site import Site, load_site
 from twin.store import Store
 

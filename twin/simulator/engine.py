@@ -24,9 +24,9 @@ import numpy as np
 from numpy.typing import NDArray
 
 from collectors.contract import KINDS, encode, topic_for
-from collectors.simulator.faults import Fault
 from models import cdu as cdu_model
 from models import coolant, electrical, gpu_power, gpu_thermal, network
+from twin.simulator.faults import Fault
 from twin.site.catalog import CDU_MODELS
 from twin.site.model import Pdu, Site
 
