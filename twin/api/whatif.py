@@ -78,9 +78,10 @@ def whatif_router(
     max_pending: int = MAX_PENDING_JOBS,
     max_kept: int = MAX_KEPT_JOBS,
 ) -> APIRouter:
-    """The what-if routes, reading bundles and scenarios from the given directories, their
-    alerts from the rule file ``rules`` (None: no alerts; see the module docstring for
-    ``max_pending`` and ``max_kept``)."""
+    """The what-if routes of the service whose context is ``ctx`` (the routes reach it, and
+    its token, through the app's state), reading bundles and scenarios from the given
+    directories and the alerts from the rule file ``rules`` (None: no alerts; see the module
+    docstring for ``max_pending`` and ``max_kept``)."""
     from twin.alerts import RuleFileError, load_rules
     from twin.replay.bundle import Bundle, BundleError
     from twin.replay.report import write_report
