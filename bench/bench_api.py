@@ -37,8 +37,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from collectors.contract import cdu_sample_ids, sub_id  # noqa: E402
-from twin.api import ARROW_STREAM, ApiContext, ApiServer  # noqa: E402
+from twin.api import ARROW_STREAM  # noqa: E402
 from twin.headroom import HEADROOM_SCHEMA  # noqa: E402
+from twin.service import Service, ServiceConfig  # noqa: E402
 from twin.site import Site  # noqa: E402
 from twin.store import Store  # noqa: E402
 from twin.store.schema import arrow_schema  # noqa: E402
@@ -232,6 +233,13 @@ def build_overview_store(path: Path, site: Site, seconds: int, reports: int) -> 
             store.insert_arrow("headroom", pa.table(cols, schema=HEADROOM_SCHEMA))
 
 
+def api_service(db: Path, site: Site) -> Service:
+    """The twin service on the store ``db``, as `dctwin serve --site` runs it, with only its
+    API started (no broker, no calibration or detection loop: the benchmark measures reads)."""
+    config = ServiceConfig(db=db, site=site, calibrate_every_s=0, detect_every_s=0, api_port=0)
+    return Service(config).start()
+
+
 def timed(fn, n: int) -> list[float]:  # type: ignore[no-untyped-def]
     out = []
     for _ in range(n):
@@ -256,8 +264,7 @@ def bench_series(tmp: Path) -> dict:
     t = time.perf_counter()
     ids = build_series_store(db, site)
     built = time.perf_counter() - t
-    store = Store(db)
-    server = ApiServer(ApiContext(store, site=site), port=0).start()
+    server = api_service(db, site)
     try:
         end = NOW + timedelta(seconds=1)
         params = {
@@ -286,7 +293,6 @@ def bench_series(tmp: Path) -> dict:
         js = httpx.get(f"{server.url}/api/v1/series", params=params, timeout=60)
     finally:
         server.stop()
-        store.close()
     return {
         "store_rows": len(ids) * 3600,
         "store_build_s": round(built, 1),
@@ -308,8 +314,7 @@ def bench_overview(tmp: Path, reports: int) -> dict:
     t = time.perf_counter()
     build_overview_store(db, site, seconds=600, reports=reports)
     built = time.perf_counter() - t
-    store = Store(db)
-    server = ApiServer(ApiContext(store, site=site), port=0).start()
+    server = api_service(db, site)
     out: dict = {
         "gpus": 10_000,
         "racks": len(site.racks),
@@ -334,7 +339,6 @@ def bench_overview(tmp: Path, reports: int) -> dict:
         out["browser_overview"] = bench_browser(server.url)
     finally:
         server.stop()
-        store.close()
     med = out["apptest_overview"]["median_s"]
     b = out["browser_overview"]
     out["target_s"] = 2.0

@@ -81,7 +81,7 @@ KIND_NAME = {"T": "training", "I": "inference", "M": "mixed"}
 
 # truth, around the H200-SXM catalog entry (twin/site/catalog.py) and the simulator's spreads
 IDLE_W, LIMIT_W, R_K_PER_W, TAU_S = 75.0, 700.0, 0.03, 10.0
-MEM_R_FACTOR, MEM_TAU_FACTOR = 1.1, 1.5  # as collectors/simulator/engine.py
+MEM_R_FACTOR, MEM_TAU_FACTOR = 1.1, 1.5  # as twin/simulator/engine.py
 POWER_NOISE, TEMP_NOISE_K, REF_NOISE_K = 0.01, 0.3, 0.05
 CHECKPOINT_PERIOD_S, CHECKPOINT_S, CHECKPOINT_ACTIVITY = 1800.0, 60.0, 0.1
 

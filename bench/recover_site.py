@@ -28,9 +28,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from collectors.simulator import SiteSimulator
 from twin.calibrate.calibrate import calibrate
 from twin.calibrate.recovery import DEFAULT_START, compare, ingest_simulation
+from twin.simulator import SiteSimulator
 from twin.site import load_site
 from twin.store import Store
 

@@ -6,7 +6,7 @@ DCIM gateway) and returns, per poll, one contract message per piece of equipment
 - ``pdu`` (``/redfish/v1/PowerEquipment/RackPDUs/<id>``, schema ``PowerDistribution``)
 - ``cdu`` (``/redfish/v1/ThermalEquipment/CDUs/<id>``, schema ``CoolingUnit``)
 
-Sample ids follow the simulator's convention (collectors/simulator/README.md), with ``<src>``
+Sample ids follow the simulator's convention (twin/simulator/README.md), with ``<src>``
 the message source:
 
 =====================================  ========================================================

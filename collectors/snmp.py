@@ -13,7 +13,7 @@ and where the agent states the unit (Raritan ``...SensorUnits``, Sentry4
 refused with a logged reason, never stored under a wrong unit. Config columns (decimal digits,
 units, APC module/number) are read on the first poll and cached.
 
-Sample ids follow the simulator (collectors/simulator/README.md): ``<pdu>`` for the unit (input
+Sample ids follow the simulator (twin/simulator/README.md): ``<pdu>`` for the unit (input
 cord / inlet), ``<pdu>/L1..L3`` for lines (poles), ``<pdu>/cb<n>`` for branch breakers
 (over-current protectors, APC banks, Sentry4 branches; name the breakers ``cb1``.. in the site
 file), ``<pdu>/outlet<n>``. The first temperature/humidity probe fills ``<pdu>``'s

@@ -686,28 +686,7 @@ def fit_capture_fraction(
         y = q_all[:, c]
         x = hold_gaps(p_all[:, racks]) / 1000.0  # kW
         rows = np.isfinite(y) & np.isfinite(p_all[:, racks]).all(axis=1)
-        if taus is None:
-            grid = np.asarray(LAG_GRID_S)
-            xf = first_order_lag(x[:, None, :], grid[:, None], dt_s)  # (T, n_tau, n_racks)
-            sse = np.array(
-                [
-                    np.linalg.lstsq(xf[rows, i], y[rows], rcond=None)[1].sum()
-                    if rows.sum() > racks.size
-                    else np.inf
-                    for i in range(grid.size)
-                ]
-            )
-            k = int(np.argmin(sse))
-            tau = float(grid[k])
-            if 0 < k < grid.size - 1:  # parabola through the three best points
-                x0, x1, x2 = grid[k - 1 : k + 2]
-                y0, y1, y2 = sse[k - 1 : k + 2]
-                d0, d1 = (y1 - y0) / (x1 - x0), (y2 - y1) / (x2 - x1)
-                curv = (d1 - d0) / (x2 - x0)
-                if curv > 0:
-                    tau = float(np.clip(0.5 * (x0 + x1) - d0 / (2 * curv), x0, x2))
-        else:
-            tau = float(taus[c])
+        tau = _best_lag_s(x, y, rows, dt_s) if taus is None else float(taus[c])
         a_mat = first_order_lag(x, tau, dt_s)[rows]
         yv = y[rows]
         n_used[c] = int(rows.sum())
@@ -718,30 +697,9 @@ def fit_capture_fraction(
         se_cdu, _ = _ls_stderr(tot, yv, np.array([f_cdu]))
         out["cf"][c], out["cfse"][c] = f_cdu, float(se_cdu[0])
         # per rack, pooling racks that cannot be separated
-        pooled: list[int] = []
-        alone = np.full(racks.size, np.nan)  # each rack's standard error before pooling
-        for _ in range(racks.size + 1):
-            free = [j for j in range(racks.size) if j not in pooled]
-            cols = [a_mat[:, j] for j in free]
-            lo, hi, prior_c = [0.0] * len(free), [1.0] * len(free), [pri[racks[j]] for j in free]
-            if pooled:
-                cols.append(a_mat[:, pooled] @ pri[racks[pooled]])
-                lo.append(0.0)
-                hi.append(1.0 / max(float(pri[racks[pooled]].max()), 1e-9))
-                prior_c.append(1.0)
-            design = np.column_stack(cols)
-            gram_diag = float(np.mean(np.sum(design * design, axis=0)))
-            lam = np.sqrt(prior_weight * gram_diag)
-            aug = np.vstack([design, lam * np.eye(design.shape[1])])
-            rhs = np.concatenate([yv, lam * np.asarray(prior_c)])
-            sol = lsq_linear(aug, rhs, bounds=(np.asarray(lo), np.asarray(hi))).x
-            ses, _ = _ls_stderr(design, yv, sol)
-            if not pooled:
-                alone[:] = ses
-            bad = [free[i] for i in range(len(free)) if ses[i] > max_stderr]
-            if not bad or len(free) == 0:
-                break
-            pooled += bad
+        free, pooled, sol, ses, alone, design = _pooled_rack_fit(
+            a_mat, yv, pri[racks], prior_weight, max_stderr
+        )
         pred = design @ sol
         q = fit_quality(yv, pred)
         out["mae"][c], out["cv"][c], out["nmbe"][c] = q.mae, q.cv_rmse, q.nmbe
@@ -749,18 +707,11 @@ def fit_capture_fraction(
         for i, j in enumerate(free):
             r = racks[j]
             frac[r], se[r], ident[r], usable[r] = sol[i], ses[i], True, True
-        if pooled:
-            k_mult, k_se = sol[-1], ses[-1]
-            names = ", ".join(str(racks[j]) for j in pooled)
-            for j in pooled:
-                r = racks[j]
-                frac[r], se[r], ident[r], usable[r] = k_mult * pri[r], k_se * pri[r], False, True
-                reason[r] = (
-                    f"not separable on CDU {c}: standard error {alone[j]:.3f} > {max_stderr:g} "
-                    "(its power history is too collinear with its neighbours' or too flat); "
-                    f"value is a prior-weighted share of the heat of racks {names} "
-                    f"(multiplier {k_mult:.3f} on the prior)"
-                )
+        k_mult, k_se = sol[-1], ses[-1]
+        for j in pooled:
+            r = racks[j]
+            frac[r], se[r], ident[r], usable[r] = k_mult * pri[r], k_se * pri[r], False, True
+            reason[r] = _pooled_reason(c, racks[pooled], float(alone[j]), max_stderr, k_mult)
     return CaptureFit(
         fraction=frac,
         stderr=se,
@@ -776,4 +727,80 @@ def fit_capture_fraction(
         n_samples=n_used,
         cdu_usable=cdu_ok,
         cdu_reason=cdu_reason,
+    )
+
+
+def _best_lag_s(x: F64, y: F64, rows: NDArray[np.bool_], dt_s: float) -> float:
+    """The loop lag [s] over :data:`LAG_GRID_S` under which the lagged rack powers ``x``
+    (``(T, racks)``, kW) explain the metered heat ``y`` best, refined by a parabola through
+    the three best points."""
+    n_racks = x.shape[1]
+    grid = np.asarray(LAG_GRID_S)
+    xf = first_order_lag(x[:, None, :], grid[:, None], dt_s)  # (T, n_tau, n_racks)
+    sse = np.array(
+        [
+            np.linalg.lstsq(xf[rows, i], y[rows], rcond=None)[1].sum()
+            if rows.sum() > n_racks
+            else np.inf
+            for i in range(grid.size)
+        ]
+    )
+    k = int(np.argmin(sse))
+    tau = float(grid[k])
+    if 0 < k < grid.size - 1:  # parabola through the three best points
+        x0, x1, x2 = grid[k - 1 : k + 2]
+        y0, y1, y2 = sse[k - 1 : k + 2]
+        d0, d1 = (y1 - y0) / (x1 - x0), (y2 - y1) / (x2 - x1)
+        curv = (d1 - d0) / (x2 - x0)
+        if curv > 0:
+            tau = float(np.clip(0.5 * (x0 + x1) - d0 / (2 * curv), x0, x2))
+    return tau
+
+
+def _pooled_rack_fit(
+    a_mat: F64, yv: F64, pri: F64, prior_weight: float, max_stderr: float
+) -> tuple[list[int], list[int], F64, F64, F64, F64]:
+    """The per-rack fractions of one CDU by bounded ridge least squares, pooling the racks
+    whose standard error exceeds ``max_stderr`` into one prior-weighted term until every
+    free rack is identifiable. Returns the free and the pooled racks (indices into the
+    columns of ``a_mat``), the solution (free racks, then the pool's multiplier), its
+    standard errors, each rack's standard error before pooling, and the design matrix."""
+    n_racks = a_mat.shape[1]
+    pooled: list[int] = []
+    alone = np.full(n_racks, np.nan)  # each rack's standard error before pooling
+    for _ in range(n_racks + 1):
+        free = [j for j in range(n_racks) if j not in pooled]
+        cols = [a_mat[:, j] for j in free]
+        lo, hi, prior_c = [0.0] * len(free), [1.0] * len(free), [pri[j] for j in free]
+        if pooled:
+            cols.append(a_mat[:, pooled] @ pri[pooled])
+            lo.append(0.0)
+            hi.append(1.0 / max(float(pri[pooled].max()), 1e-9))
+            prior_c.append(1.0)
+        design = np.column_stack(cols)
+        gram_diag = float(np.mean(np.sum(design * design, axis=0)))
+        lam = np.sqrt(prior_weight * gram_diag)
+        aug = np.vstack([design, lam * np.eye(design.shape[1])])
+        rhs = np.concatenate([yv, lam * np.asarray(prior_c)])
+        sol = lsq_linear(aug, rhs, bounds=(np.asarray(lo), np.asarray(hi))).x
+        ses, _ = _ls_stderr(design, yv, sol)
+        if not pooled:
+            alone[:] = ses
+        bad = [free[i] for i in range(len(free)) if ses[i] > max_stderr]
+        if not bad or len(free) == 0:
+            break
+        pooled += bad
+    return free, pooled, sol, ses, alone, design
+
+
+def _pooled_reason(
+    c: int, pool: NDArray[np.int64], se_alone: float, max_stderr: float, k: float
+) -> str:
+    """Why a rack of CDU ``c`` got a share of its pool ``pool`` instead of its own fraction."""
+    names = ", ".join(str(r) for r in pool)
+    return (
+        f"not separable on CDU {c}: standard error {se_alone:.3f} > {max_stderr:g} "
+        "(its power history is too collinear with its neighbours' or too flat); "
+        f"value is a prior-weighted share of the heat of racks {names} "
+        f"(multiplier {k:.3f} on the prior)"
     )

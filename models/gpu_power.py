@@ -399,66 +399,84 @@ def fit_power_curve(
     n_gpu = act.shape[1]
     act = np.clip(act, 0.0, 1.0)
 
-    def prefix(what: str, reasons: list[str | None]) -> list[str | None]:
-        return [f"{what}: {r}" if r else None for r in reasons]
-
-    reasons = join_reasons(
-        prefix(
-            "power",
-            data_problems(
-                power,
-                min_samples=min_samples,
-                max_gap_frac=max_gap_frac,
-                flat_std=0.1,
-                max_stuck_s=max_stuck_s,
-                dt_s=dt_s,
-            ),
-        ),
-        prefix(
-            "activity",
-            data_problems(
-                act,
-                min_samples=min_samples,
-                max_gap_frac=max_gap_frac,
-                flat_std=1e-4,
-                max_stuck_s=None,
-                dt_s=dt_s,
-            ),
-        ),
-    )
-    use = np.isfinite(act) & np.isfinite(power)
-    lim = None if limit_w is None else np.asarray(limit_w, dtype=float)
-    if lim is not None and lim.ndim == 2:  # a limit that changes: clamped samples one by one
-        use &= ~(power >= 0.99 * lim)
-    gpu, w, a_m, p_m, wss, _ = _bin_stats(act, power, use)
-    with np.errstate(divide="ignore"):
-        ln_a = np.log(a_m)
-    stage1: tuple[F64, F64, F64] | None = None
-    changed = np.zeros(n_gpu, dtype=bool)
-    if lim is not None and lim.ndim < 2:
-        # Samples on the clamp are left out by their activity, not by their measured power:
-        # dropping the readings that noise pushed over 0.99 x the limit would keep only the
-        # low ones near it and bend the curve (and the idle power it extrapolates) down.
-        # Stage 1 fits the bins whose mean power is below 0.99 x the limit; stage 2 keeps the
-        # bins whose activity lies below where that curve reaches it; only the GPUs whose set
-        # of bins that changes are fitted again (below).
-        cap = 0.99 * np.broadcast_to(lim, (n_gpu,))
-        cap = np.where(np.isfinite(cap), cap, np.inf)  # a GPU that never reported its limit
-        keep1 = p_m < cap[gpu]
-        idle1, span1, gamma1 = _fit_on_bins(
-            _Bins(gpu[keep1], w[keep1], ln_a[keep1], p_m[keep1], n_gpu)
-        )
-        with np.errstate(all="ignore"):
-            a_cap = ((cap - idle1) / span1) ** (1.0 / gamma1)
-        ok1 = np.isfinite(idle1) & (span1 > 0) & np.isfinite(gamma1)
-        keep = np.where(ok1[gpu], a_m < np.where(np.isnan(a_cap), 0.0, a_cap)[gpu], keep1)
-        changed = np.bincount(gpu, weights=keep != keep1, minlength=n_gpu) > 0
-        gpu, w, a_m, p_m, wss, ln_a = (v[keep] for v in (gpu, w, a_m, p_m, wss, ln_a))
-        stage1 = idle1, span1, gamma1
+    reasons = _input_problems(act, power, min_samples, max_gap_frac, max_stuck_s, dt_s)
+    (gpu, w, a_m, p_m, wss, ln_a), stage1, changed = _usable_bins(act, power, limit_w)
     total = np.bincount(gpu, weights=w, minlength=n_gpu)
     n_used = np.rint(total).astype(np.int64)
 
-    # excitation: activity spread and distinct 0.05-wide levels
+    levels, cum, q01, spread = _excitation(gpu, w, a_m, total, n_gpu)
+    _excitation_reasons(reasons, n_used, spread, levels, min_samples, min_range, min_levels)
+
+    bins = _Bins(gpu, w, ln_a, p_m, n_gpu)
+    if stage1 is None:
+        idle, span, gamma = _fit_on_bins(bins)
+    else:
+        idle, span, gamma = stage1
+        if changed.any():
+            idle[changed], span[changed], gamma[changed] = _fit_on_bins(bins.subset(changed))
+    limit_eff = idle + span
+
+    se_idle, se_lim, se_g = _hc1_stderr(bins, a_m, p_m, wss, idle, span, gamma, total)
+    near_idle = cum[:, round(idle_reach * _ACT_BINS)]  # samples at activity <= reach
+    scored, idle_ok, limit_ok = _judge(
+        reasons,
+        idle,
+        span,
+        gamma,
+        (se_idle, se_lim),
+        near_idle,
+        q01,
+        idle_reach=idle_reach,
+        min_idle_samples=min_idle_samples,
+        max_rel_stderr=max_rel_stderr,
+    )
+    usable = np.array([r is None for r in reasons])
+    cap = limit_eff if limit_w is None else np.asarray(limit_w, dtype=float)
+    mae_w = np.full(n_gpu, np.nan)
+    if in_sample_mae:
+        mae_w = np.where(scored, _curve_mae(act, power, idle, limit_eff, gamma, cap), np.nan)
+
+    return PowerCurveFit(
+        idle_w=np.where(idle_ok, idle, np.nan),
+        limit_w=np.where(limit_ok, limit_eff, np.nan),
+        gamma=np.where(usable, gamma, np.nan),
+        idle_stderr_w=se_idle,
+        limit_stderr_w=se_lim,
+        gamma_stderr=se_g,
+        mae_w=mae_w,
+        n_samples=n_used.astype(np.int64),
+        activity_range=spread,
+        usable=usable,
+        reason=reasons,
+    )
+
+
+def _input_problems(
+    act: F64,
+    power: F64,
+    min_samples: int,
+    max_gap_frac: float,
+    max_stuck_s: float | None,
+    dt_s: float,
+) -> list[str | None]:
+    """Per GPU, what is wrong with its power and activity readings (None: nothing)."""
+
+    def prefix(what: str, reasons: list[str | None]) -> list[str | None]:
+        return [f"{what}: {r}" if r else None for r in reasons]
+
+    common = {"min_samples": min_samples, "max_gap_frac": max_gap_frac, "dt_s": dt_s}
+    return join_reasons(
+        prefix("power", data_problems(power, flat_std=0.1, max_stuck_s=max_stuck_s, **common)),
+        prefix("activity", data_problems(act, flat_std=1e-4, max_stuck_s=None, **common)),
+    )
+
+
+def _excitation(
+    gpu: NDArray[np.int64], w: F64, a_m: F64, total: F64, n_gpu: int
+) -> tuple[NDArray[np.int64], F64, F64, F64]:
+    """Per GPU: distinct 0.05-wide activity levels (holding at least 1 % of its samples), the
+    cumulative sample count over the activity bins, and the 1st percentile and the 1st-99th
+    percentile spread of its activity."""
     lvl = np.bincount(
         gpu * 21 + np.rint(a_m * 20).astype(np.int64), weights=w, minlength=21 * n_gpu
     ).reshape(n_gpu, 21)
@@ -475,33 +493,26 @@ def fit_power_curve(
     q01 = grid[np.argmax(cum >= 0.01 * total[:, None], axis=1)]
     q99 = grid[np.argmax(cum >= 0.99 * total[:, None], axis=1)]
     spread = np.where(total > 0, q99 - q01, 0.0)
-    clean = np.array([r is None for r in reasons])
-    weak = clean & ((n_used < min_samples) | (spread < min_range) | (levels < min_levels))
-    for j in np.flatnonzero(weak):  # reason strings only
-        why = []
-        if n_used[j] < min_samples:
-            why.append(f"too few samples below the clamp (n = {int(n_used[j])} < {min_samples})")
-        if spread[j] < min_range:
-            why.append(f"activity range {spread[j]:.2f} < {min_range:g}: curve not identifiable")
-        if levels[j] < min_levels:
-            why.append(f"{int(levels[j])} distinct activity levels < {min_levels}")
-        reasons[j] = "; ".join(why)
+    return levels, cum, q01, spread
 
-    bins = _Bins(gpu, w, ln_a, p_m, n_gpu)
-    if stage1 is None:
-        idle, span, gamma = _fit_on_bins(bins)
-    else:
-        idle, span, gamma = stage1
-        if changed.any():
-            idle[changed], span[changed], gamma[changed] = _fit_on_bins(bins.subset(changed))
-    limit_eff = idle + span
 
-    # Standard errors from J = [1, a^g, span a^g ln a] on the bins, heteroscedasticity-
-    # consistent (White's sandwich, HC1): G^-1 M G^-1 n/(n-3) with G = sum_b w_b J_b J_b^T and
-    # M = sum_b S_b J_b J_b^T, S_b the sum of squared residuals of bin b. Board-power noise
-    # grows with power (a reading error relative to it), so one pooled variance would take the
-    # noise of the high-power samples for that of the idle ones and overstate the idle error
-    # several times over. J is constant across a 0.001-wide bin.
+def _hc1_stderr(
+    bins: _Bins,
+    a_m: F64,
+    p_m: F64,
+    wss: F64,
+    idle: F64,
+    span: F64,
+    gamma: F64,
+    total: F64,
+) -> tuple[F64, F64, F64]:
+    """Standard errors of idle, limit and gamma per GPU from J = [1, a^g, span a^g ln a] on the
+    bins, heteroscedasticity-consistent (White's sandwich, HC1): G^-1 M G^-1 n/(n-3) with
+    G = sum_b w_b J_b J_b^T and M = sum_b S_b J_b J_b^T, S_b the sum of squared residuals of
+    bin b. Board-power noise grows with power (a reading error relative to it), so one pooled
+    variance would take the noise of the high-power samples for that of the idle ones and
+    overstate the idle error several times over. J is constant across a 0.001-wide bin."""
+    gpu, w, ln_a, n_gpu = bins.gpu, bins.w, bins.ln_a, bins.n_gpu
     x = np.exp(gamma[gpu] * ln_a)
     lx = x * np.where(a_m > 0, ln_a, 0.0) * span[gpu]
     res_b = p_m - idle[gpu] - span[gpu] * x
@@ -519,7 +530,7 @@ def fit_power_curve(
         g[:, 2, 2] = s[4]
         return g
 
-    with np.errstate(invalid="ignore"):  # a GPU with no data: NaN, refused below
+    with np.errstate(invalid="ignore"):  # a GPU with no data: NaN, refused by the caller
         g_inv = safe_pinv(gram_of(w, bins.sw))
         meat = gram_of(s_b, bins.seg(s_b[None])[0])
         cov = g_inv @ meat @ g_inv
@@ -527,55 +538,161 @@ def fit_power_curve(
     se_idle = np.sqrt(np.maximum(cov[:, 0, 0], 0.0))
     se_lim = np.sqrt(np.maximum(cov[:, 0, 0] + cov[:, 1, 1] + 2 * cov[:, 0, 1], 0.0))
     se_g = np.sqrt(np.maximum(cov[:, 2, 2], 0.0))
+    return se_idle, se_lim, se_g
+
+
+def _below_the_clamp(
+    lim: F64, stats: tuple[NDArray[np.int64], F64, F64, F64, F64, F64], n_gpu: int
+) -> tuple[tuple[NDArray[np.int64], F64, F64, F64, F64, F64], tuple[F64, F64, F64], NDArray]:
+    """The bins below the clamp of a fixed limit ``lim``, the stage-1 fit, and the GPUs whose
+    set of bins stage 2 changed (only those are fitted again).
+
+    Samples on the clamp are left out by their activity, not by their measured power:
+    dropping the readings that noise pushed over 0.99 x the limit would keep only the low
+    ones near it and bend the curve (and the idle power it extrapolates) down. Stage 1 fits
+    the bins whose mean power is below 0.99 x the limit; stage 2 keeps the bins whose
+    activity lies below where that curve reaches it. ``stats``: (gpu, w, a_m, p_m, wss,
+    ln_a) of the bins."""
+    gpu, w, a_m, p_m, wss, ln_a = stats
+    cap = 0.99 * np.broadcast_to(lim, (n_gpu,))
+    cap = np.where(np.isfinite(cap), cap, np.inf)  # a GPU that never reported its limit
+    keep1 = p_m < cap[gpu]
+    idle1, span1, gamma1 = _fit_on_bins(_Bins(gpu[keep1], w[keep1], ln_a[keep1], p_m[keep1], n_gpu))
+    with np.errstate(all="ignore"):
+        a_cap = ((cap - idle1) / span1) ** (1.0 / gamma1)
+    ok1 = np.isfinite(idle1) & (span1 > 0) & np.isfinite(gamma1)
+    keep = np.where(ok1[gpu], a_m < np.where(np.isnan(a_cap), 0.0, a_cap)[gpu], keep1)
+    changed = np.bincount(gpu, weights=keep != keep1, minlength=n_gpu) > 0
+    kept = (gpu[keep], w[keep], a_m[keep], p_m[keep], wss[keep], ln_a[keep])
+    return kept, (idle1, span1, gamma1), changed
+
+
+def _excitation_reasons(
+    reasons: list[str | None],
+    n_used: NDArray[np.int64],
+    spread: F64,
+    levels: NDArray[np.int64],
+    min_samples: int,
+    min_range: float,
+    min_levels: int,
+) -> None:
+    """Set the reason of each GPU with clean data whose samples do not excite the curve
+    enough (too few, too narrow a range, too few levels)."""
+    clean = np.array([r is None for r in reasons])
+    weak = clean & ((n_used < min_samples) | (spread < min_range) | (levels < min_levels))
+    for j in np.flatnonzero(weak):  # reason strings only
+        why = []
+        if n_used[j] < min_samples:
+            why.append(f"too few samples below the clamp (n = {int(n_used[j])} < {min_samples})")
+        if spread[j] < min_range:
+            why.append(f"activity range {spread[j]:.2f} < {min_range:g}: curve not identifiable")
+        if levels[j] < min_levels:
+            why.append(f"{int(levels[j])} distinct activity levels < {min_levels}")
+        reasons[j] = "; ".join(why)
+
+
+def _identification_reason(
+    j: int,
+    *,
+    fitted: NDArray[np.bool_],
+    reached: NDArray[np.bool_],
+    idle_ok: NDArray[np.bool_],
+    limit_ok: NDArray[np.bool_],
+    gamma_ok: NDArray[np.bool_],
+    near_idle: F64,
+    q01: F64,
+    idle: F64,
+    limit_eff: F64,
+    se_idle: F64,
+    se_lim: F64,
+    idle_reach: float,
+    min_idle_samples: int,
+    max_rel_stderr: float,
+) -> str | None:
+    """Why GPU ``j``'s fitted curve is refused (None: it is not)."""
+    why = []
+    if not fitted[j]:
+        why.append("fit failed (idle or span not positive)")
+    elif not reached[j]:
+        why.append(
+            f"idle power not identifiable ({int(near_idle[j])} samples at activity <= "
+            f"{idle_reach:g}, fewer than {min_idle_samples}: the curve is not "
+            f"extrapolated from {q01[j]:.2f} down to idle)"
+        )
+    elif not idle_ok[j]:
+        why.append(
+            f"idle power not identifiable (standard error {100 * se_idle[j] / idle[j]:.1f}"
+            f" % > {100 * max_rel_stderr:g} %)"
+        )
+    if fitted[j] and not limit_ok[j]:
+        why.append(
+            f"limit not identifiable (standard error "
+            f"{100 * se_lim[j] / limit_eff[j]:.1f} % > {100 * max_rel_stderr:g} %)"
+        )
+    if fitted[j] and not gamma_ok[j]:
+        why.append(f"gamma at the edge of {_GAMMA_RANGE[0]}..{_GAMMA_RANGE[1]}")
+    return "; ".join(why) if why else None
+
+
+def _usable_bins(
+    act: F64, power: F64, limit_w: ArrayLike | None
+) -> tuple[tuple[NDArray[np.int64], F64, F64, F64, F64, F64], tuple[F64, F64, F64] | None, NDArray]:
+    """The (GPU, activity bin) statistics (gpu, w, a_m, p_m, wss, ln_a) of the samples below
+    the clamp, with the stage-1 fit and the GPUs stage 2 changed when the limit is fixed
+    (:func:`_below_the_clamp`; None and none changed otherwise)."""
+    n_gpu = act.shape[1]
+    use = np.isfinite(act) & np.isfinite(power)
+    lim = None if limit_w is None else np.asarray(limit_w, dtype=float)
+    if lim is not None and lim.ndim == 2:  # a limit that changes: clamped samples one by one
+        use &= ~(power >= 0.99 * lim)
+    gpu, w, a_m, p_m, wss, _ = _bin_stats(act, power, use)
+    with np.errstate(divide="ignore"):
+        ln_a = np.log(a_m)
+    if lim is None or lim.ndim == 2:
+        return (gpu, w, a_m, p_m, wss, ln_a), None, np.zeros(n_gpu, dtype=bool)
+    return _below_the_clamp(lim, (gpu, w, a_m, p_m, wss, ln_a), n_gpu)
+
+
+def _judge(
+    reasons: list[str | None],
+    idle: F64,
+    span: F64,
+    gamma: F64,
+    stderr: tuple[F64, F64],
+    near_idle: F64,
+    q01: F64,
+    *,
+    idle_reach: float,
+    min_idle_samples: int,
+    max_rel_stderr: float,
+) -> tuple[NDArray[np.bool_], NDArray[np.bool_], NDArray[np.bool_]]:
+    """Which fitted values identify what (see :func:`fit_power_curve`'s notes); sets the
+    reason of each GPU with clean data whose curve is refused. Returns the GPUs whose curve
+    was fitted on clean data, those whose idle power and those whose limit is usable."""
+    se_idle, se_lim = stderr
+    limit_eff = idle + span
     data_ok = np.array([r is None for r in reasons])
     fitted = np.isfinite(idle) & np.isfinite(span) & (span > 0) & (idle > 0)
-    near_idle = cum[:, round(idle_reach * _ACT_BINS)]  # samples at activity <= reach
     reached = near_idle >= min_idle_samples
     idle_ok = data_ok & fitted & reached & (se_idle <= max_rel_stderr * idle)
     limit_ok = data_ok & fitted & (se_lim <= max_rel_stderr * limit_eff)
     gamma_ok = (gamma > _GAMMA_RANGE[0] + 1e-9) & (gamma < _GAMMA_RANGE[1] - 1e-9)
     for j in np.flatnonzero(data_ok & ~(fitted & idle_ok & limit_ok & gamma_ok)):
-        why = []
-        if not fitted[j]:
-            why.append("fit failed (idle or span not positive)")
-        else:
-            if not reached[j]:
-                why.append(
-                    f"idle power not identifiable ({int(near_idle[j])} samples at activity <= "
-                    f"{idle_reach:g}, fewer than {min_idle_samples}: the curve is not "
-                    f"extrapolated from {q01[j]:.2f} down to idle)"
-                )
-            elif not idle_ok[j]:
-                why.append(
-                    f"idle power not identifiable (standard error {100 * se_idle[j] / idle[j]:.1f}"
-                    f" % > {100 * max_rel_stderr:g} %)"
-                )
-            if not limit_ok[j]:
-                why.append(
-                    f"limit not identifiable (standard error "
-                    f"{100 * se_lim[j] / limit_eff[j]:.1f} % > {100 * max_rel_stderr:g} %)"
-                )
-            if not gamma_ok[j]:
-                why.append(f"gamma at the edge of {_GAMMA_RANGE[0]}..{_GAMMA_RANGE[1]}")
-        reasons[j] = "; ".join(why) if why else None
-    usable = np.array([r is None for r in reasons])
-    cap = limit_eff if limit_w is None else np.asarray(limit_w, dtype=float)
-    mae_w = np.full(n_gpu, np.nan)
-    if in_sample_mae:
-        mae_w = np.where(
-            data_ok & fitted, _curve_mae(act, power, idle, limit_eff, gamma, cap), np.nan
+        reasons[j] = _identification_reason(
+            j,
+            fitted=fitted,
+            reached=reached,
+            idle_ok=idle_ok,
+            limit_ok=limit_ok,
+            gamma_ok=gamma_ok,
+            near_idle=near_idle,
+            q01=q01,
+            idle=idle,
+            limit_eff=limit_eff,
+            se_idle=se_idle,
+            se_lim=se_lim,
+            idle_reach=idle_reach,
+            min_idle_samples=min_idle_samples,
+            max_rel_stderr=max_rel_stderr,
         )
-
-    return PowerCurveFit(
-        idle_w=np.where(idle_ok & gamma_ok, idle, np.nan),
-        limit_w=np.where(limit_ok & gamma_ok, limit_eff, np.nan),
-        gamma=np.where(usable, gamma, np.nan),
-        idle_stderr_w=se_idle,
-        limit_stderr_w=se_lim,
-        gamma_stderr=se_g,
-        mae_w=mae_w,
-        n_samples=n_used.astype(np.int64),
-        activity_range=spread,
-        usable=usable,
-        reason=reasons,
-    )
+    return data_ok & fitted, idle_ok & gamma_ok, limit_ok & gamma_ok

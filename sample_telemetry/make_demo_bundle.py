@@ -25,10 +25,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from collectors.simulator import SiteSimulator, parse_fault
 from twin.calibrate.calibrate import calibrate, save_run
 from twin.ingest import Ingester, IngestLimits
 from twin.replay.bundle import record
+from twin.simulator import SiteSimulator, parse_fault
 from twin.site import load_site
 from twin.store import Store
 

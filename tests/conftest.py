@@ -1,4 +1,5 @@
-"""Shared fixtures: a real MQTT broker on a free port, stores, and the sample sites."""
+"""Shared fixtures: a real MQTT broker on a free port, stores, the sample sites, and a running
+twin service (:func:`start_service`)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,9 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Literal
@@ -19,8 +21,12 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, RootModel, mod
 from collectors.mqtt import BrokerConfig
 from twin.alerts import WebhookEvent, parse_hooks
 from twin.broker import LocalBroker, start_broker
+from twin.calibrate.calibrate import calibrate, save_run
 from twin.ingest import Ingester
 from twin.ingest.mqtt_service import MqttIngestService, ServiceOptions
+from twin.service import Service, ServiceConfig
+from twin.simulator import SiteSimulator, parse_fault
+from twin.site import load_site
 from twin.store import Store
 
 REPO = Path(__file__).resolve().parents[1]
@@ -349,3 +355,96 @@ def check_schemas(recs: dict[str, Recorder]) -> None:
     for rec in recs.values():
         for r in rec.requests:
             assert r.headers["Content-Type"] == "application/json"
+
+
+# ---- a running twin service for the API, console and browser tests -------------------------
+
+SCENARIOS = REPO / "sample_telemetry" / "scenarios"
+RULES = REPO / "deploy" / "alert_rules.yaml"
+#: The write token of the test service (16+ characters, as `dctwin serve` requires).
+API_TOKEN = "test-token-0123456789"
+#: The incident the small site's pump failure opens.
+PUMP_KEY = "dctwin/small/cdu_pump_lost/cdu/cdu-1"
+
+
+class _HookHandler(BaseHTTPRequestHandler):
+    def do_POST(self) -> None:  # a webhook receiver that takes every notification
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@pytest.fixture(scope="session")
+def hook_url() -> Iterator[str]:
+    """The URL of a webhook receiver on 127.0.0.1 (a real HTTP server answering 200)."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _HookHandler)
+    thread = threading.Thread(target=server.serve_forever, name="test-hook", daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/alerts"
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture(scope="session")
+def start_service(hook_url: str) -> Callable[..., Service]:
+    """A factory of running twin services (:class:`twin.service.Service`), built as `dctwin
+    serve` builds one but without a broker, and fast: ``minutes`` simulated minutes of a site
+    (the small site by default) with a CDU pump failing at minute 10 are fed through the
+    service's ingester, calibrated, and passed through two detection passes with the alert
+    rules of ``deploy/alert_rules.yaml`` (so ``cdu_pump_lost`` fires; notifications go to a
+    webhook receiver); then the service starts (the API on a free port, what-if jobs on the
+    shipped bundles). The caller stops it (``service.stop()``)."""
+
+    def start(
+        db: Path,
+        *,
+        site_path: Path = SMALL_SITE,
+        minutes: int = 20,
+        faults: tuple[str, ...] = ("pump_failure:cdu-1/pump1@10m",),
+        token: str | None = API_TOKEN,
+        seed: int = 3,
+        rules: Path = RULES,
+    ) -> Service:
+        site = load_site(site_path)
+        hooks = db.with_name(db.name + ".hooks.yaml")
+        hooks.write_text(f"hooks:\n  - {{type: webhook, name: ops, url: '{hook_url}'}}\n")
+        service = Service(
+            ServiceConfig(
+                db=db,
+                site=site,
+                max_past_s=0,
+                calibrate_every_s=0,
+                detect_every_s=3600.0,
+                rules=rules,
+                hooks=hooks,
+                api_port=0,
+                api_token=token,
+                whatif_bundles=REPO / "sample_telemetry",
+                whatif_scenarios=SCENARIOS,
+            )
+        )
+        try:
+            start = (datetime.now(UTC) - timedelta(minutes=minutes)).replace(microsecond=0)
+            sim = SiteSimulator(
+                site, seed=seed, start=start, faults=[parse_fault(f) for f in faults]
+            )
+            for _ in range(minutes):
+                batch: list[tuple[str, bytes]] = []
+                for _ in range(60):
+                    batch.extend(sim.step())
+                service.ingester.ingest(batch)
+            service.store.rollup()
+            result = calibrate(service.store, site, window_s=minutes * 60.0, holdout_s=300.0)
+            save_run(service.store, result)
+            assert service.detector is not None
+            service.detector.run_once()
+            service.detector.run_once()
+            return service.start()
+        except BaseException:
+            service.stop()
+            raise
+
+    return start

@@ -10,7 +10,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -20,24 +20,28 @@ import pyarrow.ipc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-import twin.api.app as api_app
+import twin.api.routes.telemetry as telemetry_routes
 from collectors.mqtt import wait_until
 from twin.api import ARROW_STREAM, ApiContext, ApiServer
+from twin.service import Service
 
-from .apiservice import PUMP_KEY, SMALL_SITE, TOKEN, RunningService, start_service
+from .conftest import API_TOKEN as TOKEN
+from .conftest import PUMP_KEY, SMALL_SITE
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
 @pytest.fixture(scope="module")
-def svc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningService]:
+def svc(
+    tmp_path_factory: pytest.TempPathFactory, start_service: Callable[..., Service]
+) -> Iterator[Service]:
     s = start_service(tmp_path_factory.mktemp("api") / "api.duckdb")
     yield s
     s.stop()
 
 
 @pytest.fixture(scope="module")
-def client(svc: RunningService) -> Iterator[httpx.Client]:
+def client(svc: Service) -> Iterator[httpx.Client]:
     with httpx.Client(base_url=svc.url, timeout=60) as c:
         yield c
 
@@ -82,7 +86,7 @@ def test_health_index_and_openapi_document_every_endpoint(client: httpx.Client) 
     assert client.get("/docs").status_code == 200
 
 
-def test_site_and_latest_state(client: httpx.Client, svc: RunningService) -> None:
+def test_site_and_latest_state(client: httpx.Client, svc: Service) -> None:
     site = ok(client.get("/api/v1/site"))
     assert site["counts"] == {
         "halls": 1,
@@ -234,7 +238,7 @@ def test_series_arrow_ipc_decodes_and_matches_json(client: httpx.Client) -> None
 def test_series_too_large_for_json_says_how_to_get_it(
     client: httpx.Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(api_app, "MAX_JSON_POINTS", 100)
+    monkeypatch.setattr(telemetry_routes, "MAX_JSON_POINTS", 100)
     r = client.get("/api/v1/series", params={"kind": "gpu", "quantity": "temp_c"})
     assert r.status_code == 413 and ARROW_STREAM in r.json()["detail"]
     r = client.get(
@@ -330,7 +334,7 @@ def test_metrics_parse_as_prometheus_text(client: httpx.Client) -> None:
     assert fams["dctwin_newest_sample_timestamp_seconds"].samples
 
 
-def test_alerts_ack_needs_the_token(client: httpx.Client, svc: RunningService) -> None:
+def test_alerts_ack_needs_the_token(client: httpx.Client, svc: Service) -> None:
     alerts = ok(client.get("/api/v1/alerts"))
     assert alerts["enabled"] and "cdu_pump_lost" in alerts["rules"]
     active = {a["dedup_key"]: a for a in alerts["active"]}
@@ -392,7 +396,7 @@ def test_silences_add_list_end(client: httpx.Client) -> None:
     assert client.delete("/api/v1/silences/nope", headers=AUTH).status_code == 404
 
 
-def test_without_a_token_writes_are_refused_with_how_to_set_one(svc: RunningService) -> None:
+def test_without_a_token_writes_are_refused_with_how_to_set_one(svc: Service) -> None:
     ctx = ApiContext(svc.store, site=svc.site, token=None)
     with ApiServer(ctx, port=0) as server, httpx.Client(base_url=server.url) as c:
         r = c.post(
@@ -408,7 +412,7 @@ def test_without_a_token_writes_are_refused_with_how_to_set_one(svc: RunningServ
         assert c.get("/api/v1/overview").status_code == 200
 
 
-def test_without_a_site_the_site_endpoints_say_so(svc: RunningService) -> None:
+def test_without_a_site_the_site_endpoints_say_so(svc: Service) -> None:
     ctx = ApiContext(svc.store)
     with ApiServer(ctx, port=0) as server, httpx.Client(base_url=server.url) as c:
         for path in ("/api/v1/site", "/api/v1/racks", "/api/v1/cooling", "/api/v1/fleets"):

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import httpx
 import pytest
@@ -20,20 +20,24 @@ from twin.api.app import MAX_IDS
 from twin.api.whatif import whatif_router
 from twin.health import ServiceHealth
 from twin.ingest import Ingester, IngestLimits
+from twin.service import Service
 
-from .apiservice import REPO, SCENARIOS, TOKEN, RunningService, start_service
+from .conftest import API_TOKEN as TOKEN
+from .conftest import REPO, SCENARIOS
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
 @pytest.fixture(scope="module")
-def svc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningService]:
+def svc(
+    tmp_path_factory: pytest.TempPathFactory, start_service: Callable[..., Service]
+) -> Iterator[Service]:
     s = start_service(tmp_path_factory.mktemp("apihealth") / "api.duckdb")
     yield s
     s.stop()
 
 
-def serve(svc: RunningService, **kw: object) -> ApiServer:
+def serve(svc: Service, **kw: object) -> ApiServer:
     """Another API on the service's store, with its own context (health, limits, hosts); use
     it in a with statement (that starts and stops it)."""
     ctx = ApiContext(svc.store, site=svc.site, engine=svc.engine, detector=svc.detector, **kw)  # type: ignore[arg-type]
@@ -52,7 +56,7 @@ def metrics(c: httpx.Client) -> dict[tuple[str, tuple[tuple[str, str], ...]], fl
 
 @pytest.mark.slow  # 3 s or more: out of the fast tier
 def test_healthz_answers_503_while_ingest_is_stalled_and_200_once_it_recovers(
-    svc: RunningService,
+    svc: Service,
 ) -> None:
     health = ServiceHealth(stall_after_s=60.0)
     with serve(svc, health=health) as server, httpx.Client(base_url=server.url) as c:
@@ -84,7 +88,7 @@ def test_healthz_answers_503_while_ingest_is_stalled_and_200_once_it_recovers(
         assert abs(got[("dctwin_ingest_last_commit_timestamp_seconds", ())] - time.time()) < 60
 
 
-def test_broker_fields_follow_broker_down_and_up(svc: RunningService) -> None:
+def test_broker_fields_follow_broker_down_and_up(svc: Service) -> None:
     health = ServiceHealth()
     with serve(svc, health=health) as server, httpx.Client(base_url=server.url) as c:
         body = c.get("/healthz").json()
@@ -116,7 +120,7 @@ def test_broker_fields_follow_broker_down_and_up(svc: RunningService) -> None:
 
 
 def test_loop_errors_and_the_apis_own_500s_show_in_metrics_and_healthz(
-    svc: RunningService,
+    svc: Service,
 ) -> None:
     health = ServiceHealth()
     broken = APIRouter()
@@ -157,7 +161,7 @@ def test_loop_errors_and_the_apis_own_500s_show_in_metrics_and_healthz(
 
 
 def test_expensive_requests_get_429_with_retry_after_when_every_slot_is_taken(
-    svc: RunningService,
+    svc: Service,
 ) -> None:
     with serve(svc, max_busy=1) as server, httpx.Client(base_url=server.url, timeout=60) as c:
         busy = server.app.state.busy
@@ -195,7 +199,7 @@ def test_expensive_requests_get_429_with_retry_after_when_every_slot_is_taken(
 
 
 @pytest.mark.slow
-def test_concurrent_real_forecasts_beyond_the_limit_get_429(svc: RunningService) -> None:
+def test_concurrent_real_forecasts_beyond_the_limit_get_429(svc: Service) -> None:
     with serve(svc, max_busy=1) as server:
         n = 6
         barrier = threading.Barrier(n)
@@ -219,7 +223,7 @@ def test_concurrent_real_forecasts_beyond_the_limit_get_429(svc: RunningService)
 
 
 @pytest.mark.slow  # many forecasts through the API: out of the fast tier
-def test_forecast_cache_never_holds_more_than_its_bound(svc: RunningService) -> None:
+def test_forecast_cache_never_holds_more_than_its_bound(svc: Service) -> None:
     with (
         serve(svc, forecast_cache_entries=3) as server,
         httpx.Client(base_url=server.url, timeout=60) as c,
@@ -239,7 +243,7 @@ def test_forecast_cache_never_holds_more_than_its_bound(svc: RunningService) -> 
 
 
 def test_ids_limit_is_reachable_by_post_and_answered_with_a_clear_4xx_beyond(
-    svc: RunningService,
+    svc: Service,
 ) -> None:
     gpus = [g for n in svc.site.nodes for g in n.gpu_ids()]
     at_limit = [gpus[i % len(gpus)] for i in range(MAX_IDS)]
@@ -264,7 +268,7 @@ def test_ids_limit_is_reachable_by_post_and_answered_with_a_clear_4xx_beyond(
         assert r.status_code == 404 and "unknown gpu id(s): ghost:0" in r.text
 
 
-def test_host_header_must_name_an_allowed_host(svc: RunningService) -> None:
+def test_host_header_must_name_an_allowed_host(svc: Service) -> None:
     port = httpx.URL(svc.url).port
     with httpx.Client(base_url=svc.url) as c:
         r = c.get("/healthz", headers={"Host": "evil.example"})
@@ -284,7 +288,7 @@ def test_host_header_must_name_an_allowed_host(svc: RunningService) -> None:
         assert c.get("/healthz", headers={"Host": "evil.example"}).status_code == 400
 
 
-def test_status_lists_unknown_ids_up_to_a_limit_with_their_total(svc: RunningService) -> None:
+def test_status_lists_unknown_ids_up_to_a_limit_with_their_total(svc: Service) -> None:
     samples = [{"id": f"ghost-node:{i}", "power_w": 500.0} for i in range(30)]
     payload = encode(collector="test", source="ghost-node", seq=1, ts=time.time(), samples=samples)
     Ingester(svc.store, svc.site, IngestLimits(max_past_s=0)).ingest(
@@ -301,7 +305,7 @@ def test_status_lists_unknown_ids_up_to_a_limit_with_their_total(svc: RunningSer
 
 
 @pytest.mark.slow
-def test_whatif_starts_beyond_the_pending_limit_get_429(svc: RunningService, tmp_path) -> None:
+def test_whatif_starts_beyond_the_pending_limit_get_429(svc: Service, tmp_path) -> None:
     ctx = ApiContext(svc.store, site=svc.site, token=TOKEN)
     ctx.routers.append(
         whatif_router(ctx, REPO / "sample_telemetry", SCENARIOS, tmp_path, max_pending=1)

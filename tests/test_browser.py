@@ -18,13 +18,16 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
-from .apiservice import REPO, TOKEN, RunningService, start_service
+from twin.service import Service
+
+from .conftest import API_TOKEN as TOKEN
+from .conftest import REPO
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = [
@@ -62,7 +65,9 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def svc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningService]:
+def svc(
+    tmp_path_factory: pytest.TempPathFactory, start_service: Callable[..., Service]
+) -> Iterator[Service]:
     s = start_service(
         tmp_path_factory.mktemp("browser") / "browser.duckdb",
         site_path=DEMO_SITE,
@@ -74,7 +79,7 @@ def svc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningService]:
 
 
 @pytest.fixture(scope="module")
-def console(svc: RunningService, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def console(svc: Service, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     port = _free_port()
     log = tmp_path_factory.mktemp("streamlit") / "streamlit.log"
     env = {
@@ -181,7 +186,7 @@ def test_every_page_opens_without_an_error(  # type: ignore[no-untyped-def]
 
 
 def test_floor_map_shows_every_rack(  # type: ignore[no-untyped-def]
-    console: str, page, svc: RunningService
+    console: str, page, svc: Service
 ) -> None:
     page.goto(f"{console}/floor")
     settle(page, "Floor")
@@ -196,7 +201,7 @@ def test_floor_map_shows_every_rack(  # type: ignore[no-untyped-def]
 
 
 def test_an_alert_is_acknowledged_from_the_alerts_page(  # type: ignore[no-untyped-def]
-    console: str, page, svc: RunningService
+    console: str, page, svc: Service
 ) -> None:
     page.goto(f"{console}/alerts")
     settle(page, "Alerts")

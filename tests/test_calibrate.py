@@ -15,9 +15,9 @@ from datetime import UTC, datetime, timedelta
 import numpy as np
 import pytest
 
-from collectors.simulator import SiteSimulator, parse_fault
 from twin.calibrate.calibrate import calibrate, save_run
 from twin.ingest import Ingester, IngestLimits
+from twin.simulator import SiteSimulator, parse_fault
 from twin.site import load_site
 from twin.store import Store
 

@@ -4,27 +4,32 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from .apiservice import PUMP_KEY, REPO, TOKEN, RunningService, start_service
+from twin.service import Service
+
+from .conftest import API_TOKEN as TOKEN
+from .conftest import PUMP_KEY, REPO
 
 DASH = REPO / "dashboards"
 PAGES = sorted((DASH / "pages").glob("*.py"))
 
 
 @pytest.fixture(scope="module")
-def svc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningService]:
+def svc(
+    tmp_path_factory: pytest.TempPathFactory, start_service: Callable[..., Service]
+) -> Iterator[Service]:
     s = start_service(tmp_path_factory.mktemp("console") / "console.duckdb")
     yield s
     s.stop()
 
 
 @pytest.fixture
-def env(svc: RunningService, monkeypatch: pytest.MonkeyPatch) -> RunningService:
+def env(svc: Service, monkeypatch: pytest.MonkeyPatch) -> Service:
     monkeypatch.setenv("DCTWIN_API_URL", svc.url)
     monkeypatch.setenv("DCTWIN_CONSOLE_TOKEN", TOKEN)
     return svc
@@ -71,12 +76,12 @@ def test_every_page_is_tested() -> None:
 
 
 @pytest.mark.slow  # 3 s or more: out of the fast tier
-def test_app_opens_on_the_overview(env: RunningService) -> None:
+def test_app_opens_on_the_overview(env: Service) -> None:
     at = run(DASH / "app.py")
     assert "IT power" in metrics(at)
 
 
-def test_overview(env: RunningService) -> None:
+def test_overview(env: Service) -> None:
     at = run(DASH / "pages" / "overview.py")
     m = metrics(at)
     assert m["IT power"].endswith("kW") and m["Cooling load (CDUs)"].endswith("kW")
@@ -87,7 +92,7 @@ def test_overview(env: RunningService) -> None:
     assert len(at.dataframe) == 1 and len(at.table) == 2  # headroom summary, ingest
 
 
-def test_floor_shows_every_rack_coloured_by_the_chosen_metric(env: RunningService) -> None:
+def test_floor_shows_every_rack_coloured_by_the_chosen_metric(env: Service) -> None:
     at = run(DASH / "pages" / "floor.py")
     fig = plotly_json(at)[0]
     names = {n for n in fig["data"][0]["customdata"]}
@@ -99,7 +104,7 @@ def test_floor_shows_every_rack_coloured_by_the_chosen_metric(env: RunningServic
     assert at.selectbox(key="floor_rack").options == ["r01", "r02"]
 
 
-def test_rack(env: RunningService) -> None:
+def test_rack(env: Service) -> None:
     at = run(DASH / "pages" / "rack.py", rack="r01")
     assert at.selectbox(key="rack_pick").value == "r01"
     m = metrics(at)
@@ -111,14 +116,14 @@ def test_rack(env: RunningService) -> None:
     assert "Air-cooled" in text(at)
 
 
-def test_power(env: RunningService) -> None:
+def test_power(env: Service) -> None:
     at = run(DASH / "pages" / "power.py")
     figs = plotly_json(at)
     assert any("IT power" in f["layout"]["title"]["text"] for f in figs if "title" in f["layout"])
     assert at.dataframe
 
 
-def test_cooling(env: RunningService) -> None:
+def test_cooling(env: Service) -> None:
     at = run(DASH / "pages" / "cooling.py")
     m = metrics(at)
     assert m["Pumps running"] == "1 / 2" and m["Capacity used"].endswith("%")
@@ -126,18 +131,18 @@ def test_cooling(env: RunningService) -> None:
     assert {d["name"] for d in fig["data"]} == {"cdu-1 supply", "cdu-1 return"}
 
 
-def test_network(env: RunningService) -> None:
+def test_network(env: Service) -> None:
     at = run(DASH / "pages" / "network.py")
     assert metrics(at)["Links"] == "2" and plotly_json(at)
 
 
-def test_fleets(env: RunningService) -> None:
+def test_fleets(env: Service) -> None:
     at = run(DASH / "pages" / "fleets.py")
     assert "Underused fleets" in metrics(at) and metrics(at)["Power freed"].endswith("kW")
     assert len(plotly_json(at)) == 2  # activity and forecast
 
 
-def test_alerts_acknowledge_and_silence(env: RunningService) -> None:
+def test_alerts_acknowledge_and_silence(env: Service) -> None:
     at = run(DASH / "pages" / "alerts.py")
     buttons = [b for b in at.button if b.label == "Acknowledge"]
     assert len(buttons) == 1 and PUMP_KEY in buttons[0].key
@@ -152,20 +157,20 @@ def test_alerts_acknowledge_and_silence(env: RunningService) -> None:
     assert any(b.label == "End" for b in at.button)
 
 
-def test_alerts_without_a_token_say_so(env: RunningService, monkeypatch) -> None:
+def test_alerts_without_a_token_say_so(env: Service, monkeypatch) -> None:
     monkeypatch.delenv("DCTWIN_CONSOLE_TOKEN")
     monkeypatch.setenv("DCTWIN_API_TOKEN", TOKEN)  # the service's token is never the console's
     at = run(DASH / "pages" / "alerts.py")
     assert "No DCTWIN_CONSOLE_TOKEN" in text(at)
 
 
-def test_calibration(env: RunningService) -> None:
+def test_calibration(env: Service) -> None:
     at = run(DASH / "pages" / "calibration.py")
     assert "run 1 of 1" in text(at)
     assert plotly_json(at) and at.dataframe
 
 
-def test_whatif_offers_the_bundles_and_scenarios(env: RunningService) -> None:
+def test_whatif_offers_the_bundles_and_scenarios(env: Service) -> None:
     at = run(DASH / "pages" / "whatif.py")
     assert "No what-if jobs yet" in text(at)
     assert "demo_bundle" in at.selectbox[0].options
@@ -173,7 +178,7 @@ def test_whatif_offers_the_bundles_and_scenarios(env: RunningService) -> None:
 
 
 @pytest.mark.slow  # a what-if job on the demo bundle: out of the fast tier
-def test_whatif_shows_the_reports_figures(env: RunningService) -> None:
+def test_whatif_shows_the_reports_figures(env: Service) -> None:
     """After the test above (it wants no job yet): a job's page draws the report's own figures,
     one per quantity, each scenario in the colour the report gives it."""
     import httpx

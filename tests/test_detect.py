@@ -18,13 +18,13 @@ from pathlib import Path
 
 import pytest
 
-from collectors.simulator import SiteSimulator, parse_fault
 from twin.alerts import AlertEngine, Outbox, Topology, load_rules
 from twin.calibrate.calibrate import calibrate, save_run
 from twin.detect import detect, observations
 from twin.headroom import compute_headroom, latest_headroom, save_headroom
 from twin.hotspots import find_hotspots
 from twin.ingest import Ingester, IngestLimits
+from twin.simulator import SiteSimulator, parse_fault
 from twin.site import Site, load_site
 from twin.store import Store
 

@@ -20,12 +20,12 @@ from pathlib import Path
 import pytest
 
 from collectors.contract import KINDS
-from collectors.simulator import SiteSimulator, parse_fault
 from twin.alerts import AlertEngine, Outbox, Topology, load_rules
 from twin.calibrate.schedule import CalibrationScheduler
 from twin.detect import Detection, DetectionScheduler, observations
 from twin.health import ServiceHealth
 from twin.ingest import Ingester, IngestLimits
+from twin.simulator import SiteSimulator, parse_fault
 from twin.site import Site, load_site
 from twin.store import Store
 

@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 import yaml
 
-from collectors.simulator import SiteSimulator
 from models import forecast as fc
 from twin.forecast import forecast_site, run_backtest
 from twin.forecast.series import load_power_series
 from twin.ingest import Ingester, IngestLimits
+from twin.simulator import SiteSimulator
 from twin.site import Site
 from twin.store import Store
 

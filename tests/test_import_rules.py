@@ -35,28 +35,76 @@ def test_models_are_pure_numpy_scipy(path):
 
 
 @pytest.mark.parametrize("path", files("collectors"), ids=lambda p: str(p.relative_to(REPO)))
-def test_collectors_import_no_twin_store_or_console(path):
-    # The simulator runs models/ physics on a site parsed by twin.site (pydantic + PyYAML only);
-    # no collector imports the store, the ingest or the console, nor DuckDB or Streamlit.
-    simulator = "simulator" in path.parts
+def test_collectors_import_only_collectors_and_third_party(path):
+    # A GPU node installs the collectors without the twin: nothing of twin/, models/ or the
+    # console, nor DuckDB or Streamlit (the simulator, which needs the site model, is twin's).
     for m in imports(path):
         top = m.split(".")[0]
-        assert top not in {"duckdb", "streamlit", "dashboards"}, (path, m)
-        if top == "twin":
-            ok = simulator and (m == "twin.site" or m.startswith("twin.site."))
-            assert ok, f"{path.relative_to(REPO)} imports {m}"
-        if top == "models":
-            assert simulator, f"{path.relative_to(REPO)} imports {m}"
+        assert top not in {"twin", "models", "dashboards", "duckdb", "streamlit"}, (
+            f"{path.relative_to(REPO)} imports {m}"
+        )
+
+
+def in_cli(path: Path) -> bool:
+    return path.relative_to(REPO / "twin").parts[0] == "cli"
 
 
 @pytest.mark.parametrize("path", files("twin"), ids=lambda p: str(p.relative_to(REPO)))
 def test_twin_never_imports_dashboards(path):
     for m in imports(path):
         assert m.split(".")[0] != "dashboards", (path, m)
-        # the CLI starts collectors and the simulator; the rest of the twin uses only the wire
+        # the CLI (twin/cli/) starts collectors; the rest of the twin uses only the wire
         # contract, the MQTT client settings and the contract's message builder
-        if m.startswith("collectors.") and not path.name.startswith("cli"):
+        if m.startswith("collectors.") and not in_cli(path):
             assert m in {"collectors.contract", "collectors.mqtt", "collectors.base"}, (path, m)
+        # the CLI is the top: nothing else of the twin imports it
+        if not in_cli(path):
+            assert m != "twin.cli" and not m.startswith("twin.cli."), (path, m)
+
+
+def cli_module(path: Path) -> str:
+    rel = path.relative_to(REPO).with_suffix("")
+    parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+    return ".".join(parts)
+
+
+def cli_imports(path: Path, modules: set[str]) -> set[str]:
+    """The twin.cli modules ``path`` imports (at module level or inside a function):
+    ``from twin.cli import x`` names submodule ``twin.cli.x`` when there is one, else the
+    package ``twin.cli`` itself."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name in modules)
+        elif isinstance(node, ast.ImportFrom) and node.module in modules and node.level == 0:
+            for a in node.names:
+                sub = f"{node.module}.{a.name}"
+                found.add(sub if sub in modules else node.module)
+    return found
+
+
+def test_the_cli_modules_import_each_other_without_a_cycle():
+    paths = files("twin/cli")
+    modules = {cli_module(p) for p in paths}
+    assert "twin.cli.common" in modules, sorted(modules)
+    graph = {cli_module(p): cli_imports(p, modules) - {cli_module(p)} for p in paths}
+    # only the package (the assembled app) and __main__ import command modules; those import
+    # at most twin.cli.common
+    for mod, deps in graph.items():
+        if mod not in {"twin.cli", "twin.cli.__main__"}:
+            assert deps <= {"twin.cli.common"}, f"{mod} imports {sorted(deps)}"
+    done: set[str] = set()
+
+    def visit(mod: str, stack: tuple[str, ...]) -> None:
+        assert mod not in stack, "import cycle: " + " -> ".join((*stack, mod))
+        if mod in done:
+            return
+        for dep in graph[mod]:
+            visit(dep, (*stack, mod))
+        done.add(mod)
+
+    for mod in graph:
+        visit(mod, ())
 
 
 @pytest.mark.parametrize(

@@ -24,9 +24,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from collectors.simulator import SiteSimulator
 from models import cdu, coolant, electrical, gpu_power, gpu_thermal
 from models import fit_quality as fq
+from twin.simulator import SiteSimulator
 from twin.site import Site
 
 from .conftest import wye_pdu

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import pytest
 
-from collectors.simulator import SiteSimulator
 from twin.calibrate.calibrate import calibrate
 from twin.calibrate.recovery import CHECKS, DEFAULT_START, compare, ingest_simulation
+from twin.simulator import SiteSimulator
 from twin.site import load_site
 from twin.store import Store
 

@@ -1,4 +1,4 @@
-"""Tests of collectors/simulator: fault syntax, determinism, the wire contract, physics, faults."""
+"""Tests of twin/simulator: fault syntax, determinism, the wire contract, physics, faults."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from collectors.contract import QUANTITIES, decode, parse_topic
-from collectors.simulator import Fault, SiteSimulator, parse_fault
 from models import electrical
+from twin.simulator import Fault, SiteSimulator, parse_fault
 from twin.site import Site
 
 from .conftest import wye_pdu

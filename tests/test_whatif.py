@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from collectors.simulator import SiteSimulator
 from models import coolant
 from twin.chain.propagate import pump_flow_ratio as _pump_flow_ratio
 from twin.cli import app
@@ -23,6 +22,7 @@ from twin.replay.bundle import Bundle, BundleError, record
 from twin.replay.replay import replay
 from twin.replay.scenario import Scenario, ScenarioError, load_scenario
 from twin.replay.whatif import load, run
+from twin.simulator import SiteSimulator
 from twin.site import load_site
 from twin.store import Store
 

@@ -9,13 +9,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from collectors.simulator import SiteSimulator
 from twin.headroom import compute_headroom
 from twin.ingest import Ingester, IngestLimits
 from twin.replay.bundle import Bundle, record
 from twin.replay.replay import replay
 from twin.replay.scenario import Scenario, load_scenario
 from twin.replay.whatif import component_results, load, run
+from twin.simulator import SiteSimulator
 from twin.site import load_site
 from twin.site.catalog import GPU_MODELS
 from twin.store import Store

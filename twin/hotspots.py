@@ -86,7 +86,6 @@ def find_hotspots(
         now = newest
     now = now.astimezone(UTC)
     idx = index_site(site)
-    gpu_pos = {gid: i for i, gid in enumerate(idx.gpu_ids)}
     racks = site.racks
     nodes = {nd.name: nd for nd in site.nodes}
     problems: list[str] = []
@@ -105,11 +104,48 @@ def find_hotspots(
     temp = gpu.values["temp_c"]
     last_min = slice(-60, None)
 
-    # ---- over the catalog limits (the last minute's mean)
+    out += _over_limit(idx, nodes, racks, temp[last_min], gpu.values["mem_temp_c"][last_min])
     with np.errstate(all="ignore"), warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         t_now = np.nanmean(temp[last_min], axis=0)
-        m_now = np.nanmean(gpu.values["mem_temp_c"][last_min], axis=0)
+
+    # ---- above the calibrated model, and drift events of the latest run
+    run = store.latest_calibration_run_id()
+    residual_sigma: dict[str, float] = {}
+    if run is None:
+        problems.append("no calibration run yet: the model-residual detector has nothing to use")
+    else:
+        found, residual_sigma, missing = _above_model(
+            store, run, idx, racks, (gpu, cdu, node, pdu), t_now, k_sigma, minutes
+        )
+        out += found + _drift_hotspots(store, run, idx, racks)
+        problems += missing
+
+    # ---- rack inlet air over the ASHRAE recommended envelope
+    inlet = _rack_inlet(site, node, pdu)
+    out += _inlet_hotspots(inlet)
+    return HotSpotReport(
+        computed_at=datetime.now(UTC),
+        data_until=now,
+        k_sigma=k_sigma,
+        minutes=minutes,
+        hotspots=out,
+        residual_sigma=residual_sigma,
+        rack_inlet_c=inlet,
+        problems=problems,
+    )
+
+
+def _over_limit(
+    idx: Any, nodes: dict[str, Any], racks: list[Any], temp_last: Any, mem_last: Any
+) -> list[HotSpot]:
+    """GPUs whose last minute's mean temperature or HBM temperature is at its catalog limit
+    (``temp_last``, ``mem_last``: the last minute's samples, ``(60, GPUs)``)."""
+    out: list[HotSpot] = []
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        t_now = np.nanmean(temp_last, axis=0)
+        m_now = np.nanmean(mem_last, axis=0)
     # per GPU, its node's catalog limits (looked up once per node, not per GPU)
     node_limits = {
         name: (nd.gpu_spec.max_operating_temp_c, nd.gpu_spec.hbm_max_temp_c)
@@ -136,105 +172,130 @@ def find_hotspots(
                     detail=f"{what}: {value:.1f} °C >= {lim:g} °C",
                 )
             )
-    # GPU and HBM hot spots of one GPU side by side, in site order, as before
-    out.sort(key=lambda h: gpu_pos[h.id])
+    # GPU and HBM hot spots of one GPU side by side, in site order
+    pos = {gid: i for i, gid in enumerate(idx.gpu_ids)}
+    out.sort(key=lambda h: pos[h.id])
+    return out
 
-    # ---- above the calibrated model
-    run = store.latest_calibration_run_id()
+
+def _above_model(
+    store: Store,
+    run: int,
+    idx: Any,
+    racks: list[Any],
+    windows: tuple[Any, Any, Any, Any],
+    t_now: Any,
+    k_sigma: float,
+    minutes: int,
+) -> tuple[list[HotSpot], dict[str, float], list[str]]:
+    """GPUs above their calibrated model (of calibration run ``run``) by ``k_sigma`` in each
+    of the last ``minutes`` minutes; with every judged GPU's smallest minute residual in
+    sigma, and what could not be judged. ``windows``: the gpu, cdu, node and pdu windows."""
+    gpu, cdu, node, pdu = windows
+    temp = gpu.values["temp_c"]
+    last_min = slice(-60, None)
+    out: list[HotSpot] = []
+    problems: list[str] = []
     residual_sigma: dict[str, float] = {}
-    if run is None:
-        problems.append("no calibration run yet: the model-residual detector has nothing to use")
-    else:
-        params = {
-            (i_, p): v
-            for (_, i_, p), v in store.calibration_params(
-                run, kind="gpu", params=("r_k_per_w", "c_j_per_k", "offset_k", "flow_ref_lpm")
-            ).items()
-        }
-        flow_ref = {i_: v for (i_, p), v in params.items() if p == "flow_ref_lpm"}
-        mae = {
-            q["id"]: q["mae"]
-            for q in store.calibration_quality(run, kind="gpu")
-            if q["quantity"].startswith("temp_c@")
-        }
-        g = len(idx.gpu_ids)
-        r = np.array([params.get((gid, "r_k_per_w"), np.nan) for gid in idx.gpu_ids])
-        c = np.array([params.get((gid, "c_j_per_k"), np.nan) for gid in idx.gpu_ids])
-        off = np.array([params.get((gid, "offset_k"), 0.0) for gid in idx.gpu_ids])
-        sigma = np.array(
-            [
-                max(MIN_SIGMA_K, RMSE_PER_MAE * m) if (m := mae.get(gid)) is not None else np.nan
-                for gid in idx.gpu_ids
-            ]
-        )
-        # R at the loop's flow over the window (it was fitted at the calibration's flow)
+    params = {
+        (i_, p): v
+        for (_, i_, p), v in store.calibration_params(
+            run, kind="gpu", params=("r_k_per_w", "c_j_per_k", "offset_k", "flow_ref_lpm")
+        ).items()
+    }
+    flow_ref = {i_: v for (i_, p), v in params.items() if p == "flow_ref_lpm"}
+    mae = {
+        q["id"]: q["mae"]
+        for q in store.calibration_quality(run, kind="gpu")
+        if q["quantity"].startswith("temp_c@")
+    }
+    g = len(idx.gpu_ids)
+    r = np.array([params.get((gid, "r_k_per_w"), np.nan) for gid in idx.gpu_ids])
+    c = np.array([params.get((gid, "c_j_per_k"), np.nan) for gid in idx.gpu_ids])
+    off = np.array([params.get((gid, "offset_k"), 0.0) for gid in idx.gpu_ids])
+    sigma = np.array(
+        [
+            max(MIN_SIGMA_K, RMSE_PER_MAE * m) if (m := mae.get(gid)) is not None else np.nan
+            for gid in idx.gpu_ids
+        ]
+    )
+    # R at the loop's flow over the window (it was fitted at the calibration's flow)
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        flow_now = np.nanmean(cdu.values["flow_lpm"], axis=0)
+    r = gpu_thermal.r_at_flow_k_per_w(r, gpu_flow_ratio(idx, flow_ref, flow_now))
+    ref = gpu_reference(idx, cdu, node, pdu)
+    power = hold_fill(gpu.values["power_w"], backfill=True)
+    ref = hold_fill(ref, backfill=True)
+    t0 = first_valid(temp)
+    with np.errstate(all="ignore"):
+        pred = gpu_thermal.predict_temp_c(t0, ref, power, r, c, 1.0, off)
+    resid = temp - pred
+    n_t = resid.shape[0]
+    judged = resid[max(n_t - 60 * minutes, 0) :]
+    usable = np.isfinite(r) & np.isfinite(c) & np.isfinite(sigma)
+    if judged.shape[0] >= 60 * minutes:
+        per_min = judged[: 60 * minutes].reshape(minutes, 60, g)
         with np.errstate(all="ignore"), warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
-            flow_now = np.nanmean(cdu.values["flow_lpm"], axis=0)
-        r = gpu_thermal.r_at_flow_k_per_w(r, gpu_flow_ratio(idx, flow_ref, flow_now))
-        ref = gpu_reference(idx, cdu, node, pdu)
-        power = hold_fill(gpu.values["power_w"], backfill=True)
-        ref = hold_fill(ref, backfill=True)
-        t0 = first_valid(temp)
-        with np.errstate(all="ignore"):
-            pred = gpu_thermal.predict_temp_c(t0, ref, power, r, c, 1.0, off)
-        resid = temp - pred
-        n_t = resid.shape[0]
-        judged = resid[max(n_t - 60 * minutes, 0) :]
-        usable = np.isfinite(r) & np.isfinite(c) & np.isfinite(sigma)
-        if judged.shape[0] >= 60 * minutes:
-            per_min = judged[: 60 * minutes].reshape(minutes, 60, g)
-            with np.errstate(all="ignore"), warnings.catch_warnings():
-                warnings.simplefilter("ignore", RuntimeWarning)
-                means = np.nanmean(per_min, axis=1)  # (minutes, g)
-                worst = np.nanmin(means, axis=0) / sigma
-                pred_now = np.nanmean(pred[last_min], axis=0)
-            judged_ok = np.flatnonzero(usable & np.isfinite(worst))
-            residual_sigma = dict(
-                zip([idx.gpu_ids[i] for i in judged_ok], worst[judged_ok].tolist(), strict=True)
-            )
-            for i in judged_ok[worst[judged_ok] >= k_sigma]:  # only the flagged GPUs
-                gid = idx.gpu_ids[i]
-                out.append(
-                    HotSpot(
-                        kind="gpu",
-                        id=gid,
-                        reason="above_model",
-                        value=float(t_now[i]),
-                        reference=float(pred_now[i]),
-                        excess=float(t_now[i] - pred_now[i]),
-                        sigma=float(sigma[i]),
-                        residual_sigma=float(worst[i]),
-                        rack=racks[idx.gpu_rack[i]].name,
-                        detail=(
-                            f"{t_now[i] - pred_now[i]:.1f} K above its calibrated model "
-                            f"({worst[i]:.1f} sigma or more in each of the last {minutes} "
-                            f"min; sigma {sigma[i]:.2f} K)"
-                        ),
-                    )
-                )
-        else:
-            problems.append(f"less than {minutes} min of GPU data: no model-residual check")
-        # ---- drift events of the latest run
-        for ev in store.calibration_events(run, kind="gpu"):
-            gid, param, value, fleet = ev["id"], ev["param"], ev["value"], ev["fleet_median"]
-            detail = ev["detail"]
-            gi = gpu_pos.get(gid)
+            means = np.nanmean(per_min, axis=1)  # (minutes, g)
+            worst = np.nanmin(means, axis=0) / sigma
+            pred_now = np.nanmean(pred[last_min], axis=0)
+        judged_ok = np.flatnonzero(usable & np.isfinite(worst))
+        residual_sigma = dict(
+            zip([idx.gpu_ids[i] for i in judged_ok], worst[judged_ok].tolist(), strict=True)
+        )
+        for i in judged_ok[worst[judged_ok] >= k_sigma]:  # only the flagged GPUs
+            gid = idx.gpu_ids[i]
             out.append(
                 HotSpot(
                     kind="gpu",
                     id=gid,
-                    reason="r_drift",
-                    value=float(value),
-                    reference=None if fleet is None else float(fleet),
-                    excess=float(value - fleet) if fleet is not None else 0.0,
-                    rack=racks[idx.gpu_rack[gi]].name if gi is not None else None,
-                    detail=f"{param}: {detail}",
+                    reason="above_model",
+                    value=float(t_now[i]),
+                    reference=float(pred_now[i]),
+                    excess=float(t_now[i] - pred_now[i]),
+                    sigma=float(sigma[i]),
+                    residual_sigma=float(worst[i]),
+                    rack=racks[idx.gpu_rack[i]].name,
+                    detail=(
+                        f"{t_now[i] - pred_now[i]:.1f} K above its calibrated model "
+                        f"({worst[i]:.1f} sigma or more in each of the last {minutes} "
+                        f"min; sigma {sigma[i]:.2f} K)"
+                    ),
                 )
             )
+    else:
+        problems.append(f"less than {minutes} min of GPU data: no model-residual check")
+    return out, residual_sigma, problems
 
-    # ---- rack inlet air over the ASHRAE recommended envelope
-    inlet = _rack_inlet(site, node, pdu)
+
+def _drift_hotspots(store: Store, run: int, idx: Any, racks: list[Any]) -> list[HotSpot]:
+    """The GPU drift events of calibration run ``run``, as hot spots."""
+    out: list[HotSpot] = []
+    pos = {gid: i for i, gid in enumerate(idx.gpu_ids)}
+    for ev in store.calibration_events(run, kind="gpu"):
+        gid, param, value, fleet = ev["id"], ev["param"], ev["value"], ev["fleet_median"]
+        detail = ev["detail"]
+        gi = pos.get(gid)
+        out.append(
+            HotSpot(
+                kind="gpu",
+                id=gid,
+                reason="r_drift",
+                value=float(value),
+                reference=None if fleet is None else float(fleet),
+                excess=float(value - fleet) if fleet is not None else 0.0,
+                rack=racks[idx.gpu_rack[gi]].name if gi is not None else None,
+                detail=f"{param}: {detail}",
+            )
+        )
+    return out
+
+
+def _inlet_hotspots(inlet: dict[str, float]) -> list[HotSpot]:
+    """Racks whose inlet air is over the ASHRAE recommended envelope."""
+    out: list[HotSpot] = []
     for name, value in inlet.items():
         if value > ASHRAE_RECOMMENDED_MAX_C:
             out.append(
@@ -252,16 +313,7 @@ def find_hotspots(
                     ),
                 )
             )
-    return HotSpotReport(
-        computed_at=datetime.now(UTC),
-        data_until=now,
-        k_sigma=k_sigma,
-        minutes=minutes,
-        hotspots=out,
-        residual_sigma=residual_sigma,
-        rack_inlet_c=inlet,
-        problems=problems,
-    )
+    return out
 
 
 def _rack_inlet(site: Site, node: Any, pdu: Any) -> dict[str, float]:

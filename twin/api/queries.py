@@ -388,7 +388,7 @@ def alert_history(db: Store, limit: int) -> list[dict[str, Any]]:
 
 
 @dataclass
-class SiteIndex:
+class SiteLookups:
     """Lookups the endpoints need, built once from the site."""
 
     site: Site
@@ -400,7 +400,7 @@ class SiteIndex:
     fleet_of_rack: dict[str, str] = field(default_factory=dict)
 
     @classmethod
-    def build(cls, site: Site) -> SiteIndex:
+    def build(cls, site: Site) -> SiteLookups:
         idx = cls(site)
         for h in site.halls:
             for row in h.rows:

@@ -9,7 +9,10 @@ background, and read their results and reports.
   them), ``[{"key", "title", "figure"}]``.
 
 Bundles are the directories holding a ``manifest.json`` under the bundle directory; scenarios
-the ``*.yaml`` files of the scenario directory (both given to ``dctwin serve``). Jobs run one at
+the ``*.yaml`` files of the scenario directory (both given to ``dctwin serve``). The alerts a
+job lists are those of the service's own rule file (``serve --rules``), read when the job
+runs (a SIGHUP's reload counts); a service without one lists none. Each job says which file
+it used in ``rules``. Jobs run one at
 a time in a worker thread; the what-if never touches the live store. At most ``max_pending``
 jobs wait or run (a start beyond gets 429 with Retry-After); the newest ``max_kept`` jobs are
 kept, with their reports (older finished ones are forgotten and their reports deleted).
@@ -25,12 +28,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
-from fastapi import APIRouter, Depends, HTTPException
+from fastapi import APIRouter, HTTPException
 from fastapi.responses import FileResponse
 from pydantic import BaseModel, Field
 
-from twin.api.app import token_check
 from twin.api.context import ApiContext
+from twin.api.deps import WRITER
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +58,8 @@ class WhatifJob(BaseModel):
     created_at: datetime
     finished_at: datetime | None = None
     error: str | None = None
+    #: the alert rule file the job evaluated (the service's --rules), None: no alerts
+    rules: str | None = None
     verdicts: dict[str, str] = Field(default_factory=dict)
     results: list[dict[str, Any]] | None = None
 
@@ -71,12 +76,15 @@ def whatif_router(
     scenario_dir: Path,
     out_dir: Path,
     *,
+    rules: Path | None = None,
     max_pending: int = MAX_PENDING_JOBS,
     max_kept: int = MAX_KEPT_JOBS,
 ) -> APIRouter:
-    """The what-if routes, reading bundles and scenarios from the given directories (see the
-    module docstring for ``max_pending`` and ``max_kept``)."""
-    from twin.alerts import load_rules
+    """The what-if routes of the service whose context is ``ctx`` (the routes reach it, and
+    its token, through the app's state), reading bundles and scenarios from the given
+    directories and the alerts from the rule file ``rules`` (None: no alerts; see the module
+    docstring for ``max_pending`` and ``max_kept``)."""
+    from twin.alerts import RuleFileError, load_rules
     from twin.replay.bundle import Bundle, BundleError
     from twin.replay.report import write_report
     from twin.replay.scenario import ScenarioError, load_scenario
@@ -86,7 +94,6 @@ def whatif_router(
     jobs: dict[str, WhatifJob] = {}
     lock = threading.Lock()
     queue_lock = threading.Lock()  # one job at a time: each holds a day of a site in memory
-    rules_path = Path(__file__).resolve().parents[2] / "deploy" / "alert_rules.yaml"
 
     def bundles() -> dict[str, Path]:
         if not bundle_dir.is_dir():
@@ -105,10 +112,10 @@ def whatif_router(
             try:
                 b = Bundle.load(bundles()[job.bundle])
                 loaded = [load_scenario(scenarios()[s], b.site) for s in job.scenarios]
-                rules = load_rules(rules_path) if rules_path.exists() else None
+                rule_set = load_rules(rules) if rules is not None else None
                 data = load(b)
-                base = run(data, None, rules)
-                runs = [run(data, s, rules) for s in loaded]
+                base = run(data, None, rule_set)
+                runs = [run(data, s, rule_set) for s in loaded]
                 write_report(b, base, runs, out_dir / job.job)
                 results = [
                     r.model_dump(mode="json", exclude={"gpu_mean_temp_c"}) for r in [base, *runs]
@@ -117,7 +124,7 @@ def whatif_router(
                     job.results = results
                     job.verdicts = {r.name: r.verdict for r in runs}
                     job.state = "done"
-            except (BundleError, ScenarioError, ValueError, OSError) as e:
+            except (BundleError, ScenarioError, RuleFileError, ValueError, OSError) as e:
                 with lock:
                     job.state, job.error = "failed", str(e)
             except Exception as e:  # the job fails, never the service
@@ -150,7 +157,7 @@ def whatif_router(
         response_model=WhatifJob,
         status_code=202,
         responses={429: {"description": "too many jobs waiting: retry after Retry-After s"}},
-        dependencies=[Depends(token_check(ctx))],
+        dependencies=WRITER,
     )
     def start(req: WhatifRequest) -> WhatifJob:
         """Start a job: the baseline and each scenario on the bundle (token required)."""
@@ -165,6 +172,7 @@ def whatif_router(
             scenarios=req.scenarios,
             state="queued",
             created_at=datetime.now(UTC),
+            rules=None if rules is None else str(rules),
         )
         with lock:
             pending = sum(1 for j in jobs.values() if j.state in ("queued", "running"))

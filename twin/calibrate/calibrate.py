@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 import warnings
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -194,36 +195,7 @@ def calibrate(
     split = round((window_s - holdout_s) / step_s)
     idx = index_site(site)
 
-    gpu = load_window(
-        store,
-        "gpu",
-        start,
-        end,
-        step_s=step_s,
-        ids=idx.gpu_ids,
-        quantities=["power_w", "temp_c", "mem_temp_c", "sm_active", "util_pct"],
-    )
-    limit = load_max(store, "gpu", start, end, "power_limit_w", idx.gpu_ids)
-    cdu = load_window(
-        store,
-        "cdu",
-        start,
-        end,
-        step_s=step_s,
-        ids=idx.cdu_names,
-        quantities=["supply_temp_c", "return_temp_c", "flow_lpm", "heat_kw"],
-    )
-    node = load_window(store, "node", start, end, step_s=step_s, quantities=["inlet_temp_c"])
-    all_pdus = sorted({p for ps in idx.rack_pdus for p in ps})
-    pdu = load_window(
-        store,
-        "pdu",
-        start,
-        end,
-        step_s=step_s,
-        ids=all_pdus,
-        quantities=["power_w", "inlet_temp_c"],
-    )
+    gpu, limit, cdu, node, pdu = _load_windows(store, idx, start, end, step_s)
     power = gpu.values["power_w"]
     activity = gpu.values["sm_active"].copy()
     no_sm = np.isnan(activity).all(axis=0)
@@ -318,50 +290,7 @@ def calibrate(
     results["quality"].extend(_quality("rack", idx.rack_names, "power_w", rack_in[hold], pred_rack))
     # 4. liquid capture per rack, from each CDU's heat balance
     if idx.cdu_names:
-        cf = fit_capture_fraction(
-            rack_in[fit],
-            cdu.values["heat_kw"][fit],
-            idx.rack_cdu,
-            idx.rack_prior,
-            dt_s=step_s,
-            max_stderr=CAPTURE_MAX_STDERR,
-        )
-        params(
-            "rack",
-            idx.rack_names,
-            cf.usable,
-            cf.reason,
-            capture_fraction=(cf.fraction, cf.stderr),
-            capture_identifiable=(cf.identifiable.astype(float), None),
-        )
-        # the flow the GPUs' R values were fitted at: R at another flow scales from it
-        with np.errstate(all="ignore"), warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)
-            flow_ref = np.nanmedian(cdu.values["flow_lpm"][fit], axis=0)
-        params(
-            "cdu",
-            idx.cdu_names,
-            cf.cdu_usable,
-            cf.cdu_reason,
-            capture_fraction=(cf.cdu_fraction, cf.cdu_fraction_stderr),
-            lag_tau_s=(cf.lag_tau_s, None),
-            flow_ref_lpm=(flow_ref, None),
-        )
-        ret = cdu.values["return_temp_c"]
-        pred_ret = predict_return_temp_c(
-            hold_fill(cdu.values["supply_temp_c"][hold]),
-            hold_fill(rack_in[hold]),
-            np.nan_to_num(cf.fraction),
-            idx.rack_cdu,
-            hold_fill(cdu.values["flow_lpm"][hold]),
-            idx.cdu_fluid,
-            lag_tau_s=np.nan_to_num(cf.lag_tau_s),
-            dt_s=step_s,
-            return0_c=first_valid(ret[hold]),
-        )
-        results["quality"].extend(
-            _quality("cdu", idx.cdu_names, "return_temp_c", ret[hold], pred_ret)
-        )
+        results["quality"].extend(_fit_capture(params, idx, cdu, rack_in, fit, hold, step_s))
     results["events"] = _drift_events(store, idx, rc_fits.get("temp_c"))
     results["run"] = {
         "fitted_at": datetime.now(UTC).isoformat(),
@@ -376,6 +305,100 @@ def calibrate(
     }
     results["classes"] = _class_summary(idx, results)
     return results
+
+
+def _load_windows(
+    store: Store, idx: SiteIndex, start: datetime, end: datetime, step_s: float
+) -> tuple[Window, np.ndarray, Window, Window, Window]:
+    """The GPU, CDU, node and PDU telemetry calibration fits on, and each GPU's highest
+    power limit over the window."""
+    gpu = load_window(
+        store,
+        "gpu",
+        start,
+        end,
+        step_s=step_s,
+        ids=idx.gpu_ids,
+        quantities=["power_w", "temp_c", "mem_temp_c", "sm_active", "util_pct"],
+    )
+    limit = load_max(store, "gpu", start, end, "power_limit_w", idx.gpu_ids)
+    cdu = load_window(
+        store,
+        "cdu",
+        start,
+        end,
+        step_s=step_s,
+        ids=idx.cdu_names,
+        quantities=["supply_temp_c", "return_temp_c", "flow_lpm", "heat_kw"],
+    )
+    node = load_window(store, "node", start, end, step_s=step_s, quantities=["inlet_temp_c"])
+    all_pdus = sorted({p for ps in idx.rack_pdus for p in ps})
+    pdu = load_window(
+        store,
+        "pdu",
+        start,
+        end,
+        step_s=step_s,
+        ids=all_pdus,
+        quantities=["power_w", "inlet_temp_c"],
+    )
+    return gpu, limit, cdu, node, pdu
+
+
+def _fit_capture(
+    params: Callable[..., None],
+    idx: SiteIndex,
+    cdu: Window,
+    rack_in: np.ndarray,
+    fit: slice,
+    hold: slice,
+    step_s: float,
+) -> Iterator[dict[str, Any]]:
+    """Liquid capture per rack from each CDU's heat balance, the flow the GPUs' R values were
+    fitted at, and the held-out quality of the predicted return temperature; the parameters
+    go through ``params`` (of :func:`calibrate`), the quality rows are returned."""
+    cf = fit_capture_fraction(
+        rack_in[fit],
+        cdu.values["heat_kw"][fit],
+        idx.rack_cdu,
+        idx.rack_prior,
+        dt_s=step_s,
+        max_stderr=CAPTURE_MAX_STDERR,
+    )
+    params(
+        "rack",
+        idx.rack_names,
+        cf.usable,
+        cf.reason,
+        capture_fraction=(cf.fraction, cf.stderr),
+        capture_identifiable=(cf.identifiable.astype(float), None),
+    )
+    # the flow the GPUs' R values were fitted at: R at another flow scales from it
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        flow_ref = np.nanmedian(cdu.values["flow_lpm"][fit], axis=0)
+    params(
+        "cdu",
+        idx.cdu_names,
+        cf.cdu_usable,
+        cf.cdu_reason,
+        capture_fraction=(cf.cdu_fraction, cf.cdu_fraction_stderr),
+        lag_tau_s=(cf.lag_tau_s, None),
+        flow_ref_lpm=(flow_ref, None),
+    )
+    ret = cdu.values["return_temp_c"]
+    pred_ret = predict_return_temp_c(
+        hold_fill(cdu.values["supply_temp_c"][hold]),
+        hold_fill(rack_in[hold]),
+        np.nan_to_num(cf.fraction),
+        idx.rack_cdu,
+        hold_fill(cdu.values["flow_lpm"][hold]),
+        idx.cdu_fluid,
+        lag_tau_s=np.nan_to_num(cf.lag_tau_s),
+        dt_s=step_s,
+        return0_c=first_valid(ret[hold]),
+    )
+    return _quality("cdu", idx.cdu_names, "return_temp_c", ret[hold], pred_ret)
 
 
 def _f(x: Any) -> float | None:

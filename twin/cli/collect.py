@@ -32,9 +32,9 @@ from typing import Annotated, Any, Literal
 
 import orjson
 import typer
-from rich.console import Console
 
 from collectors.mqtt import BrokerConfig
+from twin.cli.common import err, fail
 from twin.procs import on_stop_signals
 
 collect_app = typer.Typer(
@@ -44,8 +44,6 @@ collect_app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-err = Console(stderr=True, soft_wrap=True)
-
 #: Where spools go when --spool is not given: $DCTWIN_SPOOL_DIR, else the user's state dir.
 DEFAULT_SPOOL_ROOT = Path(
     os.environ.get("DCTWIN_SPOOL_DIR")
@@ -94,11 +92,6 @@ ClientIdOpt = Annotated[
 VerboseOpt = Annotated[bool, typer.Option("--verbose", help="Debug logging.")]
 
 
-def _fail(message: str, code: int = 2) -> typer.Exit:
-    err.print(f"[bold red]error:[/] {message}", highlight=False)
-    return typer.Exit(code)
-
-
 def _setup_logging(verbose: bool) -> None:
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO,
@@ -116,7 +109,7 @@ def _site_name(site: str | None, stdout: bool) -> str:
         return site
     if stdout:
         return "local"
-    raise _fail("give --site NAME (or set DCTWIN_SITE): the site name the twin expects")
+    raise fail("give --site NAME (or set DCTWIN_SITE): the site name the twin expects")
 
 
 def _run(
@@ -138,16 +131,16 @@ def _run(
 
     _setup_logging(verbose)
     if interval <= 0:
-        raise _fail("--interval must be positive")
+        raise fail("--interval must be positive")
     if spool_max_mb <= 0:
-        raise _fail("--spool-max-mb must be positive")
+        raise fail("--spool-max-mb must be positive")
     site_name = _site_name(site, stdout)
     try:
         collector = make(site_name)
     except CollectorError as e:
-        raise _fail(str(e)) from None
+        raise fail(str(e)) from None
     except ValueError as e:
-        raise _fail(str(e)) from None
+        raise fail(str(e)) from None
     try:
         if stdout:
             _print_polls(collector, interval, once)
@@ -178,7 +171,7 @@ def _print_polls(collector: Any, interval: float, once: bool) -> None:
             messages = collector.poll()
         except CollectorError as e:
             if once:
-                raise _fail(str(e)) from None
+                raise fail(str(e)) from None
             err.print(f"poll failed: {e}", highlight=False)
             messages = []
         try:
@@ -212,7 +205,7 @@ def _publish(
     try:
         cfg = BrokerConfig.parse(broker)
     except ValueError as e:
-        raise _fail(str(e)) from None
+        raise fail(str(e)) from None
     spool_dir = spool or DEFAULT_SPOOL_ROOT / _slug(spool_name)
     rcfg = RunnerConfig(
         interval_s=interval,
@@ -223,13 +216,13 @@ def _publish(
     try:
         runner = Runner(collector, cfg, rcfg)
     except SpoolError as e:
-        raise _fail(str(e)) from None
+        raise fail(str(e)) from None
     if once:
         try:
             messages = collector.poll()
         except CollectorError as e:
             runner.spool.close()
-            raise _fail(str(e)) from None
+            raise fail(str(e)) from None
         runner.start(poll=False)
         runner.submit(messages)
         deadline = time.monotonic() + rcfg.connect_timeout_s + 5
@@ -241,7 +234,7 @@ def _publish(
         stats = runner.stop(drain_s=0)
         typer.echo(json.dumps(stats.as_dict()))
         if stats.pending:
-            raise _fail(
+            raise fail(
                 f"MQTT broker at {cfg.describe()} did not take the messages: {stats.pending} "
                 f"message(s) kept in the spool {spool_dir} for the next run"
             )
@@ -282,7 +275,7 @@ def nvml(
 ) -> None:
     """Read this host's GPUs through NVML (the NVIDIA driver)."""
     if gpu_id not in ("index", "uuid"):
-        raise _fail(f"--gpu-id {gpu_id!r}: expected index or uuid")
+        raise fail(f"--gpu-id {gpu_id!r}: expected index or uuid")
 
     def make(site_name: str) -> Any:
         from collectors.nvml import NvmlCollector
@@ -350,11 +343,11 @@ def dcgm(
 def _secret(env_name: str | None, what: str, required: bool) -> str | None:
     if env_name is None:
         if required:
-            raise _fail(f"{what}: name the environment variable that holds it")
+            raise fail(f"{what}: name the environment variable that holds it")
         return None
     value = os.environ.get(env_name)
     if not value:
-        raise _fail(f"{what}: environment variable {env_name} is not set or empty")
+        raise fail(f"{what}: environment variable {env_name} is not set or empty")
     return value
 
 
@@ -393,14 +386,14 @@ def redfish(
     from urllib.parse import urlsplit
 
     if kind not in (None, "pdu", "cdu"):
-        raise _fail(f"--kind {kind!r}: expected pdu or cdu")
+        raise fail(f"--kind {kind!r}: expected pdu or cdu")
     if insecure and ca_file is not None:
-        raise _fail("--insecure and --ca-file exclude each other")
+        raise fail("--insecure and --ca-file exclude each other")
     if ca_file is not None and not ca_file.is_file():
-        raise _fail(f"--ca-file {ca_file}: no such file")
+        raise fail(f"--ca-file {ca_file}: no such file")
     password = _secret(password_env, "--password-env", required=False)
     if password is not None and user is None:
-        raise _fail("--password-env needs --user")
+        raise fail("--password-env needs --user")
     verify: bool | str = False if insecure else (str(ca_file) if ca_file else True)
     k: Literal["pdu", "cdu"] | None = kind  # type: ignore[assignment]
 
@@ -408,7 +401,7 @@ def redfish(
         try:
             from collectors.redfish import RedfishCollector
         except ImportError as e:
-            raise _fail(f"the Redfish collector is not available in this build: {e}") from None
+            raise fail(f"the Redfish collector is not available in this build: {e}") from None
         return RedfishCollector(
             url,
             site=site_name,
@@ -459,9 +452,9 @@ def snmp(
 ) -> None:
     """Poll an SNMP PDU (SNMPv2c) with a vendor profile."""
     if profile not in ("raritan", "apc", "servertech"):
-        raise _fail(f"--profile {profile!r}: expected raritan, apc or servertech")
+        raise fail(f"--profile {profile!r}: expected raritan, apc or servertech")
     if not 1 <= port <= 65535:
-        raise _fail(f"--port {port}: expected 1..65535")
+        raise fail(f"--port {port}: expected 1..65535")
     community = _secret(community_env, "--community-env", required=True)
     assert community is not None
 
@@ -469,7 +462,7 @@ def snmp(
         try:
             from collectors.snmp import SnmpPduCollector
         except ImportError as e:
-            raise _fail(f"the SNMP collector is not available in this build: {e}") from None
+            raise fail(f"the SNMP collector is not available in this build: {e}") from None
         return SnmpPduCollector(
             host,
             site=site_name,

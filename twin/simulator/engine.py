@@ -34,9 +34,9 @@ from collectors.contract import (
     sub_id,
     topic_for,
 )
-from collectors.simulator.faults import Fault
 from models import cdu as cdu_model
 from models import coolant, electrical, gpu_power, gpu_thermal, network
+from twin.simulator.faults import Fault
 from twin.site.catalog import CDU_MODELS
 from twin.site.model import Pdu, Site
 
@@ -230,16 +230,25 @@ class SiteSimulator:
     # ---- topology ------------------------------------------------------------------------------
 
     def _build_topology(self) -> None:
+        """The index arrays of the site: GPUs, nodes, racks, CDUs, fleets, work groups, PDU
+        circuits, breakers, pumps and links."""
         site = self.site
-        racks = site.racks
-        nodes = site.nodes
-        self._racks = racks
-        self._nodes = nodes
-        rack_index = {r.name: i for i, r in enumerate(racks)}
-        self._rack_index = rack_index
-        self._node_index = {n.name: i for i, n in enumerate(nodes)}
-        n_nodes = len(nodes)
+        self._racks = site.racks
+        self._nodes = site.nodes
+        self._rack_index = {r.name: i for i, r in enumerate(site.racks)}
+        self._node_index = {n.name: i for i, n in enumerate(site.nodes)}
+        self._build_gpus()
+        self._build_node_maps()
+        self._build_groups()
+        self._build_pdus()
+        self._build_breakers()
+        self._build_pumps()
+        self._build_links()
 
+    def _build_gpus(self) -> None:
+        """GPUs, node-major, and their catalog parameters."""
+        nodes = self._nodes
+        n_nodes = len(nodes)
         # GPUs, node-major: the GPUs of node i are gpu_start[i]:gpu_start[i + 1].
         counts = np.array([n.spec.gpus for n in nodes], dtype=np.int64)
         self._gpu_start = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
@@ -268,6 +277,10 @@ class SiteSimulator:
         self._r_nom = np.where(self._gpu_liquid, r_liq, r_air)
         self._tau_nom = np.where(self._gpu_liquid, t_liq, t_air)
 
+    def _build_node_maps(self) -> None:
+        """Nodes -> racks, CDUs and fleets."""
+        site, racks, nodes = self.site, self._racks, self._nodes
+        rack_index = self._rack_index
         # Nodes -> racks, CDUs, fleets, phases.
         rack_of = site.rack_of_node
         self._node_rack = np.array([rack_index[rack_of[n.name].name] for n in nodes], np.int64)
@@ -298,6 +311,12 @@ class SiteSimulator:
         self._fleet_inference = np.array([f.role == "inference" for f in fleets] + [False])
         self._fleet_nodes = np.bincount(self._node_fleet, minlength=idle_slot + 1)
 
+    def _build_groups(self) -> None:
+        """The work groups of the nodes (training jobs, inference replica groups)."""
+        nodes, fleets = self._nodes, self._fleets
+        n_nodes = len(nodes)
+        idle_slot = len(fleets)  # the "no fleet" slot
+        rack_of = self.site.rack_of_node
         # Work groups (see TRAIN_JOB_NODES): training jobs of consecutive nodes of a fleet,
         # named "<fleet>/job<k>"; inference replica groups per (fleet, rack), named
         # "<fleet>/<rack>". Nodes in no fleet share the idle slot at the end.
@@ -332,6 +351,11 @@ class SiteSimulator:
         self._group_inference = self._fleet_inference[self._group_fleet]
         self._gpu_group = node_group[self._gpu_node]
 
+    def _build_pdus(self) -> None:
+        """The phase of each node, PDU circuits, their loads and environment."""
+        racks, nodes = self._racks, self._nodes
+        n_nodes = len(nodes)
+        rack_of = self.site.rack_of_node
         node_phase = np.empty(n_nodes, np.int64)
         for r in racks:
             for k, n in enumerate(r.nodes):
@@ -341,7 +365,7 @@ class SiteSimulator:
         self._node_phase = node_phase
 
         # PDUs: 3 circuit slots per PDU (wye/single: L1..L3; delta: L1-L2, L2-L3, L3-L1).
-        pdus = site.pdus
+        pdus = self.site.pdus
         self._pdus = pdus
         pdu_index = {p.name: i for i, p in enumerate(pdus)}
         self._pdu_index = pdu_index
@@ -382,6 +406,9 @@ class SiteSimulator:
         self._pr_rack = np.array(pr_rack, np.int64)
         self._pdu_nracks = np.maximum(np.bincount(self._pr_pdu, minlength=n_pdus), 1)
 
+    def _build_breakers(self) -> None:
+        """Breakers: the current share of a circuit (branch or wye phase) or of a line."""
+        pdus, pdu_index = self._pdus, self._pdu_index
         # Breakers: current share of a circuit (branch or wye phase) or of a line.
         br_from_line: list[bool] = []
         br_idx: list[int] = []
@@ -407,6 +434,9 @@ class SiteSimulator:
         self._br_ids = br_ids
         self._br_pdu = np.array([pdu_index[split_sub_id(i)[0]] for i in br_ids], np.int64)
 
+    def _build_pumps(self) -> None:
+        """CDU pumps and the racks each CDU serves."""
+        cdus, racks = self._cdus, self._racks
         # CDU pumps.
         pump_ids: list[str] = []
         pump_cdu: list[int] = []
@@ -421,8 +451,6 @@ class SiteSimulator:
         self._cdu_fluids = sorted({c.coolant for c in cdus})
         self._cdu_fluid = np.array([c.coolant for c in cdus])
         self._cdu_racks = [[r.name for r in racks if r.cdu == c.name] for c in cdus]
-
-        self._build_links()
 
     @staticmethod
     def _breaker_key(pdu: Pdu, phase: str) -> tuple[str, int] | None:
@@ -790,6 +818,8 @@ class SiteSimulator:
         return np.clip(level[self._gpu_group] * self._gpu_share + self._noise, 0.0, 1.0)
 
     def _advance(self) -> None:
+        """One tick: thermal state, workload, loop flow, thermal control, power, cooling,
+        links, then the measurements (their noise drawn in a fixed order)."""
         rng = self._rng
         self._tick += 1
         t = self.elapsed_s
@@ -811,7 +841,36 @@ class SiteSimulator:
         # -- workload and power
         activity = self._activity(t)
         p_demand = gpu_power.gpu_power_w(activity, self._idle, self._limit, self._gamma)
-        # -- pumps and loop flow; a cold plate's R rises as its flow falls (docs/physics.md §2.2)
+        pump_running, flow, r_eff, mem_r_eff = self._loop_flow(t)
+        fw_supply, supply, rack_air, ref = self._references(t, hour)
+        power, frac, _, throttle = self._thermal_control(first, ref, p_demand, r_eff, mem_r_eff)
+        el = self._electrical(t, dt, power, activity)
+        cool = self._cooling(first, dt, el["rack_power"], supply, flow, pump_running)
+        flows = self._link_flows(el["node_act"])
+        self._measure(rng, activity, power, frac, throttle, rack_air, el)
+        self._m_cdu = self._measure_cdu(rng, supply, flow, fw_supply, cool)
+        self._measure_links(rng, flows)
+        rack_power, node_in = el["rack_power"], el["node_in"]
+        circ_p, line_i, heat_true = el["circ_p"], el["line_i"], cool["heat_true"]
+        # true values a test or a calibrator may want
+        self._state = {
+            "activity": activity,
+            "power": power,
+            "ref": ref,
+            "r_eff": r_eff,
+            "node_in": node_in,
+            "rack_power": rack_power,
+            "circuit_power": circ_p,
+            "line_current": line_i,
+            "cdu_heat_kw": heat_true,
+            "cdu_supply": supply,
+            "cdu_flow": flow,
+            "cdu_return": self._cdu_return,
+        }
+
+    def _loop_flow(self, t: float) -> tuple[NDArray[np.bool_], F64, F64, F64]:
+        """Pumps running, loop flow per CDU, and each GPU's R and memory R at that flow: a
+        cold plate's R rises as its flow falls (docs/physics.md §2.2), and by cold-plate faults."""
         n_cdus = len(self._cdus)
         pump_running = np.ones(len(self._pump_ids), bool)
         for p_i, _, _ in self._active("pump_failure", t):
@@ -827,8 +886,11 @@ class SiteSimulator:
         for kind in ("cold_plate", "cold_plate_decay"):
             for g_i, mag, k in self._active(kind, t):
                 r_eff[g_i] *= 1.0 + float(mag) * self.faults[k].ramp_fraction(t)  # type: ignore[arg-type]
+        return pump_running, flow, r_eff, mem_r_eff
 
-        # -- coolant and air references
+    def _references(self, t: float, hour: float) -> tuple[F64, F64, F64, F64]:
+        """Facility-water supply and CDU supply per CDU, rack inlet air, and the temperature
+        each GPU sits above (its loop's coolant or its rack's air)."""
         fw_supply = self._fw_base + self._fw_drift * np.sin(
             2 * np.pi * t / self._fw_period + self._fw_phase
         )
@@ -839,8 +901,14 @@ class SiteSimulator:
             supply[np.maximum(self._gpu_cdu, 0)] + self._coolant_offset if len(supply) else 0.0,
             rack_air[self._node_rack[self._gpu_node]],
         )
+        return fw_supply, supply, rack_air, ref
 
-        # -- thermal slowdown: hold max operating temperature by capping power
+    def _thermal_control(
+        self, first: bool, ref: F64, p_demand: F64, r_eff: F64, mem_r_eff: F64
+    ) -> tuple[F64, F64, NDArray[np.bool_], NDArray[np.int64]]:
+        """Thermal slowdown: hold the max operating temperature by capping power. Returns the
+        power drawn, the fraction of the dynamic power kept, the GPUs in hardware slowdown and
+        the NVML throttle-reason bits."""
         dynamic = p_demand - self._idle
         p_thermal = (self._max_op_c - ref) / r_eff
         # the firmware reads the temperature of this tick; on the first tick, the steady state
@@ -863,8 +931,10 @@ class SiteSimulator:
         throttle = np.where(p_demand >= self._limit - 1e-9, THROTTLE_SW_POWER_CAP, 0)
         throttle = throttle | np.where(frac < 1.0, THROTTLE_SW_THERMAL, 0)
         throttle = throttle | np.where(hw_slow, THROTTLE_HW_THERMAL, 0)
+        return power, frac, hw_slow, throttle
 
-        # -- nodes, racks
+    def _electrical(self, t: float, dt: float, power: F64, activity: F64) -> dict[str, Any]:
+        """Node, rack, PDU circuit, line and breaker power and current (and the PDU energy)."""
         n_nodes = len(self._nodes)
         sum_gpu = np.bincount(self._gpu_node, weights=power, minlength=n_nodes)
         node_dc = electrical.node_power_w(sum_gpu, self._base_w, self._overhead)
@@ -905,8 +975,29 @@ class SiteSimulator:
             )
             * self._br_share
         )
+        return {
+            "node_in": node_in,
+            "node_act": node_act,
+            "rack_power": rack_power,
+            "circ_p": circ_p,
+            "pf3": pf3,
+            "line_i": line_i,
+            "line_p": line_p,
+            "pdu_power": pdu_power,
+            "br_i": br_i,
+        }
 
-        # -- CDUs
+    def _cooling(
+        self,
+        first: bool,
+        dt: float,
+        rack_power: F64,
+        supply: F64,
+        flow: F64,
+        pump_running: NDArray[np.bool_],
+    ) -> dict[str, Any]:
+        """CDU heat, return temperature (a first-order loop), pressure drop and pumps."""
+        n_cdus = len(self._cdus)
         rack_liquid_kw = self._capture * rack_power / 1000.0
         has = self._rack_cdu >= 0
         heat_true = np.bincount(self._rack_cdu[has], weights=rack_liquid_kw[has], minlength=n_cdus)
@@ -926,8 +1017,16 @@ class SiteSimulator:
         pump_speed = np.where(pump_running, PUMP_SPEED, 0.0)
         pump_w = cdu_model.pump_power_w(pump_speed, self._pump_rated_w[self._pump_cdu])
         cdu_pump_w = np.bincount(self._pump_cdu, weights=pump_w, minlength=n_cdus)
+        return {
+            "heat_true": heat_true,
+            "dp": dp,
+            "pump_speed": pump_speed,
+            "pump_w": pump_w,
+            "cdu_pump_w": cdu_pump_w,
+        }
 
-        # -- links
+    def _link_flows(self, node_act: F64) -> F64:
+        """Traffic per link direction (tx, rx interleaved) from the nodes' activity."""
         node_tx, node_rx = self._node_traffic(node_act)
         if self._n_links:
             vals = (
@@ -937,8 +1036,22 @@ class SiteSimulator:
             flows = flows + self._link_background
         else:
             flows = np.zeros(0)
+        return flows
 
-        # -- measurements (noise drawn in a fixed order)
+    def _measure(
+        self,
+        rng: np.random.Generator,
+        activity: F64,
+        power: F64,
+        frac: F64,
+        throttle: NDArray[np.int64],
+        rack_air: F64,
+        el: dict[str, Any],
+    ) -> None:
+        """The GPU, node and PDU readings of this tick, with their noise."""
+        n_nodes, n_pdus = len(self._nodes), len(self._pdus)
+        node_in, node_act, pdu_power = el["node_in"], el["node_act"], el["pdu_power"]
+        line_i, line_p, pf3, br_i = el["line_i"], el["line_p"], el["pf3"], el["br_i"]
         g = self._n_gpus
         self._m_gpu = {
             "activity": activity,
@@ -973,6 +1086,19 @@ class SiteSimulator:
             "pf": np.clip(pf3 + 0.002 * rng.standard_normal(nc), 0.0, 1.0),
             "breaker_i": br_i * (1 + 0.003 * rng.standard_normal(len(br_i))),
         }
+
+    def _measure_cdu(
+        self,
+        rng: np.random.Generator,
+        supply: F64,
+        flow: F64,
+        fw_supply: F64,
+        cool: dict[str, Any],
+    ) -> dict[str, F64]:
+        """The CDU readings of this tick, with their noise."""
+        n_cdus = len(self._cdus)
+        dp, pump_speed, pump_w = cool["dp"], cool["pump_speed"], cool["pump_w"]
+        cdu_pump_w = cool["cdu_pump_w"]
         sup_m = supply + CDU_TEMP_NOISE_K * self._meas * rng.standard_normal(n_cdus)
         ret_m = self._cdu_return + CDU_TEMP_NOISE_K * self._meas * rng.standard_normal(n_cdus)
         flow_m = flow * (1 + CDU_FLOW_NOISE * self._meas * rng.standard_normal(n_cdus))
@@ -983,7 +1109,7 @@ class SiteSimulator:
             heat_m[m] = coolant.heat_kw(flow_m[m], sup_m[m], ret_m[m], fluid)
             heat_tcs = coolant.heat_kw(flow[m], supply[m], self._cdu_return[m], fluid)
             fw_ret[m] = coolant.return_temp_c(fw_supply[m], heat_tcs, self._fw_flow[m], "water")
-        self._m_cdu = {
+        return {
             "supply": sup_m,
             "return": ret_m,
             "flow": flow_m,
@@ -997,6 +1123,9 @@ class SiteSimulator:
             "pump_speed": pump_speed,
             "pump_each_w": pump_w,
         }
+
+    def _measure_links(self, rng: np.random.Generator, flows: F64) -> None:
+        """The link readings of this tick (rates clipped below capacity, errors counted)."""
         nl = self._n_links
         if nl:
             rates = flows * (1 + LINK_NOISE * self._meas * rng.standard_normal(2 * nl))
@@ -1006,21 +1135,6 @@ class SiteSimulator:
             self._m_link = {"tx": rates[0::2], "rx": rates[1::2], "errors": self._link_errors}
         else:
             self._m_link = {"tx": flows, "rx": flows, "errors": self._link_errors}
-        # true values a test or a calibrator may want
-        self._state = {
-            "activity": activity,
-            "power": power,
-            "ref": ref,
-            "r_eff": r_eff,
-            "node_in": node_in,
-            "rack_power": rack_power,
-            "circuit_power": circ_p,
-            "line_current": line_i,
-            "cdu_heat_kw": heat_true,
-            "cdu_supply": supply,
-            "cdu_flow": flow,
-            "cdu_return": self._cdu_return,
-        }
 
     def _overload_default_w(self, c_i: int, circ_p: F64, pf3: F64) -> float:
         """Extra load [W] on circuit slot ``c_i`` that takes its line to 95 % of the rating."""
@@ -1226,9 +1340,20 @@ class SiteSimulator:
     # ---- truth ---------------------------------------------------------------------------------
 
     def _truth(self) -> dict[str, Any]:
-        def f(x: Any, nd: int = 6) -> float:
-            return round(float(x), nd)
+        return {
+            "seed": self.seed,
+            "start": self.start.isoformat().replace("+00:00", "Z"),
+            "rate_hz": self.rate_hz,
+            "site": self.site.name,
+            "gpus": self._truth_gpus(),
+            **self._truth_devices(),
+            "fleets": self._truth_fleets(),
+            "groups": self._truth_groups(),
+            "faults": self._truth_faults(),
+        }
 
+    def _truth_gpus(self) -> dict[str, Any]:
+        f = _rounded
         gpus: dict[str, Any] = {}
         for i, gid in enumerate(self._gpu_ids):
             entry: dict[str, Any] = {
@@ -1253,6 +1378,11 @@ class SiteSimulator:
             else:
                 entry["rack"] = self._racks[int(self._node_rack[self._gpu_node[i]])].name
             gpus[gid] = entry
+        return gpus
+
+    def _truth_devices(self) -> dict[str, Any]:
+        """The true parameters of the nodes, racks, CDUs, PDUs and links."""
+        f = _rounded
         pdu_names = [p.name for p in self._pdus]
         nodes = {
             n.name: {
@@ -1325,6 +1455,10 @@ class SiteSimulator:
             }
             for i, link in enumerate(self._links)
         }
+        return {"nodes": nodes, "racks": racks, "cdus": cdus, "pdus": pdus, "links": links}
+
+    def _truth_groups(self) -> dict[str, dict[str, Any]]:
+        f = _rounded
         groups: dict[str, dict[str, Any]] = {}
         for k, name in enumerate(self._group_names):
             f_i = int(self._group_fleet[k])
@@ -1348,6 +1482,10 @@ class SiteSimulator:
             else:
                 e.update(load_share=f(self._group_share[k]))
             groups[name] = e
+        return groups
+
+    def _truth_fleets(self) -> dict[str, Any]:
+        f = _rounded
         fleets = {}
         for i, fl in enumerate(self._fleets):
             e = {
@@ -1381,6 +1519,9 @@ class SiteSimulator:
                     ramp_s=list(INFER_RAMP_S),
                 )
             fleets[fl.name] = e
+        return fleets
+
+    def _truth_faults(self) -> list[dict[str, Any]]:
         faults = []
         for i, fault in enumerate(self.faults):
             d = fault.model_dump()
@@ -1395,24 +1536,15 @@ class SiteSimulator:
                 "fleet_idle": "activity",
             }[fault.kind]
             faults.append(d)
-        return {
-            "seed": self.seed,
-            "start": self.start.isoformat().replace("+00:00", "Z"),
-            "rate_hz": self.rate_hz,
-            "site": self.site.name,
-            "gpus": gpus,
-            "nodes": nodes,
-            "racks": racks,
-            "cdus": cdus,
-            "pdus": pdus,
-            "links": links,
-            "fleets": fleets,
-            "groups": groups,
-            "faults": faults,
-        }
+        return faults
 
     def _fleet_name(self, slot: int) -> str | None:
         return self._fleets[slot].name if slot < len(self._fleets) else None
 
     def _group_name(self, slot: int) -> str | None:
         return self._group_names[slot] if slot < len(self._group_names) else None
+
+
+def _rounded(x: Any, nd: int = 6) -> float:
+    """``x`` as a float rounded to ``nd`` decimals (the truth file's numbers)."""
+    return round(float(x), nd)

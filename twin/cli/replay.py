@@ -1,4 +1,4 @@
-"""`dctwin record`, `dctwin replay` and `dctwin whatif` (registered in twin/cli.py)."""
+"""`dctwin record`, `dctwin replay` and `dctwin whatif`: recorded bundles and what-if runs."""
 
 from __future__ import annotations
 
@@ -8,11 +8,15 @@ from typing import Annotated
 
 import typer
 
-
-def _cli():
-    from twin import cli
-
-    return cli
+from twin.cli.common import (
+    DEMO_RULES,
+    DEMO_SITE,
+    broker_config,
+    fail,
+    load_site_file,
+    open_store,
+    parse_time,
+)
 
 
 def record(
@@ -32,23 +36,22 @@ def record(
     from twin.replay.bundle import BundleError
     from twin.replay.bundle import record as write_bundle
 
-    cli = _cli()
-    site_path = site or cli.DEMO_SITE
-    cli._site(site_path, required=True)
+    site_path = site or DEMO_SITE
+    load_site_file(site_path, required=True)
     if not db.exists():
-        raise cli._fail(f"--db {db}: no such store")
-    with cli._store(db, read_only=True) as store:
+        raise fail(f"--db {db}: no such store")
+    with open_store(db, read_only=True) as store:
         lo, hi = store.con.execute("SELECT min(ts), max(ts) FROM gpu").fetchall()[0]
         if lo is None:
-            raise cli._fail(f"--db {db}: no GPU samples to record")
-        t0 = cli._parse_time(start, "--start") if start else lo
-        t1 = cli._parse_time(end, "--end") if end else hi + timedelta(seconds=resolution or 1)
+            raise fail(f"--db {db}: no GPU samples to record")
+        t0 = parse_time(start, "--start") if start else lo
+        t1 = parse_time(end, "--end") if end else hi + timedelta(seconds=resolution or 1)
         try:
             manifest = write_bundle(
                 store, site_path, out, t0, t1, resolution_s=resolution, overwrite=overwrite
             )
         except BundleError as e:
-            raise cli._fail(str(e)) from None
+            raise fail(str(e)) from None
     size = sum(f.stat().st_size for f in out.iterdir())
     typer.echo(
         json.dumps({"out": str(out), "bytes": size, **json.loads(manifest.model_dump_json())})
@@ -81,17 +84,16 @@ def replay(
     from twin.replay.bundle import Bundle, BundleError
     from twin.replay.replay import replay as run_replay
 
-    cli = _cli()
     if (db is None) == (broker is None):
-        raise cli._fail("give exactly one of --db (direct) or --broker (over MQTT)")
+        raise fail("give exactly one of --db (direct) or --broker (over MQTT)")
     try:
         b = Bundle.load(bundle)
     except BundleError as e:
-        raise cli._fail(str(e)) from None
+        raise fail(str(e)) from None
     stop = threading.Event()
     on_stop_signals(stop)
     if db is not None:
-        with cli._store(db) as store:
+        with open_store(db) as store:
             ingester = Ingester(store, b.site, IngestLimits(max_future_s=0, max_past_s=0))
             try:
                 stats = run_replay(
@@ -99,16 +101,16 @@ def replay(
                 )
                 store.rollup()
             except StoreUnavailable as e:  # disk full, a lock: what is committed stays
-                raise cli._fail(f"the store {db} failed: {e}") from None
+                raise fail(f"the store {db} failed: {e}") from None
         stats["ingest"] = ingester.counters.as_dict()
     else:
         from collectors.mqtt import BrokerError
 
-        cfg = cli._broker(broker)
+        cfg = broker_config(broker)
         try:
             stats = run_replay(b, broker=cfg, speed=speed, shift_to_now=shift_to_now, stop=stop)
         except BrokerError as e:
-            raise cli._fail(str(e)) from None
+            raise fail(str(e)) from None
     stats["stopped"] = stop.is_set()
     typer.echo(json.dumps(stats))
 
@@ -131,17 +133,16 @@ def whatif(
     from twin.replay.scenario import ScenarioError, load_scenario
     from twin.replay.whatif import load, run
 
-    cli = _cli()
     try:
         b = Bundle.load(bundle)
         loaded = [load_scenario(p, b.site) for p in scenarios]
     except (BundleError, ScenarioError) as e:
-        raise cli._fail(str(e)) from None
-    rule_path = rules or cli.REPO / "deploy" / "alert_rules.yaml"
+        raise fail(str(e)) from None
+    rule_path = rules or DEMO_RULES
     try:
         rule_set = load_rules(rule_path) if rule_path.exists() else None
     except RuleFileError as e:
-        raise cli._fail(str(e)) from None
+        raise fail(str(e)) from None
     data = load(b)
     base = run(data, None, rule_set)
     runs = [run(data, s, rule_set) for s in loaded]

@@ -12,7 +12,7 @@ from typing import IO
 import orjson
 
 from collectors.mqtt import AckedPublisher, BrokerConfig, connect
-from collectors.simulator.engine import SiteSimulator
+from twin.simulator.engine import SiteSimulator
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@
 tick's (topic, payload) pairs; the MQTT loop and the CLI live elsewhere. See README.md.
 """
 
-from collectors.simulator.engine import SiteSimulator
-from collectors.simulator.faults import FAULT_KINDS, Fault, parse_duration_s, parse_fault
+from twin.simulator.engine import SiteSimulator
+from twin.simulator.faults import FAULT_KINDS, Fault, parse_duration_s, parse_fault
 
 __all__ = ["FAULT_KINDS", "Fault", "SiteSimulator", "parse_duration_s", "parse_fault"]

@@ -1,0 +1,59 @@
+"""The ``dctwin`` command line.
+
+The same flags mean the same thing everywhere: ``--broker HOST:PORT``, ``--db PATH``,
+``--site FILE``. Broker credentials and TLS come from the environment
+(``DCTWIN_MQTT_USERNAME``, ``DCTWIN_MQTT_PASSWORD``, ``DCTWIN_MQTT_TLS``, ``DCTWIN_MQTT_CA_FILE``)
+and never appear in logs.
+
+This module only assembles the Typer app; the commands live in one module each group
+(:mod:`twin.cli.sim`, :mod:`~twin.cli.serve`, :mod:`~twin.cli.data`, :mod:`~twin.cli.analysis`,
+:mod:`~twin.cli.demo`, :mod:`~twin.cli.replay`, :mod:`~twin.cli.collect`), which share
+:mod:`twin.cli.common` and never import this module or each other.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from twin.cli import analysis, data, demo, replay, serve, sim
+from twin.cli.collect import collect_app
+from twin.procs import exit_with_parent
+
+app = typer.Typer(
+    name="dctwin",
+    help="dctwin: a live, calibrated digital twin of AI datacenters.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+@app.callback()
+def _main() -> None:
+    """dctwin: a live, calibrated digital twin of AI datacenters."""
+    exit_with_parent()  # a child of `dctwin demo` stops when the demo is gone
+
+
+# The order here is the order of `dctwin --help`.
+for command in (
+    sim.sim,
+    serve.serve,
+    data.ingest,
+    data.export,
+    data.status,
+    data.maintain,
+    data.calibrate,
+    analysis.headroom,
+    analysis.hotspots,
+    analysis.fleets,
+    analysis.forecast,
+    demo.broker,
+    demo.demo,
+    demo.console,
+):
+    app.command()(command)
+app.add_typer(collect_app, name="collect")
+for command in (replay.record, replay.replay, replay.whatif):
+    app.command()(command)
+
+__all__ = ["app"]

@@ -1,0 +1,191 @@
+"""The store's commands: `dctwin ingest`, `export`, `status`, `maintain` and `calibrate`."""
+
+from __future__ import annotations
+
+import json
+import sys
+from datetime import timedelta
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import Progress, TextColumn, TimeElapsedColumn
+
+from twin.cli.common import (
+    DEMO_SITE,
+    DbOpt,
+    MaxFutureOpt,
+    MaxPastOpt,
+    SiteOpt,
+    err,
+    fail,
+    load_site_file,
+    open_store,
+    parse_time,
+    setup_logging,
+)
+
+
+def ingest(
+    file: Annotated[
+        Path, typer.Option("--file", help="JSONL of {topic, payload} lines, or an export dir.")
+    ],
+    db: DbOpt = Path("dctwin.duckdb"),
+    site: SiteOpt = None,
+    site_name: Annotated[
+        str | None, typer.Option(help="Site name for bundle topics (default: the site's).")
+    ] = None,
+    max_future: MaxFutureOpt = 300.0,
+    max_past: MaxPastOpt = 30 * 86400.0,
+) -> None:
+    """Load telemetry from a file without a broker, through the same validation as live data."""
+    from twin.ingest import Ingester, IngestLimits
+    from twin.ingest.files import ingest_path
+    from twin.ingest.ingester import StoreUnavailable
+
+    setup_logging(False)
+    site_obj = load_site_file(site)
+    if not file.exists():
+        raise fail(f"--file {file}: no such file or directory")
+    name = site_name or (site_obj.name if site_obj else "site")
+    with open_store(db) as store:
+        ingester = Ingester(store, site_obj, IngestLimits(max_future, max_past))
+        with Progress(
+            TextColumn("[bold]ingest[/] {task.description}"),
+            TextColumn("{task.completed} messages"),
+            TimeElapsedColumn(),
+            console=err,
+            disable=not sys.stderr.isatty(),
+        ) as progress:
+            task = progress.add_task(str(file))
+            try:
+                ingest_path(ingester, file, name, lambda n: progress.advance(task, n))
+                store.rollup()
+            except StoreUnavailable as e:  # disk full, a lock: what is committed stays
+                raise fail(f"the store {db} failed: {e}") from None
+    typer.echo(json.dumps(ingester.counters.as_dict()))
+
+
+def export(
+    db: DbOpt = Path("dctwin.duckdb"),
+    out: Annotated[Path, typer.Option("--out", help="Output directory.")] = Path("export"),
+    start: Annotated[str | None, typer.Option(help="ISO 8601 start (default: oldest).")] = None,
+    end: Annotated[str | None, typer.Option(help="ISO 8601 end, exclusive (default: newest).")] = (
+        None
+    ),
+) -> None:
+    """Export raw samples of a time range to Parquet, partitioned by kind and day."""
+    with open_store(db, read_only=True) as store:
+        status = store.status()
+        if status["time_range"] is None:
+            raise fail(f"{db} holds no samples")
+        t0 = (
+            parse_time(start, "--start") if start else parse_time(status["time_range"]["start"], "")
+        )
+        t1 = (
+            parse_time(end, "--end")
+            if end
+            else parse_time(status["time_range"]["end"], "") + timedelta(microseconds=1)
+        )
+        if t1 <= t0:
+            raise fail(f"--end {t1.isoformat()} is not after --start {t0.isoformat()}")
+        exported = store.export_parquet(out, t0, t1)
+    typer.echo(
+        json.dumps(
+            {"out": str(out), "start": t0.isoformat(), "end": t1.isoformat(), "samples": exported}
+        )
+    )
+
+
+def status(
+    db: DbOpt = Path("dctwin.duckdb"),
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """What the store holds: samples per kind, time range, dead letters, unknown ids."""
+    with open_store(db, read_only=True) as store:
+        st = store.status()
+    if as_json:
+        typer.echo(json.dumps(st))
+        return
+    out = Console()
+    out.print(f"[bold]{st['db']}[/]  {st['messages']} messages from {st['sources']} sources")
+    if st["time_range"]:
+        out.print(f"time range: {st['time_range']['start']} .. {st['time_range']['end']}")
+    for kind, n in st["samples"].items():
+        out.print(f"  {kind:5} {n:>12,} samples  {st['readings'][kind]:>14,} readings")
+    out.print(f"dead letters: {st['dead_letters'] or 'none'}")
+    total = st.get("unknown_ids_total", len(st["unknown_ids"]))
+    out.print(f"unknown ids: {total}")
+    for u in st["unknown_ids"][:20]:  # the most recently seen first
+        out.print(f"  {u['kind']} {u['id']} from {u['source']}: {u['samples']} samples")
+    if total > 20:
+        out.print(f"  ... and {total - 20:,} more (--json lists {len(st['unknown_ids'])})")
+
+
+def maintain(
+    db: DbOpt = Path("dctwin.duckdb"),
+    retention_days: Annotated[
+        float | None, typer.Option(help="Delete raw samples older than this many days.")
+    ] = None,
+) -> None:
+    """Bring the 1-minute and 1-hour rollups up to date and apply raw retention."""
+    with open_store(db) as store:
+        result = {"rollup_rows": store.rollup()}
+        if retention_days:
+            result["deleted"] = store.apply_retention(retention_days)
+    typer.echo(json.dumps(result))
+
+
+def calibrate(
+    db: DbOpt = Path("dctwin.duckdb"),
+    site: SiteOpt = None,
+    window: Annotated[float, typer.Option(help="Seconds of telemetry to fit on.")] = 7200.0,
+    holdout: Annotated[
+        float, typer.Option(help="Last seconds of the window held out to score the fit.")
+    ] = 1200.0,
+    end: Annotated[str | None, typer.Option(help="ISO 8601 end (default: newest sample).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Fit every device against the store and save the parameters as a new version."""
+    from twin.calibrate.calibrate import calibrate as run_calibration
+    from twin.calibrate.calibrate import save_run
+
+    site_obj = load_site_file(site or DEMO_SITE, required=True)
+    if holdout >= window:
+        raise fail(f"--holdout {holdout:g} must be shorter than --window {window:g}")
+    with open_store(db) as store:
+        try:
+            result = run_calibration(
+                store,
+                site_obj,
+                end=parse_time(end, "--end") if end else None,
+                window_s=window,
+                holdout_s=holdout,
+            )
+        except ValueError as e:
+            raise fail(str(e)) from None
+        save_run(store, result)
+    if as_json:
+        typer.echo(json.dumps(result))
+        return
+    out = Console()
+    run = result["run"]
+    out.print(
+        f"calibration run {run['run_id']}: {run['window_start']} .. {run['window_end']}"
+        f" ({run['gpus']} GPUs, {run['seconds']} s)"
+    )
+    for cls, d in sorted(result["classes"].items()):
+        out.print(f"[bold]{cls}[/] usable {d['usable_fraction']:.0%}")
+        for name, v in sorted(d.items()):
+            if isinstance(v, dict) and "median" in v:
+                out.print(
+                    f"  {name:22} median {v['median']:.4g}  p10 {v['p10']:.4g}"
+                    f"  p90 {v['p90']:.4g}  n={v['n']}"
+                )
+        for quantity, q in sorted(d.get("quality", {}).items()):
+            out.print(
+                f"  quality {quantity:18} MAE {q['mae']}  CV(RMSE) {q['cv_rmse']}  NMBE {q['nmbe']}"
+            )
+    for e in result["events"]:
+        out.print(f"[yellow]event[/] {e['id']}: {e['detail']}")

@@ -1,0 +1,338 @@
+"""`dctwin broker`, `dctwin demo` (broker, simulator, service and console in one command) and
+`dctwin console` (the Streamlit console)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from collectors.mqtt import BrokerError
+from twin.cli.common import (
+    DASHBOARDS,
+    DEMO_RULES,
+    DEMO_SITE,
+    DbOpt,
+    SiteOpt,
+    err,
+    fail,
+    free_port,
+    load_site_file,
+)
+from twin.procs import PARENT_ENV, on_stop_signals, stop_processes
+
+
+def broker(
+    kind: Annotated[str, typer.Option(help="auto | mosquitto | embedded")] = "auto",
+    port: Annotated[int, typer.Option(help="TCP port on 127.0.0.1.")] = 1883,
+) -> None:
+    """Run a local MQTT broker (mosquitto when on PATH, else the embedded one) until Ctrl-C,
+    SIGTERM or a hang-up; the broker process stops with it."""
+    from twin.broker import start_broker
+
+    if kind not in ("auto", "mosquitto", "embedded"):
+        raise fail(f"--kind {kind!r}: expected auto, mosquitto or embedded")
+    stop = threading.Event()
+    on_stop_signals(stop)
+    try:
+        b = start_broker(kind, port=port)  # type: ignore[arg-type]
+    except RuntimeError as e:
+        raise fail(str(e)) from None
+    err.print(f"{b.kind} broker on {b.address} (Ctrl-C or SIGTERM stops)", highlight=False)
+    try:
+        while not stop.wait(0.5):
+            if b.process.poll() is not None:
+                raise fail(f"the {b.kind} broker exited with code {b.process.returncode}")
+    finally:
+        b.stop()
+
+
+def demo(
+    site: SiteOpt = None,
+    db: DbOpt = Path("demo.duckdb"),
+    port: Annotated[int | None, typer.Option(help="Broker port (default: a free one).")] = None,
+    broker_kind: Annotated[str, typer.Option(help="auto | mosquitto | embedded")] = "auto",
+    speed: Annotated[float, typer.Option(help="Simulated seconds per wall second.")] = 1.0,
+    duration: Annotated[
+        float | None, typer.Option(help="Stop after this many wall seconds (default: Ctrl-C).")
+    ] = None,
+    seed: int = 0,
+    api_port: Annotated[
+        int, typer.Option(help="HTTP API port (another free one when it is taken).")
+    ] = 8420,
+    console: Annotated[
+        bool, typer.Option("--console/--no-console", help="Start the Streamlit console.")
+    ] = True,
+    console_port: Annotated[
+        int, typer.Option(help="Console port (another free one when it is taken).")
+    ] = 8501,
+    rules: Annotated[
+        Path | None, typer.Option(help="Alert rules (default: deploy/alert_rules.yaml).")
+    ] = None,
+    fault: Annotated[
+        list[str] | None,
+        typer.Option(help="A simulator fault, KIND:TARGET@START[+DURATION]; repeatable."),
+    ] = None,
+    detect_every: Annotated[
+        float, typer.Option(help="Headroom, hot spots and alerts every this many s.")
+    ] = 60.0,
+    console_writes: Annotated[
+        bool,
+        typer.Option(
+            "--console-writes/--no-console-writes",
+            help="Give the console the service's write token: whoever opens the console can"
+            " then acknowledge and silence alerts. Default: the console is read-only.",
+        ),
+    ] = False,
+) -> None:
+    """One command: a local broker, the simulated demo site publishing live, the service with
+    its HTTP API, and the console. Ctrl-C, SIGTERM or closing the terminal (SIGHUP) stops all
+    of them, the broker included."""
+
+    from twin.broker import start_broker
+
+    site_path = site or DEMO_SITE
+    load_site_file(site_path, required=True)
+    if broker_kind not in ("auto", "mosquitto", "embedded"):
+        raise fail(f"--broker-kind {broker_kind!r}: expected auto, mosquitto or embedded")
+    rules_path = rules or DEMO_RULES
+    if not rules_path.exists():
+        raise fail(f"--rules {rules_path}: no such file")
+    stop = threading.Event()
+    on_stop_signals(stop)  # SIGTERM, SIGINT (unless ignored) and SIGHUP: stop everything
+    try:
+        b = start_broker(broker_kind, port=port)  # type: ignore[arg-type]
+    except RuntimeError as e:
+        raise fail(str(e)) from None
+    procs: list[tuple[str, subprocess.Popen[bytes]]] = []
+    try:
+        _demo_run(
+            b,
+            procs,
+            stop,
+            site_path=site_path,
+            db=db,
+            rules_path=rules_path,
+            speed=speed,
+            duration=duration,
+            seed=seed,
+            api_port=api_port,
+            console=console,
+            console_port=console_port,
+            console_writes=console_writes,
+            fault=fault or [],
+            detect_every=detect_every,
+        )
+    finally:
+        _demo_stop(procs, b)
+        err.print("demo stopped.")
+
+
+def _demo_run(
+    b,
+    procs: list[tuple[str, subprocess.Popen[bytes]]],
+    stop: threading.Event,
+    *,
+    site_path: Path,
+    db: Path,
+    rules_path: Path,
+    speed: float,
+    duration: float | None,
+    seed: int,
+    api_port: int,
+    console: bool,
+    console_port: int,
+    console_writes: bool,
+    fault: list[str],
+    detect_every: float,
+) -> None:
+    """Start the demo's children into ``procs`` and watch them until ``stop`` or the end."""
+    import secrets
+
+    api_port = free_port(api_port)
+    api_url = f"http://127.0.0.1:{api_port}"
+    token = os.environ.get("DCTWIN_API_TOKEN") or secrets.token_urlsafe(18)
+    env = {
+        **os.environ,
+        **b.client_env(),
+        "DCTWIN_API_TOKEN": token,
+        "DCTWIN_API_URL": api_url,
+        PARENT_ENV: str(os.getpid()),  # each child stops when the demo is gone, even killed
+    }
+    # The service's session exists before the simulator's first poll: nothing published
+    # while the service is still starting is lost.
+    from collectors.contract import TOPIC_PREFIX
+    from collectors.mqtt import prepare_session
+
+    try:
+        prepare_session(b.client_config(), "dctwin-ingest", f"{TOPIC_PREFIX}/#")
+    except BrokerError as e:
+        raise fail(str(e)) from None
+    me = [sys.executable, "-m", "twin.cli"]
+
+    def spawn(name: str, args: list[str], child_env: dict[str, str], **kw) -> None:
+        # Its own session: a terminal's Ctrl-C or hang-up reaches the demo only, which stops
+        # its children in order (the simulator before the service, so nothing is lost).
+        procs.append((name, subprocess.Popen(args, env=child_env, start_new_session=True, **kw)))
+
+    spawn(
+        "service",
+        [
+            *me,
+            "serve",
+            *("--broker", b.address, "--db", str(db), "--site", str(site_path)),
+            *("--rules", str(rules_path), "--detect-every", str(detect_every)),
+            *("--api-port", str(api_port)),
+        ],
+        env,
+    )
+    spawn(
+        "simulator",
+        [
+            *me,
+            "sim",
+            *("--broker", b.address, "--site", str(site_path)),
+            *("--seed", str(seed), "--speed", str(speed)),
+            *[a for f in fault for a in ("--fault", f)],
+        ],
+        env,
+    )
+    console_line = "  console    off (--no-console)\n"
+    if console:
+        console_port = free_port(console_port)
+        # The console never gets the service's token unless asked (--console-writes).
+        console_env = {k: v for k, v in env.items() if k != "DCTWIN_API_TOKEN"}
+        console_env.pop("DCTWIN_CONSOLE_TOKEN", None)
+        if console_writes:
+            console_env["DCTWIN_CONSOLE_TOKEN"] = token
+        spawn(
+            "console",
+            [*me, "console", "--host", "127.0.0.1", "--port", str(console_port), "--api", api_url],
+            console_env,
+            stdout=subprocess.DEVNULL,
+        )
+        writes = "with writes (--console-writes)" if console_writes else "read-only"
+        console_line = f"  console    http://127.0.0.1:{console_port} ({writes})\n"
+    err.print(
+        "[bold]dctwin demo[/]\n"
+        f"  broker     {b.kind} at mqtt://{b.address}\n"
+        f"  simulator  site {site_path} publishing dctwin/v1/# at {speed:g}x real time\n"
+        f"  service    ingesting into {db}, alert rules {rules_path}\n"
+        f"  api        {api_url} (OpenAPI at {api_url}/docs, {api_url}/metrics)\n"
+        f"{console_line}"
+        f"  token      writes (acknowledge, silence) need 'Authorization: Bearer {token}'\n"
+        f"  inspect    dctwin status --db {db} (after it stops: the service holds the file)\n"
+        "  Ctrl-C (or SIGTERM) stops everything.",
+        highlight=False,
+    )
+    deadline = time.monotonic() + duration if duration else None
+    while not stop.wait(0.5):
+        if deadline is not None and time.monotonic() >= deadline:
+            return
+        for name, p in procs:
+            if p.poll() is not None:
+                raise fail(f"the {name} exited with code {p.returncode}", 1)
+
+
+#: Seconds a demo child gets to stop on SIGTERM before it is killed.
+DEMO_STOP_S = {"console": 8.0, "simulator": 8.0, "service": 12.0}
+
+
+def _demo_stop(procs: list[tuple[str, subprocess.Popen[bytes]]], b) -> None:
+    """Stop the console and the simulator, then the service (it flushes what arrived), then
+    the broker; a child that does not stop within its deadline is killed."""
+    by_name = dict(procs)
+    first = [by_name[n] for n in ("console", "simulator") if n in by_name]
+    try:
+        for p in stop_processes(first, deadline_s=DEMO_STOP_S["simulator"]):
+            err.print(f"[yellow]killed pid {p.pid}: it did not stop on SIGTERM[/]")
+        service = by_name.get("service")
+        if service is not None:
+            if service.poll() is None:
+                time.sleep(1.0)  # let the broker deliver the simulator's last messages
+            for p in stop_processes([service], deadline_s=DEMO_STOP_S["service"]):
+                err.print(f"[yellow]killed the service (pid {p.pid}): it did not stop[/]")
+    finally:
+        b.stop()
+
+
+def console(
+    host: Annotated[
+        str, typer.Option(help="Address to listen on (default: this machine only).")
+    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="TCP port.")] = 8501,
+    api: Annotated[
+        str | None,
+        typer.Option(
+            "--api",
+            help="The service's API URL (default: DCTWIN_API_URL or http://127.0.0.1:8420).",
+        ),
+    ] = None,
+    verbose: bool = False,
+) -> None:
+    """The Streamlit console, a client of the service's HTTP API, until Ctrl-C or SIGTERM.
+
+    It has no login, so it listens on 127.0.0.1 unless --host says otherwise. It is read-only
+    unless DCTWIN_CONSOLE_TOKEN holds the service's write token (then whoever opens it can
+    acknowledge and silence); the service's own DCTWIN_API_TOKEN is never used."""
+    import socket
+    from urllib.parse import urlsplit
+
+    url = api or os.environ.get("DCTWIN_API_URL") or "http://127.0.0.1:8420"
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise fail(f"--api {url!r}: expected an http(s) URL, e.g. http://127.0.0.1:8420")
+    if not 1 <= port <= 65535:
+        raise fail(f"--port {port}: expected 1..65535")
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError as e:
+        raise fail(f"--host {host!r}: {e.strerror or e}") from None
+    family, _, _, _, addr = infos[0]
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(addr)
+        except OSError as e:
+            raise fail(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    try:
+        from streamlit.web import cli as stcli
+    except ImportError as e:
+        raise fail(f"the console needs streamlit: {e}") from None
+    os.environ["DCTWIN_API_URL"] = url
+    os.environ.pop("DCTWIN_API_TOKEN", None)  # the service's token is not the console's
+    if host not in ("127.0.0.1", "::1", "localhost"):
+        err.print(
+            f"[yellow]the console has no login: anyone who reaches {host}:{port} can use it[/]",
+            highlight=False,
+        )
+    writes = (
+        "writes on (DCTWIN_CONSOLE_TOKEN)"
+        if os.environ.get("DCTWIN_CONSOLE_TOKEN")
+        else ("read-only (no DCTWIN_CONSOLE_TOKEN)")
+    )
+    err.print(f"console: http://{host}:{port} -> {url}, {writes}", highlight=False)
+    # Streamlit stops its server on SIGTERM and SIGINT; a hang-up stops it the same way.
+    if hasattr(signal, "SIGHUP") and signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:
+        signal.signal(signal.SIGHUP, lambda *_: signal.raise_signal(signal.SIGTERM))
+    sys.argv = [
+        "streamlit",
+        "run",
+        str(DASHBOARDS / "app.py"),
+        *("--server.headless", "true"),
+        *("--server.address", host),
+        *("--server.port", str(port)),
+        *("--browser.gatherUsageStats", "false"),
+        *("--logger.level", "info" if verbose else "warning"),
+    ]
+    try:
+        stcli.main()
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        raise typer.Exit(code) from None

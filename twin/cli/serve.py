@@ -1,0 +1,194 @@
+"""`dctwin serve`: the twin service (ingest, background loops, HTTP API) until stopped."""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from twin.cli.common import (
+    REPO,
+    BrokerOpt,
+    DbOpt,
+    MaxFutureOpt,
+    MaxPastOpt,
+    SiteOpt,
+    broker_config,
+    err,
+    fail,
+    load_site_file,
+    resolve_api_token,
+    setup_logging,
+)
+from twin.procs import on_stop_signals
+
+#: What `serve` says of the API's writes when it runs without a token.
+NO_WRITES = "off (no --api-token-file / DCTWIN_API_TOKEN / --api-token)"
+
+
+def serve(
+    broker: BrokerOpt = None,
+    db: DbOpt = Path("dctwin.duckdb"),
+    site: SiteOpt = None,
+    client_id: Annotated[str, typer.Option(help="MQTT client id (the persistent session).")] = (
+        "dctwin-ingest"
+    ),
+    share_group: Annotated[
+        str | None, typer.Option(help="Subscribe as $share/GROUP/... to split load.")
+    ] = None,
+    flush_interval: Annotated[float, typer.Option(help="Seconds between batch writes.")] = 0.25,
+    retention_days: Annotated[
+        float | None, typer.Option(help="Delete raw samples older than this many days.")
+    ] = None,
+    max_future: MaxFutureOpt = 300.0,
+    max_past: MaxPastOpt = 30 * 86400.0,
+    stall_after: Annotated[
+        float,
+        typer.Option(
+            help="/healthz answers 503 when received messages wait this many s with nothing"
+            " committed (a failing or locked store); 0: never."
+        ),
+    ] = 60.0,
+    calibrate_every: Annotated[
+        float, typer.Option(help="Refit every device every this many s (needs --site); 0: off.")
+    ] = 3600.0,
+    calibrate_window: Annotated[
+        float, typer.Option(help="Seconds of telemetry each refit uses.")
+    ] = 7200.0,
+    calibrate_holdout: Annotated[
+        float, typer.Option(help="Last seconds of that window held out to score the fit.")
+    ] = 1200.0,
+    detect_every: Annotated[
+        float,
+        typer.Option(
+            help="Recompute headroom and hot spots and evaluate alert rules every this many s"
+            " (needs --site); 0: off."
+        ),
+    ] = 60.0,
+    rules: Annotated[
+        Path | None,
+        typer.Option(
+            help="Alert rule file (e.g. deploy/alert_rules.yaml); the API's what-if jobs list"
+            " the alerts of this file too."
+        ),
+    ] = None,
+    hooks: Annotated[
+        Path | None, typer.Option(help="Alert hook file (e.g. deploy/alert_hooks.yaml).")
+    ] = None,
+    api: Annotated[bool, typer.Option("--api/--no-api", help="Serve the HTTP API.")] = True,
+    api_host: Annotated[
+        str, typer.Option(help="Address the HTTP API listens on (default: localhost only).")
+    ] = "127.0.0.1",
+    api_port: Annotated[int, typer.Option(help="HTTP API port (0: any free port).")] = 8420,
+    api_allowed_hosts: Annotated[
+        str | None,
+        typer.Option(
+            envvar="DCTWIN_API_ALLOWED_HOSTS",
+            help="Comma-separated Host header names the API answers besides its address,"
+            " localhost, 127.0.0.1 and [::1] (e.g. twin,twin.example.com; *.example.com for"
+            " subdomains; * for any). Others get 400 (DNS rebinding).",
+        ),
+    ] = None,
+    api_token: Annotated[
+        str | None,
+        typer.Option(
+            show_default=False,
+            help="Bearer token (16+ characters) for the API's writes (acknowledge, silences);"
+            " without one, writes are refused. Visible in `ps`: prefer --api-token-file or"
+            " DCTWIN_API_TOKEN (the default).",
+        ),
+    ] = None,
+    api_token_file: Annotated[
+        Path | None,
+        typer.Option(
+            help="Read the API's bearer token from this file (surrounding whitespace is dropped)."
+        ),
+    ] = None,
+    whatif_bundles: Annotated[
+        Path, typer.Option(help="Directory of recorded bundles the API's what-if jobs use.")
+    ] = REPO / "sample_telemetry",
+    whatif_scenarios: Annotated[
+        Path, typer.Option(help="Directory of scenario YAML files the what-if jobs offer.")
+    ] = REPO / "sample_telemetry" / "scenarios",
+    verbose: bool = False,
+) -> None:
+    """Run the twin service: ingest MQTT telemetry into the DuckDB store, refit the model and
+    recompute headroom, hot spots and alerts on a schedule, and serve the HTTP API with
+    /metrics (Ctrl-C or SIGTERM stops)."""
+    from twin.ingest.mqtt_service import ServiceOptions
+    from twin.service import Service, ServiceConfig, ServiceError
+
+    setup_logging(verbose)
+    token = resolve_api_token(api_token, api_token_file)
+    if calibrate_holdout >= calibrate_window:
+        raise fail("--calibrate-holdout must be shorter than --calibrate-window")
+    site_obj = load_site_file(site)
+    if rules is not None:  # a bad rule or hook file is refused before anything starts
+        _check_alert_files(rules, hooks)
+    cfg = broker_config(broker)
+    config = ServiceConfig(
+        db=db,
+        site=site_obj,
+        broker=cfg,
+        ingest=ServiceOptions(
+            client_id=client_id,
+            share_group=share_group,
+            flush_interval_s=flush_interval,
+            retention_days=retention_days,
+        ),
+        max_future_s=max_future,
+        max_past_s=max_past,
+        stall_after_s=stall_after,
+        calibrate_every_s=calibrate_every,
+        calibrate_window_s=calibrate_window,
+        calibrate_holdout_s=calibrate_holdout,
+        detect_every_s=detect_every,
+        rules=rules,
+        hooks=hooks,
+        api=api,
+        api_host=api_host,
+        api_port=api_port,
+        api_allowed_hosts=tuple((api_allowed_hosts or "").split(",")),
+        api_token=token,
+        whatif_bundles=whatif_bundles,
+        whatif_scenarios=whatif_scenarios,
+    )
+    try:
+        service = Service(config).start()
+    except ServiceError as e:
+        raise fail(str(e)) from None
+    signal.signal(signal.SIGHUP, service.on_sighup)
+    if service.url is not None:
+        writes = "token required" if token else NO_WRITES
+        err.print(
+            f"api: {service.url} (OpenAPI at {service.url}/docs, Prometheus at"
+            f" {service.url}/metrics; writes: {writes})",
+            highlight=False,
+        )
+    # SIGTERM (systemd, docker stop, a script's background job) and SIGINT stop alike.
+    stopping = threading.Event()
+    on_stop_signals(stopping, hup=False)
+    err.print(f"serving: {cfg.describe()} -> {db} (Ctrl-C or SIGTERM stops)", highlight=False)
+    while not stopping.wait(0.5):
+        pass
+    err.print("stopping: flushing what has arrived", highlight=False)
+    for problem in service.stop():
+        err.print(f"[yellow]{problem}[/]", highlight=False)
+    typer.echo(json.dumps(service.ingester.counters.as_dict()))
+
+
+def _check_alert_files(rules: Path, hooks: Path | None) -> None:
+    """Exit with the error of a bad rule or hook file (file, rule, field), no traceback."""
+    from twin.alerts import RuleFileError, load_rules
+    from twin.alerts.hooks import load_hooks
+
+    try:
+        load_rules(rules)
+        if hooks is not None:
+            load_hooks(hooks)
+    except RuleFileError as e:
+        raise fail(str(e)) from None

@@ -1,0 +1,287 @@
+"""The twin service as one object: what `dctwin serve` runs, and what tests and benchmarks build.
+
+:class:`Service` composes, over one DuckDB store (DuckDB allows one writer process):
+
+- the ingest: an :class:`~twin.ingest.Ingester` and, with a broker, the MQTT receiver
+  (:class:`~twin.ingest.mqtt_service.MqttIngestService`, which also brings the rollups up to
+  date and applies raw retention on its schedule);
+- the background loops: calibration (:class:`~twin.calibrate.schedule.CalibrationScheduler`),
+  detection (headroom, hot spots, fleets, :class:`~twin.detect.DetectionScheduler`) with the
+  alert engine over ``rules`` and the outbox's delivery workers over ``hooks``;
+- the HTTP API (:class:`~twin.api.ApiServer`) with the what-if jobs, which use the service's
+  own rule file;
+- one :class:`~twin.health.ServiceHealth` that every part reports into.
+
+Building a Service opens the store and wires the parts without starting a thread, so a test or
+a benchmark can feed ``service.ingester`` or run ``service.detector.run_once()`` first.
+:meth:`Service.start` starts the parts, :meth:`Service.stop` stops them in order (the API
+first, then the loops, then the ingest, which writes what it holds; the store last), and the
+object is a context manager doing both::
+
+    with Service(ServiceConfig(db=Path("dctwin.duckdb"), site=site, broker=cfg)) as svc:
+        print(svc.url)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING, Any
+
+from twin.health import ServiceHealth
+from twin.ingest import Ingester, IngestLimits
+from twin.ingest.mqtt_service import ServiceOptions
+from twin.store import Store, StoreError
+
+if TYPE_CHECKING:
+    from collectors.mqtt import BrokerConfig
+    from twin.alerts import AlertEngine, Delivery
+    from twin.alerts.reload import AlertReloader
+    from twin.api import ApiContext, ApiServer
+    from twin.calibrate.schedule import CalibrationScheduler
+    from twin.detect import DetectionScheduler
+    from twin.ingest.mqtt_service import MqttIngestService
+    from twin.site import Site
+
+__all__ = ["Service", "ServiceConfig", "ServiceError"]
+
+log = logging.getLogger(__name__)
+
+
+class ServiceError(RuntimeError):
+    """The service could not be built or started; the message says which part and why."""
+
+
+@dataclass(frozen=True)
+class ServiceConfig:
+    """What `dctwin serve`'s options say (see its --help for each).
+
+    ``broker`` None: no MQTT ingest (feed :attr:`Service.ingester` directly). ``site`` None:
+    ingest only, no calibration, detection or alerts. ``rules`` None: no alert engine, and
+    the API's what-if jobs list no alerts. ``whatif_bundles`` None: no what-if routes.
+    ``whatif_reports`` None: ``<db>.whatif`` beside the store.
+    """
+
+    db: Path
+    site: Site | None = None
+    broker: BrokerConfig | None = None
+    ingest: ServiceOptions = field(default_factory=ServiceOptions)
+    max_future_s: float = 300.0
+    max_past_s: float = 30 * 86400.0
+    stall_after_s: float = 60.0
+    calibrate_every_s: float = 3600.0
+    calibrate_window_s: float = 7200.0
+    calibrate_holdout_s: float = 1200.0
+    detect_every_s: float = 60.0
+    rules: Path | None = None
+    hooks: Path | None = None
+    api: bool = True
+    api_host: str = "127.0.0.1"
+    api_port: int = 8420
+    api_allowed_hosts: tuple[str, ...] = ()
+    api_token: str | None = None
+    whatif_bundles: Path | None = None
+    whatif_scenarios: Path | None = None
+    whatif_reports: Path | None = None
+
+
+class Service:
+    """The twin service over ``config`` (see the module docstring)."""
+
+    def __init__(self, config: ServiceConfig):
+        if config.calibrate_holdout_s >= config.calibrate_window_s:
+            raise ServiceError("--calibrate-holdout must be shorter than --calibrate-window")
+        self.config = config
+        self.site = config.site
+        self.health = ServiceHealth(stall_after_s=config.stall_after_s)
+        try:
+            self.store = Store(config.db)
+        except StoreError as e:
+            raise ServiceError(str(e)) from None
+        self.ingester = Ingester(
+            self.store, self.site, IngestLimits(config.max_future_s, config.max_past_s)
+        )
+        self.mqtt: MqttIngestService | None = None
+        self.calibrator: CalibrationScheduler | None = None
+        self.detector: DetectionScheduler | None = None
+        self.engine: AlertEngine | None = None
+        self.delivery: Delivery | None = None
+        self.ctx: ApiContext | None = None
+        self.api_server: ApiServer | None = None
+        self._reloader: AlertReloader | None = None
+        self._started: list[Any] = []
+        self._stopped = False
+        try:
+            self._build()
+        except BaseException:
+            self.store.close()
+            raise
+
+    # ---- building --------------------------------------------------------------------------
+
+    def _build(self) -> None:
+        cfg, site = self.config, self.site
+        if cfg.broker is not None:
+            from twin.ingest.mqtt_service import MqttIngestService
+
+            self.mqtt = MqttIngestService(cfg.broker, self.ingester, cfg.ingest, health=self.health)
+        if site is not None and cfg.calibrate_every_s > 0:
+            from twin.calibrate.schedule import CalibrationScheduler
+
+            self.calibrator = CalibrationScheduler(
+                self.store,
+                site,
+                interval_s=cfg.calibrate_every_s,
+                window_s=cfg.calibrate_window_s,
+                holdout_s=cfg.calibrate_holdout_s,
+                health=self.health,
+            )
+        if site is not None and cfg.detect_every_s > 0:
+            from twin.detect import DetectionScheduler
+
+            if cfg.rules is not None:
+                self._build_alerting(site, cfg.rules, cfg.hooks)
+            self.detector = DetectionScheduler(
+                self.store,
+                site,
+                interval_s=cfg.detect_every_s,
+                engine=self.engine,
+                health=self.health,
+            )
+        if cfg.api:
+            self._build_api()
+
+    def _build_alerting(self, site: Site, rules: Path, hooks: Path | None) -> None:
+        """The alert engine on the store, and the delivery workers of its outbox (one per
+        hook, reporting into health as ``outbox:<hook>``; started by :meth:`start`)."""
+        from twin.alerts import AlertEngine, Delivery, Outbox, RuleFileError, Topology, load_rules
+        from twin.alerts.hooks import load_hooks
+
+        try:
+            rule_set = load_rules(rules)
+            hook_list = load_hooks(hooks) if hooks is not None else []
+        except RuleFileError as e:
+            raise ServiceError(str(e)) from None
+        if not hook_list:
+            log.warning(
+                "no --hooks: alerts are kept in the store (alert_history, GET /api/v1/alerts),"
+                " not sent"
+            )
+        outbox = Outbox(self.store.cursor(), hook_list)
+        self.engine = AlertEngine(rule_set, Topology.from_site(site), outbox)
+        self.delivery = Delivery(outbox, interval_s=1.0, health=self.health)
+        from twin.alerts.reload import AlertReloader
+
+        self._reloader = AlertReloader(self.engine, self.delivery, rules, hooks)
+        for h in hook_list:
+            logging.getLogger("twin.alerts").info("hook %s: %s", h.name, h.target)
+
+    def _build_api(self) -> None:
+        from twin.api import ApiContext
+        from twin.api.whatif import whatif_router
+
+        cfg = self.config
+        self.ctx = ApiContext(
+            self.store,
+            site=self.site,
+            ingester=self.ingester,
+            detector=self.detector,
+            calibrator=self.calibrator,
+            engine=self.engine,
+            service=self.mqtt,
+            token=cfg.api_token or None,
+            health=self.health,
+            allowed_hosts=[h for h in cfg.api_allowed_hosts if h.strip()],
+        )
+        if cfg.whatif_bundles is not None:
+            scenarios = cfg.whatif_scenarios or cfg.whatif_bundles / "scenarios"
+            reports = cfg.whatif_reports or cfg.db.with_name(cfg.db.name + ".whatif")
+            self.ctx.routers.append(
+                whatif_router(self.ctx, cfg.whatif_bundles, scenarios, reports, rules=cfg.rules)
+            )
+
+    # ---- running ---------------------------------------------------------------------------
+
+    @property
+    def url(self) -> str | None:
+        """The API's base URL once started (None without the API)."""
+        return self.api_server.url if self.api_server is not None else None
+
+    def start(self) -> Service:
+        """Start the ingest, the loops and the API; on a failure, stop what started, close
+        the store and raise :class:`ServiceError` naming the part."""
+        from collectors.mqtt import BrokerError
+        from twin.api import ApiError, ApiServer
+
+        try:
+            if self.mqtt is not None:
+                self.mqtt.start()
+                self._started.append(self.mqtt)
+            for part in (self.calibrator, self.delivery, self.detector):
+                if part is not None:
+                    part.start()
+                    self._started.append(part)
+            if self.ctx is not None:
+                server = ApiServer(self.ctx, host=self.config.api_host, port=self.config.api_port)
+                self.api_server = server.start()
+                self._started.append(server)
+        except (BrokerError, ApiError) as e:
+            self.stop()
+            raise ServiceError(str(e)) from None
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> list[str]:
+        """Stop the API first (no new requests), then the loops, then the ingest (it writes
+        what it holds), and close the store last. One part failing to stop does not keep
+        the others running: what failed is logged and returned, one line each. Idempotent."""
+        if self._stopped:
+            return []
+        self._stopped = True
+        order = [self.api_server, self.calibrator, self.detector, self.delivery, self.mqtt]
+        problems: list[str] = []
+        for part in order:
+            if part is None:
+                continue
+            try:
+                if part in self._started:
+                    part.stop()
+                else:
+                    self._close_unstarted(part)
+            except Exception as e:  # say what failed, stop the rest
+                problems.append(f"stopping {type(part).__name__}: {e}")
+                log.warning("%s", problems[-1])
+        if self.ctx is not None and self.api_server is None:
+            self.ctx.close()  # the server closes it when it ran
+        self.store.close()
+        return problems
+
+    @staticmethod
+    def _close_unstarted(part: Any) -> None:
+        """A loop that never started holds only its cursor on the store."""
+        cursor = getattr(part, "store", None)
+        if isinstance(cursor, Store):
+            with contextlib.suppress(Exception):
+                cursor.close()
+
+    def on_sighup(self, signum: int, frame: FrameType | None) -> None:
+        """The SIGHUP handler: reload the rule and hook files (:mod:`twin.alerts.reload`), or
+        say that there is nothing to reload."""
+        if self._reloader is None:
+            logging.getLogger("twin.alerts.reload").warning(
+                "SIGHUP: no alert rules to reload (serve runs alerting with --rules, --site"
+                " and --detect-every > 0)"
+            )
+            return
+        self._reloader.on_signal(signum, frame)
+
+    def __enter__(self) -> Service:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
