@@ -33,6 +33,7 @@ from __future__ import annotations
 import logging
 import math
 import warnings
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
@@ -146,6 +147,79 @@ def _forecast_ratio_paths(
         return None
 
 
+@dataclass
+class _Pass:
+    """What the stages of one headroom computation share: windows, rack loads, ratio paths."""
+
+    store: Store
+    site: Site
+    idx: Any
+    n: int
+    step_s: float
+    basis: str
+    r50: np.ndarray
+    r90: np.ndarray
+    racks: list[Any]
+    gpu: Window
+    cdu: Window
+    node: Window
+    pdu_hist: Window
+    pdu_now: Window
+    link: Window
+    pdu_pos: dict[str, int]
+    rack_now: np.ndarray
+    rack_w_now: np.ndarray
+    it_now: np.ndarray
+    it_hist: np.ndarray
+    rack_of_rack: dict[str, int]
+    cp: Any = None  # the chain's parameters (twin.chain.resolve)
+    rows: list[HeadroomRow] = field(default_factory=list)
+
+    def emit(
+        self,
+        kind: Kind,
+        ids: list[str],
+        quantity: str,
+        unit: str,
+        limit: np.ndarray,
+        now_v: np.ndarray,
+        path50: np.ndarray,
+        path90: np.ndarray,
+        *,
+        higher_is_worse: bool = True,
+        rack: list[str | None] | None = None,
+        cdu_of: list[str | None] | None = None,
+        basis_of: list[str] | None = None,
+    ) -> None:
+        sign = 1.0 if higher_is_worse else -1.0
+        h_now = sign * (limit - now_v)
+        h50 = sign * (limit[None, :] - path50)
+        h90 = sign * (limit[None, :] - path90)
+        b50, b90 = _breach_in_s(h50, self.step_s), _breach_in_s(h90, self.step_s)
+        min50, min90 = _nanmin0(h50), _nanmin0(h90)
+        for i, sid in enumerate(ids):
+            if not math.isfinite(now_v[i]):
+                continue
+            self.rows.append(
+                HeadroomRow.model_construct(  # typed here; 140,000 rows at 100,000 GPUs
+                    kind=kind,
+                    id=sid,
+                    quantity=quantity,
+                    unit=unit,
+                    limit=float(limit[i]),
+                    value_now=_f(now_v[i]),
+                    headroom_now=_f(h_now[i]),
+                    headroom_min_p50=_f(min50[i]),
+                    headroom_min_p90=_f(min90[i]),
+                    breach_in_s_p50=_f(b50[i]),
+                    breach_in_s_p90=_f(b90[i]),
+                    rack=rack[i] if rack else None,
+                    cdu=cdu_of[i] if cdu_of else None,
+                    basis=(basis_of[i] if basis_of else self.basis),
+                )
+            )
+
+
 def compute_headroom(
     store: Store,
     site: Site,
@@ -165,6 +239,31 @@ def compute_headroom(
             raise ValueError("the store holds no telemetry: nothing to compute headroom from")
         now = newest
     now = now.astimezone(UTC)
+    p = _load(store, site, now, horizon_s, step_s, use_forecast, problems)
+    for stage in (_racks_rows, _phases_rows, _gpus_rows, _cdus_rows, _links_rows):
+        stage(p)
+    rows, basis = p.rows, p.basis
+    return HeadroomReport(
+        computed_at=datetime.now(UTC),
+        data_until=now,
+        horizon_s=horizon_s,
+        step_s=step_s,
+        load_basis=basis,
+        rows=rows,
+        problems=problems,
+    )
+
+
+def _load(
+    store: Store,
+    site: Site,
+    now: datetime,
+    horizon_s: float,
+    step_s: float,
+    use_forecast: bool,
+    problems: list[str],
+) -> _Pass:
+    """The windows a headroom pass reads, the racks' loads now and their load-ratio paths."""
     idx = index_site(site)
     n = round(horizon_s / step_s) + 1  # path samples, the first is "now"
     end = now + timedelta(seconds=1)
@@ -251,59 +350,50 @@ def compute_headroom(
     else:
         r50, r90 = _ratio_paths_persistence(it_hist, it_now, n)
         basis = "persistence"
-    rack_of_rack = {r.name: i for i, r in enumerate(racks)}
-    rows: list[HeadroomRow] = []
+    return _Pass(
+        store,
+        site,
+        idx,
+        n,
+        step_s,
+        basis,
+        r50,
+        r90,
+        racks,
+        gpu,
+        cdu,
+        node,
+        pdu_hist,
+        pdu_now,
+        link,
+        pdu_pos,
+        rack_now,
+        rack_w_now,
+        it_now,
+        it_hist,
+        {r.name: i for i, r in enumerate(racks)},
+        resolve(site, idx, _latest_params(store)),
+    )
 
-    def emit(
-        kind: Kind,
-        ids: list[str],
-        quantity: str,
-        unit: str,
-        limit: np.ndarray,
-        now_v: np.ndarray,
-        path50: np.ndarray,
-        path90: np.ndarray,
-        *,
-        higher_is_worse: bool = True,
-        rack: list[str | None] | None = None,
-        cdu_of: list[str | None] | None = None,
-        basis_of: list[str] | None = None,
-    ) -> None:
-        sign = 1.0 if higher_is_worse else -1.0
-        h_now = sign * (limit - now_v)
-        h50 = sign * (limit[None, :] - path50)
-        h90 = sign * (limit[None, :] - path90)
-        b50, b90 = _breach_in_s(h50, step_s), _breach_in_s(h90, step_s)
-        min50, min90 = _nanmin0(h50), _nanmin0(h90)
-        for i, sid in enumerate(ids):
-            if not math.isfinite(now_v[i]):
-                continue
-            rows.append(
-                HeadroomRow.model_construct(  # typed here; 140,000 rows at 100,000 GPUs
-                    kind=kind,
-                    id=sid,
-                    quantity=quantity,
-                    unit=unit,
-                    limit=float(limit[i]),
-                    value_now=_f(now_v[i]),
-                    headroom_now=_f(h_now[i]),
-                    headroom_min_p50=_f(min50[i]),
-                    headroom_min_p90=_f(min90[i]),
-                    breach_in_s_p50=_f(b50[i]),
-                    breach_in_s_p90=_f(b90[i]),
-                    rack=rack[i] if rack else None,
-                    cdu=cdu_of[i] if cdu_of else None,
-                    basis=(basis_of[i] if basis_of else basis),
-                )
-            )
 
+def _racks_rows(p: _Pass) -> None:
+    """Racks: kW against what their feeds carry together."""
+    site, r50, r90, racks, pdu_now, pdu_pos, rack_now = (
+        p.site,
+        p.r50,
+        p.r90,
+        p.racks,
+        p.pdu_now,
+        p.pdu_pos,
+        p.rack_now,
+    )
     # ---- racks: kW against its feeds together (twin.chain.limits)
     pf_now = _mean(pdu_now.values["power_factor"])
     cap_kw = rack_capacity_kw(
         site, racks, {p: float(pf_now[i]) for p, i in pdu_pos.items() if "/" not in p}
     )
     rack_kw_now = rack_now / 1000.0
-    emit(
+    p.emit(
         "rack",
         [r.name for r in racks],
         "power_kw",
@@ -316,6 +406,22 @@ def compute_headroom(
         cdu_of=[r.cdu for r in racks],
     )
 
+
+def _phases_rows(p: _Pass) -> None:
+    """PDU phases and breakers: current x load ratio, plus the unexplained trend."""
+    site, n, step_s, basis, r50, r90, racks, pdu_hist, rack_w_now, it_now, it_hist = (
+        p.site,
+        p.n,
+        p.step_s,
+        p.basis,
+        p.r50,
+        p.r90,
+        p.racks,
+        p.pdu_hist,
+        p.rack_w_now,
+        p.it_now,
+        p.it_hist,
+    )
     # ---- PDU phases and breakers: current x load ratio + unexplained trend
     table = phase_table(site)
     phase_ids, phase_limit, phase_racks = table.ids, table.limit_a, table.racks
@@ -341,7 +447,7 @@ def compute_headroom(
         path50 = cur_now[None, :] * ratio50 + slope[None, :] * t
         path90 = cur_now[None, :] * ratio90 + (slope + Z90 * slope_se)[None, :] * t
         name_of = [r.name for r in racks]
-        emit(
+        p.emit(
             "pdu_phase",
             phase_ids,
             "current_a",
@@ -357,10 +463,24 @@ def compute_headroom(
             ],
         )
 
+
+def _gpus_rows(p: _Pass) -> None:
+    """GPUs: temperature to the max operating temperature, through the chain."""
+    idx, step_s, basis, r50, r90, racks, gpu, cdu, node, pdu_hist, cp = (
+        p.idx,
+        p.step_s,
+        p.basis,
+        p.r50,
+        p.r90,
+        p.racks,
+        p.gpu,
+        p.cdu,
+        p.node,
+        p.pdu_hist,
+        p.cp,
+    )
     # ---- GPUs: temperature to the max operating temperature, through the chain: power from
     # activity on the calibrated curve, the RC model at the loop's flow, the thermal controller
-    cal = _latest_params(store)
-    cp = resolve(site, idx, cal)
     gp = cp.gpu
     power_now = _mean(gpu.values["power_w"])
     temp_now = last_valid(gpu.values["temp_c"])
@@ -384,7 +504,7 @@ def compute_headroom(
     t90 = _gpu_path(
         temp_now, ref_now, power_now, act_now, r90[:, idx.gpu_rack], cap, r_k, gp, step_s
     )
-    emit(
+    p.emit(
         "gpu",
         idx.gpu_ids,
         "temp_c",
@@ -398,6 +518,19 @@ def compute_headroom(
         basis_of=gpu_basis,
     )
 
+
+def _cdus_rows(p: _Pass) -> None:
+    """CDUs (heat, flow) and their loops (return temperature)."""
+    site, idx, n, r50, r90, cdu, rack_w_now, cp = (
+        p.site,
+        p.idx,
+        p.n,
+        p.r50,
+        p.r90,
+        p.cdu,
+        p.rack_w_now,
+        p.cp,
+    )
     # ---- CDUs and their loops
     if idx.cdu_names:
         cdus = site.cdus
@@ -426,7 +559,7 @@ def compute_headroom(
         max_flow = np.array([c.max_flow_lpm for c in cdus], float)
         cap_now = chain.cdu_capacity_kw(rated, flow, max_flow)
         names = [c.name for c in cdus]
-        emit("cdu", names, "heat_kw", "kW", cap_now, heat_now, heat50, heat90, cdu_of=names)
+        p.emit("cdu", names, "heat_kw", "kW", cap_now, heat_now, heat50, heat90, cdu_of=names)
         ret_limit = np.array([c.return_limit_c for c in cdus], float)
         need50 = np.empty_like(heat50)
         need90 = np.empty_like(heat90)
@@ -439,7 +572,7 @@ def compute_headroom(
             ret50[:, c_i] = chain.loop_return_c(sup, heat50[:, c_i], fl, c.coolant)
             ret90[:, c_i] = chain.loop_return_c(sup, heat90[:, c_i], fl, c.coolant)
         # flow: headroom = present flow - flow needed; as "limit - value" with limit = flow
-        emit(
+        p.emit(
             "cdu",
             names,
             "flow_lpm",
@@ -450,7 +583,7 @@ def compute_headroom(
             need90,
             cdu_of=names,
         )
-        emit(
+        p.emit(
             "loop",
             names,
             "return_temp_c",
@@ -462,6 +595,19 @@ def compute_headroom(
             cdu_of=names,
         )
 
+
+def _links_rows(p: _Pass) -> None:
+    """Links: the busier direction x the load ratio of its rack, against capacity."""
+    site, n, r50, r90, racks, link, rack_w_now, rack_of_rack = (
+        p.site,
+        p.n,
+        p.r50,
+        p.r90,
+        p.racks,
+        p.link,
+        p.rack_w_now,
+        p.rack_of_rack,
+    )
     # ---- links
     if site.links:
         link_names = [lk.name for lk in site.links]
@@ -477,7 +623,7 @@ def compute_headroom(
             ri = node_rack.get(lk.a, node_rack.get(lk.b))
             l50[:, j] = busy[j] * (r50[:, ri] if ri is not None else site50)
             l90[:, j] = busy[j] * (r90[:, ri] if ri is not None else site90)
-        emit(
+        p.emit(
             "link",
             link_names,
             "traffic_gbps",
@@ -487,16 +633,6 @@ def compute_headroom(
             l50,
             l90,
         )
-
-    return HeadroomReport(
-        computed_at=datetime.now(UTC),
-        data_until=now,
-        horizon_s=horizon_s,
-        step_s=step_s,
-        load_basis=basis,
-        rows=rows,
-        problems=problems,
-    )
 
 
 def _gpu_path(

@@ -70,6 +70,27 @@ class WhatifIndex(BaseModel):
     reports: list[WhatifJob]
 
 
+def _run_job(
+    bundle: Path, scenario_paths: list[Path], rules: Path | None, out: Path
+) -> list[dict[str, Any]]:
+    """The baseline and each scenario on the bundle, the report written into ``out``; the
+    results as JSON (baseline first)."""
+    from twin.alerts import load_rules
+    from twin.replay.bundle import Bundle
+    from twin.replay.report import write_report
+    from twin.replay.scenario import load_scenario
+    from twin.replay.whatif import load, run
+
+    b = Bundle.load(bundle)
+    loaded = [load_scenario(p, b.site) for p in scenario_paths]
+    rule_set = load_rules(rules) if rules is not None else None
+    data = load(b)
+    base = run(data, None, rule_set)
+    runs = [run(data, s, rule_set) for s in loaded]
+    write_report(b, base, runs, out)
+    return [r.model_dump(mode="json", exclude={"gpu_mean_temp_c"}) for r in [base, *runs]]
+
+
 def whatif_router(
     ctx: ApiContext,
     bundle_dir: Path,
@@ -84,11 +105,9 @@ def whatif_router(
     its token, through the app's state), reading bundles and scenarios from the given
     directories and the alerts from the rule file ``rules`` (None: no alerts; see the module
     docstring for ``max_pending`` and ``max_kept``)."""
-    from twin.alerts import RuleFileError, load_rules
-    from twin.replay.bundle import Bundle, BundleError
-    from twin.replay.report import write_report
-    from twin.replay.scenario import ScenarioError, load_scenario
-    from twin.replay.whatif import load, run
+    from twin.alerts import RuleFileError
+    from twin.replay.bundle import BundleError
+    from twin.replay.scenario import ScenarioError
 
     router = APIRouter(tags=["what-if"])
     jobs: dict[str, WhatifJob] = {}
@@ -110,19 +129,11 @@ def whatif_router(
             with lock:
                 job.state = "running"
             try:
-                b = Bundle.load(bundles()[job.bundle])
-                loaded = [load_scenario(scenarios()[s], b.site) for s in job.scenarios]
-                rule_set = load_rules(rules) if rules is not None else None
-                data = load(b)
-                base = run(data, None, rule_set)
-                runs = [run(data, s, rule_set) for s in loaded]
-                write_report(b, base, runs, out_dir / job.job)
-                results = [
-                    r.model_dump(mode="json", exclude={"gpu_mean_temp_c"}) for r in [base, *runs]
-                ]
+                paths = [scenarios()[s] for s in job.scenarios]
+                results = _run_job(bundles()[job.bundle], paths, rules, out_dir / job.job)
                 with lock:
                     job.results = results
-                    job.verdicts = {r.name: r.verdict for r in runs}
+                    job.verdicts = {r["name"]: r["verdict"] for r in results[1:]}
                     job.state = "done"
             except (BundleError, ScenarioError, RuleFileError, ValueError, OSError) as e:
                 with lock:
