@@ -20,7 +20,7 @@ metric                                      entity  value
 ``hotspot.gpu.over_limit_k``                gpu     K over the catalog limit (only when over)
 ``hotspot.rack.inlet_c``                    rack    inlet air °C (every rack with a reading)
 ``drift.gpu.r_k_per_w``                     gpu     R over its fleet's median - 1 (drift events)
-``cdu.pumps_running``                       cdu     pumps not seen stopped (speed < 5 %) [#]_
+``cdu.pumps_running``                       cdu     pumps not seen stopped (speed > 5 %) [#]_
 ``fleet.underused_gpus``                    fleet   GPUs to reclaim (flagged fleets only)
 =========================================  ======  ==============================================
 
@@ -60,6 +60,7 @@ from twin.alerts.metrics import (
     HOTSPOT_RACK_INLET_C,
 )
 from twin.alerts.model import Observation
+from twin.chain import pumps_running
 from twin.coverage import NoTelemetry, missing_kinds, newest_sample
 from twin.fleets import FleetReport, underused_fleets
 from twin.headroom import HeadroomReport, compute_headroom, save_headroom
@@ -74,9 +75,6 @@ T = TypeVar("T")
 
 #: The name this loop reports under in :class:`twin.health.ServiceHealth`.
 LOOP = "detection"
-
-#: A pump turning slower than this is counted as stopped. [%]
-PUMP_RUNNING_MIN_PCT = 5.0
 
 
 class PumpState(BaseModel):
@@ -126,7 +124,7 @@ def pump_states(store: Store, site: Site, now: datetime, window_s: float = 60.0)
         seen = {p: speed[sid] for p in c.pumps if (sid := sub_id(c.name, p)) in speed}
         if not seen:
             continue  # no pump telemetry: say nothing rather than "0 running"
-        stopped = [p for p, v in seen.items() if v is None or v < PUMP_RUNNING_MIN_PCT]
+        stopped = [p for p, v in seen.items() if v is None or not pumps_running(v)]
         out.append(
             PumpState(
                 cdu=c.name,

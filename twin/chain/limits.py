@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from collectors.contract import phase_label, sub_id
 from models import electrical
 from twin.site import Site
 from twin.site.catalog import ASSUMPTIONS
@@ -66,13 +67,15 @@ class PhaseTable:
     ids: list[str]
     pdu: list[str]
     leg: list[str]  # "L1".. or the breaker's name
-    limit_a: np.ndarray
+    limit_a: np.ndarray  # derated (continuous) limit
     racks: list[list[int]]  # indices into site.racks of the racks the PDU feeds
+    rated_a: np.ndarray  # the breaker's or phase's rating
 
 
 def pdu_leg_names(phases: int, breakers: list[str]) -> list[str]:
-    """The sub-ids of one PDU's current samples: its phases L1.., then its breakers."""
-    return [f"L{k}" for k in range(1, (3 if phases == 3 else 1) + 1)] + list(breakers)
+    """The elements of one PDU's current samples: its phases L1.., then its breakers (the id
+    grammar is ``collectors.contract``'s)."""
+    return [phase_label(k) for k in range(1, (3 if phases == 3 else 1) + 1)] + list(breakers)
 
 
 def phase_table(site: Site) -> PhaseTable:
@@ -85,12 +88,13 @@ def phase_table(site: Site) -> PhaseTable:
         feeds = feeds_of.get(p.name, [])
         for name in pdu_leg_names(p.phases, [b.name for b in p.breakers]):
             br = next((b for b in p.breakers if b.name == name), None)
-            ids.append(f"{p.name}/{name}")
+            ids.append(sub_id(p.name, name))
             pdu.append(p.name)
             leg.append(name)
             lim.append(br.rated_current_a if br is not None else p.rated_current_a)
             fed.append(feeds)
-    return PhaseTable(ids, pdu, leg, derated_a(np.array(lim, dtype=float)), fed)
+    rated = np.array(lim, dtype=float)
+    return PhaseTable(ids, pdu, leg, derated_a(rated), fed, rated)
 
 
 def pumps_running(speed_pct: Any) -> np.ndarray:

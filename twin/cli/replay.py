@@ -124,13 +124,30 @@ def whatif(
         typer.Option(help="Alert rule file whose alerts the report lists (default: deploy's)."),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the results as JSON.")] = False,
+    tolerance: Annotated[
+        float,
+        typer.Option(
+            min=0.0,
+            max=1.0,
+            help="Headroom a scenario may take from a component and still fit, as a fraction"
+            " of its limit (currents, power, heat, flow, traffic).",
+        ),
+    ] = 0.05,
+    tolerance_k: Annotated[
+        float,
+        typer.Option(
+            "--tolerance-k", min=0.0, help="The same for temperatures (GPU, loop return) [K]."
+        ),
+    ] = 2.0,
 ) -> None:
     """Run the baseline and each scenario through the calibrated twin; write report.md and
-    report.html (verdict, headroom, time over limits, first breach, alerts, energy)."""
+    report.html (verdict against the recording, headroom, time over limits, first breach,
+    throttled GPU-hours, alerts, energy)."""
     from twin.alerts import RuleFileError, load_rules
     from twin.replay.bundle import Bundle, BundleError
     from twin.replay.report import write_report
     from twin.replay.scenario import ScenarioError, load_scenario
+    from twin.replay.verdict import Tolerance
     from twin.replay.whatif import load, run
 
     try:
@@ -145,7 +162,8 @@ def whatif(
         raise fail(str(e)) from None
     data = load(b)
     base = run(data, None, rule_set)
-    runs = [run(data, s, rule_set) for s in loaded]
+    tol = Tolerance(fraction=tolerance, temp_k=tolerance_k)
+    runs = [run(data, s, rule_set, tol) for s in loaded]
     md, html = write_report(b, base, runs, out)
     if as_json:
         typer.echo(

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pyarrow.parquet as pq
 
+from collectors.contract import sub_id
 from twin.calibrate.calibrate import SiteIndex, index_site
 from twin.calibrate.windows import hold_fill
 from twin.chain import ChainParams, PhaseTable, phase_table, pumps_running, resolve
@@ -138,7 +139,7 @@ def load(bundle: Bundle) -> Recording:
     cur = grid(bundle, "pdu", phases.ids, ["current_a"], t0, dt, n)["current_a"]
     cdu_q = ["supply_temp_c", "return_temp_c", "flow_lpm", "heat_kw", "fw_supply_temp_c"]
     cdu = grid(bundle, "cdu", idx.cdu_names, cdu_q, t0, dt, n)
-    pump_ids = [f"{c.name}/{p}" for c in site.cdus for p in c.pumps]
+    pump_ids = [sub_id(c.name, p) for c in site.cdus for p in c.pumps]
     speeds = grid(bundle, "cdu", pump_ids, ["pump_speed_pct"], t0, dt, n)["pump_speed_pct"]
     pump_on: dict[str, np.ndarray] = {}
     k = 0

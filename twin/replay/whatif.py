@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from collectors.contract import phase_id, sub_id
 from twin.chain import gpu_temperatures, rack_capacity_kw
 from twin.chain import propagate as chain
 from twin.chain.thermal import ThermalResult, model_path
@@ -398,7 +399,7 @@ def _electrical(d: Recording, changes, rack_s, new, judge: Judge, feed) -> dict[
             if p_name != c.pdu:
                 continue
             for o in others:  # the same phase (or breaker) of the surviving feed
-                k = where.get(f"{o}/{leg}")
+                k = where.get(sub_id(o, leg))
                 if k is not None:
                     cur[:, k] = np.where(on, cur[:, k] + cur[:, j] / len(others), cur[:, k])
             cur[:, j] = np.where(on, 0.0, cur[:, j])
@@ -412,7 +413,7 @@ def _electrical(d: Recording, changes, rack_s, new, judge: Judge, feed) -> dict[
                 nr["power_w"] / len(nr["like"].pdus), p, float(power_factor(pf.get(p_name)))
             )
             for k in range(1, (3 if p.phases == 3 else 1) + 1):
-                ids.append(f"{nr['name']}-{p.feed.lower()}/L{k}")
+                ids.append(phase_id(f"{nr['name']}-{p.feed.lower()}", k))
                 cols.append(per[:, None])
                 lims.append(float(derated_a(p.rated_current_a)))
     all_cur = np.column_stack(cols) if len(cols) > 1 else cur

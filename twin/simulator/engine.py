@@ -37,7 +37,7 @@ from collectors.contract import (
 from models import cdu as cdu_model
 from models import coolant, electrical, gpu_power, gpu_thermal, network
 from twin.simulator.faults import Fault
-from twin.site.catalog import CDU_MODELS
+from twin.site.catalog import ASSUMPTIONS, CDU_MODELS
 from twin.site.model import Pdu, Site
 
 __all__ = ["SiteSimulator"]
@@ -98,8 +98,10 @@ TEMP_NOISE_K = 0.3
 # ---- nodes, racks, PDUs -----------------------------------------------------------------------
 NODE_BASE_SPREAD = 0.05
 NODE_OVERHEAD_SPREAD = 0.10
-PSU_LOSS_CONST_W = 17.0  # docs/physics.md §4.2 / §9.5, RAPS rectifier
-PSU_EFFICIENCY = 0.96
+# PSU losses, pump speed and the default design dP are the twin's assumptions (the catalog's,
+# docs/physics.md §4.2, §3.6), so the chain assumes what the simulated site does
+PSU_LOSS_CONST_W = ASSUMPTIONS.psu_loss_const_w
+PSU_EFFICIENCY = ASSUMPTIONS.psu_efficiency
 NODE_POWER_NOISE = 0.005
 CAPTURE_SPREAD = 0.03
 RACK_INLET_C = (22.0, 25.0)
@@ -109,10 +111,10 @@ PDU_POWER_FACTOR = (0.97, 0.99)
 PHASE_OVERLOAD_TARGET = 0.95  # default phase_overload: phase current to 95 % of the rating
 # ---- CDUs -------------------------------------------------------------------------------------
 APPROACH_SPREAD = 0.10
-PUMP_SPEED = 0.8
+PUMP_SPEED = ASSUMPTIONS.pump_speed_frac
 PUMP_CURVE_SPREAD = 0.03
 PUMP_EFFICIENCY = 0.5
-DEFAULT_DESIGN_DP_KPA = 100.0  # when a CDU names no catalog model
+DEFAULT_DESIGN_DP_KPA = ASSUMPTIONS.design_dp_kpa  # when a CDU names no catalog model
 LOOP_TAU_S = 30.0  # return temperature lag, ±20 %
 FW_DRIFT_K = (0.2, 0.5)  # facility water supply drift amplitude ...
 FW_DRIFT_PERIOD_S = (4 * 3600.0, 8 * 3600.0)  # ... and period

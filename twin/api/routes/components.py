@@ -8,6 +8,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
 
+from collectors.contract import sub_id
 from twin.api import models as m
 from twin.api import queries
 from twin.api.deps import (
@@ -19,11 +20,9 @@ from twin.api.deps import (
     bad,
     site_or_404,
 )
+from twin.chain import phase_table, pumps_running
 
 router = APIRouter()
-
-#: Continuous-load derating of a breaker or phase limit (80 %, NEC 210.19/215.2).
-DERATE = 0.8
 
 
 @router.get("/api/v1/headroom", response_model=m.HeadroomResponse, responses=BAD, tags=["twin"])
@@ -240,15 +239,17 @@ def _phase_rows(api: ApiState, pdu_names: list[str]) -> list[m.PhaseRow]:
     _, _, hrows = queries.headroom_latest(db, "pdu_phase")
     hr = {r["id"]: r for r in hrows}
     out = []
+    table = phase_table(site)  # every limit and its derating: twin.chain.limits
+    legs: dict[str, list[int]] = {}
+    for j, pdu in enumerate(table.pdu):
+        legs.setdefault(pdu, []).append(j)
     for name in pdu_names:
         p = site.pdu_by_name[name]
-        parts = [(f"{p.name}/L{i}", p.rated_current_a) for i in range(1, p.phases + 1)]
-        parts += [(f"{p.name}/{b.name}", b.rated_current_a) for b in p.breakers]
-        for pid, rated in parts:
+        for j in legs.get(name, []):
+            pid, rated, limit = table.ids[j], float(table.rated_a[j]), float(table.limit_a[j])
             s = state.get(pid, {})
             h = hr.get(pid)
             cur = queries._f(s.get("current_a"))
-            limit = DERATE * rated
             out.append(
                 m.PhaseRow(
                     id=pid,
@@ -286,14 +287,14 @@ def _cdu_rows(api: ApiState, names: list[str]) -> list[m.CduRow]:
         heat = queries._f(s.get("heat_kw"))
         pumps = []
         for pump in c.pumps:
-            ps = state.get(f"{name}/{pump}")
+            ps = state.get(sub_id(name, pump))
             speed = queries._f(ps.get("pump_speed_pct")) if ps else None
             pumps.append(
                 m.PumpRow(
                     name=pump,
                     speed_pct=speed,
                     power_w=queries._f(ps.get("pump_power_w")) if ps else None,
-                    running=None if speed is None else speed >= 5.0,
+                    running=None if speed is None else bool(pumps_running(speed)),
                 )
             )
         out.append(
