@@ -208,12 +208,15 @@ def figures(baseline: RunResult, runs: list[RunResult]) -> list[tuple[str, go.Fi
     return out
 
 
-def figures_json(baseline: RunResult, runs: list[RunResult]) -> list[dict[str, Any]]:
+def figures_json(
+    baseline: RunResult, runs: list[RunResult], figs: list[tuple[str, go.Figure]] | None = None
+) -> list[dict[str, Any]]:
     """:func:`figures` as plain JSON: ``[{"key", "title", "figure"}]`` (``figure`` is plotly's
-    JSON of the figure, which ``plotly.io.from_json`` or ``go.Figure(...)`` reads back)."""
+    JSON of the figure, which ``plotly.io.from_json`` or ``go.Figure(...)`` reads back).
+    ``figs``: figures already built for these runs (they are built once per report)."""
     return [
         {"key": k, "title": f.layout.title.text, "figure": json.loads(f.to_json())}
-        for k, f in figures(baseline, runs)
+        for k, f in (figs if figs is not None else figures(baseline, runs))
     ]
 
 
@@ -493,12 +496,16 @@ _ENV = Environment(
 )
 
 
-def html_report(bundle: Bundle, baseline: RunResult, runs: list[RunResult]) -> str:
-    """The self-contained HTML report (plotly.js inline once, every figure drawn from it)."""
-    figs = [
-        {"key": k, "id": f"fig-{i}", "figure": json.loads(f.to_json())}
-        for i, (k, f) in enumerate(figures(baseline, runs))
-    ]
+def html_report(
+    bundle: Bundle,
+    baseline: RunResult,
+    runs: list[RunResult],
+    figs_json: list[dict[str, Any]] | None = None,
+) -> str:
+    """The self-contained HTML report (plotly.js inline once, every figure drawn from it).
+    ``figs_json``: :func:`figures_json` of these runs, when already made."""
+    made = figs_json if figs_json is not None else figures_json(baseline, runs)
+    figs = [{"key": f["key"], "id": f"fig-{i}", "figure": f["figure"]} for i, f in enumerate(made)]
     return _ENV.get_template("report.html.j2").render(
         v=report_view(bundle, baseline, runs),
         figures=figs,
@@ -516,7 +523,8 @@ def write_report(
     out.mkdir(parents=True, exist_ok=True)
     md_path = out / "report.md"
     md_path.write_text(markdown(bundle, baseline, runs), encoding="utf-8")
+    made = figures_json(baseline, runs)  # built once for the page and for figures.json
     html_path = out / "report.html"
-    html_path.write_text(html_report(bundle, baseline, runs), encoding="utf-8")
-    (out / "figures.json").write_text(json.dumps(figures_json(baseline, runs)), encoding="utf-8")
+    html_path.write_text(html_report(bundle, baseline, runs, made), encoding="utf-8")
+    (out / "figures.json").write_text(json.dumps(made), encoding="utf-8")
     return md_path, html_path
