@@ -174,3 +174,12 @@ def test_the_phase_trend_fit_is_the_per_phase_least_squares() -> None:
         else:
             assert slope[j] == 0 and se[j] == 0
     assert (slope[::2] > 0).all()  # every creeping phase is found
+
+
+def test_a_failed_links_traffic_goes_to_the_links_of_the_same_tier_at_its_ends(site) -> None:
+    from twin.chain.propagate import link_busy_gbps, parallel_links
+
+    names = [lk.name for lk in site.links]
+    # both leaf-spine links end on spine-1: each takes the other's traffic
+    assert [names[k] for k in parallel_links(site, names.index("lnk-r01-s1"))] == ["lnk-r02-s1"]
+    np.testing.assert_array_equal(link_busy_gbps([4e9, 1e9], [2e9, 3e9]), [4.0, 3.0])

@@ -148,3 +148,19 @@ def test_facility_water_moves_liquid_gpus_about_3k_and_not_air(demo, demo_baseli
     liquid = idx.gpu_cdu >= 0
     assert np.median(d[liquid]) == pytest.approx(3.0, abs=0.3)
     assert np.abs(d[~liquid]).max() < 1e-6
+
+
+def test_a_failed_link_moves_its_traffic_to_its_parallel_links(demo) -> None:
+    from twin.chain.propagate import parallel_links
+
+    names = [lk.name for lk in demo.site.links]
+    j = next(i for i in range(len(names)) if len(parallel_links(demo.site, i)) >= 1)
+    s = Scenario.model_validate(
+        {"name": "link", "changes": [{"op": "fail_link", "link": names[j], "at": 0}]}
+    )
+    moved = {c.id: c for c in run(demo, s).changes}
+    assert names[j] in moved and moved[names[j]].delta > 0  # it carries nothing any more
+    peers = [names[k] for k in parallel_links(demo.site, j)]
+    assert any(p in moved and moved[p].delta < 0 for p in peers)  # they carry its traffic
+    others = set(moved) - {names[j], *peers}
+    assert not [o for o in others if o.startswith("lnk")], others

@@ -612,7 +612,7 @@ def _links_rows(p: _Pass) -> None:
     if site.links:
         link_names = [lk.name for lk in site.links]
         lw = link.select(link_names)
-        busy = np.fmax(_mean(lw.values["tx_bps"]), _mean(lw.values["rx_bps"])) / 1e9
+        busy = chain.link_busy_gbps(_mean(lw.values["tx_bps"]), _mean(lw.values["rx_bps"]))
         node_rack = {nd.name: rack_of_rack[site.rack_of_node[nd.name].name] for nd in site.nodes}
         w = rack_w_now if rack_w_now.sum() > 0 else np.ones(len(racks))
         site50 = (r50 * w).sum(axis=1) / (w.sum() or 1.0)

@@ -109,3 +109,28 @@ def pump_flow_ratio(cdu: Any, running: int) -> float:
 def gpu_r_k_per_w(r_k_per_w: np.ndarray, flow_ratio: np.ndarray) -> np.ndarray:
     """R of each GPU at its loop's flow over the flow its R was fitted at (1 for air)."""
     return gpu_thermal.r_at_flow_k_per_w(r_k_per_w, flow_ratio)
+
+
+# ---- links -----------------------------------------------------------------------------------
+def link_busy_gbps(tx_bps: Any, rx_bps: Any) -> np.ndarray:
+    """A link's load: the busier of its two directions (a link is full when one way is). [Gb/s]"""
+    return np.fmax(np.asarray(tx_bps, dtype=float), np.asarray(rx_bps, dtype=float)) / 1e9
+
+
+def parallel_links(site: Any, j: int) -> list[int]:
+    """The links that take link ``j``'s traffic when it fails: those sharing one of its ends,
+    between the same tiers (node-leaf, leaf-spine), not a duplicate of the same pair."""
+    roles = {s.name: s.role for s in site.switches}
+
+    def tiers(lk: Any) -> tuple[str, ...]:
+        return tuple(sorted(roles.get(x, "node") for x in (lk.a, lk.b)))
+
+    lk = site.links[j]
+    return [
+        k
+        for k, o in enumerate(site.links)
+        if k != j
+        and {o.a, o.b} & {lk.a, lk.b}
+        and {o.a, o.b} != {lk.a, lk.b}
+        and tiers(o) == tiers(lk)
+    ]

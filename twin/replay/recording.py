@@ -18,6 +18,7 @@ from collectors.contract import sub_id
 from twin.calibrate.calibrate import SiteIndex, index_site
 from twin.calibrate.windows import hold_fill
 from twin.chain import ChainParams, PhaseTable, phase_table, pumps_running, resolve
+from twin.chain.propagate import link_busy_gbps
 from twin.replay.bundle import Bundle
 from twin.site import Site
 
@@ -147,7 +148,7 @@ def load(bundle: Bundle) -> Recording:
         pump_on[c.name] = pumps_running(_filled(speeds[:, k : k + len(c.pumps)]))
         k += len(c.pumps)
     link = grid(bundle, "link", [lk.name for lk in site.links], ["tx_bps", "rx_bps"], t0, dt, n)
-    busy = np.nan_to_num(_filled(np.fmax(link["tx_bps"], link["rx_bps"]))) / F32(1e9)
+    busy = np.nan_to_num(_filled(link_busy_gbps(link["tx_bps"], link["rx_bps"]).astype(F32)))
     pdu_w = _filled(pdu["power_w"])
     pos = {p: i for i, p in enumerate(pdu_names)}
     rack_in = np.full((n, len(site.racks)), np.nan)

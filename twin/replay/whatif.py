@@ -497,16 +497,6 @@ def _cdus(d: Recording, cool: _Cooling, rack_s: np.ndarray, new, judge: Judge, f
     return {"heat": heat_s, "cap": cap_s, "ret": ret_s, "ret_limit": ret_limit}
 
 
-def _same_tier(site: Any, a: Any, b: Any) -> bool:
-    """Two links connect the same tiers (node-leaf, leaf-spine)."""
-    roles = {s.name: s.role for s in site.switches}
-
-    def tiers(lk: Any) -> tuple[str, ...]:
-        return tuple(sorted(roles.get(x, "node") for x in (lk.a, lk.b)))
-
-    return tiers(a) == tiers(b)
-
-
 def _links(d: Recording, changes: list[Any], fleet_act: dict, judge: Judge, notes) -> np.ndarray:
     """Link traffic scaled with the fleets at its ends; a failed link's traffic moves over."""
     site = d.site
@@ -532,15 +522,7 @@ def _links(d: Recording, changes: list[Any], fleet_act: dict, judge: Judge, note
             continue
         on = _mask(d, c.at, c.for_s)
         j = names.index(c.link)
-        lk = site.links[j]
-        peers = [
-            k
-            for k, o in enumerate(site.links)
-            if k != j
-            and {o.a, o.b} & {lk.a, lk.b}
-            and {o.a, o.b} != {lk.a, lk.b}
-            and _same_tier(site, o, lk)
-        ]
+        peers = chain.parallel_links(site, j)
         moved = busy_s[:, j].copy()
         if peers:
             for k in peers:
