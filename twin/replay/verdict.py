@@ -224,7 +224,13 @@ def verdict(changes: list[ComponentChange]) -> tuple[str, list[str]]:
         reasons.append(
             f"{what}: {len(cs)} component(s) ({', '.join(kinds)}); e.g. {w.kind} {w.id}: "
             f"min headroom {w.baseline_min_headroom:.1f} -> {w.min_headroom:.1f} {w.unit}"
-            + (f", {_dur(w.time_over_s)} over the limit" if w.time_over_s else "")
+            + (
+                f", over the limit {_dur(w.baseline_time_over_s)} -> {_dur(w.time_over_s)}"
+                if w.baseline_time_over_s
+                else f", {_dur(w.time_over_s)} over the limit"
+                if w.time_over_s
+                else ""
+            )
             + (f", first at {w.first_breach:%Y-%m-%d %H:%M} UTC" if w.first_breach else "")
         )
     if by.get("new breach") or by.get("worse breach"):

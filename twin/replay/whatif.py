@@ -56,6 +56,8 @@ from twin.replay.verdict import Judge, Tolerance, compare, summarize, verdict
 from twin.site.catalog import GPU_MODELS, NODE_MODELS
 
 GPU_CHUNK = 256  # GPUs per block of the GPU pass: (T, 256) float64 is 18 MB at 24 h / 10 s
+#: A GPU this close to its max operating temperature is held there (1 °C sensors read 87.0). [K]
+AT_LIMIT_K = 0.05
 SERIES_POINTS = 600  # points per path in the report's figures
 _Data = Recording  # the name earlier callers used
 
@@ -319,7 +321,12 @@ def _gpus_run(
         )
         tb = _baseline_model(d, sl, ref_b, r_b)
         res = _thermal(d, sl, tb, ref_b, r_b, p_meas, ref_s, r_s, p_dem)
-        judge.add("gpu", idx.gpu_ids[sl], "°C", res.temp_c, gp.max_temp_c[sl], over=res.held)
+        # a GPU at its limit is being throttled (by the scenario's controller, or by its own in
+        # the recording): that counts as time over the limit, in the baseline and the scenario
+        at_limit = res.temp_c >= gp.max_temp_c[sl][None, :] - AT_LIMIT_K
+        judge.add(
+            "gpu", idx.gpu_ids[sl], "°C", res.temp_c, gp.max_temp_c[sl], over=res.held | at_limit
+        )
         feed.offer(M_GPU_K, "gpu", idx.gpu_ids[sl], gp.max_temp_c[sl][None, :] - res.temp_c)
         np.add.at(rack_change.T, rack, (res.power_w - p_meas).T)
         for f in set(idx.gpu_fleet[sl]):
