@@ -48,6 +48,14 @@ def load_ratio(after_w: np.ndarray, before_w: np.ndarray) -> np.ndarray:
     return np.where(ok, np.maximum(after_w, 0.0) / safe, 1.0)
 
 
+def rack_heat_kw(rack_w: Any, capture: Any) -> tuple[np.ndarray, np.ndarray]:
+    """A rack's input power as heat: (to liquid, to the room's air); ``capture`` is the fitted
+    (else catalog) share its cold plates take (docs/physics.md §3.7). [kW]"""
+    w = np.asarray(rack_w, dtype=float) / 1e3
+    c = np.asarray(capture, dtype=float)
+    return w * c, w * (1.0 - c)
+
+
 def node_input_w(gpu_w: np.ndarray, spec: Any) -> np.ndarray:
     """A catalog node's input power for its GPUs' power (docs/physics.md §4.1, §4.2)."""
     from models import electrical

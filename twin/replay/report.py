@@ -103,6 +103,7 @@ SERIES: dict[str, SeriesSpec] = {
         limit_key="cdu_capacity_kw",
         note="dotted: their capacity",
     ),
+    "air_heat_kw": SeriesSpec("Heat to the room's air, all racks", "kW"),
     "gpu_temp_max_c": SeriesSpec("Hottest GPU", "°C"),
     "cdu_util_max": SeriesSpec("Worst CDU: heat / capacity", "ratio", limit=1.0),
     "phase_util_max": SeriesSpec("Worst PDU phase: current / derated limit", "ratio", limit=1.0),

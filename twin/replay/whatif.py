@@ -455,8 +455,8 @@ def _cdus(d: Recording, cool: _Cooling, rack_s: np.ndarray, new, judge: Judge, f
     n = d.n
     heat = np.nan_to_num(d.cdu["heat_kw"])
     base_in = np.where(np.isfinite(d.rack_in_w), d.rack_in_w, 0.0)
-    rack_heat_change = np.where(np.isfinite(d.rack_in_w), rack_s, 0.0) - base_in
-    rack_heat_change = rack_heat_change * d.params.rack_capture[None, :] / 1e3
+    rack_change_w = np.where(np.isfinite(d.rack_in_w), rack_s, 0.0) - base_in
+    rack_heat_change, _ = chain.rack_heat_kw(rack_change_w, d.params.rack_capture[None, :])
     # the heat each rack puts on a loop: its share of its own CDU's recorded heat plus change
     heat_s = np.zeros_like(heat)
     for c in range(len(cdus)):
@@ -568,6 +568,7 @@ class _Pass:
     cdu: dict[str, np.ndarray]
     link_util: np.ndarray
     alerts: list[dict[str, Any]]
+    new: list[dict[str, Any]]  # the racks the scenario adds
 
 
 def _pass(d: Recording, changes: list[Any], rules: Any) -> _Pass:
@@ -585,7 +586,7 @@ def _pass(d: Recording, changes: list[Any], rules: Any) -> _Pass:
     elec = _electrical(d, changes, rack_s, new, judge, feed)
     cdu = _cdus(d, cool, rack_s, new, judge, feed)
     link_util = _links(d, changes, gpu["fleet_act"], judge, cool.notes)
-    return _Pass(judge, cool, gpu, rack_s, elec, cdu, link_util, feed.evaluate())
+    return _Pass(judge, cool, gpu, rack_s, elec, cdu, link_util, feed.evaluate(), new)
 
 
 def run(
@@ -638,6 +639,7 @@ def run(
         d,
         it_power_kw=rack_total / 1e3,
         liquid_heat_kw=cdu["heat"].sum(axis=1),
+        air_heat_kw=_air_heat_kw(d, elec["rack_all"], ps.new),
         cdu_capacity_kw=cdu["cap"].sum(axis=1),
         gpu_temp_max_c=gpu["temp_max"],
         gpus_throttled=gpu["held"],
@@ -683,6 +685,12 @@ def run(
             zip(d.idx.gpu_ids, np.round(gpu["mean_temp"], 4).tolist(), strict=True)
         ),
     )
+
+
+def _air_heat_kw(d: Recording, rack_all: np.ndarray, new: list[dict[str, Any]]) -> np.ndarray:
+    """(T,) heat the racks put into the room's air: what their cold plates do not capture."""
+    capture = np.concatenate([d.params.rack_capture, [nr["capture"] for nr in new]])
+    return chain.rack_heat_kw(rack_all, capture[None, :])[1].sum(axis=1)
 
 
 def _baseline_reasons(recorded: list[Any], throttled_s: float) -> list[str]:
