@@ -46,6 +46,19 @@ Blank values
     sixteen int32 sentinels 0x7ffffff0..0x7fffffff exactly (DCGM stores the int32 blanks in
     int64 fields too). A blank is left out of the sample, never published as a number.
 
+Unmeasured zeros
+    Some temperature fields read exactly 0 where the device has no sensor, instead of a blank:
+    ``DCGM_FI_DEV_MEMORY_TEMP`` is 0 on cards whose memory temperature is not read (GeForce RTX
+    3090 / 4070 Ti Super on dcgm-exporter 3.3.5, NVIDIA/dcgm-exporter#460; L4, where DCGM reads
+    the NVML field value without checking its per-field return, NVIDIA/DCGM#311). 0 °C is not
+    a temperature a powered GPU has (datacenter inlet air is 18-27 °C in ASHRAE TC 9.9's
+    recommended range and a die runs above its inlet), so for ``DCGM_FI_DEV_MEMORY_TEMP`` and
+    ``DCGM_FI_DEV_GPU_TEMP`` an exact 0 is "not measured": it is left out of the sample like a
+    blank (logged once per GPU and field), never published as ``mem_temp_c: 0.0`` nor fitted.
+    Every other field keeps its zeros: 0 % utilization or activity, 0 ECC errors, XID 0 (no
+    error) and 0 MiB used are real readings, and DCGM marks an unsupported power or clock as a
+    blank, not as 0.
+
 MIG
     A series with ``GPU_I_ID`` belongs to a GPU instance: per-instance quantities
     (``util_pct``, ``mem_util_pct``, ``sm_active``, ``fb_used_mib`` and the starred extras) go
@@ -99,14 +112,15 @@ class DcgmField:
     fp64: bool = False  # DCGM type: fp64 (True) or int64 (False)
     device_wide: bool = True  # under MIG, belongs to the parent GPU
     priority: int = 0  # when two fields give one quantity, the lower number wins
+    zero_unmeasured: bool = False  # an exact 0 means "no sensor" (see "Unmeasured zeros")
 
 
 #: DCGM field -> quantity; see the module docstring for units.
 DCGM_FIELDS: dict[str, DcgmField] = {
     "DCGM_FI_DEV_POWER_USAGE": DcgmField("power_w", fp64=True),
     "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": DcgmField("energy_j", scale=1e-3),
-    "DCGM_FI_DEV_GPU_TEMP": DcgmField("temp_c"),
-    "DCGM_FI_DEV_MEMORY_TEMP": DcgmField("mem_temp_c"),
+    "DCGM_FI_DEV_GPU_TEMP": DcgmField("temp_c", zero_unmeasured=True),
+    "DCGM_FI_DEV_MEMORY_TEMP": DcgmField("mem_temp_c", zero_unmeasured=True),
     "DCGM_FI_DEV_GPU_UTIL": DcgmField("util_pct", device_wide=False),
     "DCGM_FI_DEV_MEM_COPY_UTIL": DcgmField("mem_util_pct", device_wide=False),
     "DCGM_FI_PROF_SM_ACTIVE": DcgmField("sm_active", fp64=True, device_wide=False),
@@ -149,12 +163,18 @@ def _label(labels: dict[str, str], *names: str) -> str | None:
 
 
 def parse_scrape(
-    text: str, *, node: str | None = None, default_node: str = "unknown"
+    text: str,
+    *,
+    node: str | None = None,
+    default_node: str = "unknown",
+    unmeasured: set[tuple[str, str]] | None = None,
 ) -> dict[str, list[dict[str, Any]]]:
     """Samples per host from one dcgm-exporter scrape.
 
     ``node`` overrides the ``Hostname`` / ``hostname`` label; ``default_node`` stands in where
-    neither is there. Returns ``{host: [sample, ...]}`` with samples in contract units.
+    neither is there. Returns ``{host: [sample, ...]}`` with samples in contract units. Blanks
+    and unmeasured zeros are left out; ``(sample id, DCGM field)`` of each unmeasured zero is
+    added to ``unmeasured`` when given.
     """
     # (host, sample id) -> quantity -> (priority, value)
     found: dict[tuple[str, str], dict[str, tuple[int, float]]] = {}
@@ -180,6 +200,10 @@ def parse_scrape(
             value = float(s.value)
             if is_blank(value, field.fp64):
                 blanks += 1
+                continue
+            if field.zero_unmeasured and value == 0.0:
+                if unmeasured is not None:
+                    unmeasured.add((sid, s.name))
                 continue
             quantities = found.setdefault((host, sid), {})
             prev = quantities.get(field.quantity)
@@ -232,6 +256,7 @@ class DcgmCollector:
         self.name = f"dcgm {url}"
         self._builder = MessageBuilder(site, "dcgm")
         self._client = httpx.Client(timeout=timeout_s, verify=verify)
+        self._unmeasured_logged: set[tuple[str, str]] = set()
 
     def scrape(self) -> str:
         """The endpoint's text; CollectorError naming the URL and the reason otherwise."""
@@ -248,7 +273,13 @@ class DcgmCollector:
     def poll(self) -> list[Message]:
         """One scrape: one ``gpu`` message per host."""
         ts = datetime.now(UTC)
-        by_host = parse_scrape(self.scrape(), node=self.node, default_node=self._default_node)
+        unmeasured: set[tuple[str, str]] = set()
+        by_host = parse_scrape(
+            self.scrape(), node=self.node, default_node=self._default_node, unmeasured=unmeasured
+        )
+        for sid, field in sorted(unmeasured - self._unmeasured_logged):
+            log.info("GPU %s: %s reads 0 (not measured); left out of its samples", sid, field)
+        self._unmeasured_logged |= unmeasured
         if not by_host:
             log.warning("dcgm-exporter at %s listed no GPU field dctwin maps", self.url)
         try:

@@ -29,6 +29,14 @@ in a field value's ``nvmlReturn``) is left out of its samples, never faked, logg
 (GPU, quantity), and not asked again. Other NVML errors leave the quantity out of that poll and
 are logged once until the call succeeds again.
 
+A temperature of exactly 0 °C (``temp_c``, ``mem_temp_c``) is "not measured", not a reading:
+``NVML_FI_DEV_MEMORY_TEMP`` answers ``NVML_SUCCESS`` with 0 on some boards that expose no memory
+temperature (GeForce RTX 3090, no-fee-ethereum-mining/nsfminer#150; L4, NVIDIA/DCGM#311), and a
+powered GPU is never at 0 °C (datacenter inlet air is 18-27 °C in ASHRAE TC 9.9's recommended
+range and a die runs above it). Such a 0 is left out of that poll's sample (logged once per
+GPU and quantity) and asked again next poll, so a sensor that starts reading is published then.
+Other quantities keep their zeros (0 % utilization, 0 ECC errors are readings).
+
 Identity (UUID, product name, serial number, index) is not a contract quantity (only numbers
 may travel as quantities), so it is logged once at start and kept in :attr:`NvmlCollector.gpus`;
 ``dctwin collect nvml --once --stdout`` prints it on stderr.
@@ -126,6 +134,7 @@ class NvmlCollector:
         self._gpu_id = gpu_id
         self._unsupported: set[tuple[int, str]] = set()
         self._failing: dict[tuple[int, str], int] = {}  # (gpu, quantity) -> last error code
+        self._zero_logged: set[tuple[int, str]] = set()  # (gpu, quantity) read 0 °C, logged
         self._initialized = False
         try:
             pynvml.nvmlInit()
@@ -275,6 +284,23 @@ class NvmlCollector:
             raise _NotSupportedError
         return value
 
+    def _measured_temp(self, gpu: GpuIdentity, quantity: str, value: Any) -> float | None:
+        """``value`` in °C, or None when it is missing or an unmeasured 0 (module docstring)."""
+        if value is None:
+            return None
+        if value == 0:
+            key = (gpu.index, quantity)
+            if key not in self._zero_logged:
+                self._zero_logged.add(key)
+                log.info(
+                    "GPU %s (%s): %s reads 0 °C (not measured); left out of its samples",
+                    gpu.sample_id,
+                    gpu.name,
+                    quantity,
+                )
+            return None
+        return float(value)
+
     # -- a poll -------------------------------------------------------------------------------
 
     def sample(self, gpu: GpuIdentity, handle: Any) -> dict[str, Any]:
@@ -286,9 +312,9 @@ class NvmlCollector:
         mj = self._read(gpu, "energy_j", lambda: nvml.nvmlDeviceGetTotalEnergyConsumption(handle))
         s["energy_j"] = None if mj is None else mj / 1000.0
         t = self._read(gpu, "temp_c", lambda: self._temperature(handle))
-        s["temp_c"] = None if t is None else float(t)
+        s["temp_c"] = self._measured_temp(gpu, "temp_c", t)
         mt = self._read(gpu, "mem_temp_c", lambda: self._memory_temp(handle))
-        s["mem_temp_c"] = None if mt is None else float(mt)
+        s["mem_temp_c"] = self._measured_temp(gpu, "mem_temp_c", mt)
         util = self._read(gpu, "util_pct", lambda: nvml.nvmlDeviceGetUtilizationRates(handle))
         if util is not None:
             s["util_pct"] = float(util.gpu)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import threading
 import time
@@ -181,6 +182,15 @@ class AmPostableAlert(_Strict):
     startsAt: AwareDatetime | None = None  # noqa: N815 - the API's name
     endsAt: AwareDatetime | None = None  # noqa: N815
     generatorURL: str | None = None  # noqa: N815
+
+    @model_validator(mode="after")
+    def _names(self) -> AmPostableAlert:
+        # Alertmanager validates label and annotation names (model.LabelName.IsValid) and
+        # answers 400 otherwise.
+        for what, names in (("label", self.labels), ("annotation", self.annotations or {})):
+            for name in names:
+                assert re.fullmatch(r"[a-zA-Z_][a-zA-Z0-9_]*", name), f"invalid {what} {name!r}"
+        return self
 
 
 AmPostableAlerts = RootModel[list[AmPostableAlert]]

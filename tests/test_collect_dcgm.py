@@ -351,3 +351,41 @@ def test_cli_once_publishes_through_the_broker(exporter, broker, tmp_path, monke
     result = CliRunner().invoke(app, [*args, "--broker", dead, *spool])
     assert result.exit_code == 2
     assert "kept in the spool" in result.stderr and "Traceback" not in result.output
+
+
+def test_cli_leaves_out_a_temperature_of_exactly_zero(exporter, monkeypatch, caplog):
+    """A card without a memory temperature sensor reports DCGM_FI_DEV_MEMORY_TEMP 0
+    (NVIDIA/dcgm-exporter#460, NVIDIA/DCGM#311): not measured, so not published."""
+    from twin.cli import app
+
+    monkeypatch.setitem(VALUES, "DCGM_FI_DEV_MEMORY_TEMP", {"0": "0", "1": "0"})
+    monkeypatch.setitem(VALUES, "DCGM_FI_DEV_GPU_TEMP", {"0": "61", "1": "0"})
+    exporter.body = scrape()
+    result = CliRunner().invoke(
+        app, ["collect", "dcgm", "--url", url(exporter), "--once", "--stdout", "--site", "demo"]
+    )
+    assert result.exit_code == 0, result.output
+    [line] = result.stdout.splitlines()
+    samples = {s["id"]: s for s in orjson.loads(line)["payload"]["samples"]}
+    gpu0, gpu1 = samples["gpu-node-017:0"], samples["gpu-node-017:1"]
+    assert "mem_temp_c" not in gpu0 and "mem_temp_c" not in gpu1
+    assert gpu0["temp_c"] == 61.0 and "temp_c" not in gpu1
+    assert gpu0["xid_last"] == 0  # a zero that is a reading stays
+    assert gpu1["power_w"] == 301.5  # the rest of the GPU's sample is published
+
+    # Logged once per GPU and field, however many scrapes.
+    caplog.set_level("INFO", logger="collectors.dcgm")
+    c = DcgmCollector(url(exporter), site="demo")
+    try:
+        c.poll()
+        c.poll()
+    finally:
+        c.close()
+    notes = sorted(r.getMessage() for r in caplog.records if "not measured" in r.getMessage())
+    assert notes == [
+        "GPU gpu-node-017:0: DCGM_FI_DEV_MEMORY_TEMP reads 0 (not measured); left out of its"
+        " samples",
+        "GPU gpu-node-017:1: DCGM_FI_DEV_GPU_TEMP reads 0 (not measured); left out of its samples",
+        "GPU gpu-node-017:1: DCGM_FI_DEV_MEMORY_TEMP reads 0 (not measured); left out of its"
+        " samples",
+    ]

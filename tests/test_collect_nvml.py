@@ -354,3 +354,36 @@ def test_real_gpu_poll_decodes():
         assert s["power_w"] is not None and 0 < s["power_w"] < 2000
         assert s["temp_c"] is not None and 0 < s["temp_c"] < 120
         print(s)
+
+
+def test_a_memory_temperature_of_zero_is_left_out(monkeypatch, caplog):
+    """NVML_FI_DEV_MEMORY_TEMP answering NVML_SUCCESS with 0 (boards without a readable memory
+    sensor) is not measured: left out, logged once, asked again next poll."""
+    from twin.cli import app
+
+    fake = FakeNvml(monkeypatch, gpus())
+    fake.gpus[0].mem_temp_c = 0
+    result = CliRunner().invoke(
+        app, ["collect", "nvml", "--once", "--stdout", "--node", "gpu-node-017", "--site", "demo"]
+    )
+    assert result.exit_code == 0, result.output
+    [line] = [x for x in result.stdout.splitlines() if x.strip()]
+    h100 = orjson.loads(line)["payload"]["samples"][0]
+    assert h100["id"] == "gpu-node-017:0"
+    assert "mem_temp_c" not in h100 and h100["temp_c"] == 61.0
+
+    caplog.set_level(logging.INFO, logger="collectors.nvml")
+    c = NvmlCollector(site="demo", node="n1")
+    for _ in range(2):
+        [(_, payload)] = c.poll()
+    notes = [r.getMessage() for r in caplog.records if "not measured" in r.getMessage()]
+    assert notes == [
+        "GPU n1:0 (NVIDIA H100 80GB HBM3): mem_temp_c reads 0 °C (not measured);"
+        " left out of its samples"
+    ]
+    fake.gpus[0].mem_temp_c = 42  # a sensor that starts reading is published
+    fake.gpus[0].temp_c = 0  # and a core temperature of 0 is left out too
+    [(_, payload)] = c.poll()
+    h100 = orjson.loads(payload)["samples"][0]
+    assert h100["mem_temp_c"] == 42.0 and "temp_c" not in h100
+    c.close()

@@ -13,7 +13,8 @@ One evaluation (:meth:`AlertEngine.evaluate`) does, in order:
    for that long is cleared (event-like detectors report only while the event holds).
 2. **Groups**: firing alerts of one rule under the same ``group_by`` ancestor (from
    :class:`~twin.alerts.topology.Topology`) are one incident with one dedup key,
-   ``dctwin/<site>/<rule>/<group kind>/<group id>``. An incident is paged once (after
+   ``dctwin/<site>/<rule>/<group kind>/<group id>`` (over 255 characters: a readable head and
+   a hash of the whole, see :func:`dedup_key`). An incident is paged once (after
    ``group_wait_s``, so members that fire together are listed together) and resolved once,
    when its last member clears; members that join later are added to the resolve, not paged.
 3. **Inhibition**: while rule A fires for entity X, alerts of each rule in A's ``inhibits`` on
@@ -29,6 +30,7 @@ One evaluation (:meth:`AlertEngine.evaluate`) does, in order:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import threading
@@ -69,9 +71,23 @@ def _now() -> datetime:
     return datetime.now(UTC)
 
 
+#: PagerDuty Events API v2: ``dedup_key`` is at most 255 characters.
+DEDUP_KEY_MAX = 255
+_DEDUP_HASH_HEX = 16  # 64 bits of sha256: a collision among a site's incidents is negligible
+
+
 def dedup_key(site: str, rule: str, group: Entity) -> str:
-    """``dctwin/<site>/<rule>/<group kind>/<group id>``: the same incident, the same key."""
-    return f"dctwin/{site}/{rule}/{group[0]}/{group[1]}"[:255]
+    """``dctwin/<site>/<rule>/<group kind>/<group id>``: the same incident, the same key.
+
+    A key over :data:`DEDUP_KEY_MAX` characters keeps its first 238 characters as a readable
+    head and ends in ``~`` and 16 hex digits of the sha256 of the whole key: never a plain cut,
+    so two long keys that differ only past the head still differ.
+    """
+    key = f"dctwin/{site}/{rule}/{group[0]}/{group[1]}"
+    if len(key) <= DEDUP_KEY_MAX:
+        return key
+    digest = hashlib.sha256(key.encode()).hexdigest()[:_DEDUP_HASH_HEX]
+    return f"{key[: DEDUP_KEY_MAX - _DEDUP_HASH_HEX - 1]}~{digest}"
 
 
 def _dt(s: str | None) -> datetime | None:

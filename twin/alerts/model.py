@@ -6,6 +6,7 @@ Every timestamp is an aware UTC ``datetime``; a naive one is refused.
 from __future__ import annotations
 
 import hashlib
+import re
 from datetime import UTC, datetime
 from typing import Annotated, Literal
 
@@ -28,6 +29,34 @@ def _aware_utc(ts: datetime) -> datetime:
 
 UtcDatetime = Annotated[datetime, AfterValidator(_aware_utc)]
 
+#: Prometheus data model, "Metric names and labels": label names match this; Alertmanager's
+#: API v2 validates label and annotation names with the same rule
+#: (prometheus/common model.LabelName.IsValid, legacy validation).
+LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+
+
+def label_name_problem(name: str) -> str | None:
+    """Why ``name`` cannot be an Alertmanager label or annotation name; None when it can."""
+    if not LABEL_NAME.fullmatch(name):
+        hint = re.sub(r"[^a-zA-Z0-9_]", "_", name)
+        hint = hint if LABEL_NAME.fullmatch(hint) else f"_{hint}"
+        return (
+            f"label name {name!r} is not valid: Alertmanager accepts only"
+            f" [a-zA-Z_][a-zA-Z0-9_]* (try {hint!r})"
+        )
+    return None
+
+
+def _label_names(labels: dict[str, str]) -> dict[str, str]:
+    problems = [p for p in map(label_name_problem, labels) if p is not None]
+    if problems:
+        raise ValueError("; ".join(problems))
+    return labels
+
+
+#: Labels whose names every receiver accepts (rule labels, observation labels).
+LabelSet = Annotated[dict[str, str], AfterValidator(_label_names)]
+
 
 def utc_iso(ts: datetime) -> str:
     """RFC 3339 with a ``Z``: ``2026-11-29T14:00:00.250000Z``."""
@@ -38,7 +67,8 @@ class Observation(BaseModel):
     """One value of one metric of one entity at one time: what detectors hand the engine.
 
     ``labels`` are free context (``fleet``, ``reason``, ``time_to_breach_s`` ...) carried into
-    the notification's labels and the summary template (``{labels[reason]}``).
+    the notification's labels and the summary template (``{labels[reason]}``); their names
+    become Alertmanager annotation names, so they follow :data:`LABEL_NAME`.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -48,7 +78,7 @@ class Observation(BaseModel):
     entity_id: str = Field(min_length=1, description="the id the site file gives the entity")
     value: float
     ts: UtcDatetime
-    labels: dict[str, str] = Field(default_factory=dict)
+    labels: LabelSet = Field(default_factory=dict)
 
 
 class GroupRef(BaseModel):
@@ -74,7 +104,8 @@ class Member(BaseModel):
 class Notification(BaseModel):
     """One page: a group of alerts of one rule, firing or resolved.
 
-    ``dedup_key`` is deterministic (``dctwin/<site>/<rule>/<group kind>/<group id>``): the
+    ``dedup_key`` is deterministic (``dctwin/<site>/<rule>/<group kind>/<group id>``, a
+    long one ending in a hash, :func:`twin.alerts.engine.dedup_key`): the
     firing and the resolve of one incident share it, and a re-send of the same
     (``dedup_key``, ``status``) is idempotent at every receiver; ``event_id`` tells the
     firing and the resolve of one incident (and of a later incident) apart.

@@ -17,7 +17,8 @@ A rule file::
         group_wait_s: 0                  # hold a new group's first page to gather members
         resolve_if_absent_s: null        # resolve when the entity reports nothing this long
         summary: "GPU {entity_id} {value:.1f} K from slowdown"
-        labels: {team: facilities}       # static labels, carried into every payload
+        labels: {team: facilities}       # static labels, carried into every payload; names
+                                         # match [a-zA-Z_][a-zA-Z0-9_]* (Prometheus rule)
         inhibits:                        # while this rule fires for X, mute rule `r` below X
           - {rule: other_rule, along: cooling, hold_s: 300}   # along: cooling | power;
                                          # hold_s: keep muting while the effect decays
@@ -41,11 +42,19 @@ Summary templates are :meth:`str.format` strings over ``rule``, ``entity_kind``,
 ``metric`` must be one of :data:`twin.alerts.metrics.METRICS` (what the detectors and what-if
 emit) and ``entity_kind`` one the metric is emitted for: a rule that could never fire is refused.
 
+Label names (the keys of ``labels``) must match ``[a-zA-Z_][a-zA-Z0-9_]*``, the Prometheus
+label name rule that Alertmanager enforces on every label and annotation name: Alertmanager
+answers 400 to an alert with ``on-call`` or ``team.name``, and a 400 is not retried, so such a
+page would be lost. A rule has no annotations of its own: the Alertmanager hook's annotation
+names are fixed (``summary``, ``description``, ``members``) or are observation label names,
+which :class:`twin.alerts.model.Observation` checks by the same rule.
+
 Errors raise :class:`RuleFileError`; its message names the file, the rule (by name, else by
 index) and the field::
 
     rules.yaml: rule 'gpu_temp' (rules[0]): op: Input should be '>', '>=', '<' or '<='
     rules.yaml: rule 'gpu_hot' (rules[1]): metric: unknown metric 'gpu.temp'; known metrics: ...
+    rules.yaml: rule 'gpu_hot' (rules[1]): labels: label name 'on-call' is not valid ...
 """
 
 from __future__ import annotations
@@ -61,7 +70,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from twin.alerts.metrics import metric_problem
-from twin.alerts.model import EntityKind, Severity
+from twin.alerts.model import EntityKind, LabelSet, Severity
 
 __all__ = [
     "OPS",
@@ -117,7 +126,7 @@ class Rule(BaseModel):
     group_wait_s: float = Field(default=0.0, ge=0)
     resolve_if_absent_s: float | None = Field(default=None, gt=0)
     summary: str = "{rule} on {entity_id}: {value:g}"
-    labels: dict[str, str] = Field(default_factory=dict)
+    labels: LabelSet = Field(default_factory=dict)
     inhibits: list[InhibitRule] = Field(default_factory=list)
 
     @model_validator(mode="before")
@@ -323,9 +332,9 @@ def parse_rules(text: str, source: str = "<rules>") -> RuleSet:
             for err in exc.errors():
                 field = _loc(err["loc"])
                 msg = err["msg"]
-                if not field and msg.startswith("Value error, "):
+                if msg.startswith("Value error, "):
                     msg = msg.removeprefix("Value error, ")
-                    if ": " in msg:
+                    if not field and ": " in msg:
                         field, msg = msg.split(": ", 1)
                 issues.append(RuleIssue(label, field, msg))
             continue
