@@ -382,6 +382,32 @@ def _as_time_by_device(x: ArrayLike, n_t: int) -> F64:
     return np.broadcast_to(a, (n_t, a.shape[1]))
 
 
+def _interval_steps(dt_s: ArrayLike, n_t: int) -> tuple[float, F64 | None]:
+    """A sample interval as ``(typical step, per-interval steps or None)``.
+
+    ``dt_s`` is a scalar (a regular grid) or one step per interval: ``n_t - 1`` values, or
+    ``n_t`` with the last unused (as :func:`rc_simulate` takes them). The per-interval steps
+    come back padded to ``n_t`` (the last one repeated, unused); the typical step is their
+    median (for the one-step seed, the data checks and the bounds of tau).
+    """
+    dt = np.asarray(dt_s, dtype=float)
+    if dt.ndim == 0:
+        if not (np.isfinite(dt) and dt > 0):
+            raise ValueError(f"dt_s must be a positive finite step, got {float(dt)!r}")
+        return float(dt), None
+    if dt.ndim != 1 or dt.size not in (n_t - 1, n_t) or dt.size == 0:
+        raise ValueError(
+            f"dt_s must be a scalar or one step per interval ({n_t - 1} or {n_t} values), "
+            f"got shape {dt.shape}"
+        )
+    steps = dt[: n_t - 1]
+    if not (np.isfinite(steps).all() and (steps > 0).all()):
+        bad = int(np.flatnonzero(~(np.isfinite(steps) & (steps > 0)))[0])
+        raise ValueError(f"dt_s[{bad}] = {steps[bad]!r} is not a positive finite step")
+    padded = np.concatenate([steps, steps[-1:]]) if steps.size else dt
+    return float(np.median(steps)), padded
+
+
 def _row_blocks(n_rows: int) -> list[tuple[int, int]]:
     return [(k0, min(k0 + _OE_BLOCK, n_rows)) for k0 in range(0, n_rows, _OE_BLOCK)]
 
@@ -498,7 +524,7 @@ def _oe_pass(
     power: NDArray[np.floating],
     valid: NDArray[np.bool_] | None,
     theta: F64,
-    dt_s: float,
+    dt_s: float | F64,
     work: _Work | None = None,
 ) -> dict[str, F64]:
     """Simulate the RC model and its forward sensitivities over the whole window, per GPU.
@@ -516,7 +542,9 @@ def _oe_pass(
     the Gauss-Newton normal equations (``gram`` (N, 4, 4), ``grad`` (N, 4) = J^T e) in the
     parameters of ``theta``, the sums of squared and absolute residuals, the lag-1 residual
     product and the count of residuals. The loop runs over time in blocks (float32 by
-    default); block sums are added up in float64.
+    default); block sums are added up in float64. ``dt_s`` is a scalar or one step per
+    sample (``(T,)``, :func:`_interval_steps`): then ``a`` is ``exp(-dt_k/tau)`` per interval,
+    the exact zero-order hold of each.
     """
     dtype = temp.dtype
     n_t, n = temp.shape
@@ -524,10 +552,15 @@ def _oe_pass(
         work = _Work(n, dtype)  # type: ignore[arg-type]
     r, ln_tau, off, t0 = theta
     tau = np.exp(ln_tau)
-    a64 = np.exp(-dt_s / tau)
-    dadl = a64 * dt_s / tau  # da / d(ln tau)
-    a = a64.astype(dtype)
-    c1 = (1.0 - a64).astype(dtype)
+    per_step = np.ndim(dt_s) > 0
+    if per_step:  # sa carries dx/d(ln tau) directly: each step's da/dln tau applied in the loop
+        dt_v = np.asarray(dt_s, dtype=float)[:, None]
+        dadl: F64 | float = 1.0
+    else:
+        a64 = np.exp(-dt_s / tau)
+        dadl = a64 * dt_s / tau  # da / d(ln tau)
+        a = a64.astype(dtype)
+        c1 = (1.0 - a64).astype(dtype)
     r_d, off_d = r.astype(dtype), off.astype(dtype)
     buf = work.buf
     state = np.zeros((4, n), dtype=dtype)
@@ -550,13 +583,25 @@ def _oe_pass(
         np.multiply(p_b, r_d, out=u_b)
         u_b += ref[k0:k1]
         u_b += off_d
-        np.multiply(u_b, c1, out=add[:, 0])
-        np.multiply(p_b, c1, out=add[:, 1])
+        if per_step:
+            a_b64 = np.exp(-dt_v[k0:k1] / tau)
+            a_b = a_b64.astype(dtype)
+            q_b = (a_b64 * dt_v[k0:k1] / tau).astype(dtype)
+            c1_b = (1.0 - a_b64).astype(dtype)
+            np.multiply(u_b, c1_b, out=add[:, 0])
+            np.multiply(p_b, c1_b, out=add[:, 1])
+        else:
+            np.multiply(u_b, c1, out=add[:, 0])
+            np.multiply(p_b, c1, out=add[:, 1])
         buf[0] = state
         for kk in range(nb):  # three numpy calls per step: the same sums as row by row
             cur, nxt, add_k = buf[kk], buf[kk + 1], add[kk]
             np.subtract(cur[0], u_b[kk], out=add_k[2])
-            np.multiply(a, cur, out=nxt)
+            if per_step:
+                add_k[2] *= q_b[kk]
+                np.multiply(a_b[kk], cur, out=nxt)
+            else:
+                np.multiply(a, cur, out=nxt)
             nxt[:3] += add_k
         state = buf[nb].copy()
         x, sr, sa, s0 = buf[:nb, 0], buf[:nb, 1], buf[:nb, 2], buf[:nb, 3]
@@ -626,7 +671,7 @@ def fit_rc(
     temp_c: ArrayLike,
     ref_temp_c: ArrayLike,
     power_w: ArrayLike,
-    dt_s: float,
+    dt_s: ArrayLike,
     *,
     iterations: int = 8,
     min_samples: int = 300,
@@ -641,14 +686,19 @@ def fit_rc(
     Parameters
     ----------
     temp_c : array_like
-        Measured GPU (or HBM) temperature, shape ``(T, N)``; NaN for a missing reading. [°C]
+        Measured GPU (or HBM) temperature, shape ``(T, N)``, or ``(T,)`` for one GPU; NaN for
+        a missing reading. [°C]
     ref_temp_c : array_like
         Reference temperature: coolant supply (liquid) or inlet air (air), shape ``(T, N)`` or
         broadcastable (``(T, 1)`` for one loop). Gaps are held from the last valid value. [°C]
     power_w : array_like
-        Measured board power, shape ``(T, N)``; gaps held as for ``ref_temp_c``. [W]
-    dt_s : float
-        Sample interval of the regular time grid. [s]
+        Measured board power, shape ``(T, N)`` (``(T,)`` for one GPU); gaps held as for
+        ``ref_temp_c``. [W]
+    dt_s : float or array_like
+        Sample interval of a regular grid, or one step per interval (``T - 1`` values, or
+        ``T`` with the last unused) for irregular timestamps: each interval is then
+        discretized exactly (its own zero-order hold); the median step sets the seed, the data
+        checks and the bounds of tau. [s]
     iterations : int, default 8
         Most Levenberg-Marquardt passes of the output-error refinement; 0 returns the
         one-step linear least-squares seed (biased: C comes out low under sensor noise).
@@ -732,7 +782,7 @@ def fit_rc_many(
     temps_c: Mapping[str, ArrayLike],
     ref_temp_c: ArrayLike,
     power_w: ArrayLike,
-    dt_s: float,
+    dt_s: ArrayLike,
     *,
     iterations: int = 8,
     min_samples: int = 300,
@@ -752,9 +802,12 @@ def fit_rc_many(
         return {}
     shape = np.shape(next(iter(temps_c.values())))
     n_t, n_gpu = (shape[0], 1) if len(shape) == 1 else shape
-    power = np.broadcast_to(np.asarray(power_w, dtype=float), (n_t, n_gpu))
+    p_in = np.asarray(power_w, dtype=float)
+    if p_in.ndim == 1 and p_in.shape[0] == n_t:  # one GPU's series, as its temperature
+        p_in = p_in[:, None]
+    power = np.broadcast_to(p_in, (n_t, n_gpu))
     ref = _as_time_by_device(ref_temp_c, n_t)
-    dt = float(dt_s)
+    dt, dt_steps = _interval_steps(dt_s, n_t)
 
     def prefix(what: str, reasons: list[str | None]) -> list[str | None]:
         return [f"{what}: {r}" if r else None for r in reasons]
@@ -782,7 +835,7 @@ def fit_rc_many(
         temp_problems = data_problems(temp, flat_std=0.05, max_stuck_s=max_stuck_s, **checks)
         reasons = join_reasons(prefix("temperature", temp_problems), *shared)
         fits[name] = _fit_rc_one(
-            temp, reasons, p_held, ref_held, p_32, ref_32, dt, iterations,
+            temp, reasons, p_held, ref_held, p_32, ref_32, (dt, dt_steps), iterations,
             max_rel_stderr_r, max_rel_stderr_c, dtype,
         )  # fmt: skip
     return fits
@@ -795,13 +848,18 @@ def _fit_rc_one(
     ref_held: F64,
     p_32: NDArray[np.floating],
     ref_32: NDArray[np.floating],
-    dt: float,
+    steps: tuple[float, F64 | None],
     iterations: int,
     max_rel_stderr_r: float,
     max_rel_stderr_c: float,
     dtype: type[np.floating],
 ) -> RcFit:
-    """The fit of :func:`fit_rc` for one temperature, on inputs checked and prepared."""
+    """The fit of :func:`fit_rc` for one temperature, on inputs checked and prepared.
+
+    ``steps``: the typical step and the per-interval steps (None on a regular grid).
+    """
+    dt, dt_steps = steps
+    dt_pass: float | F64 = dt if dt_steps is None else dt_steps
     n_gpu = temp.shape[1]
     good = np.array([r is None for r in reasons])
     cols = np.flatnonzero(good)
@@ -830,7 +888,7 @@ def _fit_rc_one(
         theta = np.stack([r0, np.clip(np.log(tau0), lo, hi), off0, t0])
         theta = np.where(np.isfinite(theta), theta, np.array([[0.03], [np.log(10.0)], [0], [40]]))
         work = _Work(cols.size, dtype)
-        cur = _oe_pass(t_w, ref_w, p_w, valid, theta, dt, work)
+        cur = _oe_pass(t_w, ref_w, p_w, valid, theta, dt_pass, work)
         lam = np.full(cols.size, 1e-3)
         act = np.arange(cols.size)  # GPUs still iterating: the columns of t_w, p_w, ...
         for _ in range(iterations):
@@ -852,7 +910,7 @@ def _fit_rc_one(
             trial = theta[:, act] + step
             trial[1] = np.clip(trial[1], lo, hi)
             trial[0] = np.maximum(trial[0], 1e-6)
-            new = _oe_pass(t_w, ref_w, p_w, valid, trial, dt, work)
+            new = _oe_pass(t_w, ref_w, p_w, valid, trial, dt_pass, work)
             better = new["sse"] < cur["sse"][act]
             theta[:, act] = np.where(better, trial, theta[:, act])
             for k in cur:
@@ -936,7 +994,9 @@ def predict_temp_c(
     c_j_per_k: ArrayLike,
     dt_s: ArrayLike,
     offset_k: ArrayLike = 0.0,
-) -> NDArray[np.float64]:
+    *,
+    return_held: bool = False,
+) -> NDArray[np.float64] | tuple[NDArray[np.float64], NDArray[np.bool_]]:
     r"""Temperature path of a GPU for a given power path (transient), from a fitted model.
 
     Parameters
@@ -944,20 +1004,28 @@ def predict_temp_c(
     temp0_c : array_like
         Temperature at the first sample, e.g. the latest measurement, shape ``(...)``. [°C]
     ref_temp_c : array_like
-        Coolant or inlet-air reference per sample, shape ``(n, ...)`` or broadcastable. [°C]
+        Coolant or inlet-air reference per sample, shape ``(n, ...)`` or broadcastable; a 1-D
+        series of length ``n`` is one value per sample for every GPU. NaN: held. [°C]
     power_w : array_like
-        Power path, shape ``(n, ...)``. [W]
+        Power path, shape ``(n, ...)`` (``(n,)`` for one GPU). A NaN (missing reading) holds
+        the last valid power (leading NaN: the first valid one). [W]
     r_k_per_w, c_j_per_k : array_like
         Fitted thermal resistance [K/W] and heat capacity [J/K] (:func:`fit_rc`).
     dt_s : array_like
-        Sample interval, scalar or per interval. [s]
+        Sample interval, scalar or per interval (``n - 1`` values, or ``n`` with the last
+        unused); each interval is advanced by its exact zero-order-hold step. [s]
     offset_k : array_like, default 0.0
         Fitted offset of the local coolant above the reference (:attr:`RcFit.offset_k`). [K]
+    return_held : bool, default False
+        Also return the mask of samples whose power or reference was held (missing in the
+        input). A prediction at sample ``k + 1`` uses the inputs of sample ``k``, so the
+        predictions that rest on held input are ``held[:-1]`` shifted by one.
 
     Returns
     -------
-    numpy.ndarray
-        Temperature at each sample, shape ``(n, ...)``. [°C]
+    numpy.ndarray, or (numpy.ndarray, numpy.ndarray) with ``return_held``
+        Temperature at each sample, shape ``(n, ...)`` [°C]; with ``return_held``, also the
+        held-input mask of the same shape [bool].
 
     Notes
     -----
@@ -974,8 +1042,43 @@ def predict_temp_c(
     >>> predict_temp_c(40.0, 30.0, [700.0] * 3, 0.03, 1000.0, 30.0, 0.5).round(2)
     array([40.  , 47.27, 49.94])
     """
-    ref = np.asarray(ref_temp_c, dtype=float) + np.asarray(offset_k, dtype=float)
-    return rc_simulate(temp0_c, ref, power_w, r_k_per_w, c_j_per_k, dt_s)
+    power, ref, held = _held_inputs(power_w, ref_temp_c, offset_k)
+    dt = _per_sample_dt(dt_s, power.shape[0])
+    out = rc_simulate(temp0_c, ref, power, r_k_per_w, c_j_per_k, dt)
+    if not return_held:
+        return out
+    return out, np.broadcast_to(held.reshape(held.shape + (1,) * (out.ndim - held.ndim)), out.shape)
+
+
+def _held_inputs(
+    power_w: ArrayLike, ref_temp_c: ArrayLike, offset_k: ArrayLike
+) -> tuple[F64, F64, NDArray[np.bool_]]:
+    """Power and reference + offset on the power's time axis, NaN held (zero-order hold), and
+    the mask of samples where either was held."""
+    power = np.asarray(power_w, dtype=float)
+    if power.ndim == 0:
+        raise ValueError("power_w must be a path (one value per sample), got a scalar")
+    ref = np.asarray(ref_temp_c, dtype=float)
+    if ref.ndim == 1 and power.ndim > 1 and ref.shape[0] == power.shape[0] != power.shape[-1]:
+        ref = ref.reshape((-1,) + (1,) * (power.ndim - 1))  # one reference series for all
+    shape = np.broadcast_shapes(power.shape, ref.shape)
+    if shape[0] != power.shape[0]:
+        raise ValueError(f"ref_temp_c of shape {ref.shape} does not fit power {power.shape}")
+    power = np.broadcast_to(power, shape)
+    ref = np.broadcast_to(ref, shape) + np.asarray(offset_k, dtype=float)
+    held = ~np.isfinite(power) | ~np.isfinite(ref)
+    if held.any():
+        power, ref = hold_gaps(power), hold_gaps(ref)
+    return power, ref, held
+
+
+def _per_sample_dt(dt_s: ArrayLike, n: int) -> ArrayLike:
+    """A scalar step, or per-interval steps padded to one per sample (as rc_simulate takes)."""
+    if np.ndim(dt_s) == 0:
+        _interval_steps(dt_s, n)  # validates
+        return dt_s
+    steps = _interval_steps(dt_s, n)[1]
+    return steps if steps is not None else dt_s
 
 
 def time_to_temp_s(
@@ -984,7 +1087,7 @@ def time_to_temp_s(
     power_w: ArrayLike,
     r_k_per_w: ArrayLike,
     c_j_per_k: ArrayLike,
-    dt_s: float,
+    dt_s: ArrayLike,
     threshold_c: ArrayLike,
     offset_k: ArrayLike = 0.0,
 ) -> NDArray[np.float64]:
@@ -1001,8 +1104,9 @@ def time_to_temp_s(
         sample's value is not used), shape ``(n, ...)``. [W]
     r_k_per_w, c_j_per_k : array_like
         Thermal resistance [K/W] and heat capacity [J/K].
-    dt_s : float
-        Sample interval. [s]
+    dt_s : float or array_like
+        Sample interval, or one step per interval (``n - 1`` values, or ``n`` with the last
+        unused). [s]
     threshold_c : array_like
         Temperature to reach, e.g. ``max_operating_temp_c`` or ``slowdown_temp_c``. [°C]
     offset_k : array_like, default 0.0
@@ -1033,22 +1137,27 @@ def time_to_temp_s(
     >>> float(time_to_temp_s(30.0, 30.0, [700.0] * 61, 0.03, 1000 / 3, 1.0, 60.0))
     inf
     """
-    power = np.asarray(power_w, dtype=float)
-    ref = np.broadcast_to(
-        np.asarray(ref_temp_c, dtype=float) + np.asarray(offset_k, dtype=float), power.shape
-    )
+    power, ref, _ = _held_inputs(power_w, ref_temp_c, offset_k)
     r = np.asarray(r_k_per_w, dtype=float)
     c = np.asarray(c_j_per_k, dtype=float)
     thr = np.asarray(threshold_c, dtype=float)
-    traj = rc_simulate(temp0_c, ref, power, r, c, dt_s)
+    n_s = power.shape[0]
+    step, steps = _interval_steps(dt_s, n_s)
+    traj = rc_simulate(temp0_c, ref, power, r, c, step if steps is None else steps)
     shape = np.broadcast_shapes(traj.shape[1:], thr.shape)
     start, end = traj[:-1], traj[1:]
     t_ss = steady_temp_c(ref[:-1], power[:-1], r)
     cross = (start < thr) & (end >= thr)
     with np.errstate(divide="ignore", invalid="ignore"):
         frac = time_constant_s(r, c) * np.log((start - t_ss) / (thr - t_ss))
-    frac = np.clip(np.where(cross, frac, 0.0), 0.0, dt_s)
-    times = np.arange(traj.shape[0] - 1).reshape((-1,) + (1,) * (traj.ndim - 1)) * dt_s + frac
+    col = (-1,) + (1,) * (traj.ndim - 1)
+    if steps is None:
+        width, t_start = step, np.arange(n_s - 1).reshape(col) * step
+    else:
+        width = steps[:-1].reshape(col)
+        t_start = np.concatenate([[0.0], np.cumsum(steps[:-2])]).reshape(col)
+    frac = np.clip(np.where(cross, frac, 0.0), 0.0, width)
+    times = t_start + frac
     any_cross = np.broadcast_to(cross.any(axis=0), shape)
     first = np.broadcast_to(np.argmax(cross, axis=0), shape)
     t_first = np.take_along_axis(

@@ -1,0 +1,103 @@
+"""Fits and predictions on inputs real sensors produce (issue 14, item 2).
+
+One GPU as a 1-D series, irregular timestamps (one step per interval), missing inputs held and
+marked. Small synthetic arrays with known parameters; each test failed on the code before it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from models import gpu_power, gpu_thermal
+
+R_TRUE, TAU_TRUE = 0.04, 20.0  # K/W, s: a cold-plate GPU (docs/physics.md §9.2 ranges)
+C_TRUE = TAU_TRUE / R_TRUE
+
+
+def _power_steps(rng: np.random.Generator, n_t: int, dwell: int = 60) -> np.ndarray:
+    """Piecewise-constant power, a new level in 150..650 W every ``dwell`` samples."""
+    levels = rng.uniform(150.0, 650.0, n_t // dwell + 1)
+    return np.repeat(levels, dwell)[:n_t]
+
+
+def test_one_gpu_as_a_1d_series_fits_and_predicts() -> None:
+    rng = np.random.default_rng(0)
+    p = _power_steps(rng, 1800)
+    t = gpu_thermal.rc_simulate(40.0, 30.0, p, R_TRUE, C_TRUE, 1.0)
+    noisy = t + rng.normal(0.0, 0.1, t.shape)
+    fit = gpu_thermal.fit_rc(noisy, 30.0, p, 1.0)
+    assert fit.usable.shape == (1,) and fit.usable[0], fit.reason
+    assert abs(fit.r_k_per_w[0] / R_TRUE - 1) < 0.02
+    assert abs(fit.c_j_per_k[0] / C_TRUE - 1) < 0.05
+    pred = gpu_thermal.predict_temp_c(
+        t[0], np.full(p.shape, 30.0), p, fit.r_k_per_w, fit.c_j_per_k, 1.0, fit.offset_k
+    )
+    assert np.abs(pred[:, 0] - t).max() < 0.5
+
+    act = np.tile(np.linspace(0.0, 1.0, 101), 3)
+    curve = gpu_power.fit_power_curve(act, gpu_power.gpu_power_w(act, 75.0, 700.0, 0.85))
+    assert curve.usable.shape == (1,) and curve.usable[0], curve.reason
+    np.testing.assert_allclose(curve.idle_w, [75.0], rtol=1e-3)
+
+
+def _irregular(rng: np.random.Generator, n_t: int) -> np.ndarray:
+    """Steps of 0.5..3 s: a scraper that is late now and then."""
+    return rng.uniform(0.5, 3.0, n_t - 1)
+
+
+def test_per_interval_steps_are_exact_in_prediction_and_time_to_temp() -> None:
+    rng = np.random.default_rng(1)
+    n_t = 400
+    dt = _irregular(rng, n_t)
+    t_s = np.concatenate([[0.0], np.cumsum(dt)])
+    p = np.full(n_t, 700.0)
+    pred = gpu_thermal.predict_temp_c(30.0, 30.0, p, R_TRUE, C_TRUE, dt)
+    exact = 30.0 + R_TRUE * 700.0 * (1.0 - np.exp(-t_s / TAU_TRUE))  # step response
+    np.testing.assert_allclose(pred, exact, atol=1e-9)
+    thr = 50.0  # 28 K rise to 58 °C: 20 K at tau ln(28 / 8)
+    t_hit = gpu_thermal.time_to_temp_s(30.0, 30.0, p, R_TRUE, C_TRUE, dt, thr)
+    assert abs(float(t_hit) - TAU_TRUE * np.log(28.0 / 8.0)) < 1e-6
+
+
+def test_fit_rc_with_per_interval_steps_recovers_r_and_c() -> None:
+    rng = np.random.default_rng(2)
+    n_t, n = 2400, 3
+    dt = _irregular(rng, n_t)
+    p = np.stack([_power_steps(rng, n_t, 40) for _ in range(n)], axis=1)
+    r = R_TRUE * np.array([0.9, 1.0, 1.1])
+    c = C_TRUE * np.array([1.1, 1.0, 0.9])
+    t = gpu_thermal.rc_simulate(40.0, 30.0, p, r, c, np.concatenate([dt, dt[-1:]]))
+    noisy = t + rng.normal(0.0, 0.1, t.shape)
+    fit = gpu_thermal.fit_rc(noisy, 30.0, p, dt)
+    assert fit.usable.all(), fit.reason
+    assert np.abs(fit.r_k_per_w / r - 1).max() < 0.02
+    assert np.abs(fit.c_j_per_k / c - 1).max() < 0.05
+    # the sensitivities of the per-interval pass agree with finite differences
+    theta = np.stack([r, np.log(r * c), np.zeros(n), t[0]])
+    steps = np.concatenate([dt, dt[-1:]])
+    res = gpu_thermal._oe_pass(noisy, np.full((n_t, 1), 30.0), p, None, theta, steps)
+    for i in range(4):
+        h = 1e-6 * max(1.0, abs(theta[i, 0]))
+        up, dn = theta.copy(), theta.copy()
+        up[i] += h
+        dn[i] -= h
+        fd = (
+            gpu_thermal._oe_pass(noisy, np.full((n_t, 1), 30.0), p, None, up, steps)["sse"]
+            - gpu_thermal._oe_pass(noisy, np.full((n_t, 1), 30.0), p, None, dn, steps)["sse"]
+        ) / (2 * h)
+        np.testing.assert_allclose(-2.0 * res["grad"][:, i], fd, rtol=1e-5, atol=1e-6)
+
+
+def test_missing_input_holds_the_last_valid_value_and_marks_the_span() -> None:
+    p = np.full(200, 500.0)
+    p[50:60] = np.nan  # ten missing power readings
+    ref = np.full(200, 30.0)
+    ref[120] = np.nan
+    pred, held = gpu_thermal.predict_temp_c(40.0, ref, p, R_TRUE, C_TRUE, 1.0, return_held=True)
+    full = gpu_thermal.predict_temp_c(40.0, 30.0, np.full(200, 500.0), R_TRUE, C_TRUE, 1.0)
+    assert np.isfinite(pred).all()
+    np.testing.assert_allclose(pred, full)  # a held constant input is that input
+    assert np.flatnonzero(held).tolist() == [*range(50, 60), 120]
+    # without return_held the result is the plain array, as callers use it
+    plain = gpu_thermal.predict_temp_c(40.0, ref, p, R_TRUE, C_TRUE, 1.0)
+    assert isinstance(plain, np.ndarray) and plain.shape == (200,)
