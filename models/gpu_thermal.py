@@ -538,10 +538,13 @@ def _oe_pass(
         sa[k+1] = a sa[k] + x[k] - U[k]              dx/da
         s0[k+1] = a s0[k]                            dx/dT0 (= a^k); dx/doffset = 1 - a^k
 
-    ``temp`` holds 0 where ``valid`` is False (``valid`` None: every sample is valid). Returns
-    the Gauss-Newton normal equations (``gram`` (N, 4, 4), ``grad`` (N, 4) = J^T e) in the
-    parameters of ``theta``, the sums of squared and absolute residuals, the lag-1 residual
-    product and the count of residuals. The loop runs over time in blocks (float32 by
+    ``temp`` holds 0 where ``valid`` is False (``valid`` None: every sample is valid);
+    ``valid`` may also hold the square roots of per-sample weights (0 where missing), the
+    iteratively reweighted pass of a robust loss. Returns the (weighted) Gauss-Newton normal
+    equations (``gram`` (N, 4, 4), ``grad`` (N, 4) = J^T W e) in the parameters of ``theta``,
+    the weighted sum of squared residuals, the unweighted sum of absolute residuals, the
+    lag-1 residual product, the count of residuals (``n``) and the sum of weights
+    (``wsum``). The loop runs over time in blocks (float32 by
     default); block sums are added up in float64. ``dt_s`` is a scalar or one step per
     sample (``(T,)``, :func:`_interval_steps`): then ``a`` is ``exp(-dt_k/tau)`` per interval,
     the exact zero-order hold of each.
@@ -567,6 +570,7 @@ def _oe_pass(
     state[0] = t0
     state[3] = 1.0
     keys = ("rr", "ra", "aa", "r0", "a0", "00", "re", "ae", "0e", "ee", "r", "a", "0", "e", "w")
+    keys += ("cnt",)
     acc = {k: np.zeros(n) for k in keys}
     sae = np.zeros(n)
     lag = np.zeros(n)
@@ -608,33 +612,39 @@ def _oe_pass(
         np.subtract(temp[k0:k1], x, out=e)
         if valid is None:
             acc["w"] += nb
-        else:
+            acc["cnt"] += nb
+            sae += np.abs(e).sum(axis=0)
+            w = None
+        else:  # boolean mask, or square roots of robust weights (0 where missing)
             w = valid[k0:k1]
+            sae += np.abs(e * (w > 0)).sum(axis=0)
+            acc["cnt"] += (w > 0).sum(axis=0)
             e *= w
             sr, sa, s0 = sr * w, sa * w, s0 * w
-            acc["w"] += w.sum(axis=0)
+            acc["w"] += dot(w, w) if w.dtype != np.bool_ else w.sum(axis=0)
+            if w.dtype == np.bool_:
+                w = None  # a mask: e and the sensitivities are already zero where missing
+
         acc["rr"] += dot(sr, sr)
         acc["ra"] += dot(sr, sa)
         acc["aa"] += dot(sa, sa)
         acc["re"] += dot(sr, e)
         acc["ae"] += dot(sa, e)
         acc["ee"] += dot(e, e)
-        acc["r"] += sr.sum(axis=0)
-        acc["a"] += sa.sum(axis=0)
-        acc["e"] += e.sum(axis=0)
+        acc["r"] += _weighted_sum(sr, w)
+        acc["a"] += _weighted_sum(sa, w)
+        acc["e"] += _weighted_sum(e, w)
         if with_s0:  # dx/dT0 = a^k dies out after a few time constants
             acc["r0"] += dot(sr, s0)
             acc["a0"] += dot(sa, s0)
             acc["00"] += dot(s0, s0)
             acc["0e"] += dot(s0, e)
-            acc["0"] += s0.sum(axis=0)
+            acc["0"] += _weighted_sum(s0, w)
             with_s0 = bool(np.abs(state[3]).max() > 1e-9)
         lag += dot(e[1:], e[:-1])
         if prev_e is not None:
             lag += prev_e * e[0]
         prev_e = e[-1].astype(np.float64)
-        np.abs(e, out=e)
-        sae += e.sum(axis=0)
     # Jacobian columns: [sR, sa * da/dlntau, 1 - s0, s0]; sums with (1 - s0) by difference.
     q = dadl
     g = np.empty((n, 4, 4))
@@ -645,11 +655,25 @@ def _oe_pass(
     g[:, 1, 2] = g[:, 2, 1] = (acc["a"] - acc["a0"]) * q
     g[:, 0, 3] = g[:, 3, 0] = acc["r0"]
     g[:, 1, 3] = g[:, 3, 1] = acc["a0"] * q
-    g[:, 2, 2] = acc["w"] - 2.0 * acc["0"] + acc["00"]
+    g[:, 2, 2] = acc["w"] - 2.0 * acc["0"] + acc["00"]  # sum of w (1 - s0)^2
     g[:, 2, 3] = g[:, 3, 2] = acc["0"] - acc["00"]
     g[:, 3, 3] = acc["00"]
     grad = np.stack([acc["re"], acc["ae"] * q, acc["e"] - acc["0e"], acc["0e"]], axis=1)
-    return {"gram": g, "grad": grad, "sse": acc["ee"], "sae": sae, "lag": lag, "n": acc["w"]}
+    return {
+        "gram": g,
+        "grad": grad,
+        "sse": acc["ee"],
+        "sae": sae,
+        "lag": lag,
+        "n": acc["cnt"],
+        "wsum": acc["w"],
+    }
+
+
+def _weighted_sum(u: NDArray[np.floating], w: NDArray[np.floating] | None) -> F64:
+    """Per-GPU sum over a block of ``u`` (already multiplied by the root weights ``w``) times
+    ``w`` once more: the sum of weight x value; a plain sum without weights."""
+    return u.sum(axis=0) if w is None else np.einsum("tn,tn->n", u, w)
 
 
 def _solve_damped(gram: F64, grad: F64, lam: F64) -> F64:
@@ -667,18 +691,150 @@ def _solve_damped(gram: F64, grad: F64, lam: F64) -> F64:
         return out
 
 
+_IRLS_ROUNDS = 3  # Huber reweighting rounds after the unweighted fit (each an LM run to converge)
+#: Huber threshold in robust standard deviations (1.4826 MAD): 95 % efficiency under Gaussian
+#: noise (Huber 1964; the usual tuning constant).
+_HUBER_K = 1.345
+#: Physical seed's time constants, multiples of the typical step, searched when the one-step
+#: linear seed gives R or tau that is not positive and finite [1].
+_TAU_SEED_DT = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0)
+#: Catalog R for a last-resort seed: the liquid cold plate of docs/physics.md §9.2 [K/W].
+_R_CATALOG_K_PER_W = 0.03
+
+
+def _levenberg_marquardt(
+    t_w: NDArray[np.floating],
+    ref_w: NDArray[np.floating],
+    p_w: NDArray[np.floating],
+    valid: NDArray[np.floating] | NDArray[np.bool_] | None,
+    theta: F64,
+    dt_pass: float | F64,
+    *,
+    iterations: int,
+    bounds: tuple[float, float],
+    dtype: type[np.floating],
+) -> tuple[F64, dict[str, F64], NDArray[np.bool_]]:
+    """Output-error Levenberg-Marquardt from ``theta`` for every GPU at once, until each has
+    converged or ``iterations`` passes are spent. Returns the parameters, the pass at them
+    (:func:`_oe_pass`) and which GPUs converged (``iterations`` 0: all, the seed as asked)."""
+    lo, hi = bounds
+    theta = theta.copy()
+    n = theta.shape[1]
+    work = _Work(n, dtype)
+    cur = _oe_pass(t_w, ref_w, p_w, valid, theta, dt_pass, work)
+    lam = np.full(n, 1e-3)
+    converged = np.full(n, iterations == 0)
+    act = np.arange(n)  # GPUs still iterating: the columns of t_w, p_w, ...
+    for _ in range(iterations):
+        step = _solve_damped(cur["gram"][act], cur["grad"][act], lam[act]).T
+        # Converged: the step would lower the sum of squares by less than tol * sigma^2,
+        # i.e. the parameters sit within ~0.1 standard error of the optimum; or no step of
+        # any length lowers it (lam beyond 1e6).
+        gain = np.einsum("pn,np->n", step, cur["grad"][act])
+        sigma2 = cur["sse"][act] / np.maximum(cur["wsum"][act], 1.0)
+        done = (gain < _OE_TOL * sigma2) | (lam[act] > 1e6)
+        converged[act[done]] = True
+        if done.all():
+            break
+        if done.mean() > 0.25:  # drop converged GPUs from the next passes
+            left = ~done
+            act, step = act[left], step[:, left]
+            t_w, p_w = t_w[:, left], p_w[:, left]
+            ref_w = ref_w if ref_w.shape[1] == 1 else ref_w[:, left]
+            valid = None if valid is None else valid[:, left]
+            work = _Work(act.size, dtype)
+        trial = theta[:, act] + step
+        trial[1] = np.clip(trial[1], lo, hi)
+        trial[0] = np.maximum(trial[0], 1e-6)
+        new = _oe_pass(t_w, ref_w, p_w, valid, trial, dt_pass, work)
+        better = new["sse"] < cur["sse"][act]
+        theta[:, act] = np.where(better, trial, theta[:, act])
+        for k in cur:
+            keep = better.reshape((-1,) + (1,) * (cur[k].ndim - 1))
+            cur[k][act] = np.where(keep, new[k], cur[k][act])
+        lam[act] = np.where(better, lam[act] * 0.2, lam[act] * 10.0)
+    return theta, cur, converged
+
+
+def _physical_seed(
+    mom: dict[str, F64],
+    t_w: NDArray[np.floating],
+    ref_w: NDArray[np.floating],
+    p_w: NDArray[np.floating],
+    valid: NDArray[np.bool_] | None,
+    cols: NDArray[np.bool_],
+    first: tuple[NDArray[np.bool_], F64, F64 | float, F64],
+    dt_pass: float | F64,
+    bounds: tuple[float, float],
+    dtype: type[np.floating],
+) -> F64:
+    """Seed ``(R, ln tau, offset, T0)`` for the GPUs ``cols`` whose linear seed is unphysical.
+
+    R is the steady-state slope of ``T - T_ref`` on power over the data (the ratio of the
+    means if that is not positive, the catalog R if neither is); tau is the one of
+    ``_TAU_SEED_DT`` whose simulated trajectory fits the data best (one pass each).
+    """
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r = mom["czp"][cols] / mom["cpp"][cols]
+        ratio = mom["mz"][cols] / mom["mp"][cols]
+    r = np.where(np.isfinite(r) & (r > 0), r, ratio)
+    r = np.where(np.isfinite(r) & (r > 0), r, _R_CATALOG_K_PER_W)
+    off = mom["mz"][cols] - r * mom["mp"][cols]
+    ok0, temp0, ref0, p0 = first
+    ref0_c = ref0 if np.ndim(ref0) == 0 else ref0[cols]
+    t0 = np.where(ok0[cols], temp0[cols], ref0_c + off + r * p0[cols])
+    t_s, p_s = t_w[:, cols], p_w[:, cols]
+    ref_s = ref_w if ref_w.shape[1] == 1 else ref_w[:, cols]
+    v_s = None if valid is None else valid[:, cols]
+    dt_typ = float(np.median(dt_pass)) if np.ndim(dt_pass) else float(dt_pass)
+    best_sse = np.full(r.shape, np.inf)
+    best = np.full(r.shape, np.log(10.0))
+    work = _Work(r.size, dtype)
+    for mult in _TAU_SEED_DT:
+        ln_tau = np.clip(np.log(mult * dt_typ), *bounds)
+        theta = np.stack([r, np.full(r.shape, ln_tau), off, t0])
+        sse = _oe_pass(t_s, ref_s, p_s, v_s, theta, dt_pass, work)["sse"]
+        better = sse < best_sse
+        best, best_sse = np.where(better, ln_tau, best), np.where(better, sse, best_sse)
+    return np.stack([r, best, off, t0])
+
+
+def _huber_sqrt_weights(
+    t_w: NDArray[np.floating],
+    ref_w: NDArray[np.floating],
+    p_w: NDArray[np.floating],
+    valid: NDArray[np.bool_] | None,
+    theta: F64,
+    dt_pass: float | F64,
+) -> NDArray[np.floating]:
+    """Square roots of the Huber weights of every sample at ``theta`` (0 where missing):
+    ``min(1, k s / |e|)`` with ``s`` = 1.4826 x the median absolute residual per GPU."""
+    r, ln_tau, off, t0 = theta
+    x = rc_simulate(t0, ref_w + off, p_w, r, np.exp(ln_tau) / r, dt_pass)
+    e = np.abs(t_w - x)
+    if valid is not None:
+        e = np.where(valid, e, np.nan)
+    scale = 1.4826 * np.nanmedian(e, axis=0)
+    thr = _HUBER_K * np.maximum(scale, 1e-6)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        w = np.minimum(1.0, thr / e)
+    w = np.where(np.isfinite(w), w, 0.0 if valid is not None else 1.0)
+    return np.sqrt(w).astype(t_w.dtype)
+
+
 def fit_rc(
     temp_c: ArrayLike,
     ref_temp_c: ArrayLike,
     power_w: ArrayLike,
     dt_s: ArrayLike,
     *,
-    iterations: int = 8,
+    iterations: int = 50,
     min_samples: int = 300,
     max_gap_frac: float = 0.2,
     max_stuck_s: float = 300.0,
     max_rel_stderr_r: float = 0.02,
     max_rel_stderr_c: float = 0.05,
+    loss: str = "huber",
     dtype: type[np.floating] = np.float32,
 ) -> RcFit:
     r"""Fit R, C and the coolant offset of the RC model per GPU, for thousands of GPUs at once.
@@ -699,9 +855,13 @@ def fit_rc(
         ``T`` with the last unused) for irregular timestamps: each interval is then
         discretized exactly (its own zero-order hold); the median step sets the seed, the data
         checks and the bounds of tau. [s]
-    iterations : int, default 8
-        Most Levenberg-Marquardt passes of the output-error refinement; 0 returns the
-        one-step linear least-squares seed (biased: C comes out low under sensor noise).
+    iterations : int, default 50
+        Most Levenberg-Marquardt passes of the output-error refinement, per run (the Huber
+        loss adds a few reweighted runs); each GPU stops when it has converged (the next step
+        would lower the sum of squares by less than 1 % of the noise variance). A GPU that
+        reaches the cap unconverged is refused with that reason (8 passes left R 89 % low on
+        short windows of 1 °C readings). 0 returns the one-step linear least-squares seed
+        (biased: C comes out low under sensor noise).
     min_samples : int, default 300
         Fewest temperature samples a GPU needs. [1]
     max_gap_frac : float, default 0.2
@@ -712,6 +872,11 @@ def fit_rc(
     max_rel_stderr_r, max_rel_stderr_c : float, default 0.02 and 0.05
         Largest relative standard error of R and of C for a usable fit: a GPU whose power
         barely moves leaves R tangled with the offset and C unseen. [1]
+    loss : {"huber", "linear"}, default "huber"
+        ``"huber"``: after the least-squares fit, iteratively reweighted with Huber weights
+        (threshold 1.345 robust standard deviations of the residuals), so sensor artifacts
+        (a reading that dips a few K on every power dip) do not drag R and C; ``"linear"``:
+        plain least squares.
     dtype : numpy float type, default numpy.float32
         Precision of the simulated trajectories; sums are float64 either way.
 
@@ -732,7 +897,10 @@ def fit_rc(
         T_{k+1} = a\,T_k + (1 - a)(T_{ref,k} + \Delta + R\,P_k),\quad a = e^{-\Delta t/(RC)}
 
     1. Seed: linear least squares of the one-step equation in :math:`(a, (1-a)\Delta,
-       (1-a)R)`. Sensor noise on :math:`T_k`, a regressor, biases :math:`a` low, so the seed
+       (1-a)R)`. Where it gives R or tau that is not positive and finite (sensor artifacts
+       on real GPUs do), the physical seed replaces it: R from the steady-state slope of
+       :math:`T - T_{ref}` on P over the data, tau the best of a grid of multiples of the
+       step. Sensor noise on :math:`T_k`, a regressor, biases :math:`a` low, so the seed
        gets R nearly right and C low (18 % in the issue's synthetic case, 28 % in that of
        ``tests/test_model_fits.py``).
     2. Output error: simulate the whole trajectory from :math:`T_0` and minimize
@@ -774,6 +942,7 @@ def fit_rc(
         max_stuck_s=max_stuck_s,
         max_rel_stderr_r=max_rel_stderr_r,
         max_rel_stderr_c=max_rel_stderr_c,
+        loss=loss,
         dtype=dtype,
     )[""]
 
@@ -784,12 +953,13 @@ def fit_rc_many(
     power_w: ArrayLike,
     dt_s: ArrayLike,
     *,
-    iterations: int = 8,
+    iterations: int = 50,
     min_samples: int = 300,
     max_gap_frac: float = 0.2,
     max_stuck_s: float = 300.0,
     max_rel_stderr_r: float = 0.02,
     max_rel_stderr_c: float = 0.05,
+    loss: str = "huber",
     dtype: type[np.floating] = np.float32,
 ) -> dict[str, RcFit]:
     """:func:`fit_rc` for several temperatures of the same GPUs (core and HBM), by name.
@@ -798,6 +968,8 @@ def fit_rc_many(
     their data checks, gap filling and working copies are made once. Same parameters and
     results as :func:`fit_rc`, one :class:`RcFit` per name.
     """
+    if loss not in ("huber", "linear"):
+        raise ValueError(f"loss must be 'huber' or 'linear', got {loss!r}")
     if not temps_c:
         return {}
     shape = np.shape(next(iter(temps_c.values())))
@@ -836,7 +1008,7 @@ def fit_rc_many(
         reasons = join_reasons(prefix("temperature", temp_problems), *shared)
         fits[name] = _fit_rc_one(
             temp, reasons, p_held, ref_held, p_32, ref_32, (dt, dt_steps), iterations,
-            max_rel_stderr_r, max_rel_stderr_c, dtype,
+            max_rel_stderr_r, max_rel_stderr_c, loss, dtype,
         )  # fmt: skip
     return fits
 
@@ -852,6 +1024,7 @@ def _fit_rc_one(
     iterations: int,
     max_rel_stderr_r: float,
     max_rel_stderr_c: float,
+    loss: str,
     dtype: type[np.floating],
 ) -> RcFit:
     """The fit of :func:`fit_rc` for one temperature, on inputs checked and prepared.
@@ -887,36 +1060,20 @@ def _fit_rc_one(
         lo, hi = np.log(_TAU_BOUNDS_DT[0] * dt), np.log(_TAU_BOUNDS_DT[1] * dt)
         theta = np.stack([r0, np.clip(np.log(tau0), lo, hi), off0, t0])
         theta = np.where(np.isfinite(theta), theta, np.array([[0.03], [np.log(10.0)], [0], [40]]))
-        work = _Work(cols.size, dtype)
-        cur = _oe_pass(t_w, ref_w, p_w, valid, theta, dt_pass, work)
-        lam = np.full(cols.size, 1e-3)
-        act = np.arange(cols.size)  # GPUs still iterating: the columns of t_w, p_w, ...
-        for _ in range(iterations):
-            step = _solve_damped(cur["gram"][act], cur["grad"][act], lam[act]).T
-            # Converged: the step would lower the sum of squares by less than tol * sigma^2,
-            # i.e. the parameters sit within ~0.1 standard error of the optimum.
-            gain = np.einsum("pn,np->n", step, cur["grad"][act])
-            sigma2 = cur["sse"][act] / np.maximum(cur["n"][act], 1.0)
-            done = (gain < _OE_TOL * sigma2) | (lam[act] > 1e6)
-            if done.all():
-                break
-            if done.mean() > 0.25:  # drop converged GPUs from the next passes
-                left = ~done
-                act, step = act[left], step[:, left]
-                t_w, p_w = t_w[:, left], p_w[:, left]
-                ref_w = ref_w if ref_w.shape[1] == 1 else ref_w[:, left]
-                valid = None if valid is None else valid[:, left]
-                work = _Work(act.size, dtype)
-            trial = theta[:, act] + step
-            trial[1] = np.clip(trial[1], lo, hi)
-            trial[0] = np.maximum(trial[0], 1e-6)
-            new = _oe_pass(t_w, ref_w, p_w, valid, trial, dt_pass, work)
-            better = new["sse"] < cur["sse"][act]
-            theta[:, act] = np.where(better, trial, theta[:, act])
-            for k in cur:
-                keep = better.reshape((-1,) + (1,) * (cur[k].ndim - 1))
-                cur[k][act] = np.where(keep, new[k], cur[k][act])
-            lam[act] = np.where(better, lam[act] * 0.2, lam[act] * 10.0)
+        seed_bad = ~(np.isfinite(r0) & (r0 > 0) & np.isfinite(tau0))
+        if iterations > 0 and seed_bad.any():
+            theta[:, seed_bad] = _physical_seed(
+                mom, t_w, ref_w, p_w, valid, seed_bad, (valid_g[0], t_g[0], ref0, p0),
+                dt_pass, (lo, hi), dtype,
+            )  # fmt: skip
+        lm = {"iterations": iterations, "bounds": (lo, hi), "dtype": dtype}
+        theta, cur, converged = _levenberg_marquardt(t_w, ref_w, p_w, valid, theta, dt_pass, **lm)
+        if loss == "huber" and iterations > 0:
+            for _ in range(_IRLS_ROUNDS):  # iteratively reweighted: Huber weights, refit
+                wts = _huber_sqrt_weights(t_w, ref_w, p_w, valid, theta, dt_pass)
+                theta, cur, converged = _levenberg_marquardt(
+                    t_w, ref_w, p_w, wts, theta, dt_pass, **lm
+                )
         r, ln_tau, off, t0 = theta
         tau = np.exp(ln_tau)
         c = tau / r
@@ -934,11 +1091,20 @@ def _fit_rc_one(
         r_bad = fitted & ~(se_r <= max_rel_stderr_r * r)
         c_bad = fitted & ~(se_c <= max_rel_stderr_c * c)
         at_bound = fitted & ~((ln_tau > lo + 1e-6) & (ln_tau < hi - 1e-6))
+        capped = fitted & ~converged
         fit_reason: list[str | None] = [None] * cols.size
-        for j in np.flatnonzero(~fitted | r_bad | c_bad | at_bound):  # reasons only
+        for j in np.flatnonzero(~fitted | r_bad | c_bad | at_bound | capped):  # reasons only
             why: list[str] = []
             if not fitted[j]:
-                why.append("fit failed (R or C not positive and finite)")
+                why.append(
+                    "fit failed (R or C not positive and finite"
+                    + (", also from the physical seed)" if seed_bad[j] else ")")
+                )
+            if capped[j]:
+                why.append(
+                    f"not converged in {iterations} iterations (the last step still lowered "
+                    "the sum of squares by more than the tolerance): raise iterations"
+                )
             if r_bad[j]:
                 why.append(
                     f"R not identifiable (standard error {100 * se_r[j] / r[j]:.1f} % > "
