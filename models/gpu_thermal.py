@@ -26,6 +26,7 @@ __all__ = [
     "r_at_flow_k_per_w",
     "rc_simulate",
     "rc_step",
+    "sensor_quantum_k",
     "steady_temp_c",
     "time_constant_s",
     "time_to_temp_s",
@@ -831,7 +832,7 @@ def fit_rc(
     iterations: int = 50,
     min_samples: int = 300,
     max_gap_frac: float = 0.2,
-    max_stuck_s: float = 300.0,
+    max_stuck_s: float | None = 300.0,
     max_rel_stderr_r: float = 0.02,
     max_rel_stderr_c: float = 0.05,
     loss: str = "huber",
@@ -867,8 +868,11 @@ def fit_rc(
     max_gap_frac : float, default 0.2
         Largest share of missing temperature (or power) readings. [1]
     max_stuck_s : float, default 300
-        Longest run of identical temperature or power readings before the sensor counts as
-        stuck. [s]
+        Longest run of identical power readings before the sensor counts as stuck; a
+        temperature that holds one reading longer is stuck only if the model predicts at
+        least three quantization steps of change over the hold (the step inferred from the
+        readings, :func:`sensor_quantum_k`): a 1 °C sensor may hold one value for minutes at a
+        steady load. None skips both checks. [s]
     max_rel_stderr_r, max_rel_stderr_c : float, default 0.02 and 0.05
         Largest relative standard error of R and of C for a usable fit: a GPU whose power
         barely moves leaves R tangled with the offset and C unseen. [1]
@@ -956,7 +960,7 @@ def fit_rc_many(
     iterations: int = 50,
     min_samples: int = 300,
     max_gap_frac: float = 0.2,
-    max_stuck_s: float = 300.0,
+    max_stuck_s: float | None = 300.0,
     max_rel_stderr_r: float = 0.02,
     max_rel_stderr_c: float = 0.05,
     loss: str = "huber",
@@ -1004,13 +1008,104 @@ def fit_rc_many(
             temp = temp[:, None]
         if temp.shape != (n_t, n_gpu):
             raise ValueError(f"temperature {name!r} has shape {temp.shape}, not {(n_t, n_gpu)}")
-        temp_problems = data_problems(temp, flat_std=0.05, max_stuck_s=max_stuck_s, **checks)
+        # the temperature's stuck check needs the model (below), not the run length alone
+        temp_problems = data_problems(temp, flat_std=0.05, max_stuck_s=None, **checks)
         reasons = join_reasons(prefix("temperature", temp_problems), *shared)
-        fits[name] = _fit_rc_one(
+        fit = _fit_rc_one(
             temp, reasons, p_held, ref_held, p_32, ref_32, (dt, dt_steps), iterations,
             max_rel_stderr_r, max_rel_stderr_c, loss, dtype,
         )  # fmt: skip
+        _refuse_stuck(fit, temp, ref_held, p_held, dt_steps if dt_steps is not None else dt,
+                      max_stuck_s)  # fmt: skip
+        fits[name] = fit
     return fits
+
+
+#: A held reading is a stuck sensor when the model predicts at least this many quantization
+#: steps of change over the hold [1]: one or two steps can hide in the rounding (a 1 °C sensor
+#: holds one value while the true temperature wanders within the step).
+_STUCK_QUANTA = 3.0
+#: Finest quantum counted [K]: NVML and DCGM report whole °C; 0.1 K is below any GPU
+#: sensor's noise, so a finer apparent step is noise, not resolution.
+_MIN_QUANTUM_K = 0.1
+
+
+def sensor_quantum_k(temp_c: ArrayLike) -> F64:
+    """Per column, the smallest nonzero change between consecutive valid readings: the
+    sensor's quantization step (1.0 for whole-°C readings), at least 0.1 K. [K]
+
+    Examples
+    --------
+    >>> sensor_quantum_k(np.array([[40.0, 40.0], [41.0, 40.25], [43.0, 40.5]]))
+    array([1.  , 0.25])
+    """
+    t = np.asarray(temp_c, dtype=float)
+    if t.ndim == 1:
+        t = t[:, None]
+    d = np.abs(np.diff(t, axis=0))
+    d = np.where(np.isfinite(d) & (d > 1e-9), d, np.inf)
+    q = d.min(axis=0) if d.shape[0] else np.full(t.shape[1], np.inf)
+    return np.where(np.isfinite(q), np.maximum(q, _MIN_QUANTUM_K), _MIN_QUANTUM_K)
+
+
+def _refuse_stuck(
+    fit: RcFit,
+    temp: F64,
+    ref: F64,
+    power: F64,
+    dt: float | F64,
+    max_stuck_s: float | None,
+) -> None:
+    """Refuse (in place) the GPUs whose temperature held one reading for longer than
+    ``max_stuck_s`` while the model predicted at least ``_STUCK_QUANTA`` quantization steps of
+    change over that hold: the fitted model's trajectory from the held reading where the fit
+    is usable, else the steady-state change of the catalog R times the power's range over the
+    hold, plus the reference's range (docs/physics.md §9.2)."""
+    if max_stuck_s is None:
+        return
+    n_t = temp.shape[0]
+    step = np.full(n_t, float(dt)) if np.ndim(dt) == 0 else np.asarray(dt, dtype=float)
+    t_at = np.concatenate([[0.0], np.cumsum(step[: n_t - 1])])
+    same = temp[1:] == temp[:-1]  # NaN != NaN: a gap ends a run
+    if not same.any():
+        return
+    quantum = sensor_quantum_k(temp)
+    for j in np.flatnonzero(same.any(axis=0)):
+        edges = np.flatnonzero(np.diff(np.concatenate([[0], same[:, j].astype(np.int8), [0]])))
+        starts, ends = edges[::2], edges[1::2]  # run of samples starts .. ends (inclusive)
+        held_s = t_at[ends] - t_at[starts]
+        long = held_s > max_stuck_s
+        if not long.any():
+            continue
+        usable = bool(fit.usable[j])
+        ref_j = ref[:, 0] if ref.shape[1] == 1 else ref[:, j]
+        worst, worst_k = 0.0, 0
+        for k0, k1 in zip(starts[long], ends[long], strict=True):
+            seg = slice(k0, k1 + 1)
+            if usable:
+                pred = rc_simulate(
+                    temp[k0, j], ref_j[seg] + fit.offset_k[j], power[seg, j],
+                    fit.r_k_per_w[j], fit.c_j_per_k[j], step[seg],
+                )  # fmt: skip
+                change = float(np.ptp(pred))
+            else:
+                acting = slice(k0, max(k1, k0 + 1))  # the last sample's input acts after it
+                change = _R_CATALOG_K_PER_W * float(np.ptp(power[acting, j]))
+                change += float(np.ptp(ref_j[acting]))
+            if change > worst:
+                worst, worst_k = change, k0
+        if worst >= _STUCK_QUANTA * quantum[j]:
+            k_run = int(np.flatnonzero(starts == worst_k)[0])
+            why = (
+                f"temperature: stuck sensor (one reading, {temp[worst_k, j]:g} °C, held "
+                f"{held_s[k_run]:g} s > {max_stuck_s:g} s while the model predicts a "
+                f"{worst:.2g} K change, {worst / quantum[j]:.1f} steps of the sensor's "
+                f"{quantum[j]:g} K)"
+            )
+            fit.reason[j] = why if fit.reason[j] is None else f"{why}; {fit.reason[j]}"
+            fit.usable[j] = False
+            for arr in (fit.r_k_per_w, fit.c_j_per_k, fit.offset_k, fit.tau_s):
+                arr[j] = np.nan
 
 
 def _fit_rc_one(

@@ -157,3 +157,36 @@ def test_huber_loss_keeps_a_lagged_sensor_dip_from_dragging_r_and_c() -> None:
     assert abs(robust.r_k_per_w[0] / r - 1) < 0.02
     assert abs(robust.c_j_per_k[0] / c - 1) < 0.05
     assert plain.r_k_per_w[0] / r - 1 > 0.10  # least squares is dragged up by the artifact
+
+
+def _ten_minute_phases(seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """2 h at 1 Hz of a GPU whose load changes every 10 minutes, read by a whole-°C sensor
+    (little noise: the reading holds one value for minutes in each phase)."""
+    rng = np.random.default_rng(seed)
+    n_t = 7200
+    p = np.repeat(rng.permutation(np.linspace(150.0, 650.0, 12)), 600)[:n_t]
+    p = np.round(p + rng.normal(0.0, 2.0, n_t), 1)  # a board-power meter's noise
+    t = gpu_thermal.rc_simulate(40.0, 30.0, p, R_TRUE, C_TRUE, 1.0)
+    return np.round(t + rng.normal(0.0, 0.05, n_t)), p
+
+
+def test_quantized_long_flat_phases_are_not_a_stuck_sensor() -> None:
+    meas, p = _ten_minute_phases(4)
+    same = np.concatenate([[0], (meas[1:] == meas[:-1]).astype(int), [0]])
+    edges = np.flatnonzero(np.diff(same))
+    assert (edges[1::2] - edges[::2]).max() > 300  # a hold longer than max_stuck_s ...
+    fit = gpu_thermal.fit_rc(meas, 30.0, p, 1.0)
+    assert fit.usable[0], fit.reason  # ... at a steady load: the reading is right
+    assert abs(fit.r_k_per_w[0] / R_TRUE - 1) < 0.05
+    np.testing.assert_allclose(gpu_thermal.sensor_quantum_k(meas), [1.0])
+
+
+def test_a_truly_stuck_sensor_is_still_refused() -> None:
+    meas, p = _ten_minute_phases(4)
+    k0 = 1500  # held from 300 s before a load change to 300 s after it
+    meas[k0 : k0 + 600] = meas[k0]
+    assert abs(p[k0 + 300] - p[k0]) * R_TRUE > 3.0  # the model sees > 3 K of change
+    fit = gpu_thermal.fit_rc(meas, 30.0, p, 1.0)
+    assert not fit.usable[0]
+    assert "temperature: stuck sensor" in fit.reason[0], fit.reason
+    assert np.isnan(fit.r_k_per_w[0])
