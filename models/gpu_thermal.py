@@ -1188,12 +1188,17 @@ def _fit_rc_one(
         at_bound = fitted & ~((ln_tau > lo + 1e-6) & (ln_tau < hi - 1e-6))
         capped = fitted & ~converged
         fit_reason: list[str | None] = [None] * cols.size
+        p_std = np.sqrt(np.maximum(mom["cpp"], 0.0))
+        res_std = np.sqrt(np.maximum(sigma2, 0.0))
         for j in np.flatnonzero(~fitted | r_bad | c_bad | at_bound | capped):  # reasons only
             why: list[str] = []
+            # what was measured, not a guessed cause: the standard errors grow with the
+            # residual and shrink with the power's variation
+            facts = f"power std {p_std[j]:.3g} W, residual std {res_std[j]:.2g} K"
             if not fitted[j]:
                 why.append(
                     "fit failed (R or C not positive and finite"
-                    + (", also from the physical seed)" if seed_bad[j] else ")")
+                    + (", from the physical seed: the linear seed was not)" if seed_bad[j] else ")")
                 )
             if capped[j]:
                 why.append(
@@ -1203,12 +1208,12 @@ def _fit_rc_one(
             if r_bad[j]:
                 why.append(
                     f"R not identifiable (standard error {100 * se_r[j] / r[j]:.1f} % > "
-                    f"{100 * max_rel_stderr_r:g} %): power does not vary enough"
+                    f"{100 * max_rel_stderr_r:g} %; {facts})"
                 )
             if c_bad[j]:
                 why.append(
                     f"C not identifiable (standard error {100 * se_c[j] / c[j]:.1f} % > "
-                    f"{100 * max_rel_stderr_c:g} %): too few or too small power steps"
+                    f"{100 * max_rel_stderr_c:g} %; {facts})"
                 )
             if at_bound[j]:
                 why.append(

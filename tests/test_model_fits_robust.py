@@ -190,3 +190,18 @@ def test_a_truly_stuck_sensor_is_still_refused() -> None:
     assert not fit.usable[0]
     assert "temperature: stuck sensor" in fit.reason[0], fit.reason
     assert np.isnan(fit.r_k_per_w[0])
+
+
+def test_refusal_reasons_state_what_was_measured_not_a_guessed_cause() -> None:
+    """Power that swings by hundreds of W, a reading too noisy to pin R: the reason gives the
+    power's spread and the residual, and does not claim that power does not vary."""
+    rng = np.random.default_rng(6)
+    p = _power_steps(rng, 400, dwell=40)
+    t = gpu_thermal.rc_simulate(40.0, 30.0, p, R_TRUE, C_TRUE, 1.0)
+    fit = gpu_thermal.fit_rc(t + rng.normal(0.0, 4.0, t.shape), 30.0, p, 1.0, min_samples=100)
+    why = fit.reason[0] or ""
+    assert not fit.usable[0] and "not identifiable" in why, why
+    assert "does not vary" not in why
+    p_std = float(why.split("power std ")[1].split(" W")[0])
+    assert abs(p_std - p.std()) < 0.05 * p.std()
+    assert 3.0 < float(why.split("residual std ")[1].split(" K")[0]) < 5.0
