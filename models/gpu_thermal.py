@@ -692,6 +692,10 @@ def _solve_damped(gram: F64, grad: F64, lam: F64) -> F64:
         return out
 
 
+#: RMS over mean absolute residual above which the residuals count as heavy-tailed [1]:
+#: sqrt(pi/2) = 1.253 for Gaussian noise, 1.155 for uniform rounding error; artifacts that put
+#: a few samples far out raise it.
+_HEAVY_TAIL_RATIO = 1.3
 _IRLS_ROUNDS = 3  # Huber reweighting rounds after the unweighted fit (each an LM run to converge)
 #: Huber threshold in robust standard deviations (1.4826 MAD): 95 % efficiency under Gaussian
 #: noise (Huber 1964; the usual tuning constant).
@@ -1163,12 +1167,23 @@ def _fit_rc_one(
             )  # fmt: skip
         lm = {"iterations": iterations, "bounds": (lo, hi), "dtype": dtype}
         theta, cur, converged = _levenberg_marquardt(t_w, ref_w, p_w, valid, theta, dt_pass, **lm)
-        if loss == "huber" and iterations > 0:
+        # Huber reweighting only where the residuals are heavier-tailed than Gaussian noise
+        # (or the rounding of a sensor): there the weights would all be ~1 anyway
+        rms = np.sqrt(cur["sse"] / np.maximum(cur["n"], 1.0))
+        mean_abs = cur["sae"] / np.maximum(cur["n"], 1.0)
+        heavy = np.flatnonzero(rms > _HEAVY_TAIL_RATIO * mean_abs)
+        if loss == "huber" and iterations > 0 and heavy.size:
+            one_col = ref_w.shape[1] == 1
+            t_h, p_h = t_w[:, heavy], p_w[:, heavy]
+            ref_h = ref_w if one_col else ref_w[:, heavy]
+            v_h = None if valid is None else valid[:, heavy]
+            th = theta[:, heavy]
             for _ in range(_IRLS_ROUNDS):  # iteratively reweighted: Huber weights, refit
-                wts = _huber_sqrt_weights(t_w, ref_w, p_w, valid, theta, dt_pass)
-                theta, cur, converged = _levenberg_marquardt(
-                    t_w, ref_w, p_w, wts, theta, dt_pass, **lm
-                )
+                wts = _huber_sqrt_weights(t_h, ref_h, p_h, v_h, th, dt_pass)
+                th, cur_h, conv_h = _levenberg_marquardt(t_h, ref_h, p_h, wts, th, dt_pass, **lm)
+            theta[:, heavy], converged[heavy] = th, conv_h
+            for k in cur:
+                cur[k][heavy] = cur_h[k]
         r, ln_tau, off, t0 = theta
         tau = np.exp(ln_tau)
         c = tau / r
