@@ -325,8 +325,7 @@ def fit_power_curve(
         SM activity (``sm_active``; utilization / 100 where SM activity is absent), shape
         ``(T, N)``, or ``(T,)`` for one GPU; NaN for a missing reading. [1]
     power_w : array_like
-        Measured board power, shape ``(T, N)`` (``(T,)`` for one GPU); NaN for a missing
-        reading. [W]
+        Measured board power, shape ``(T, N)`` or ``(T,)``; NaN for a missing reading. [W]
     limit_w : array_like, optional
         Enforced power limit per GPU (``power_limit_w``), shape ``(N,)`` or ``(T, N)``;
         samples at or above 99 % of it sit on the clamp and are left out of the shape fit.
@@ -397,8 +396,7 @@ def fit_power_curve(
     if act.ndim == 1:
         act = act[:, None]
     p_in = np.asarray(power_w, dtype=float)
-    if p_in.ndim == 1 and p_in.shape[0] == act.shape[0]:  # one GPU's series, as its activity
-        p_in = p_in[:, None]
+    p_in = p_in[:, None] if p_in.ndim == 1 and len(p_in) == len(act) else p_in  # one GPU
     power = np.broadcast_to(p_in, act.shape)
     n_gpu = act.shape[1]
     act = np.clip(act, 0.0, 1.0)

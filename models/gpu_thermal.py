@@ -804,6 +804,37 @@ def _physical_seed(
     return np.stack([r, best, off, t0])
 
 
+def _huber_refit(
+    t_w: NDArray[np.floating],
+    ref_w: NDArray[np.floating],
+    p_w: NDArray[np.floating],
+    valid: NDArray[np.bool_] | None,
+    theta: F64,
+    cur: dict[str, F64],
+    converged: NDArray[np.bool_],
+    dt_pass: float | F64,
+    lm: dict,
+) -> None:
+    """Huber IRLS rounds, in place on ``theta``, ``cur`` and ``converged``, for the GPUs whose
+    least-squares residuals are heavier-tailed than Gaussian noise (or a sensor's rounding):
+    elsewhere the Huber weights would all be about 1 and the refit would change nothing."""
+    rms = np.sqrt(cur["sse"] / np.maximum(cur["n"], 1.0))
+    mean_abs = cur["sae"] / np.maximum(cur["n"], 1.0)
+    heavy = np.flatnonzero(rms > _HEAVY_TAIL_RATIO * mean_abs)
+    if not heavy.size:
+        return
+    t_h, p_h = t_w[:, heavy], p_w[:, heavy]
+    ref_h = ref_w if ref_w.shape[1] == 1 else ref_w[:, heavy]
+    v_h = None if valid is None else valid[:, heavy]
+    th = theta[:, heavy]
+    for _ in range(_IRLS_ROUNDS):  # iteratively reweighted: Huber weights, refit
+        wts = _huber_sqrt_weights(t_h, ref_h, p_h, v_h, th, dt_pass)
+        th, cur_h, conv_h = _levenberg_marquardt(t_h, ref_h, p_h, wts, th, dt_pass, **lm)
+    theta[:, heavy], converged[heavy] = th, conv_h
+    for k in cur:
+        cur[k][heavy] = cur_h[k]
+
+
 def _huber_sqrt_weights(
     t_w: NDArray[np.floating],
     ref_w: NDArray[np.floating],
@@ -1167,23 +1198,8 @@ def _fit_rc_one(
             )  # fmt: skip
         lm = {"iterations": iterations, "bounds": (lo, hi), "dtype": dtype}
         theta, cur, converged = _levenberg_marquardt(t_w, ref_w, p_w, valid, theta, dt_pass, **lm)
-        # Huber reweighting only where the residuals are heavier-tailed than Gaussian noise
-        # (or the rounding of a sensor): there the weights would all be ~1 anyway
-        rms = np.sqrt(cur["sse"] / np.maximum(cur["n"], 1.0))
-        mean_abs = cur["sae"] / np.maximum(cur["n"], 1.0)
-        heavy = np.flatnonzero(rms > _HEAVY_TAIL_RATIO * mean_abs)
-        if loss == "huber" and iterations > 0 and heavy.size:
-            one_col = ref_w.shape[1] == 1
-            t_h, p_h = t_w[:, heavy], p_w[:, heavy]
-            ref_h = ref_w if one_col else ref_w[:, heavy]
-            v_h = None if valid is None else valid[:, heavy]
-            th = theta[:, heavy]
-            for _ in range(_IRLS_ROUNDS):  # iteratively reweighted: Huber weights, refit
-                wts = _huber_sqrt_weights(t_h, ref_h, p_h, v_h, th, dt_pass)
-                th, cur_h, conv_h = _levenberg_marquardt(t_h, ref_h, p_h, wts, th, dt_pass, **lm)
-            theta[:, heavy], converged[heavy] = th, conv_h
-            for k in cur:
-                cur[k][heavy] = cur_h[k]
+        if loss == "huber" and iterations > 0:
+            _huber_refit(t_w, ref_w, p_w, valid, theta, cur, converged, dt_pass, lm)
         r, ln_tau, off, t0 = theta
         tau = np.exp(ln_tau)
         c = tau / r
