@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from models.fit_quality import data_problems, hold_gaps, join_reasons, safe_pinv
+from models.fit_quality import _column_stats, data_problems, hold_gaps, join_reasons, safe_pinv
 
 __all__ = [
     "RcFit",
@@ -1101,12 +1101,15 @@ def _refuse_stuck(
     n_t = temp.shape[0]
     step = np.full(n_t, float(dt)) if np.ndim(dt) == 0 else np.asarray(dt, dtype=float)
     t_at = np.concatenate([[0.0], np.cumsum(step[: n_t - 1])])
-    same = temp[1:] == temp[:-1]  # NaN != NaN: a gap ends a run
-    if not same.any():
+    longest = _column_stats(temp, std=False, runs=True)[2]  # samples in the longest run
+    cand = np.flatnonzero(longest * step.max() > max_stuck_s)
+    if not cand.size:
         return
-    quantum = sensor_quantum_k(temp)
-    for j in np.flatnonzero(same.any(axis=0)):
-        edges = np.flatnonzero(np.diff(np.concatenate([[0], same[:, j].astype(np.int8), [0]])))
+    sub = temp[:, cand]
+    same = sub[1:] == sub[:-1]  # NaN != NaN: a gap ends a run
+    quantum = sensor_quantum_k(sub)
+    for i, j in enumerate(cand):
+        edges = np.flatnonzero(np.diff(np.concatenate([[0], same[:, i].astype(np.int8), [0]])))
         starts, ends = edges[::2], edges[1::2]  # run of samples starts .. ends (inclusive)
         held_s = t_at[ends] - t_at[starts]
         long = held_s > max_stuck_s
@@ -1129,13 +1132,13 @@ def _refuse_stuck(
                 change += float(np.ptp(ref_j[acting]))
             if change > worst:
                 worst, worst_k = change, k0
-        if worst >= _STUCK_QUANTA * quantum[j]:
+        if worst >= _STUCK_QUANTA * quantum[i]:
             k_run = int(np.flatnonzero(starts == worst_k)[0])
             why = (
                 f"temperature: stuck sensor (one reading, {temp[worst_k, j]:g} °C, held "
                 f"{held_s[k_run]:g} s > {max_stuck_s:g} s while the model predicts a "
-                f"{worst:.2g} K change, {worst / quantum[j]:.1f} steps of the sensor's "
-                f"{quantum[j]:g} K)"
+                f"{worst:.2g} K change, {worst / quantum[i]:.1f} steps of the sensor's "
+                f"{quantum[i]:g} K)"
             )
             fit.reason[j] = why if fit.reason[j] is None else f"{why}; {fit.reason[j]}"
             fit.usable[j] = False
