@@ -323,9 +323,9 @@ def fit_power_curve(
     ----------
     activity : array_like
         SM activity (``sm_active``; utilization / 100 where SM activity is absent), shape
-        ``(T, N)``; NaN for a missing reading. [1]
+        ``(T, N)``, or ``(T,)`` for one GPU; NaN for a missing reading. [1]
     power_w : array_like
-        Measured board power, shape ``(T, N)``; NaN for a missing reading. [W]
+        Measured board power, shape ``(T, N)`` or ``(T,)``; NaN for a missing reading. [W]
     limit_w : array_like, optional
         Enforced power limit per GPU (``power_limit_w``), shape ``(N,)`` or ``(T, N)``;
         samples at or above 99 % of it sit on the clamp and are left out of the shape fit.
@@ -395,7 +395,9 @@ def fit_power_curve(
     act = np.asarray(activity, dtype=float)
     if act.ndim == 1:
         act = act[:, None]
-    power = np.broadcast_to(np.asarray(power_w, dtype=float), act.shape)
+    p_in = np.asarray(power_w, dtype=float)
+    p_in = p_in[:, None] if p_in.ndim == 1 and len(p_in) == len(act) else p_in  # one GPU
+    power = np.broadcast_to(p_in, act.shape)
     n_gpu = act.shape[1]
     act = np.clip(act, 0.0, 1.0)
 

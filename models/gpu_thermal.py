@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from models.fit_quality import data_problems, hold_gaps, join_reasons, safe_pinv
+from models.fit_quality import _column_stats, data_problems, hold_gaps, join_reasons, safe_pinv
 
 __all__ = [
     "RcFit",
@@ -26,6 +26,7 @@ __all__ = [
     "r_at_flow_k_per_w",
     "rc_simulate",
     "rc_step",
+    "sensor_quantum_k",
     "steady_temp_c",
     "time_constant_s",
     "time_to_temp_s",
@@ -382,6 +383,32 @@ def _as_time_by_device(x: ArrayLike, n_t: int) -> F64:
     return np.broadcast_to(a, (n_t, a.shape[1]))
 
 
+def _interval_steps(dt_s: ArrayLike, n_t: int) -> tuple[float, F64 | None]:
+    """A sample interval as ``(typical step, per-interval steps or None)``.
+
+    ``dt_s`` is a scalar (a regular grid) or one step per interval: ``n_t - 1`` values, or
+    ``n_t`` with the last unused (as :func:`rc_simulate` takes them). The per-interval steps
+    come back padded to ``n_t`` (the last one repeated, unused); the typical step is their
+    median (for the one-step seed, the data checks and the bounds of tau).
+    """
+    dt = np.asarray(dt_s, dtype=float)
+    if dt.ndim == 0:
+        if not (np.isfinite(dt) and dt > 0):
+            raise ValueError(f"dt_s must be a positive finite step, got {float(dt)!r}")
+        return float(dt), None
+    if dt.ndim != 1 or dt.size not in (n_t - 1, n_t) or dt.size == 0:
+        raise ValueError(
+            f"dt_s must be a scalar or one step per interval ({n_t - 1} or {n_t} values), "
+            f"got shape {dt.shape}"
+        )
+    steps = dt[: n_t - 1]
+    if not (np.isfinite(steps).all() and (steps > 0).all()):
+        bad = int(np.flatnonzero(~(np.isfinite(steps) & (steps > 0)))[0])
+        raise ValueError(f"dt_s[{bad}] = {steps[bad]!r} is not a positive finite step")
+    padded = np.concatenate([steps, steps[-1:]]) if steps.size else dt
+    return float(np.median(steps)), padded
+
+
 def _row_blocks(n_rows: int) -> list[tuple[int, int]]:
     return [(k0, min(k0 + _OE_BLOCK, n_rows)) for k0 in range(0, n_rows, _OE_BLOCK)]
 
@@ -498,7 +525,7 @@ def _oe_pass(
     power: NDArray[np.floating],
     valid: NDArray[np.bool_] | None,
     theta: F64,
-    dt_s: float,
+    dt_s: float | F64,
     work: _Work | None = None,
 ) -> dict[str, F64]:
     """Simulate the RC model and its forward sensitivities over the whole window, per GPU.
@@ -512,11 +539,16 @@ def _oe_pass(
         sa[k+1] = a sa[k] + x[k] - U[k]              dx/da
         s0[k+1] = a s0[k]                            dx/dT0 (= a^k); dx/doffset = 1 - a^k
 
-    ``temp`` holds 0 where ``valid`` is False (``valid`` None: every sample is valid). Returns
-    the Gauss-Newton normal equations (``gram`` (N, 4, 4), ``grad`` (N, 4) = J^T e) in the
-    parameters of ``theta``, the sums of squared and absolute residuals, the lag-1 residual
-    product and the count of residuals. The loop runs over time in blocks (float32 by
-    default); block sums are added up in float64.
+    ``temp`` holds 0 where ``valid`` is False (``valid`` None: every sample is valid);
+    ``valid`` may also hold the square roots of per-sample weights (0 where missing), the
+    iteratively reweighted pass of a robust loss. Returns the (weighted) Gauss-Newton normal
+    equations (``gram`` (N, 4, 4), ``grad`` (N, 4) = J^T W e) in the parameters of ``theta``,
+    the weighted sum of squared residuals, the unweighted sum of absolute residuals, the
+    lag-1 residual product, the count of residuals (``n``) and the sum of weights
+    (``wsum``). The loop runs over time in blocks (float32 by
+    default); block sums are added up in float64. ``dt_s`` is a scalar or one step per
+    sample (``(T,)``, :func:`_interval_steps`): then ``a`` is ``exp(-dt_k/tau)`` per interval,
+    the exact zero-order hold of each.
     """
     dtype = temp.dtype
     n_t, n = temp.shape
@@ -524,16 +556,22 @@ def _oe_pass(
         work = _Work(n, dtype)  # type: ignore[arg-type]
     r, ln_tau, off, t0 = theta
     tau = np.exp(ln_tau)
-    a64 = np.exp(-dt_s / tau)
-    dadl = a64 * dt_s / tau  # da / d(ln tau)
-    a = a64.astype(dtype)
-    c1 = (1.0 - a64).astype(dtype)
+    per_step = np.ndim(dt_s) > 0
+    if per_step:  # sa carries dx/d(ln tau) directly: each step's da/dln tau applied in the loop
+        dt_v = np.asarray(dt_s, dtype=float)[:, None]
+        dadl: F64 | float = 1.0
+    else:
+        a64 = np.exp(-dt_s / tau)
+        dadl = a64 * dt_s / tau  # da / d(ln tau)
+        a = a64.astype(dtype)
+        c1 = (1.0 - a64).astype(dtype)
     r_d, off_d = r.astype(dtype), off.astype(dtype)
     buf = work.buf
     state = np.zeros((4, n), dtype=dtype)
     state[0] = t0
     state[3] = 1.0
     keys = ("rr", "ra", "aa", "r0", "a0", "00", "re", "ae", "0e", "ee", "r", "a", "0", "e", "w")
+    keys += ("cnt",)
     acc = {k: np.zeros(n) for k in keys}
     sae = np.zeros(n)
     lag = np.zeros(n)
@@ -550,46 +588,64 @@ def _oe_pass(
         np.multiply(p_b, r_d, out=u_b)
         u_b += ref[k0:k1]
         u_b += off_d
-        np.multiply(u_b, c1, out=add[:, 0])
-        np.multiply(p_b, c1, out=add[:, 1])
+        if per_step:
+            a_b64 = np.exp(-dt_v[k0:k1] / tau)
+            a_b = a_b64.astype(dtype)
+            q_b = (a_b64 * dt_v[k0:k1] / tau).astype(dtype)
+            c1_b = (1.0 - a_b64).astype(dtype)
+            np.multiply(u_b, c1_b, out=add[:, 0])
+            np.multiply(p_b, c1_b, out=add[:, 1])
+        else:
+            np.multiply(u_b, c1, out=add[:, 0])
+            np.multiply(p_b, c1, out=add[:, 1])
         buf[0] = state
         for kk in range(nb):  # three numpy calls per step: the same sums as row by row
             cur, nxt, add_k = buf[kk], buf[kk + 1], add[kk]
             np.subtract(cur[0], u_b[kk], out=add_k[2])
-            np.multiply(a, cur, out=nxt)
+            if per_step:
+                add_k[2] *= q_b[kk]
+                np.multiply(a_b[kk], cur, out=nxt)
+            else:
+                np.multiply(a, cur, out=nxt)
             nxt[:3] += add_k
         state = buf[nb].copy()
         x, sr, sa, s0 = buf[:nb, 0], buf[:nb, 1], buf[:nb, 2], buf[:nb, 3]
         np.subtract(temp[k0:k1], x, out=e)
         if valid is None:
             acc["w"] += nb
-        else:
+            acc["cnt"] += nb
+            sae += np.abs(e).sum(axis=0)
+            w = None
+        else:  # boolean mask, or square roots of robust weights (0 where missing)
             w = valid[k0:k1]
+            sae += np.abs(e * (w > 0)).sum(axis=0)
+            acc["cnt"] += (w > 0).sum(axis=0)
             e *= w
             sr, sa, s0 = sr * w, sa * w, s0 * w
-            acc["w"] += w.sum(axis=0)
+            acc["w"] += dot(w, w) if w.dtype != np.bool_ else w.sum(axis=0)
+            if w.dtype == np.bool_:
+                w = None  # a mask: e and the sensitivities are already zero where missing
+
         acc["rr"] += dot(sr, sr)
         acc["ra"] += dot(sr, sa)
         acc["aa"] += dot(sa, sa)
         acc["re"] += dot(sr, e)
         acc["ae"] += dot(sa, e)
         acc["ee"] += dot(e, e)
-        acc["r"] += sr.sum(axis=0)
-        acc["a"] += sa.sum(axis=0)
-        acc["e"] += e.sum(axis=0)
+        acc["r"] += _weighted_sum(sr, w)
+        acc["a"] += _weighted_sum(sa, w)
+        acc["e"] += _weighted_sum(e, w)
         if with_s0:  # dx/dT0 = a^k dies out after a few time constants
             acc["r0"] += dot(sr, s0)
             acc["a0"] += dot(sa, s0)
             acc["00"] += dot(s0, s0)
             acc["0e"] += dot(s0, e)
-            acc["0"] += s0.sum(axis=0)
+            acc["0"] += _weighted_sum(s0, w)
             with_s0 = bool(np.abs(state[3]).max() > 1e-9)
         lag += dot(e[1:], e[:-1])
         if prev_e is not None:
             lag += prev_e * e[0]
         prev_e = e[-1].astype(np.float64)
-        np.abs(e, out=e)
-        sae += e.sum(axis=0)
     # Jacobian columns: [sR, sa * da/dlntau, 1 - s0, s0]; sums with (1 - s0) by difference.
     q = dadl
     g = np.empty((n, 4, 4))
@@ -600,11 +656,25 @@ def _oe_pass(
     g[:, 1, 2] = g[:, 2, 1] = (acc["a"] - acc["a0"]) * q
     g[:, 0, 3] = g[:, 3, 0] = acc["r0"]
     g[:, 1, 3] = g[:, 3, 1] = acc["a0"] * q
-    g[:, 2, 2] = acc["w"] - 2.0 * acc["0"] + acc["00"]
+    g[:, 2, 2] = acc["w"] - 2.0 * acc["0"] + acc["00"]  # sum of w (1 - s0)^2
     g[:, 2, 3] = g[:, 3, 2] = acc["0"] - acc["00"]
     g[:, 3, 3] = acc["00"]
     grad = np.stack([acc["re"], acc["ae"] * q, acc["e"] - acc["0e"], acc["0e"]], axis=1)
-    return {"gram": g, "grad": grad, "sse": acc["ee"], "sae": sae, "lag": lag, "n": acc["w"]}
+    return {
+        "gram": g,
+        "grad": grad,
+        "sse": acc["ee"],
+        "sae": sae,
+        "lag": lag,
+        "n": acc["cnt"],
+        "wsum": acc["w"],
+    }
+
+
+def _weighted_sum(u: NDArray[np.floating], w: NDArray[np.floating] | None) -> F64:
+    """Per-GPU sum over a block of ``u`` (already multiplied by the root weights ``w``) times
+    ``w`` once more: the sum of weight x value; a plain sum without weights."""
+    return u.sum(axis=0) if w is None else np.einsum("tn,tn->n", u, w)
 
 
 def _solve_damped(gram: F64, grad: F64, lam: F64) -> F64:
@@ -622,18 +692,185 @@ def _solve_damped(gram: F64, grad: F64, lam: F64) -> F64:
         return out
 
 
+#: RMS over mean absolute residual above which the residuals count as heavy-tailed [1]:
+#: sqrt(pi/2) = 1.253 for Gaussian noise, 1.155 for uniform rounding error; artifacts that put
+#: a few samples far out raise it.
+_HEAVY_TAIL_RATIO = 1.3
+_IRLS_ROUNDS = 3  # Huber reweighting rounds after the unweighted fit (each an LM run to converge)
+#: Huber threshold in robust standard deviations (1.4826 MAD): 95 % efficiency under Gaussian
+#: noise (Huber 1964; the usual tuning constant).
+_HUBER_K = 1.345
+#: Physical seed's time constants, multiples of the typical step, searched when the one-step
+#: linear seed gives R or tau that is not positive and finite [1].
+_TAU_SEED_DT = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0)
+#: Catalog R for a last-resort seed: the liquid cold plate of docs/physics.md §9.2 [K/W].
+_R_CATALOG_K_PER_W = 0.03
+
+
+def _levenberg_marquardt(
+    t_w: NDArray[np.floating],
+    ref_w: NDArray[np.floating],
+    p_w: NDArray[np.floating],
+    valid: NDArray[np.floating] | NDArray[np.bool_] | None,
+    theta: F64,
+    dt_pass: float | F64,
+    *,
+    iterations: int,
+    bounds: tuple[float, float],
+    dtype: type[np.floating],
+) -> tuple[F64, dict[str, F64], NDArray[np.bool_]]:
+    """Output-error Levenberg-Marquardt from ``theta`` for every GPU at once, until each has
+    converged or ``iterations`` passes are spent. Returns the parameters, the pass at them
+    (:func:`_oe_pass`) and which GPUs converged (``iterations`` 0: all, the seed as asked)."""
+    lo, hi = bounds
+    theta = theta.copy()
+    n = theta.shape[1]
+    work = _Work(n, dtype)
+    cur = _oe_pass(t_w, ref_w, p_w, valid, theta, dt_pass, work)
+    lam = np.full(n, 1e-3)
+    converged = np.full(n, iterations == 0)
+    act = np.arange(n)  # GPUs still iterating: the columns of t_w, p_w, ...
+    for _ in range(iterations):
+        step = _solve_damped(cur["gram"][act], cur["grad"][act], lam[act]).T
+        # Converged: the step would lower the sum of squares by less than tol * sigma^2,
+        # i.e. the parameters sit within ~0.1 standard error of the optimum; or no step of
+        # any length lowers it (lam beyond 1e6).
+        gain = np.einsum("pn,np->n", step, cur["grad"][act])
+        sigma2 = cur["sse"][act] / np.maximum(cur["wsum"][act], 1.0)
+        done = (gain < _OE_TOL * sigma2) | (lam[act] > 1e6)
+        converged[act[done]] = True
+        if done.all():
+            break
+        if done.mean() > 0.25:  # drop converged GPUs from the next passes
+            left = ~done
+            act, step = act[left], step[:, left]
+            t_w, p_w = t_w[:, left], p_w[:, left]
+            ref_w = ref_w if ref_w.shape[1] == 1 else ref_w[:, left]
+            valid = None if valid is None else valid[:, left]
+            work = _Work(act.size, dtype)
+        trial = theta[:, act] + step
+        trial[1] = np.clip(trial[1], lo, hi)
+        trial[0] = np.maximum(trial[0], 1e-6)
+        new = _oe_pass(t_w, ref_w, p_w, valid, trial, dt_pass, work)
+        better = new["sse"] < cur["sse"][act]
+        theta[:, act] = np.where(better, trial, theta[:, act])
+        for k in cur:
+            keep = better.reshape((-1,) + (1,) * (cur[k].ndim - 1))
+            cur[k][act] = np.where(keep, new[k], cur[k][act])
+        lam[act] = np.where(better, lam[act] * 0.2, lam[act] * 10.0)
+    return theta, cur, converged
+
+
+def _physical_seed(
+    mom: dict[str, F64],
+    t_w: NDArray[np.floating],
+    ref_w: NDArray[np.floating],
+    p_w: NDArray[np.floating],
+    valid: NDArray[np.bool_] | None,
+    cols: NDArray[np.bool_],
+    first: tuple[NDArray[np.bool_], F64, F64 | float, F64],
+    dt_pass: float | F64,
+    bounds: tuple[float, float],
+    dtype: type[np.floating],
+) -> F64:
+    """Seed ``(R, ln tau, offset, T0)`` for the GPUs ``cols`` whose linear seed is unphysical.
+
+    R is the steady-state slope of ``T - T_ref`` on power over the data (the ratio of the
+    means if that is not positive, the catalog R if neither is); tau is the one of
+    ``_TAU_SEED_DT`` whose simulated trajectory fits the data best (one pass each).
+    """
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r = mom["czp"][cols] / mom["cpp"][cols]
+        ratio = mom["mz"][cols] / mom["mp"][cols]
+    r = np.where(np.isfinite(r) & (r > 0), r, ratio)
+    r = np.where(np.isfinite(r) & (r > 0), r, _R_CATALOG_K_PER_W)
+    off = mom["mz"][cols] - r * mom["mp"][cols]
+    ok0, temp0, ref0, p0 = first
+    ref0_c = ref0 if np.ndim(ref0) == 0 else ref0[cols]
+    t0 = np.where(ok0[cols], temp0[cols], ref0_c + off + r * p0[cols])
+    t_s, p_s = t_w[:, cols], p_w[:, cols]
+    ref_s = ref_w if ref_w.shape[1] == 1 else ref_w[:, cols]
+    v_s = None if valid is None else valid[:, cols]
+    dt_typ = float(np.median(dt_pass)) if np.ndim(dt_pass) else float(dt_pass)
+    best_sse = np.full(r.shape, np.inf)
+    best = np.full(r.shape, np.log(10.0))
+    work = _Work(r.size, dtype)
+    for mult in _TAU_SEED_DT:
+        ln_tau = np.clip(np.log(mult * dt_typ), *bounds)
+        theta = np.stack([r, np.full(r.shape, ln_tau), off, t0])
+        sse = _oe_pass(t_s, ref_s, p_s, v_s, theta, dt_pass, work)["sse"]
+        better = sse < best_sse
+        best, best_sse = np.where(better, ln_tau, best), np.where(better, sse, best_sse)
+    return np.stack([r, best, off, t0])
+
+
+def _huber_refit(
+    t_w: NDArray[np.floating],
+    ref_w: NDArray[np.floating],
+    p_w: NDArray[np.floating],
+    valid: NDArray[np.bool_] | None,
+    theta: F64,
+    cur: dict[str, F64],
+    converged: NDArray[np.bool_],
+    dt_pass: float | F64,
+    lm: dict,
+) -> None:
+    """Huber IRLS rounds, in place on ``theta``, ``cur`` and ``converged``, for the GPUs whose
+    least-squares residuals are heavier-tailed than Gaussian noise (or a sensor's rounding):
+    elsewhere the Huber weights would all be about 1 and the refit would change nothing."""
+    rms = np.sqrt(cur["sse"] / np.maximum(cur["n"], 1.0))
+    mean_abs = cur["sae"] / np.maximum(cur["n"], 1.0)
+    heavy = np.flatnonzero(rms > _HEAVY_TAIL_RATIO * mean_abs)
+    if not heavy.size:
+        return
+    t_h, p_h = t_w[:, heavy], p_w[:, heavy]
+    ref_h = ref_w if ref_w.shape[1] == 1 else ref_w[:, heavy]
+    v_h = None if valid is None else valid[:, heavy]
+    th = theta[:, heavy]
+    for _ in range(_IRLS_ROUNDS):  # iteratively reweighted: Huber weights, refit
+        wts = _huber_sqrt_weights(t_h, ref_h, p_h, v_h, th, dt_pass)
+        th, cur_h, conv_h = _levenberg_marquardt(t_h, ref_h, p_h, wts, th, dt_pass, **lm)
+    theta[:, heavy], converged[heavy] = th, conv_h
+    for k in cur:
+        cur[k][heavy] = cur_h[k]
+
+
+def _huber_sqrt_weights(
+    t_w: NDArray[np.floating],
+    ref_w: NDArray[np.floating],
+    p_w: NDArray[np.floating],
+    valid: NDArray[np.bool_] | None,
+    theta: F64,
+    dt_pass: float | F64,
+) -> NDArray[np.floating]:
+    """Square roots of the Huber weights of every sample at ``theta`` (0 where missing):
+    ``min(1, k s / |e|)`` with ``s`` = 1.4826 x the median absolute residual per GPU."""
+    r, ln_tau, off, t0 = theta
+    x = rc_simulate(t0, ref_w + off, p_w, r, np.exp(ln_tau) / r, dt_pass)
+    e = np.abs(t_w - x)
+    if valid is not None:
+        e = np.where(valid, e, np.nan)
+    scale = 1.4826 * np.nanmedian(e, axis=0)
+    thr = _HUBER_K * np.maximum(scale, 1e-6)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        w = np.minimum(1.0, thr / e)
+    w = np.where(np.isfinite(w), w, 0.0 if valid is not None else 1.0)
+    return np.sqrt(w).astype(t_w.dtype)
+
+
 def fit_rc(
     temp_c: ArrayLike,
     ref_temp_c: ArrayLike,
     power_w: ArrayLike,
-    dt_s: float,
+    dt_s: ArrayLike,
     *,
-    iterations: int = 8,
+    iterations: int = 50,
     min_samples: int = 300,
     max_gap_frac: float = 0.2,
-    max_stuck_s: float = 300.0,
+    max_stuck_s: float | None = 300.0,
     max_rel_stderr_r: float = 0.02,
     max_rel_stderr_c: float = 0.05,
+    loss: str = "huber",
     dtype: type[np.floating] = np.float32,
 ) -> RcFit:
     r"""Fit R, C and the coolant offset of the RC model per GPU, for thousands of GPUs at once.
@@ -641,27 +878,44 @@ def fit_rc(
     Parameters
     ----------
     temp_c : array_like
-        Measured GPU (or HBM) temperature, shape ``(T, N)``; NaN for a missing reading. [°C]
+        Measured GPU (or HBM) temperature, shape ``(T, N)``, or ``(T,)`` for one GPU; NaN for
+        a missing reading. [°C]
     ref_temp_c : array_like
         Reference temperature: coolant supply (liquid) or inlet air (air), shape ``(T, N)`` or
         broadcastable (``(T, 1)`` for one loop). Gaps are held from the last valid value. [°C]
     power_w : array_like
-        Measured board power, shape ``(T, N)``; gaps held as for ``ref_temp_c``. [W]
-    dt_s : float
-        Sample interval of the regular time grid. [s]
-    iterations : int, default 8
-        Most Levenberg-Marquardt passes of the output-error refinement; 0 returns the
-        one-step linear least-squares seed (biased: C comes out low under sensor noise).
+        Measured board power, shape ``(T, N)`` (``(T,)`` for one GPU); gaps held as for
+        ``ref_temp_c``. [W]
+    dt_s : float or array_like
+        Sample interval of a regular grid, or one step per interval (``T - 1`` values, or
+        ``T`` with the last unused) for irregular timestamps: each interval is then
+        discretized exactly (its own zero-order hold); the median step sets the seed, the data
+        checks and the bounds of tau. [s]
+    iterations : int, default 50
+        Most Levenberg-Marquardt passes of the output-error refinement, per run (the Huber
+        loss adds a few reweighted runs); each GPU stops when it has converged (the next step
+        would lower the sum of squares by less than 1 % of the noise variance). A GPU that
+        reaches the cap unconverged is refused with that reason (8 passes left R 89 % low on
+        short windows of 1 °C readings). 0 returns the one-step linear least-squares seed
+        (biased: C comes out low under sensor noise).
     min_samples : int, default 300
         Fewest temperature samples a GPU needs. [1]
     max_gap_frac : float, default 0.2
         Largest share of missing temperature (or power) readings. [1]
     max_stuck_s : float, default 300
-        Longest run of identical temperature or power readings before the sensor counts as
-        stuck. [s]
+        Longest run of identical power readings before the sensor counts as stuck; a
+        temperature that holds one reading longer is stuck only if the model predicts at
+        least three quantization steps of change over the hold (the step inferred from the
+        readings, :func:`sensor_quantum_k`): a 1 °C sensor may hold one value for minutes at a
+        steady load. None skips both checks. [s]
     max_rel_stderr_r, max_rel_stderr_c : float, default 0.02 and 0.05
         Largest relative standard error of R and of C for a usable fit: a GPU whose power
         barely moves leaves R tangled with the offset and C unseen. [1]
+    loss : {"huber", "linear"}, default "huber"
+        ``"huber"``: after the least-squares fit, iteratively reweighted with Huber weights
+        (threshold 1.345 robust standard deviations of the residuals), so sensor artifacts
+        (a reading that dips a few K on every power dip) do not drag R and C; ``"linear"``:
+        plain least squares.
     dtype : numpy float type, default numpy.float32
         Precision of the simulated trajectories; sums are float64 either way.
 
@@ -682,7 +936,10 @@ def fit_rc(
         T_{k+1} = a\,T_k + (1 - a)(T_{ref,k} + \Delta + R\,P_k),\quad a = e^{-\Delta t/(RC)}
 
     1. Seed: linear least squares of the one-step equation in :math:`(a, (1-a)\Delta,
-       (1-a)R)`. Sensor noise on :math:`T_k`, a regressor, biases :math:`a` low, so the seed
+       (1-a)R)`. Where it gives R or tau that is not positive and finite (sensor artifacts
+       on real GPUs do), the physical seed replaces it: R from the steady-state slope of
+       :math:`T - T_{ref}` on P over the data, tau the best of a grid of multiples of the
+       step. Sensor noise on :math:`T_k`, a regressor, biases :math:`a` low, so the seed
        gets R nearly right and C low (18 % in the issue's synthetic case, 28 % in that of
        ``tests/test_model_fits.py``).
     2. Output error: simulate the whole trajectory from :math:`T_0` and minimize
@@ -724,6 +981,7 @@ def fit_rc(
         max_stuck_s=max_stuck_s,
         max_rel_stderr_r=max_rel_stderr_r,
         max_rel_stderr_c=max_rel_stderr_c,
+        loss=loss,
         dtype=dtype,
     )[""]
 
@@ -732,14 +990,15 @@ def fit_rc_many(
     temps_c: Mapping[str, ArrayLike],
     ref_temp_c: ArrayLike,
     power_w: ArrayLike,
-    dt_s: float,
+    dt_s: ArrayLike,
     *,
-    iterations: int = 8,
+    iterations: int = 50,
     min_samples: int = 300,
     max_gap_frac: float = 0.2,
-    max_stuck_s: float = 300.0,
+    max_stuck_s: float | None = 300.0,
     max_rel_stderr_r: float = 0.02,
     max_rel_stderr_c: float = 0.05,
+    loss: str = "huber",
     dtype: type[np.floating] = np.float32,
 ) -> dict[str, RcFit]:
     """:func:`fit_rc` for several temperatures of the same GPUs (core and HBM), by name.
@@ -748,13 +1007,18 @@ def fit_rc_many(
     their data checks, gap filling and working copies are made once. Same parameters and
     results as :func:`fit_rc`, one :class:`RcFit` per name.
     """
+    if loss not in ("huber", "linear"):
+        raise ValueError(f"loss must be 'huber' or 'linear', got {loss!r}")
     if not temps_c:
         return {}
     shape = np.shape(next(iter(temps_c.values())))
     n_t, n_gpu = (shape[0], 1) if len(shape) == 1 else shape
-    power = np.broadcast_to(np.asarray(power_w, dtype=float), (n_t, n_gpu))
+    p_in = np.asarray(power_w, dtype=float)
+    if p_in.ndim == 1 and p_in.shape[0] == n_t:  # one GPU's series, as its temperature
+        p_in = p_in[:, None]
+    power = np.broadcast_to(p_in, (n_t, n_gpu))
     ref = _as_time_by_device(ref_temp_c, n_t)
-    dt = float(dt_s)
+    dt, dt_steps = _interval_steps(dt_s, n_t)
 
     def prefix(what: str, reasons: list[str | None]) -> list[str | None]:
         return [f"{what}: {r}" if r else None for r in reasons]
@@ -779,13 +1043,107 @@ def fit_rc_many(
             temp = temp[:, None]
         if temp.shape != (n_t, n_gpu):
             raise ValueError(f"temperature {name!r} has shape {temp.shape}, not {(n_t, n_gpu)}")
-        temp_problems = data_problems(temp, flat_std=0.05, max_stuck_s=max_stuck_s, **checks)
+        # the temperature's stuck check needs the model (below), not the run length alone
+        temp_problems = data_problems(temp, flat_std=0.05, max_stuck_s=None, **checks)
         reasons = join_reasons(prefix("temperature", temp_problems), *shared)
-        fits[name] = _fit_rc_one(
-            temp, reasons, p_held, ref_held, p_32, ref_32, dt, iterations,
-            max_rel_stderr_r, max_rel_stderr_c, dtype,
+        fit = _fit_rc_one(
+            temp, reasons, p_held, ref_held, p_32, ref_32, (dt, dt_steps), iterations,
+            max_rel_stderr_r, max_rel_stderr_c, loss, dtype,
         )  # fmt: skip
+        _refuse_stuck(fit, temp, ref_held, p_held, dt_steps if dt_steps is not None else dt,
+                      max_stuck_s)  # fmt: skip
+        fits[name] = fit
     return fits
+
+
+#: A held reading is a stuck sensor when the model predicts at least this many quantization
+#: steps of change over the hold [1]: one or two steps can hide in the rounding (a 1 °C sensor
+#: holds one value while the true temperature wanders within the step).
+_STUCK_QUANTA = 3.0
+#: Finest quantum counted [K]: NVML and DCGM report whole °C; 0.1 K is below any GPU
+#: sensor's noise, so a finer apparent step is noise, not resolution.
+_MIN_QUANTUM_K = 0.1
+
+
+def sensor_quantum_k(temp_c: ArrayLike) -> F64:
+    """Per column, the smallest nonzero change between consecutive valid readings: the
+    sensor's quantization step (1.0 for whole-°C readings), at least 0.1 K. [K]
+
+    Examples
+    --------
+    >>> sensor_quantum_k(np.array([[40.0, 40.0], [41.0, 40.25], [43.0, 40.5]]))
+    array([1.  , 0.25])
+    """
+    t = np.asarray(temp_c, dtype=float)
+    if t.ndim == 1:
+        t = t[:, None]
+    d = np.abs(np.diff(t, axis=0))
+    d = np.where(np.isfinite(d) & (d > 1e-9), d, np.inf)
+    q = d.min(axis=0) if d.shape[0] else np.full(t.shape[1], np.inf)
+    return np.where(np.isfinite(q), np.maximum(q, _MIN_QUANTUM_K), _MIN_QUANTUM_K)
+
+
+def _refuse_stuck(
+    fit: RcFit,
+    temp: F64,
+    ref: F64,
+    power: F64,
+    dt: float | F64,
+    max_stuck_s: float | None,
+) -> None:
+    """Refuse (in place) the GPUs whose temperature held one reading for longer than
+    ``max_stuck_s`` while the model predicted at least ``_STUCK_QUANTA`` quantization steps of
+    change over that hold: the fitted model's trajectory from the held reading where the fit
+    is usable, else the steady-state change of the catalog R times the power's range over the
+    hold, plus the reference's range (docs/physics.md §9.2)."""
+    if max_stuck_s is None:
+        return
+    n_t = temp.shape[0]
+    step = np.full(n_t, float(dt)) if np.ndim(dt) == 0 else np.asarray(dt, dtype=float)
+    t_at = np.concatenate([[0.0], np.cumsum(step[: n_t - 1])])
+    longest = _column_stats(temp, std=False, runs=True)[2]  # samples in the longest run
+    cand = np.flatnonzero(longest * step.max() > max_stuck_s)
+    if not cand.size:
+        return
+    sub = temp[:, cand]
+    same = sub[1:] == sub[:-1]  # NaN != NaN: a gap ends a run
+    quantum = sensor_quantum_k(sub)
+    for i, j in enumerate(cand):
+        edges = np.flatnonzero(np.diff(np.concatenate([[0], same[:, i].astype(np.int8), [0]])))
+        starts, ends = edges[::2], edges[1::2]  # run of samples starts .. ends (inclusive)
+        held_s = t_at[ends] - t_at[starts]
+        long = held_s > max_stuck_s
+        if not long.any():
+            continue
+        usable = bool(fit.usable[j])
+        ref_j = ref[:, 0] if ref.shape[1] == 1 else ref[:, j]
+        worst, worst_k = 0.0, 0
+        for k0, k1 in zip(starts[long], ends[long], strict=True):
+            seg = slice(k0, k1 + 1)
+            if usable:
+                pred = rc_simulate(
+                    temp[k0, j], ref_j[seg] + fit.offset_k[j], power[seg, j],
+                    fit.r_k_per_w[j], fit.c_j_per_k[j], step[seg],
+                )  # fmt: skip
+                change = float(np.ptp(pred))
+            else:
+                acting = slice(k0, max(k1, k0 + 1))  # the last sample's input acts after it
+                change = _R_CATALOG_K_PER_W * float(np.ptp(power[acting, j]))
+                change += float(np.ptp(ref_j[acting]))
+            if change > worst:
+                worst, worst_k = change, k0
+        if worst >= _STUCK_QUANTA * quantum[i]:
+            k_run = int(np.flatnonzero(starts == worst_k)[0])
+            why = (
+                f"temperature: stuck sensor (one reading, {temp[worst_k, j]:g} °C, held "
+                f"{held_s[k_run]:g} s > {max_stuck_s:g} s while the model predicts a "
+                f"{worst:.2g} K change, {worst / quantum[i]:.1f} steps of the sensor's "
+                f"{quantum[i]:g} K)"
+            )
+            fit.reason[j] = why if fit.reason[j] is None else f"{why}; {fit.reason[j]}"
+            fit.usable[j] = False
+            for arr in (fit.r_k_per_w, fit.c_j_per_k, fit.offset_k, fit.tau_s):
+                arr[j] = np.nan
 
 
 def _fit_rc_one(
@@ -795,13 +1153,19 @@ def _fit_rc_one(
     ref_held: F64,
     p_32: NDArray[np.floating],
     ref_32: NDArray[np.floating],
-    dt: float,
+    steps: tuple[float, F64 | None],
     iterations: int,
     max_rel_stderr_r: float,
     max_rel_stderr_c: float,
+    loss: str,
     dtype: type[np.floating],
 ) -> RcFit:
-    """The fit of :func:`fit_rc` for one temperature, on inputs checked and prepared."""
+    """The fit of :func:`fit_rc` for one temperature, on inputs checked and prepared.
+
+    ``steps``: the typical step and the per-interval steps (None on a regular grid).
+    """
+    dt, dt_steps = steps
+    dt_pass: float | F64 = dt if dt_steps is None else dt_steps
     n_gpu = temp.shape[1]
     good = np.array([r is None for r in reasons])
     cols = np.flatnonzero(good)
@@ -829,36 +1193,16 @@ def _fit_rc_one(
         lo, hi = np.log(_TAU_BOUNDS_DT[0] * dt), np.log(_TAU_BOUNDS_DT[1] * dt)
         theta = np.stack([r0, np.clip(np.log(tau0), lo, hi), off0, t0])
         theta = np.where(np.isfinite(theta), theta, np.array([[0.03], [np.log(10.0)], [0], [40]]))
-        work = _Work(cols.size, dtype)
-        cur = _oe_pass(t_w, ref_w, p_w, valid, theta, dt, work)
-        lam = np.full(cols.size, 1e-3)
-        act = np.arange(cols.size)  # GPUs still iterating: the columns of t_w, p_w, ...
-        for _ in range(iterations):
-            step = _solve_damped(cur["gram"][act], cur["grad"][act], lam[act]).T
-            # Converged: the step would lower the sum of squares by less than tol * sigma^2,
-            # i.e. the parameters sit within ~0.1 standard error of the optimum.
-            gain = np.einsum("pn,np->n", step, cur["grad"][act])
-            sigma2 = cur["sse"][act] / np.maximum(cur["n"][act], 1.0)
-            done = (gain < _OE_TOL * sigma2) | (lam[act] > 1e6)
-            if done.all():
-                break
-            if done.mean() > 0.25:  # drop converged GPUs from the next passes
-                left = ~done
-                act, step = act[left], step[:, left]
-                t_w, p_w = t_w[:, left], p_w[:, left]
-                ref_w = ref_w if ref_w.shape[1] == 1 else ref_w[:, left]
-                valid = None if valid is None else valid[:, left]
-                work = _Work(act.size, dtype)
-            trial = theta[:, act] + step
-            trial[1] = np.clip(trial[1], lo, hi)
-            trial[0] = np.maximum(trial[0], 1e-6)
-            new = _oe_pass(t_w, ref_w, p_w, valid, trial, dt, work)
-            better = new["sse"] < cur["sse"][act]
-            theta[:, act] = np.where(better, trial, theta[:, act])
-            for k in cur:
-                keep = better.reshape((-1,) + (1,) * (cur[k].ndim - 1))
-                cur[k][act] = np.where(keep, new[k], cur[k][act])
-            lam[act] = np.where(better, lam[act] * 0.2, lam[act] * 10.0)
+        seed_bad = ~(np.isfinite(r0) & (r0 > 0) & np.isfinite(tau0))
+        if iterations > 0 and seed_bad.any():
+            theta[:, seed_bad] = _physical_seed(
+                mom, t_w, ref_w, p_w, valid, seed_bad, (valid_g[0], t_g[0], ref0, p0),
+                dt_pass, (lo, hi), dtype,
+            )  # fmt: skip
+        lm = {"iterations": iterations, "bounds": (lo, hi), "dtype": dtype}
+        theta, cur, converged = _levenberg_marquardt(t_w, ref_w, p_w, valid, theta, dt_pass, **lm)
+        if loss == "huber" and iterations > 0:
+            _huber_refit(t_w, ref_w, p_w, valid, theta, cur, converged, dt_pass, lm)
         r, ln_tau, off, t0 = theta
         tau = np.exp(ln_tau)
         c = tau / r
@@ -876,20 +1220,34 @@ def _fit_rc_one(
         r_bad = fitted & ~(se_r <= max_rel_stderr_r * r)
         c_bad = fitted & ~(se_c <= max_rel_stderr_c * c)
         at_bound = fitted & ~((ln_tau > lo + 1e-6) & (ln_tau < hi - 1e-6))
+        capped = fitted & ~converged
         fit_reason: list[str | None] = [None] * cols.size
-        for j in np.flatnonzero(~fitted | r_bad | c_bad | at_bound):  # reasons only
+        p_std = np.sqrt(np.maximum(mom["cpp"], 0.0))
+        res_std = np.sqrt(np.maximum(sigma2, 0.0))
+        for j in np.flatnonzero(~fitted | r_bad | c_bad | at_bound | capped):  # reasons only
             why: list[str] = []
+            # what was measured, not a guessed cause: the standard errors grow with the
+            # residual and shrink with the power's variation
+            facts = f"power std {p_std[j]:.3g} W, residual std {res_std[j]:.2g} K"
             if not fitted[j]:
-                why.append("fit failed (R or C not positive and finite)")
+                why.append(
+                    "fit failed (R or C not positive and finite"
+                    + (", from the physical seed: the linear seed was not)" if seed_bad[j] else ")")
+                )
+            if capped[j]:
+                why.append(
+                    f"not converged in {iterations} iterations (the last step still lowered "
+                    "the sum of squares by more than the tolerance): raise iterations"
+                )
             if r_bad[j]:
                 why.append(
                     f"R not identifiable (standard error {100 * se_r[j] / r[j]:.1f} % > "
-                    f"{100 * max_rel_stderr_r:g} %): power does not vary enough"
+                    f"{100 * max_rel_stderr_r:g} %; {facts})"
                 )
             if c_bad[j]:
                 why.append(
                     f"C not identifiable (standard error {100 * se_c[j] / c[j]:.1f} % > "
-                    f"{100 * max_rel_stderr_c:g} %): too few or too small power steps"
+                    f"{100 * max_rel_stderr_c:g} %; {facts})"
                 )
             if at_bound[j]:
                 why.append(
@@ -936,7 +1294,9 @@ def predict_temp_c(
     c_j_per_k: ArrayLike,
     dt_s: ArrayLike,
     offset_k: ArrayLike = 0.0,
-) -> NDArray[np.float64]:
+    *,
+    return_held: bool = False,
+) -> NDArray[np.float64] | tuple[NDArray[np.float64], NDArray[np.bool_]]:
     r"""Temperature path of a GPU for a given power path (transient), from a fitted model.
 
     Parameters
@@ -944,20 +1304,28 @@ def predict_temp_c(
     temp0_c : array_like
         Temperature at the first sample, e.g. the latest measurement, shape ``(...)``. [°C]
     ref_temp_c : array_like
-        Coolant or inlet-air reference per sample, shape ``(n, ...)`` or broadcastable. [°C]
+        Coolant or inlet-air reference per sample, shape ``(n, ...)`` or broadcastable; a 1-D
+        series of length ``n`` is one value per sample for every GPU. NaN: held. [°C]
     power_w : array_like
-        Power path, shape ``(n, ...)``. [W]
+        Power path, shape ``(n, ...)`` (``(n,)`` for one GPU). A NaN (missing reading) holds
+        the last valid power (leading NaN: the first valid one). [W]
     r_k_per_w, c_j_per_k : array_like
         Fitted thermal resistance [K/W] and heat capacity [J/K] (:func:`fit_rc`).
     dt_s : array_like
-        Sample interval, scalar or per interval. [s]
+        Sample interval, scalar or per interval (``n - 1`` values, or ``n`` with the last
+        unused); each interval is advanced by its exact zero-order-hold step. [s]
     offset_k : array_like, default 0.0
         Fitted offset of the local coolant above the reference (:attr:`RcFit.offset_k`). [K]
+    return_held : bool, default False
+        Also return the mask of samples whose power or reference was held (missing in the
+        input). A prediction at sample ``k + 1`` uses the inputs of sample ``k``, so the
+        predictions that rest on held input are ``held[:-1]`` shifted by one.
 
     Returns
     -------
-    numpy.ndarray
-        Temperature at each sample, shape ``(n, ...)``. [°C]
+    numpy.ndarray, or (numpy.ndarray, numpy.ndarray) with ``return_held``
+        Temperature at each sample, shape ``(n, ...)`` [°C]; with ``return_held``, also the
+        held-input mask of the same shape [bool].
 
     Notes
     -----
@@ -974,8 +1342,43 @@ def predict_temp_c(
     >>> predict_temp_c(40.0, 30.0, [700.0] * 3, 0.03, 1000.0, 30.0, 0.5).round(2)
     array([40.  , 47.27, 49.94])
     """
-    ref = np.asarray(ref_temp_c, dtype=float) + np.asarray(offset_k, dtype=float)
-    return rc_simulate(temp0_c, ref, power_w, r_k_per_w, c_j_per_k, dt_s)
+    power, ref, held = _held_inputs(power_w, ref_temp_c, offset_k)
+    dt = _per_sample_dt(dt_s, power.shape[0])
+    out = rc_simulate(temp0_c, ref, power, r_k_per_w, c_j_per_k, dt)
+    if not return_held:
+        return out
+    return out, np.broadcast_to(held.reshape(held.shape + (1,) * (out.ndim - held.ndim)), out.shape)
+
+
+def _held_inputs(
+    power_w: ArrayLike, ref_temp_c: ArrayLike, offset_k: ArrayLike
+) -> tuple[F64, F64, NDArray[np.bool_]]:
+    """Power and reference + offset on the power's time axis, NaN held (zero-order hold), and
+    the mask of samples where either was held."""
+    power = np.asarray(power_w, dtype=float)
+    if power.ndim == 0:
+        raise ValueError("power_w must be a path (one value per sample), got a scalar")
+    ref = np.asarray(ref_temp_c, dtype=float)
+    if ref.ndim == 1 and power.ndim > 1 and ref.shape[0] == power.shape[0] != power.shape[-1]:
+        ref = ref.reshape((-1,) + (1,) * (power.ndim - 1))  # one reference series for all
+    shape = np.broadcast_shapes(power.shape, ref.shape)
+    if shape[0] != power.shape[0]:
+        raise ValueError(f"ref_temp_c of shape {ref.shape} does not fit power {power.shape}")
+    power = np.broadcast_to(power, shape)
+    ref = np.broadcast_to(ref, shape) + np.asarray(offset_k, dtype=float)
+    held = ~np.isfinite(power) | ~np.isfinite(ref)
+    if held.any():
+        power, ref = hold_gaps(power), hold_gaps(ref)
+    return power, ref, held
+
+
+def _per_sample_dt(dt_s: ArrayLike, n: int) -> ArrayLike:
+    """A scalar step, or per-interval steps padded to one per sample (as rc_simulate takes)."""
+    if np.ndim(dt_s) == 0:
+        _interval_steps(dt_s, n)  # validates
+        return dt_s
+    steps = _interval_steps(dt_s, n)[1]
+    return steps if steps is not None else dt_s
 
 
 def time_to_temp_s(
@@ -984,7 +1387,7 @@ def time_to_temp_s(
     power_w: ArrayLike,
     r_k_per_w: ArrayLike,
     c_j_per_k: ArrayLike,
-    dt_s: float,
+    dt_s: ArrayLike,
     threshold_c: ArrayLike,
     offset_k: ArrayLike = 0.0,
 ) -> NDArray[np.float64]:
@@ -1001,8 +1404,9 @@ def time_to_temp_s(
         sample's value is not used), shape ``(n, ...)``. [W]
     r_k_per_w, c_j_per_k : array_like
         Thermal resistance [K/W] and heat capacity [J/K].
-    dt_s : float
-        Sample interval. [s]
+    dt_s : float or array_like
+        Sample interval, or one step per interval (``n - 1`` values, or ``n`` with the last
+        unused). [s]
     threshold_c : array_like
         Temperature to reach, e.g. ``max_operating_temp_c`` or ``slowdown_temp_c``. [°C]
     offset_k : array_like, default 0.0
@@ -1033,22 +1437,27 @@ def time_to_temp_s(
     >>> float(time_to_temp_s(30.0, 30.0, [700.0] * 61, 0.03, 1000 / 3, 1.0, 60.0))
     inf
     """
-    power = np.asarray(power_w, dtype=float)
-    ref = np.broadcast_to(
-        np.asarray(ref_temp_c, dtype=float) + np.asarray(offset_k, dtype=float), power.shape
-    )
+    power, ref, _ = _held_inputs(power_w, ref_temp_c, offset_k)
     r = np.asarray(r_k_per_w, dtype=float)
     c = np.asarray(c_j_per_k, dtype=float)
     thr = np.asarray(threshold_c, dtype=float)
-    traj = rc_simulate(temp0_c, ref, power, r, c, dt_s)
+    n_s = power.shape[0]
+    step, steps = _interval_steps(dt_s, n_s)
+    traj = rc_simulate(temp0_c, ref, power, r, c, step if steps is None else steps)
     shape = np.broadcast_shapes(traj.shape[1:], thr.shape)
     start, end = traj[:-1], traj[1:]
     t_ss = steady_temp_c(ref[:-1], power[:-1], r)
     cross = (start < thr) & (end >= thr)
     with np.errstate(divide="ignore", invalid="ignore"):
         frac = time_constant_s(r, c) * np.log((start - t_ss) / (thr - t_ss))
-    frac = np.clip(np.where(cross, frac, 0.0), 0.0, dt_s)
-    times = np.arange(traj.shape[0] - 1).reshape((-1,) + (1,) * (traj.ndim - 1)) * dt_s + frac
+    col = (-1,) + (1,) * (traj.ndim - 1)
+    if steps is None:
+        width, t_start = step, np.arange(n_s - 1).reshape(col) * step
+    else:
+        width = steps[:-1].reshape(col)
+        t_start = np.concatenate([[0.0], np.cumsum(steps[:-2])]).reshape(col)
+    frac = np.clip(np.where(cross, frac, 0.0), 0.0, width)
+    times = t_start + frac
     any_cross = np.broadcast_to(cross.any(axis=0), shape)
     first = np.broadcast_to(np.argmax(cross, axis=0), shape)
     t_first = np.take_along_axis(
