@@ -9,6 +9,7 @@ device ("gaps (90.0 % missing > 20 %)"): it was read on a 1 s grid.
 from __future__ import annotations
 
 import json
+import time
 from datetime import UTC, datetime, timedelta
 
 import numpy as np
@@ -155,3 +156,65 @@ def test_interval_mean_input_of_a_first_order_system() -> None:
     pred = a * means[:-1] + (1 - a) * drive[:-1]
     np.testing.assert_allclose(pred, means[1:], atol=0.5)  # of swings of 500 K
     assert interval_mean_weight(np.array([1e6, np.nan]), 1.0) == pytest.approx([0.5, 0.5])
+
+
+@pytest.mark.slow  # 12 simulated minutes at 1 Hz and two calibrations: ~5 s
+def test_the_service_fits_within_15_minutes_with_honest_standard_errors(tmp_path):
+    from twin.calibrate.schedule import FIRST_WINDOW_S, CalibrationScheduler
+
+    site = load_site(SMALL_SITE)
+    sim = SiteSimulator(site, seed=5, start=datetime(2026, 11, 20, 12, 0, tzinfo=UTC))
+    truth = sim.truth()
+    with Store(tmp_path / "live.duckdb") as store:
+        ing = Ingester(store, site, IngestLimits(max_past_s=0))
+        cal = CalibrationScheduler(store, site, interval_s=3600, window_s=7200, holdout_s=1200)
+        first = None
+        for minute in range(1, 13):
+            ing.ingest([m for _ in range(60) for m in sim.step()])
+            if (run_id := cal.run_once()) is not None:
+                first = (minute, run_id)
+                break
+        assert first is not None and first[0] <= 15, first
+        assert first[0] * 60 >= FIRST_WINDOW_S  # not before there is enough data
+        assert cal.last_window_s < cal.window_s  # the window there is, not 2 h of nothing
+        # refined as data accumulates: the next fit when the data has doubled, not in an hour
+        assert cal.next_wait_s(failed=False) == pytest.approx(cal.last_window_s)
+        rows = store.con.execute(
+            "SELECT id, param, value, stderr, usable, reason FROM calibration_params"
+            " WHERE run_id = ? AND kind = 'gpu'",
+            [first[1]],
+        ).fetchall()
+        for param in ("r_k_per_w", "c_j_per_k"):
+            usable = [(g, v, se) for g, p, v, se, u, _ in rows if p == param and u]
+            refused = [r for g, p, v, se, u, r in rows if p == param and not u]
+            assert len(usable) >= 18, (param, refused)  # measured: 21 of 24 at 11 minutes
+            assert all("not identifiable (standard error" in r for r in refused), refused
+            # honest: the truth within a few standard errors of each usable value
+            z = np.array([(v - truth["gpus"][g][param]) / se for g, v, se in usable])
+            assert np.abs(z).max() <= 4.0 and np.mean(np.abs(z) > 2.0) <= 0.25, (param, z)
+        cal.stop()
+        # the service's thread: the first pass after one probe interval, not after the hour
+        loop = CalibrationScheduler(store, site, interval_s=3600, window_s=7200, probe_s=0.05)
+        loop.start()
+        deadline = time.monotonic() + 60
+        while loop.runs == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        loop.stop()
+        assert loop.runs >= 1 and loop.failures == 0, loop.last_error
+
+
+def test_the_schedule_probes_until_a_first_fit_then_doubles_then_keeps_its_interval(tmp_path):
+    from twin.calibrate.schedule import CalibrationScheduler
+
+    with Store(tmp_path / "s.duckdb") as store:
+        cal = CalibrationScheduler(
+            store, load_site(SMALL_SITE), interval_s=3600, window_s=7200, probe_s=60
+        )
+        assert cal.run_once() is None  # an empty store: nothing to fit, no failure
+        assert cal.next_wait_s(failed=False) == 60  # no fit yet: look again in a minute
+        cal.runs, cal.last_window_s = 1, 900.0
+        assert cal.next_wait_s(failed=False) == 900.0
+        cal.last_window_s = 7200.0
+        assert cal.next_wait_s(failed=False) == 3600
+        assert cal.next_wait_s(failed=True) == 3600
+        cal.stop()

@@ -54,7 +54,11 @@ def serve(
         ),
     ] = 60.0,
     calibrate_every: Annotated[
-        float, typer.Option(help="Refit every device every this many s (needs --site); 0: off.")
+        float,
+        typer.Option(
+            help="Refit every device every this many s (needs --site); the first fit comes once"
+            " 10 min of GPU telemetry exist, then each time it has doubled; 0: off."
+        ),
     ] = 3600.0,
     calibrate_window: Annotated[
         float, typer.Option(help="Seconds of telemetry each refit uses.")
