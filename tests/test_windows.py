@@ -131,3 +131,40 @@ def test_many_ids_whose_hashes_share_lookup_slots_land_in_their_own_columns(tmp_
     low = next(iter(hashes.values())).astype(np.uint64) & np.uint64((1 << 22) - 1)
     assert len(np.unique(low)) < n_ids  # the case under test: shared slots exist
     np.testing.assert_array_equal(w.values["power_w"], value.reshape(n_t, n_ids)[:, ::-1])
+
+
+def _gpu_rows(ids: list[str], times: list[datetime]) -> pa.Table:
+    schema = arrow_schema("gpu")
+    n = len(ids)
+    cols: dict[str, list] = {"ts": times, "source": [i.split(":")[0] for i in ids], "id": ids}
+    for f in schema:
+        if f.name not in cols:
+            cols[f.name] = [100.0] * n if f.name == "power_w" else [None] * n
+    return pa.table(cols, schema=schema)
+
+
+def test_the_step_is_the_median_interval_of_each_devices_timestamps(tmp_path) -> None:
+    from twin.calibrate.windows import infer_step_s
+
+    rng = np.random.default_rng(1)
+    t0 = datetime(2026, 11, 1, tzinfo=UTC)
+    ids, times = [], []
+    for dev, step, jitter in (("a:0", 10.0, 0.3), ("a:1", 10.0, 0.3), ("b:0", 0.27, 0.0)):
+        t = np.arange(0, 3600, step) + rng.uniform(-jitter, jitter, int(np.ceil(3600 / step)))
+        keep = ~((t > 600) & (t < 1800))  # a 20-minute outage: a gap, not a slower step
+        for s in t[keep]:
+            ids.append(dev)
+            times.append(t0 + timedelta(seconds=float(s)))
+    with Store(tmp_path / "s.duckdb") as store:
+        store.insert_arrow("gpu", _gpu_rows(ids, times))
+        end = t0 + timedelta(hours=1)
+        assert infer_step_s(store, "gpu", t0, end, ["a:0", "a:1"]) == pytest.approx(10.0, abs=0.1)
+        assert infer_step_s(store, "gpu", t0, end, ["b:0"]) == pytest.approx(0.27)
+        assert infer_step_s(store, "gpu", t0, end, ["nobody:0"]) is None
+        # the 10 s data on its own grid: one sample per step, the outage its only gap
+        w = load_window(
+            store, "gpu", t0 - timedelta(seconds=5), end - timedelta(seconds=5),
+            step_s=10.0, ids=["a:0"], quantities=["power_w"],
+        )  # fmt: skip
+        missing = np.isnan(w.values["power_w"][:, 0]).mean()
+        assert missing == pytest.approx(1200 / 3600, abs=0.01)

@@ -1,5 +1,13 @@
 """Refit on a schedule inside `dctwin serve`: a thread with its own connection to the store.
 
+Progressive: the first fit comes as soon as the store holds :data:`FIRST_WINDOW_S` of GPU
+telemetry (checked every :data:`PROBE_S`), on the data there is (the holdout shrunk in the
+same ratio as the window), so a fresh service has model-based hot spots and drift within
+15 minutes, not after ``--calibrate-every``. Until the window is full, the next fit comes when
+the data has doubled; then every ``interval_s``. Each fit's standard errors are those of the
+data it saw: a short window gives wide ones, and a parameter they leave unidentified is
+stored unusable with that reason, never as a number.
+
 With a :class:`twin.health.ServiceHealth`, each pass reports ``ok("calibration")`` (a pass
 with no GPU samples to fit is skipped, not failed) or ``error("calibration", "<exception
 type>: <message>")``; a failure is logged with its traceback once per distinct error.
@@ -19,6 +27,12 @@ log = logging.getLogger(__name__)
 
 #: The name this loop reports under in :class:`twin.health.ServiceHealth`.
 LOOP = "calibration"
+#: Least GPU telemetry for a first fit: 10 minutes, of which 5/6 are fitted (500 s, over the
+#: 300 s an RC model and a capture fraction need, twin.calibrate.calibrate.MIN_RC_S) and 1/6
+#: held out, as the default 2 h window holds out 20 minutes. [s]
+FIRST_WINDOW_S = 600.0
+#: How often a service without a first fit looks whether enough data has arrived. [s]
+PROBE_S = 60.0
 
 
 class CalibrationScheduler:
@@ -33,6 +47,7 @@ class CalibrationScheduler:
         window_s: float = 7200.0,
         holdout_s: float = 1200.0,
         health: ServiceHealth | None = None,
+        probe_s: float = PROBE_S,
     ):
         self.store = store.cursor()
         self.site = site
@@ -40,6 +55,9 @@ class CalibrationScheduler:
         self.window_s = window_s
         self.holdout_s = holdout_s
         self.health = health
+        self.probe_s = probe_s
+        #: the window of the last successful run (0 before the first) [s]
+        self.last_window_s = 0.0
         self.runs = 0
         self.failures = 0
         #: the error text of the last pass ("" when it succeeded): what was logged last
@@ -54,18 +72,39 @@ class CalibrationScheduler:
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join()
+        if self._thread.ident is not None:  # started
+            self._thread.join()
         self.store.close()
+
+    def plan(self) -> tuple[float, float] | None:
+        """Window and holdout of a run now: the configured ones, or while the store holds less
+        GPU telemetry than the window, its span with the holdout in the same ratio; None (and
+        why, logged) while it holds less than :data:`FIRST_WINDOW_S`. A window configured at
+        :data:`FIRST_WINDOW_S` or shorter is always used as it is."""
+        oldest, newest = self.store.con.execute("SELECT min(ts), max(ts) FROM gpu").fetchall()[0]
+        if newest is None:
+            log.info("calibration skipped: the store holds no GPU samples yet")
+            return None
+        if self.window_s <= FIRST_WINDOW_S:
+            return self.window_s, self.holdout_s
+        span_s = (newest - oldest).total_seconds()
+        if span_s < FIRST_WINDOW_S:
+            log.info("calibration waits: %.0f s of GPU telemetry < %.0f s", span_s, FIRST_WINDOW_S)
+            return None
+        window_s = min(self.window_s, span_s)
+        return window_s, self.holdout_s * window_s / self.window_s
 
     def run_once(self) -> int | None:
         """One calibration now; returns its run id, or None when there was nothing to fit.
 
         Raises what calibration raised; :meth:`_loop` reports it."""
-        if self.store.con.execute("SELECT max(ts) FROM gpu").fetchall()[0][0] is None:
-            log.info("calibration skipped: the store holds no GPU samples yet")
+        planned = self.plan()
+        if planned is None:
             return None
-        result = calibrate(self.store, self.site, window_s=self.window_s, holdout_s=self.holdout_s)
+        window_s, holdout_s = planned
+        result = calibrate(self.store, self.site, window_s=window_s, holdout_s=holdout_s)
         run_id = save_run(self.store, result)
+        self.last_window_s = window_s
         self.runs += 1
         usable = sum(p["usable"] for p in result["params"])
         log.info(
@@ -104,6 +143,21 @@ class CalibrationScheduler:
             self.health.ok(LOOP)
         return run_id
 
+    def next_wait_s(self, failed: bool) -> float:
+        """Seconds to the next pass: ``probe_s`` until a first fit, then the span of the last
+        window (the data doubles) until the window is full, then ``interval_s``; after a
+        failure, ``interval_s``."""
+        if failed:
+            return self.interval_s
+        if self.runs == 0:
+            return min(self.probe_s, self.interval_s)
+        if self.last_window_s < self.window_s:
+            return min(self.interval_s, max(self.probe_s, self.last_window_s))
+        return self.interval_s
+
     def _loop(self) -> None:
-        while not self._stop.wait(self.interval_s):
+        wait = self.next_wait_s(failed=False)
+        while not self._stop.wait(wait):
+            failures = self.failures
             self.run_and_report()
+            wait = self.next_wait_s(failed=self.failures > failures)

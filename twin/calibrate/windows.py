@@ -69,6 +69,52 @@ def load_max(
     return np.array([best.get(sid, np.nan) for sid in ids], dtype=float)
 
 
+#: The sampling steps calibration accepts: finer data (e.g. a 0.02 s NVML poll) is put on a
+#: 0.1 s grid, a step above a minute resolves no GPU thermal transient (time constants of
+#: tens of seconds, docs/physics.md §2.3). [s]
+MIN_STEP_S = 0.1
+MAX_STEP_S = 60.0
+#: How many ids per kind the step is inferred from (the median interval of their timestamps):
+#: enough to outvote a device that reports slower, few enough that the window query is cheap.
+STEP_SAMPLE_IDS = 64
+
+
+def infer_step_s(
+    store: Store, kind: str, start: datetime, end: datetime, ids: list[str] | None = None
+) -> float | None:
+    """The sampling step of ``kind`` in [start, end): the median interval between consecutive
+    timestamps of one device, over up to :data:`STEP_SAMPLE_IDS` of ``ids`` (default: the
+    first ids seen), rounded to the millisecond. None when no device has two samples.
+
+    The median is the step the data was taken at, not the mean: gaps (a collector down for
+    a minute) leave it alone and are counted as gaps against it.
+    """
+    if kind not in QUANTITIES:
+        raise ValueError(f"unknown kind {kind!r}")
+    con = store.con
+    if ids is None:
+        ids = [
+            r[0]
+            for r in con.execute(
+                f"SELECT DISTINCT id FROM {kind} WHERE ts >= ? AND ts < ? LIMIT ?",
+                [start, end, STEP_SAMPLE_IDS],
+            ).fetchall()
+        ]
+    ids = list(ids)[:STEP_SAMPLE_IDS]
+    if not ids:
+        return None
+    row = con.execute(
+        "SELECT median(d) FROM (SELECT epoch_us(ts) - lag(epoch_us(ts)) OVER"
+        f" (PARTITION BY id ORDER BY ts) AS d FROM {kind}"
+        " WHERE ts >= ? AND ts < ? AND id IN (SELECT unnest(?))) WHERE d > 0",
+        [start, end, ids],
+    ).fetchall()
+    med_us = row[0][0] if row else None
+    if med_us is None:
+        return None
+    return round(float(med_us) / 1e3) / 1e3
+
+
 def load_window(
     store: Store,
     kind: str,

@@ -145,13 +145,25 @@ def calibrate(
         float, typer.Option(help="Last seconds of the window held out to score the fit.")
     ] = 1200.0,
     end: Annotated[str | None, typer.Option(help="ISO 8601 end (default: newest sample).")] = None,
+    step: Annotated[
+        float | None,
+        typer.Option(
+            help="Grid step in seconds (default: the data's own, the median interval of the"
+            " timestamps, coarsest of GPU, CDU, PDU and node telemetry)."
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
-    """Fit every device against the store and save the parameters as a new version."""
+    """Fit every device against the store and save the parameters as a new version.
+
+    Telemetry sampled at any step from 0.1 s to 60 s is fitted on its own grid; the least data
+    each fit needs is a span of time (5 minutes for a GPU's RC model), not a sample count."""
     from twin.calibrate.calibrate import calibrate as run_calibration
     from twin.calibrate.calibrate import save_run
 
     site_obj = load_site_file(site or DEMO_SITE, required=True)
+    if step is not None and not 0 < step <= window:
+        raise fail(f"--step {step:g} must be > 0 and at most --window {window:g}")
     if holdout >= window:
         raise fail(f"--holdout {holdout:g} must be shorter than --window {window:g}")
     with open_store(db) as store:
@@ -162,6 +174,7 @@ def calibrate(
                 end=parse_time(end, "--end") if end else None,
                 window_s=window,
                 holdout_s=holdout,
+                step_s=step,
             )
         except ValueError as e:
             raise fail(str(e)) from None

@@ -30,6 +30,13 @@ from twin.procs import on_stop_signals
 NO_WRITES = "off (no --api-token-file / DCTWIN_API_TOKEN / --api-token)"
 
 
+#: --calibrate-every's help (held out of serve() for its length)
+CALIBRATE_EVERY_HELP = (
+    "Refit every device every this many s (needs --site); the first fit comes once 10 min of"
+    " GPU telemetry exist, then each time it has doubled; 0: off."
+)
+
+
 def serve(
     broker: BrokerOpt = None,
     db: DbOpt = Path("dctwin.duckdb"),
@@ -53,9 +60,7 @@ def serve(
             " committed (a failing or locked store); 0: never."
         ),
     ] = 60.0,
-    calibrate_every: Annotated[
-        float, typer.Option(help="Refit every device every this many s (needs --site); 0: off.")
-    ] = 3600.0,
+    calibrate_every: Annotated[float, typer.Option(help=CALIBRATE_EVERY_HELP)] = 3600.0,
     calibrate_window: Annotated[
         float, typer.Option(help="Seconds of telemetry each refit uses.")
     ] = 7200.0,
