@@ -7,7 +7,8 @@ and never appear in logs.
 
 This module only assembles the Typer app; the commands live in one module each group
 (:mod:`twin.cli.sim`, :mod:`~twin.cli.serve`, :mod:`~twin.cli.data`, :mod:`~twin.cli.analysis`,
-:mod:`~twin.cli.demo`, :mod:`~twin.cli.replay`, :mod:`~twin.cli.collect`), which share
+:mod:`~twin.cli.demo`, :mod:`~twin.cli.replay`, :mod:`~twin.cli.collect`,
+:mod:`~twin.cli.imports`), which share
 :mod:`twin.cli.common` and never import this module or each other.
 """
 
@@ -17,6 +18,7 @@ import typer
 
 from twin.cli import analysis, data, demo, replay, serve, sim
 from twin.cli.collect import collect_app
+from twin.cli.imports import import_app
 from twin.procs import exit_with_parent
 
 app = typer.Typer(
@@ -53,6 +55,7 @@ for command in (
 ):
     app.command()(command)
 app.add_typer(collect_app, name="collect")
+app.add_typer(import_app, name="import")
 for command in (replay.record, replay.replay, replay.whatif):
     app.command()(command)
 

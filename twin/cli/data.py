@@ -64,7 +64,29 @@ def ingest(
                 store.rollup()
             except StoreUnavailable as e:  # disk full, a lock: what is committed stays
                 raise fail(f"the store {db} failed: {e}") from None
-    typer.echo(json.dumps(ingester.counters.as_dict()))
+    counters = ingester.counters.as_dict()
+    typer.echo(json.dumps(counters))
+    if counters["stored_messages"] == 0 and counters["duplicates"] == 0:
+        raise fail(_nothing_stored(file, counters), code=1)
+
+
+def _nothing_stored(file: Path, counters: dict) -> str:
+    """Why nothing of ``file`` was stored, the dead letters counted per reason; a hint when the
+    file looks like an nvidia-smi CSV log."""
+    dead = counters["dead_letters"]
+    parts = [f"{n} {reason}" for reason, n in sorted(dead.items())]
+    if counters["dead_letter_repeats"]:
+        parts.append(f"{counters['dead_letter_repeats']} dead letters already stored")
+    why = ", ".join(parts) if parts else "it holds no messages"
+    message = f"nothing of {file} was stored ({why})"
+    if file.is_file():
+        with file.open("rb") as f:
+            head = f.readline(4096).decode("utf-8", "replace")
+        if "timestamp" in head and ("[W]" in head or "utilization.gpu" in head or "power." in head):
+            message += (
+                f"; it looks like an nvidia-smi log: dctwin import nvidia-smi {file} --node NAME"
+            )
+    return message
 
 
 def export(

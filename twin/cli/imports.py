@@ -1,0 +1,162 @@
+"""`dctwin import ...`: history other tools recorded, through the same validation and ingest
+path as live telemetry, into a store (--db) or over MQTT to a running service (--broker).
+
+An import accepts history of any age: the ingest's max-past guard is off for it (said in its
+output). It exits 1 when nothing of the file was stored, with the reasons counted."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.markup import escape
+
+from twin.cli.common import (
+    MaxFutureOpt,
+    SiteOpt,
+    broker_config,
+    err,
+    fail,
+    load_site_file,
+    open_store,
+    setup_logging,
+)
+
+import_app = typer.Typer(
+    help="Import history other tools recorded (nvidia-smi logs), through the ingest path.",
+    no_args_is_help=True,
+)
+
+CHUNK = 20_000
+
+HISTORY_NOTE_DB = "history accepted: the max-past guard is off for this import"
+HISTORY_NOTE_MQTT = (
+    "published over MQTT: the receiving service's own --max-past guard (30 days unless set)"
+    " decides about old samples"
+)
+
+
+def _to_store(db: Path, site_obj, items, max_future: float) -> dict:
+    from twin.ingest import Ingester, IngestLimits
+    from twin.ingest.ingester import StoreUnavailable
+
+    with open_store(db) as store:
+        ingester = Ingester(store, site_obj, IngestLimits(max_future_s=max_future, max_past_s=0))
+        chunk: list = []
+        try:
+            for item in items:
+                chunk.append(item)
+                if len(chunk) >= CHUNK:
+                    ingester.ingest(chunk)
+                    chunk = []
+            if chunk:
+                ingester.ingest(chunk)
+            store.rollup()
+        except StoreUnavailable as e:  # disk full, a lock: what is committed stays
+            raise fail(f"the store {db} failed: {e}") from None
+    return ingester.counters.as_dict()
+
+
+def _to_broker(broker: str, site_name: str, items) -> dict:
+    """Check each message against the contract here (what would be dead-lettered is counted,
+    not sent), publish the rest at QoS 1 and wait for every PUBACK."""
+    from collectors.contract import ContractError, decode
+    from collectors.mqtt import AckedPublisher, BrokerError, connect
+
+    cfg = broker_config(broker)
+    refused: Counter[str] = Counter()
+    try:
+        pub = AckedPublisher(connect(cfg, f"dctwin-import-{site_name}"), cfg)
+        try:
+            for topic, payload in items:
+                try:
+                    decode(topic, payload, site_name)
+                except ContractError as e:
+                    refused[e.reason] += 1
+                    continue
+                pub.publish(topic, payload)
+            missing = pub.flush(300.0)
+        finally:
+            pub.close()
+    except BrokerError as e:
+        raise fail(str(e)) from None
+    return {**pub.stats(), "unacknowledged": missing, "refused_by_contract": dict(refused)}
+
+
+def _nothing_stored(file: Path, rows_refused: dict, dead: dict) -> str:
+    parts = [f"{n} rows {reason}" for reason, n in sorted(rows_refused.items())]
+    parts += [f"{n} messages {reason}" for reason, n in sorted(dead.items())]
+    return f"nothing of {file} was stored: " + (", ".join(parts) or "it holds no data rows")
+
+
+@import_app.command("nvidia-smi")
+def nvidia_smi(
+    file: Annotated[Path, typer.Argument(help="nvidia-smi --query-gpu=... --format=csv log.")],
+    node: Annotated[str, typer.Option("--node", help="The node the GPUs are on (the source).")],
+    db: Annotated[Path | None, typer.Option("--db", help="Ingest into this store.")] = None,
+    broker: Annotated[
+        str | None, typer.Option(help="Publish to this broker (host:port) instead.")
+    ] = None,
+    site: SiteOpt = None,
+    site_name: Annotated[
+        str | None, typer.Option(help="Site name of the topics (default: the site's, or 'site').")
+    ] = None,
+    query_gpu: Annotated[
+        str | None,
+        typer.Option(
+            "--query-gpu",
+            help="The fields the log was written with (needed for a noheader log), e.g."
+            " timestamp,index,power.draw,temperature.gpu",
+        ),
+    ] = None,
+    tz: Annotated[
+        str, typer.Option("--tz", help="Time zone of the log's timestamps (nvidia-smi's local).")
+    ] = "UTC",
+    max_future: MaxFutureOpt = 300.0,
+) -> None:
+    """Import an nvidia-smi CSV log (any field order, with or without header and units, -l or
+    -lms timestamps; [N/A] is missing). Sample ids are <node>:<index> (or the UUID)."""
+    from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+    from twin.ingest.nvidia_smi import NvidiaSmiError, messages, parse
+
+    setup_logging(False)
+    if (db is None) == (broker is None):
+        raise fail("give exactly one of --db (direct) or --broker (over MQTT)")
+    if not file.is_file():
+        raise fail(f"{file}: no such file")
+    try:
+        ZoneInfo(tz)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise fail(f"--tz {tz!r} is not a time zone (e.g. UTC, Europe/Berlin)") from None
+    site_obj = load_site_file(site)
+    name = site_name or (site_obj.name if site_obj else "site")
+    try:
+        parsed = parse(file, node, query_gpu=query_gpu, tz=tz)
+        items = messages(parsed, name, node)
+    except NvidiaSmiError as e:
+        raise fail(escape(str(e))) from None
+    except ValueError as e:  # topic_for: a node name with '/', '+' or '#'
+        raise fail(f"--node {node!r}: {e}") from None
+    out: dict[str, object] = {"file": str(file), "node": node, "site": name, "timezone": tz}
+    out.update(parsed.summary())
+    if db is not None:
+        err.print(f"note: {HISTORY_NOTE_DB}", highlight=False)
+        out["max_past"] = "off (import)"
+        counters = _to_store(db, site_obj, items, max_future)
+        out["ingest"] = counters
+        stored = counters["stored_messages"] + counters["duplicates"]
+        dead = counters["dead_letters"]
+    else:
+        err.print(f"note: {HISTORY_NOTE_MQTT}", highlight=False)
+        out["max_past"] = "the service's"
+        stats = _to_broker(broker or "", name, items)
+        out["mqtt"] = stats
+        stored = stats["acknowledged"] - stats["rejected"]
+        dead = stats["refused_by_contract"]
+    typer.echo(json.dumps(out))
+    if stored == 0:
+        raise fail(_nothing_stored(file, parsed.summary()["rows_refused"], dead), code=1)
