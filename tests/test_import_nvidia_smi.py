@@ -162,6 +162,10 @@ def test_whole_file_errors_are_clear(tmp_path):
     assert res.exit_code == 2 and "power.draw in kW, expected W" in res.output
     res = invoke("import", "nvidia-smi", log, "--node", "n")
     assert res.exit_code == 2 and "exactly one of --db" in res.output
+    row = "2024/01/15 10:23:45.123, 10 W\n"
+    log.write_text("timestamp, power.draw [W]\n" + row + row)  # two GPUs, no index
+    res = invoke("import", "nvidia-smi", log, "--node", "n", "--db", tmp_path / "x.duckdb")
+    assert res.exit_code == 2 and "no field tells the GPUs apart" in res.output
 
 
 @needs_log
@@ -203,3 +207,10 @@ def test_import_over_mqtt_reaches_a_running_ingest(broker, tmp_path):
             assert wait_until(lambda: ingester.counters.samples["gpu"] == 10, 20)
         finally:
             svc.stop()
+
+
+def test_import_has_help():
+    for args in (["import", "--help"], ["import", "nvidia-smi", "--help"]):
+        res = invoke(*args)
+        assert res.exit_code == 0 and "Usage" in res.output, (args, res.output)
+    assert "nvidia-smi" in invoke("import", "--help").output

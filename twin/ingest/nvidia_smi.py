@@ -282,6 +282,11 @@ def parse(path: Path, node: str, *, query_gpu: str | None = None, tz: str = "UTC
         .iter_rows()
     }
     table = df.filter(pl.col("reason").is_null()).select("ts_us", "id", *cols)
+    if gpu_from.startswith("none") and table["ts_us"].is_duplicated().any():
+        raise NvidiaSmiError(
+            f"{path}: several rows share a timestamp and no field tells the GPUs apart;"
+            " log with index (or uuid) among the --query-gpu fields"
+        )
     return Parsed(
         path=path,
         rows=lines.height,
