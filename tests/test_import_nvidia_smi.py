@@ -162,6 +162,8 @@ def test_whole_file_errors_are_clear(tmp_path):
     assert res.exit_code == 2 and "power.draw in kW, expected W" in res.output
     res = invoke("import", "nvidia-smi", log, "--node", "n")
     assert res.exit_code == 2 and "exactly one of --db" in res.output
+    res = invoke("import", "nvidia-smi", log, "--node", "a/b", "--db", tmp_path / "x.duckdb")
+    assert res.exit_code == 2 and "--node 'a/b'" in res.output
     row = "2024/01/15 10:23:45.123, 10 W\n"
     log.write_text("timestamp, power.draw [W]\n" + row + row)  # two GPUs, no index
     res = invoke("import", "nvidia-smi", log, "--node", "n", "--db", tmp_path / "x.duckdb")

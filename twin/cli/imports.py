@@ -7,6 +7,7 @@ output). It exits 1 when nothing of the file was stored, with the reasons counte
 from __future__ import annotations
 
 import json
+import os
 from collections import Counter
 from pathlib import Path
 from typing import Annotated
@@ -69,7 +70,7 @@ def _to_broker(broker: str, site_name: str, items) -> dict:
     cfg = broker_config(broker)
     refused: Counter[str] = Counter()
     try:
-        pub = AckedPublisher(connect(cfg, f"dctwin-import-{site_name}"), cfg)
+        pub = AckedPublisher(connect(cfg, f"dctwin-import-{site_name}-{os.getpid()}"), cfg)
         try:
             for topic, payload in items:
                 try:
@@ -121,6 +122,7 @@ def nvidia_smi(
     -lms timestamps; [N/A] is missing). Sample ids are <node>:<index> (or the UUID)."""
     from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+    from collectors.contract import topic_for
     from twin.ingest.nvidia_smi import NvidiaSmiError, messages, parse
 
     setup_logging(False)
@@ -135,12 +137,14 @@ def nvidia_smi(
     site_obj = load_site_file(site)
     name = site_name or (site_obj.name if site_obj else "site")
     try:
+        topic_for(name, "gpu", node)
+    except ValueError as e:  # a node or site name with '/', '+' or '#'
+        raise fail(escape(f"--node {node!r} / site {name!r}: {e}")) from None
+    try:
         parsed = parse(file, node, query_gpu=query_gpu, tz=tz)
-        items = messages(parsed, name, node)
     except NvidiaSmiError as e:
         raise fail(escape(str(e))) from None
-    except ValueError as e:  # topic_for: a node name with '/', '+' or '#'
-        raise fail(f"--node {node!r}: {e}") from None
+    items = messages(parsed, name, node)
     out: dict[str, object] = {"file": str(file), "node": node, "site": name, "timezone": tz}
     out.update(parsed.summary())
     if db is not None:
