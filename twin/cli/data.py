@@ -10,6 +10,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import Progress, TextColumn, TimeElapsedColumn
 
 from twin.cli.common import (
@@ -67,7 +68,7 @@ def ingest(
     counters = ingester.counters.as_dict()
     typer.echo(json.dumps(counters))
     if counters["stored_messages"] == 0 and counters["duplicates"] == 0:
-        raise fail(_nothing_stored(file, counters), code=1)
+        raise fail(escape(_nothing_stored(file, counters)), code=1)
 
 
 def _nothing_stored(file: Path, counters: dict) -> str:

@@ -129,7 +129,7 @@ def nvidia_smi(
     if (db is None) == (broker is None):
         raise fail("give exactly one of --db (direct) or --broker (over MQTT)")
     if not file.is_file():
-        raise fail(f"{file}: no such file")
+        raise fail(escape(f"{file}: no such file"))
     try:
         ZoneInfo(tz)
     except (ZoneInfoNotFoundError, ValueError):
@@ -163,4 +163,4 @@ def nvidia_smi(
         dead = stats["refused_by_contract"]
     typer.echo(json.dumps(out))
     if stored == 0:
-        raise fail(_nothing_stored(file, parsed.summary()["rows_refused"], dead), code=1)
+        raise fail(escape(_nothing_stored(file, dict(parsed.refused), dead)), code=1)
