@@ -7,6 +7,8 @@ import json
 import os
 import re
 import shutil
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -458,3 +460,18 @@ def start_service(hook_url: str) -> Callable[..., Service]:
             raise
 
     return start
+
+
+def serve_with_rules(tmp_path: Path, rules_text: str) -> subprocess.CompletedProcess[str]:
+    """`dctwin serve --rules FILE` with ``rules_text`` as the file, an unreachable broker and a
+    store in ``tmp_path`` (tests/test_alert_metrics.py, tests/test_alert_receivers.py)."""
+    path = tmp_path / "bad.yaml"
+    path.write_text(rules_text)
+    cmd = ["serve", "--site", str(SMALL_SITE), "--db", str(tmp_path / "s.duckdb")]
+    return subprocess.run(
+        [sys.executable, "-m", "twin.cli", *cmd, "--rules", str(path), "--broker", "127.0.0.1:1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+    )

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import ast
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,7 +12,7 @@ from twin.alerts.metrics import METRICS, metric_problem
 from twin.alerts.model import EntityKind
 from twin.site import load_site
 
-from .conftest import REPO, SMALL_SITE
+from .conftest import REPO, SMALL_SITE, serve_with_rules
 
 GOOD = """
 rules:
@@ -92,28 +90,8 @@ def test_service_reload_refuses_an_unknown_metric_and_keeps_its_rules(tmp_path: 
 
 def test_serve_with_an_unknown_metric_exits_with_one_line(tmp_path: Path) -> None:
     """`dctwin serve --rules` checks the file before it opens the store or the broker."""
-    path = tmp_path / "bad.yaml"
-    path.write_text(UNKNOWN)
-    db = tmp_path / "s.duckdb"
-    p = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "twin.cli",
-            "serve",
-            "--site",
-            str(SMALL_SITE),
-            "--db",
-            str(db),
-            "--rules",
-            str(path),
-            "--broker",
-            "127.0.0.1:1",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    p = serve_with_rules(tmp_path, UNKNOWN)
+    path, db = tmp_path / "bad.yaml", tmp_path / "s.duckdb"
     assert p.returncode == 2, p.stderr
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in p.stderr, p.stderr

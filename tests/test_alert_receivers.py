@@ -4,15 +4,13 @@ lost at the first page) and dedup keys within PagerDuty's 255 characters that ne
 from __future__ import annotations
 
 import hashlib
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from twin.alerts import RuleFileError, dedup_key, load_rules, parse_rules
 
-from .conftest import REPO, SMALL_SITE
+from .conftest import REPO, serve_with_rules
 
 RULE = (
     '  - {{name: {name}, metric: cdu.pumps_running, entity_kind: cdu, op: "<", value: 2{extra}}}\n'
@@ -47,29 +45,8 @@ def test_valid_label_names_load() -> None:
 
 def test_serve_with_a_bad_label_name_exits_with_one_line(tmp_path: Path) -> None:
     """`dctwin serve --rules` refuses the file before it opens the store or the broker."""
-    path = tmp_path / "bad.yaml"
-    path.write_text(BAD)
-    db = tmp_path / "s.duckdb"
-    p = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "twin.cli",
-            "serve",
-            "--site",
-            str(SMALL_SITE),
-            "--db",
-            str(db),
-            "--rules",
-            str(path),
-            "--broker",
-            "127.0.0.1:1",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=REPO,
-    )
+    p = serve_with_rules(tmp_path, BAD)
+    path, db = tmp_path / "bad.yaml", tmp_path / "s.duckdb"
     assert p.returncode == 2, p.stderr
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in p.stderr, p.stderr

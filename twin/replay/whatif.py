@@ -59,7 +59,6 @@ GPU_CHUNK = 256  # GPUs per block of the GPU pass: (T, 256) float64 is 18 MB at 
 #: A GPU this close to its max operating temperature is held there (1 °C sensors read 87.0). [K]
 AT_LIMIT_K = 0.05
 SERIES_POINTS = 600  # points per path in the report's figures
-_Data = Recording  # the name earlier callers used
 
 
 def load(bundle: Bundle) -> Recording:
@@ -390,7 +389,6 @@ def _electrical(d: Recording, changes, rack_s, new, judge: Judge, feed) -> dict[
     racks = site.racks
     pdus = site.pdu_by_name
     pf = {p.name: float(d.pdu_pf[i]) for i, p in enumerate(site.pdus)}
-    base_in = np.where(np.isfinite(d.rack_in_w), d.rack_in_w, 0.0)
     ratio = chain.load_ratio(rack_s, np.where(np.isfinite(d.rack_in_w), d.rack_in_w, np.nan))
     ph = d.phases
     fed = np.array([f[0] if f else -1 for f in ph.racks])
@@ -443,7 +441,6 @@ def _electrical(d: Recording, changes, rack_s, new, judge: Judge, feed) -> dict[
         rack_all[:, has] / 1e3,
         capa[has],
     )
-    del base_in
     with np.errstate(invalid="ignore", divide="ignore"):
         util = np.fmax.reduce(all_cur / lim[None, :], axis=1) if ids else np.zeros(d.n)
     return {"rack_all": rack_all, "phase_util_max": util}
@@ -452,7 +449,6 @@ def _electrical(d: Recording, changes, rack_s, new, judge: Judge, feed) -> dict[
 def _cdus(d: Recording, cool: _Cooling, rack_s: np.ndarray, new, judge: Judge, feed) -> dict:
     """CDU heat against capacity, flow needed against flow, loop return against its limit."""
     idx, cdus = d.idx, d.site.cdus
-    n = d.n
     heat = np.nan_to_num(d.cdu["heat_kw"])
     base_in = np.where(np.isfinite(d.rack_in_w), d.rack_in_w, 0.0)
     rack_change_w = np.where(np.isfinite(d.rack_in_w), rack_s, 0.0) - base_in
@@ -500,7 +496,6 @@ def _cdus(d: Recording, cool: _Cooling, rack_s: np.ndarray, new, judge: Judge, f
     judge.add("cdu_flow", names, "L/min", need, cool.flow)
     ret_limit = np.array([c.return_limit_c for c in cdus], float)
     judge.add("loop", names, "°C", ret_s, ret_limit)
-    del n
     return {"heat": heat_s, "cap": cap_s, "ret": ret_s, "ret_limit": ret_limit}
 
 
