@@ -7,6 +7,8 @@ metric                                    labels / meaning
 ========================================  ===================================================
 ``dctwin_headroom``                       kind, id, quantity, unit: headroom now, latest report
 ``dctwin_headroom_min_p90``               same labels: minimum over the horizon at p90 load
+``dctwin_headroom_ratio``                 same labels: headroom now as a share of the limit
+``dctwin_headroom_limit``                 same labels: the limit itself, in ``unit``
 ``dctwin_headroom_report_timestamp_seconds``  when the latest report was computed
 ``dctwin_ingest_messages_received_total``     messages received since the service started
 ``dctwin_ingest_messages_stored_total``       messages stored since the service started
@@ -82,15 +84,32 @@ class StoreCollector(Collector):
             "Smallest headroom over the forecast horizon at the p90 load, in `unit`.",
             labels=labels,
         )
+        ratio_g = GaugeMetricFamily(
+            "dctwin_headroom_ratio",
+            "Headroom now as a share of the limit (0: at the limit, negative: past it), so that"
+            " limits of different units rank together.",
+            labels=labels,
+        )
+        limit_g = GaugeMetricFamily(
+            "dctwin_headroom_limit",
+            "The limit the headroom is measured to, in `unit`.",
+            labels=labels,
+        )
         computed_at, _, rows = queries.headroom_latest(db)
         for r in rows:
             lv = [r["kind"], r["id"], r["quantity"], r["unit"]]
             if _ok(r["headroom_now"]):
                 now_g.add_metric(lv, r["headroom_now"])
+                if _ok(r["limit"]) and r["limit"] != 0:
+                    ratio_g.add_metric(lv, r["headroom_now"] / abs(r["limit"]))
             if _ok(r["headroom_min_p90"]):
                 p90_g.add_metric(lv, r["headroom_min_p90"])
+            if _ok(r["limit"]):
+                limit_g.add_metric(lv, r["limit"])
         yield now_g
         yield p90_g
+        yield ratio_g
+        yield limit_g
         ts_g = GaugeMetricFamily(
             "dctwin_headroom_report_timestamp_seconds",
             "Unix time the latest headroom report was computed.",
