@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable
 from datetime import datetime
@@ -55,10 +56,22 @@ def page(title: str, icon: str = "") -> None:
     st.set_page_config(page_title=f"dctwin · {title}", page_icon=icon or None, layout="wide")
     st.title(title)
     a = api()
+    site = _site_name(a.base_url)
+    if site:
+        st.sidebar.markdown(f"### {site}")
     st.sidebar.caption(f"API: {a.base_url}")
     st.sidebar.caption(f"refresh every {REFRESH_S:g} s")
     if not a.token:
         st.sidebar.caption("no DCTWIN_CONSOLE_TOKEN: read-only")
+
+
+@st.cache_data(ttl=300, show_spinner=False)
+def _site_name(base_url: str) -> str | None:
+    """The site's name for the sidebar title (None while the API cannot be reached)."""
+    try:
+        return Api(base_url).get("/api/v1").get("site")
+    except ApiError:
+        return None
 
 
 def error_box(e: ApiError) -> None:
@@ -74,11 +87,76 @@ def fetch(path: str, **params: Any) -> Any:
         return None
 
 
-def fmt(value: float | None, unit: str = "", digits: int = 1) -> str:
-    if value is None:
-        return "–"
-    text = f"{value:,.{digits}f}"
+#: Shown for a value that is missing (never "None" or "nan").
+MISSING = "–"
+
+
+def _digits(value: float) -> int:
+    """Sensible precision: three significant figures, at most two decimals."""
+    a = abs(value)
+    return 0 if a >= 100 or a == 0 else 1 if a >= 10 else 2
+
+
+def fmt(value: Any, unit: str = "", digits: int | None = None) -> str:
+    """One number formatter for the whole console: thousands separators, sensible precision
+    (``digits`` to fix it), the unit after a space, and a dash for a missing value (None,
+    NaN, inf or not a number)."""
+    if isinstance(value, bool) or value is None:
+        return MISSING if value is None else str(value)
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        return MISSING
+    if not math.isfinite(v):
+        return MISSING
+    d = _digits(v) if digits is None else digits
+    text = f"{v:,.{d}f}"
+    if text.startswith("-") and float(text.replace(",", "")) == 0:
+        text = text[1:]  # no "-0.0"
     return f"{text} {unit}".strip()
+
+
+def stat(col: Any, label: str, value: str, note: str | None = None) -> None:
+    """A figure with a line of context under it (not an ``st.metric`` delta: those arrows are
+    for changes, and a limit or a share of capacity is not one)."""
+    col.metric(label, value)
+    if note:
+        col.caption(note)
+
+
+def plural(n: int, word: str, many: str | None = None) -> str:
+    """``plural(1, "member")`` -> "1 member", ``plural(3, "rack")`` -> "3 racks"."""
+    return f"{n:,} {word if n == 1 else (many or word + 's')}"
+
+
+SEVERITY_RANK = {"critical": 0, "warning": 1, "info": 2}
+#: Streamlit's named text colours per severity (critical in red, as in Alertmanager and Grafana).
+SEVERITY_COLOUR = {"critical": "red", "warning": "orange", "info": "blue"}
+
+
+def by_severity(alerts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Alerts ordered by severity (critical first), then newest first within a severity."""
+    newest_first = sorted(alerts, key=lambda a: a.get("starts_at") or "", reverse=True)
+    return sorted(newest_first, key=lambda a: SEVERITY_RANK.get(a.get("severity", ""), 9))
+
+
+def severity_badge(severity: str) -> str:
+    """The severity as a coloured badge (Streamlit markdown)."""
+    colour = SEVERITY_COLOUR.get(severity, "gray")
+    return f":{colour}-badge[{severity.upper()}]"
+
+
+def alert_scope(a: dict[str, Any]) -> str:
+    """Where an alert is: its group and the racks it concerns ("CDU cdu-1 · racks a01, a02")."""
+    word = {"cdu": "CDU", "pdu": "PDU", "pdu_phase": "PDU phase", "gpu": "GPU"}.get(
+        a["group_kind"], a["group_kind"]
+    )
+    racks = a.get("racks") or []
+    text = f"{word} **{a['group_id']}**"
+    if racks and a["group_kind"] != "rack":
+        shown = ", ".join(racks[:12]) + (" …" if len(racks) > 12 else "")
+        text += f" · {'rack' if len(racks) == 1 else 'racks'} {shown}"
+    return text
 
 
 def ago(ts: str | None) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -87,9 +88,45 @@ def test_overview(env: Service) -> None:
     assert m["IT power"].endswith("kW") and m["Cooling load (CDUs)"].endswith("kW")
     assert m["Active alerts"] == "1" and m["Data age"].endswith("s")
     assert "cdu_pump_lost" in text(at) and "Closest to their limits" in text(at)
+    # the critical alert in the critical colour, naming its CDU and the rack it cools
+    line = next(md.value for md in at.markdown if "cdu_pump_lost" in md.value)
+    assert line.startswith(":red-badge[CRITICAL]") and "CDU **cdu-1** · rack r01" in line
+    assert "(1 member)" in line
     tight = at.dataframe[0].value  # the ten limits closest to breach, with bars
     assert len(tight) == 10 and tight["limit used"].between(0, 100).all()
     assert len(at.dataframe) == 1 and len(at.table) == 2  # headroom summary, ingest
+
+
+@pytest.mark.parametrize(
+    "page", ["overview", "rack", "power", "cooling", "network", "fleets", "alerts", "calibration"]
+)
+def test_pages_show_no_none_and_no_false_delta(env: Service, page: str) -> None:
+    """A missing value is a dash, never "None"/"nan"; st.metric's arrows are for changes only
+    (a limit, a share of capacity or a count of GPUs is context, shown as a caption)."""
+    at = run(DASH / "pages" / f"{page}.py", **({"rack": "r01"} if page == "rack" else {}))
+    shown = text(at) + "\n".join(f"{m.label} {m.value}" for m in at.metric)
+    for t in at.table:
+        shown += "\n" + t.value.to_string()
+    assert not re.search(r"\b(None|nan|NaN)\b", shown), shown
+    assert [m.label for m in at.metric if m.delta] == []
+
+
+def test_number_formatter() -> None:
+    from dashboards import ui
+
+    assert ui.fmt(None, "kW") == ui.fmt(float("nan"), "kW") == ui.fmt("x") == "–"
+    assert ui.fmt(423.14, "L/min") == "423 L/min" and ui.fmt(12.345, "K") == "12.3 K"
+    assert ui.fmt(1151234.0, "kW") == "1,151,234 kW" and ui.fmt(0.0123, "") == "0.01"
+    assert ui.fmt(-0.001, "K") == "0.00 K" and ui.fmt(3.14159, "°C", 0) == "3 °C"
+    assert ui.plural(1, "member") == "1 member" and ui.plural(3, "rack") == "3 racks"
+    alerts = [
+        {"severity": "info", "starts_at": "2026-01-01T00:03:00+00:00"},
+        {"severity": "critical", "starts_at": "2026-01-01T00:01:00+00:00"},
+        {"severity": "warning", "starts_at": "2026-01-01T00:02:00+00:00"},
+        {"severity": "critical", "starts_at": "2026-01-01T00:04:00+00:00"},
+    ]
+    order = [(a["severity"], a["starts_at"][14:16]) for a in ui.by_severity(alerts)]
+    assert order == [("critical", "04"), ("critical", "01"), ("warning", "02"), ("info", "03")]
 
 
 def test_floor_shows_every_rack_coloured_by_the_chosen_metric(env: Service) -> None:

@@ -53,15 +53,17 @@ def active() -> None:
     st.subheader(f"Active ({len(data['active'])})")
     if data["enabled"] and not data["active"]:
         st.success("No active alerts.")
-    for a in data["active"]:
+    for a in ui.by_severity(data["active"]):
         with st.container(border=True):
             c1, c2 = st.columns([5, 1])
             c1.markdown(
-                f"{SEVERITY_ICON.get(a['severity'], '')} **{a['severity'].upper()}**"
-                f" `{a['rule']}` on {a['group_kind']} **{a['group_id']}**"
+                f"{SEVERITY_ICON.get(a['severity'], '')} {ui.severity_badge(a['severity'])}"
+                f" `{a['rule']}` on {ui.alert_scope(a)}"
                 f" · since {ui.ago(a['starts_at'])}"
                 f"{'' if a['notified'] else ' · not paged yet'}"
             )
+            if a.get("summary"):
+                c1.markdown(a["summary"])
             c1.caption(
                 f"{a['dedup_key']} · members: {', '.join(a['members'][:12])}"
                 + (" …" if len(a["members"]) > 12 else "")

@@ -23,36 +23,36 @@ def body() -> None:
         st.subheader(f"{cdu['name']} ({cdu['model'] or 'CDU'}) · racks {', '.join(cdu['racks'])}")
         c = st.columns(6)
         c[0].metric("Supply", ui.fmt(cdu["supply_temp_c"], "°C"))
-        c[1].metric(
+        ui.stat(
+            c[1],
             "Return",
             ui.fmt(cdu["return_temp_c"], "°C"),
-            f"limit {cdu['return_limit_c']:.0f} °C",
-            delta_color="off",
+            f"limit {ui.fmt(cdu['return_limit_c'], '°C', 0)}",
         )
-        c[2].metric(
+        ui.stat(
+            c[2],
             "Flow",
             ui.fmt(cdu["flow_lpm"], "L/min"),
             f"max {ui.fmt(cdu['max_flow_lpm'], 'L/min', 0)}",
-            delta_color="off",
         )
-        c[3].metric(
+        ui.stat(
+            c[3],
             "Heat",
             ui.fmt(cdu["heat_kw"], "kW"),
             f"{ui.fmt(cdu['headroom_kw'], 'kW')} headroom",
-            delta_color="off",
         )
-        c[4].metric(
+        ui.stat(
+            c[4],
             "Capacity used",
             ui.fmt(cdu["capacity_used_pct"], "%", 0),
             f"of {ui.fmt(cdu['capacity_kw'], 'kW', 0)}",
-            delta_color="off",
         )
         running = sum(1 for p in cdu["pumps"] if p["running"])
-        c[5].metric(
+        ui.stat(
+            c[5],
             "Pumps running",
             f"{running} / {len(cdu['pumps'])}",
-            None if running == len(cdu["pumps"]) else "pump down",
-            delta_color="inverse",
+            None if running == len(cdu["pumps"]) else ":red[pump down]",
         )
         pumps = pd.DataFrame(cdu["pumps"]).rename(
             columns={"speed_pct": "speed [%]", "power_w": "power [W]"}

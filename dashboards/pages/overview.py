@@ -24,18 +24,16 @@ def body() -> None:
         if cap and ov["cooling_load_kw"] is not None
         else None
     )
-    c[2].metric("Cooling load (CDUs)", ui.fmt(ov["cooling_load_kw"], "kW"), used, delta_color="off")
+    # st.metric's delta is for changes; these are context, so they go in a caption
+    c[2].metric("Cooling load (CDUs)", ui.fmt(ov["cooling_load_kw"], "kW"))
+    if used:
+        c[2].caption(used)
     al = ov["alerts"]
-    c[3].metric(
-        "Active alerts",
-        al["active"] if al["enabled"] else "off",
-        f"{al['unacknowledged']} unacknowledged" if al["enabled"] else "no --rules",
-        delta_color="inverse" if al["unacknowledged"] else "off",
-    )
+    c[3].metric("Active alerts", al["active"] if al["enabled"] else "off")
+    c[3].caption(f"{al['unacknowledged']} unacknowledged" if al["enabled"] else "no --rules")
     lag = max((v for v in ov["ingest"]["lag_s"].values() if v is not None), default=None)
-    c[4].metric(
-        "Data age", ui.fmt(lag, "s", 0), f"{ov['gpus_reporting']} GPUs reporting", delta_color="off"
-    )
+    c[4].metric("Data age", ui.fmt(lag, "s", 0))
+    c[4].caption(ui.plural(ov["gpus_reporting"], "GPU") + " reporting")
 
     left, right = st.columns([3, 2])
     with left:
@@ -46,7 +44,7 @@ def body() -> None:
             st.caption(f"report of {ui.ago(ov['headroom_computed_at'])}")
             df = pd.DataFrame(ov["headroom"])
             df["smallest headroom"] = [
-                ui.fmt(v, u, 2) for v, u in zip(df["min_headroom"], df["unit"], strict=True)
+                ui.fmt(v, u) for v, u in zip(df["min_headroom"], df["unit"], strict=True)
             ]
             # small tables as static HTML: the interactive grid is the slowest thing to boot
             st.table(
@@ -75,11 +73,10 @@ def body() -> None:
                 st.markdown("**Closest to their limits**")
                 tight["limit used"] = 100 * (1 - tight["headroom_now"] / tight["limit"].abs())
                 tight["headroom"] = [
-                    ui.fmt(h, u, 2)
-                    for h, u in zip(tight["headroom_now"], tight["unit"], strict=True)
+                    ui.fmt(h, u) for h, u in zip(tight["headroom_now"], tight["unit"], strict=True)
                 ]
                 tight["limit"] = [
-                    ui.fmt(v, u, 1) for v, u in zip(tight["limit"], tight["unit"], strict=True)
+                    ui.fmt(v, u) for v, u in zip(tight["limit"], tight["unit"], strict=True)
                 ]
                 st.dataframe(
                     tight[["kind", "id", "quantity", "limit used", "headroom", "limit"]],
@@ -98,11 +95,11 @@ def body() -> None:
                 st.info("Alerting is off: the service runs without --rules.")
             elif not alerts["active"]:
                 st.success("No active alerts.")
-            for a in alerts["active"]:
+            for a in ui.by_severity(alerts["active"]):
                 ack = " · acknowledged" if a["acknowledged"] else ""
                 st.markdown(
-                    f"**{a['severity'].upper()}** `{a['rule']}` on {a['group_kind']}"
-                    f" **{a['group_id']}** ({len(a['members'])} members){ack}"
+                    f"{ui.severity_badge(a['severity'])} `{a['rule']}` on {ui.alert_scope(a)}"
+                    f" ({ui.plural(len(a['members']), 'member')}){ack}"
                 )
         st.subheader("Ingest")
         ing = ov["ingest"]
@@ -112,12 +109,15 @@ def body() -> None:
         dead = sum(ing["dead_letters_stored"].values())
         c3.metric("dead letters", dead)
         rows = [
-            {"kind": k, "newest sample": ui.ago(t), "age [s]": ing["lag_s"][k]}
+            {"kind": k, "newest sample": ui.ago(t), "age": ui.fmt(ing["lag_s"][k], "s", 0)}
             for k, t in ing["newest"].items()
         ]
         st.table(pd.DataFrame(rows).set_index("kind"))
         if ing["dead_letters_stored"]:
-            st.warning(f"dead letters by reason: {ing['dead_letters_stored']}")
+            reasons = ", ".join(
+                f"{r}: {n:,}" for r, n in sorted(ing["dead_letters_stored"].items())
+            )
+            st.warning(f"dead letters by reason: {reasons}")
 
 
 ui.live(body)

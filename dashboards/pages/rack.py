@@ -36,17 +36,17 @@ def body() -> None:
     )
     c = st.columns(5)
     c[0].metric("IT power", ui.fmt(s["power_kw"], "kW"))
-    c[1].metric(
+    ui.stat(
+        c[1],
         "Feed limit",
         ui.fmt(s["power_limit_kw"], "kW"),
         f"{ui.fmt(s['headroom_kw'], 'kW')} headroom",
-        delta_color="off",
     )
-    c[2].metric(
+    ui.stat(
+        c[2],
         "Hottest GPU",
         ui.fmt(s["gpu_temp_max_c"], "°C"),
         f"{ui.fmt(s['gpu_headroom_min_k'], 'K')} to slowdown",
-        delta_color="off",
     )
     c[3].metric("Inlet air", ui.fmt(s["inlet_temp_c"], "°C"))
     c[4].metric("Active alerts", s["alerts"])
@@ -115,18 +115,18 @@ def body() -> None:
     else:
         c = st.columns(5)
         c[0].metric("Supply", ui.fmt(cdu["supply_temp_c"], "°C"))
-        c[1].metric(
+        ui.stat(
+            c[1],
             "Return",
             ui.fmt(cdu["return_temp_c"], "°C"),
             f"{ui.fmt(cdu['return_headroom_k'], 'K')} to limit",
-            delta_color="off",
         )
         c[2].metric("Flow", ui.fmt(cdu["flow_lpm"], "L/min"))
-        c[3].metric(
+        ui.stat(
+            c[3],
             "Heat",
             ui.fmt(cdu["heat_kw"], "kW"),
             f"{ui.fmt(cdu['capacity_used_pct'], '%', 0)} of capacity",
-            delta_color="off",
         )
         running = sum(1 for p in cdu["pumps"] if p["running"])
         c[4].metric("Pumps running", f"{running} / {len(cdu['pumps'])}")

@@ -609,6 +609,8 @@ class AlertEngine:
                 "notified": g.notified,
                 "starts_at": utc_iso(g.starts_at or g.first_fired_at),
                 "members": sorted(g.members),
+                "racks": self.topology.racks_of((g.kind, g.id)),
+                "summary": g.summary or None,
             }
             for g in self._groups.values()
         ]

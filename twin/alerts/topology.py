@@ -160,6 +160,24 @@ class Topology:
         wanted = set(kinds)
         return [c[1] for c in self.children(entity) if c[0] in wanted]
 
+    def racks_of(self, entity: Entity) -> list[str]:
+        """The racks an incident on ``entity`` concerns: those a CDU, loop or PDU (or one of
+        its pumps, breakers or phases) serves, a fleet's racks, the rack itself, or the rack
+        above a node or GPU. Empty for the site and for links."""
+        kind, name = entity
+        if kind == "rack":
+            return [name]
+        if kind in ("cdu", "loop"):
+            return self.children_of_kind(("cdu", split_sub_id(name)[0]), ["rack"])
+        if kind == "pdu":
+            return self.children_of_kind(("pdu", split_sub_id(name)[0]), ["rack"])
+        if kind in ("pdu_phase", "fleet"):
+            nodes = self.children_of_kind(entity, ["node"])
+            return sorted({r for n in nodes for r in self.racks_of(("node", n))})
+        if kind in ("node", "gpu"):
+            return [i for k, i in self.ancestors(entity, "power") if k == "rack"][:1]
+        return []
+
     def describe(self, entity: Entity) -> str:
         """One line naming the entity and what hangs below it, for a page's description."""
         kind, name = entity

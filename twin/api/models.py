@@ -445,6 +445,12 @@ class ActiveAlert(BaseModel):
     notified: bool = Field(description="paged (False while held by for_s, group_wait_s, silence)")
     starts_at: datetime | None
     members: list[str]
+    racks: list[str] = Field(
+        default_factory=list,
+        description="the racks the incident concerns: those its CDU, loop or PDU serves,"
+        " its fleet's, or the rack of its node or GPU",
+    )
+    summary: str | None = Field(None, description="the page's one-line summary, once paged")
     acknowledged: Ack | None
 
 

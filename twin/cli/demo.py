@@ -329,6 +329,7 @@ def console(
         *("--server.address", host),
         *("--server.port", str(port)),
         *("--browser.gatherUsageStats", "false"),
+        *("--client.toolbarMode", "minimal"),  # no Deploy button: this is an operations console
         *("--logger.level", "info" if verbose else "warning"),
     ]
     try:

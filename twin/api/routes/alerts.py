@@ -45,6 +45,8 @@ def alerts(
             notified=a["notified"],
             starts_at=as_utc(a["starts_at"]),
             members=a["members"],
+            racks=a.get("racks", []),
+            summary=a.get("summary"),
             acknowledged=acked.get(a["dedup_key"]),
         )
         for a in active
