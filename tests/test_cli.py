@@ -139,6 +139,11 @@ def test_sim_jsonl_then_ingest_file_then_export(tmp_path):
     assert counters["samples"] == stats["samples"]
     st = json.loads(run("status", "--db", str(db), "--json").stdout)
     assert st["samples"] == stats["samples"]
+    # without --json: tables a person reads, no Python dicts
+    text = run("status", "--db", str(db), env={"COLUMNS": "120"}).stdout
+    assert "samples per kind" in text and "dead letters: none" in text and "{" not in text
+    gpu_row = next(ln for ln in text.splitlines() if ln.strip("│ ").startswith("gpu "))
+    assert f"{stats['samples']['gpu']:,}" in gpu_row
     # loading the same file twice stores nothing twice
     again = json.loads(run("ingest", "--file", str(jsonl), "--db", str(db)).stdout)
     assert again["stored_messages"] == 0

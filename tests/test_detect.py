@@ -278,6 +278,30 @@ def test_headroom_command_prints_json(base_db: Path, tmp_path: Path) -> None:
     out = json.loads(res.output)
     assert out["load_basis"] == "persistence"
     assert any(r["kind"] == "cdu" for r in out["rows"])
+    n = len(out["rows"])
+    args = ["headroom", "--db", str(db), "--site", str(SMALL_SITE)]
+    # piped (CliRunner is not a terminal): every row as TSV with a header, tightest first
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    lines = res.stdout.splitlines()
+    assert lines[0].split("\t")[:4] == ["kind", "id", "quantity", "headroom_now"]
+    assert len(lines) == n + 1 and all(len(ln.split("\t")) == 9 for ln in lines)
+    rows = [dict(zip(lines[0].split("\t"), ln.split("\t"), strict=True)) for ln in lines[1:]]
+    shares = [
+        float(r["headroom_now"].replace(",", "")) / abs(float(r["limit"].replace(",", "")))
+        for r in rows
+        if r["breach_in_s_p90"] == "-" and r["headroom_now"] != "-"
+    ]
+    assert shares == sorted(shares)
+    # a terminal table: at most --limit rows, and it says how many it left out
+    env = {"COLUMNS": "160", "LINES": "30"}
+    res = CliRunner().invoke(app, [*args, "--format", "table", "--limit", "5"], env=env)
+    assert res.exit_code == 0, res.output
+    assert f"{n - 5:,} more limits hidden (5 of {n:,} shown)" in res.stdout
+    res = CliRunner().invoke(app, [*args, "--format", "table"], env=env)  # what fits 30 lines
+    assert f"(22 of {n:,} shown)" in res.stdout
+    res = CliRunner().invoke(app, [*args, "--format", "json", "--limit", "3"])
+    assert len(json.loads(res.stdout)) == 3
     res = CliRunner().invoke(
         app, ["hotspots", "--db", str(db), "--site", str(SMALL_SITE), "--json"]
     )

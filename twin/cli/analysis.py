@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
 from twin.cli.common import (
     DEMO_SITE,
@@ -18,6 +17,26 @@ from twin.cli.common import (
     load_site_file,
     open_existing_store,
 )
+from twin.cli.output import Column, Format, FormatOpt, LimitOpt, emit_rows, number, resolve_format
+
+_HEADROOM_COLUMNS = [
+    Column("kind", "kind"),
+    Column("id", "id"),
+    Column("quantity", "quantity"),
+    Column("headroom_now", "headroom", number(2), "right"),
+    Column("unit", "unit"),
+    Column("limit", "limit", number(1), "right"),
+    Column("headroom_min_p50", "min p50", number(2), "right"),
+    Column("headroom_min_p90", "min p90", number(2), "right"),
+    Column("breach_in_s_p90", "breach p90 [s]", number(0), "right"),
+]
+
+
+def _tightest_first(row: dict) -> tuple:
+    """Breaching within the horizon first, then by headroom as a share of the limit."""
+    h, lim = row["headroom_now"], row["limit"]
+    share = h / abs(lim) if h is not None and lim else float("inf")
+    return (row["breach_in_s_p90"] is None, share, row["kind"], row["id"])
 
 
 def headroom(
@@ -26,9 +45,15 @@ def headroom(
     horizon: Annotated[float, typer.Option(help="Seconds ahead.")] = 3600.0,
     step: Annotated[float, typer.Option(help="Seconds between path points.")] = 60.0,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    fmt: FormatOpt = None,
+    limit: LimitOpt = None,
 ) -> None:
     """Headroom of every GPU, PDU phase, rack, CDU, loop and link: now, its minimum over the
-    horizon, and the time to breach at p50 and p90 of the load forecast."""
+    horizon, and the time to breach at p50 and p90 of the load forecast.
+
+    Rows come tightest first: those that breach within the horizon at p90, then by headroom
+    as a share of the limit. On a terminal the table holds what fits (--limit to change) and
+    says how many rows it left out; piped, every row is written as TSV."""
     from twin.headroom import compute_headroom
 
     site_obj = load_site_file(site or DEMO_SITE, required=True)
@@ -40,16 +65,12 @@ def headroom(
     if as_json:
         typer.echo(report.model_dump_json())
         return
-    out = Console()
-    out.print(f"headroom at {report.data_until:%Y-%m-%d %H:%M:%S} UTC, load: {report.load_basis}")
-    rows = sorted(report.rows, key=lambda r: (r.breach_in_s_p90 is None, r.headroom_now or 0))
-    for r in rows[:40]:
-        when = "" if r.breach_in_s_p90 is None else f"  breach p90 in {r.breach_in_s_p90:.0f} s"
-        out.print(
-            f"{r.kind:9} {r.id:24} {r.quantity:14} {r.headroom_now:9.2f} {r.unit:5}"
-            f" (min p50 {r.headroom_min_p50:.2f}, p90 {r.headroom_min_p90:.2f}){when}",
-            highlight=False,
-        )
+    rows = sorted((r.model_dump() for r in report.rows), key=_tightest_first)
+    title = f"headroom at {report.data_until:%Y-%m-%d %H:%M:%S} UTC, load: {report.load_basis}"
+    out_fmt = resolve_format(fmt)
+    if out_fmt is Format.tsv:
+        err.print(title, highlight=False)
+    emit_rows(rows, _HEADROOM_COLUMNS, out_fmt, limit, title=title, what="limits")
     for p in report.problems:
         err.print(f"[yellow]{p}[/]")
 
@@ -60,6 +81,8 @@ def hotspots(
     k_sigma: Annotated[float, typer.Option(help="Residual over the model, in sigma.")] = 3.0,
     minutes: Annotated[int, typer.Option(help="For this many minutes in a row.")] = 5,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    fmt: FormatOpt = None,
+    limit: LimitOpt = None,
 ) -> None:
     """GPUs and racks running hotter than they should (catalog limit, calibrated model,
     thermal-resistance drift, ASHRAE inlet)."""
@@ -74,10 +97,13 @@ def hotspots(
     if as_json:
         typer.echo(report.model_dump_json())
         return
-    for h in report.hotspots:
-        typer.echo(f"{h.kind} {h.id} {h.reason}: {h.detail}")
     if not report.hotspots:
-        typer.echo("no hot spots")
+        err.print("no hot spots")
+    else:
+        cols = [Column("kind", "kind"), Column("id", "id"), Column("reason", "reason")]
+        cols.append(Column("detail", "detail"))
+        rows = [h.model_dump() for h in report.hotspots]
+        emit_rows(rows, cols, resolve_format(fmt), limit, title="hot spots", what="hot spots")
     for p in report.problems:
         err.print(f"[yellow]{p}[/]")
 
@@ -93,6 +119,8 @@ def fleets(
         float, typer.Option(help="Utilization the remaining GPUs would run at (0..1).")
     ] = 0.7,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    fmt: FormatOpt = None,
+    limit: LimitOpt = None,
 ) -> None:
     """Underused inference fleets: GPUs that would serve their p95 load, and the kW freed."""
     from twin.fleets import fleets_command_payload
@@ -108,9 +136,9 @@ def fleets(
     if as_json:
         typer.echo(json.dumps(payload, default=str))
         return
-    for f in payload["fleets"]:
-        mark = "UNDERUSED" if f["flagged"] else "ok"
-        typer.echo(f"{f['fleet']:16} {mark:9} {f['reason']}")
+    rows = [dict(f, state="UNDERUSED" if f["flagged"] else "ok") for f in payload["fleets"]]
+    cols = [Column("fleet", "fleet"), Column("state", "state"), Column("reason", "reason")]
+    emit_rows(rows, cols, resolve_format(fmt), limit, title="inference fleets", what="fleets")
 
 
 def forecast(

@@ -12,6 +12,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
 
 from twin.cli.common import (
     DEMO_SITE,
@@ -132,18 +133,40 @@ def status(
         typer.echo(json.dumps(st))
         return
     out = Console()
-    out.print(f"[bold]{st['db']}[/]  {st['messages']} messages from {st['sources']} sources")
+    out.print(f"[bold]{st['db']}[/]  {st['messages']:,} messages from {st['sources']:,} sources")
     if st["time_range"]:
-        out.print(f"time range: {st['time_range']['start']} .. {st['time_range']['end']}")
+        out.print(f"time range: {st['time_range']['start']} .. {st['time_range']['end']} (UTC)")
+    kinds = Table(title="samples per kind", title_justify="left", highlight=False)
+    for col in ("kind", "samples", "readings"):
+        kinds.add_column(col, justify="left" if col == "kind" else "right")
     for kind, n in st["samples"].items():
-        out.print(f"  {kind:5} {n:>12,} samples  {st['readings'][kind]:>14,} readings")
-    out.print(f"dead letters: {st['dead_letters'] or 'none'}")
+        kinds.add_row(kind, f"{n:,}", f"{st['readings'][kind]:,}")
+    out.print(kinds)
+    if st["dead_letters"]:
+        dead = Table(title="dead letters", title_justify="left", highlight=False)
+        dead.add_column("reason")
+        dead.add_column("messages", justify="right")
+        for reason, n in sorted(st["dead_letters"].items(), key=lambda kv: -kv[1]):
+            dead.add_row(reason, f"{n:,}")
+        out.print(dead)
+    else:
+        out.print("dead letters: none")
     total = st.get("unknown_ids_total", len(st["unknown_ids"]))
-    out.print(f"unknown ids: {total}")
-    for u in st["unknown_ids"][:20]:  # the most recently seen first
-        out.print(f"  {u['kind']} {u['id']} from {u['source']}: {u['samples']} samples")
+    if not total:
+        out.print("unknown ids: none")
+        return
+    unknown = Table(
+        title=f"unknown ids: {total:,} (most recently seen first)",
+        title_justify="left",
+        highlight=False,
+    )
+    for col in ("kind", "id", "source", "samples"):
+        unknown.add_column(col, justify="right" if col == "samples" else "left")
+    for u in st["unknown_ids"][:20]:
+        unknown.add_row(u["kind"], u["id"], u["source"], f"{u['samples']:,}")
+    out.print(unknown)
     if total > 20:
-        out.print(f"  ... and {total - 20:,} more (--json lists {len(st['unknown_ids'])})")
+        out.print(f"... and {total - 20:,} more (--json lists {len(st['unknown_ids']):,})")
 
 
 def maintain(
