@@ -9,7 +9,8 @@ This module only assembles the Typer app; the commands live in one module each g
 (:mod:`twin.cli.sim`, :mod:`~twin.cli.serve`, :mod:`~twin.cli.data`, :mod:`~twin.cli.analysis`,
 :mod:`~twin.cli.demo`, :mod:`~twin.cli.replay`, :mod:`~twin.cli.collect`,
 :mod:`~twin.cli.imports`), which share
-:mod:`twin.cli.common` and never import this module or each other.
+:mod:`twin.cli.common` (options, errors) and :mod:`twin.cli.output` (tables, TSV, JSON) and
+never import this module or each other.
 """
 
 from __future__ import annotations
