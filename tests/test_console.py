@@ -177,6 +177,8 @@ def test_fleets(env: Service) -> None:
     at = run(DASH / "pages" / "fleets.py")
     assert "Underused fleets" in metrics(at) and metrics(at)["Power freed"].endswith("kW")
     assert len(plotly_json(at)) == 2  # activity and forecast
+    # the store holds 20 minutes: the page says so, not "over 24 h"
+    assert re.search(r"fleets over 2\d min of data \(of a 24 h window\)", text(at)), text(at)
 
 
 def test_alerts_acknowledge_and_silence(env: Service) -> None:

@@ -20,7 +20,7 @@ from twin.simulator import SiteSimulator, parse_fault
 from twin.site import Site, load_site
 from twin.store import Store
 
-from .conftest import SMALL_SITE
+from .conftest import REPO, SMALL_SITE
 
 STEP_S = 120.0
 DAY = timedelta(days=1)
@@ -118,3 +118,63 @@ def test_fleets_command_payload(run):
     f = payload["fleets"][0]
     assert f["fleet"] == "infer-small" and f["flagged"] and f["gpus_to_reclaim"] == 7
     assert payload["assumptions"]
+
+
+def test_a_fleet_seen_briefly_says_the_window_it_had_and_waits_for_the_rule_coverage(run, tmp_path):
+    """A "24 h" report on a store holding 20 minutes says 20 minutes; the shipped rule
+    (min_coverage_s: 3600; its value lowered from 8 GPUs to 0, as the small site's fleet has 8)
+    does not page on it, and does on a full idle day."""
+    from twin.alerts.engine import AlertEngine
+    from twin.alerts.rules import load_rules
+    from twin.alerts.topology import Topology
+    from twin.detect import detect, observations
+
+    _, site, _start, end, _, db = run  # an earlier test closed the fixture's connection
+    doc = yaml.safe_load((REPO / "deploy" / "alert_rules.yaml").read_text())
+    [rule] = [r for r in doc["rules"] if r["name"] == "fleet_underused"]
+    assert rule["min_coverage_s"] == 3600
+    rule["value"] = 0
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump(doc))
+    rules = load_rules(tmp_path / "rules.yaml")
+
+    def pages(st: Store, now: datetime) -> list[dict]:
+        eng = AlertEngine(rules, Topology.from_site(site))
+        eng.evaluate(observations(detect(st, site, now=now)), now)
+        return [a for a in eng.active() if a["rule"] == "fleet_underused"]
+
+    # 20 minutes of an idle fleet, at 1-minute samples
+    t0 = (datetime.now(UTC) - timedelta(hours=1)).replace(second=0, microsecond=0)
+    sim = SiteSimulator(
+        site, seed=3, start=t0, rate_hz=1 / 60, faults=[parse_fault("fleet_idle:infer-small@0s")]
+    )
+    with Store(tmp_path / "brief.duckdb") as brief_store:
+        ing = Ingester(brief_store, site, IngestLimits(max_past_s=0))
+        for _ in range(20):
+            ing.ingest(sim.step())
+        now = sim.sim_time + timedelta(seconds=60)
+        f = _fleet(underused_fleets(brief_store, site, now=now), "infer-small")
+        assert f.flagged and f.covered_s == 20 * 60, f  # 19 min first to last + 1 min
+        assert "over 20 min of data (of a 24 h window)" in f.reason
+        assert pages(brief_store, now) == []  # flagged, but 20 min < the rule's hour
+    with Store(db) as store:
+        full = _fleet(underused_fleets(store, site, now=end), "infer-small")
+        assert (
+            full.flagged
+            and full.covered_s == pytest.approx(86400, abs=STEP_S)
+            and "over 24 h of data" in full.reason
+        )
+        assert "window)" not in full.reason
+        [page] = pages(store, end)
+    assert page["group"]["id"] == "infer-small" and "over 24 h of data" in page["summary"]
+
+
+def test_min_coverage_is_refused_on_other_rule_types(tmp_path):
+    from twin.alerts.rules import load_rules
+
+    bad = tmp_path / "r.yaml"
+    bad.write_text(
+        "rules:\n  - {name: x, metric: headroom.gpu.k_to_slowdown, entity_kind: gpu, op: '<',"
+        " value: 5, min_coverage_s: 60}\n"
+    )
+    with pytest.raises(Exception, match="min_coverage_s: only for type fleet_underuse"):
+        load_rules(bad)

@@ -62,7 +62,7 @@ from twin.alerts.metrics import (
 from twin.alerts.model import Observation
 from twin.chain import pumps_running
 from twin.coverage import NoTelemetry, missing_kinds, newest_sample
-from twin.fleets import FleetReport, underused_fleets
+from twin.fleets import FleetReport, span_text, underused_fleets
 from twin.headroom import HeadroomReport, compute_headroom, save_headroom
 from twin.health import ServiceHealth
 from twin.hotspots import HotSpotReport, find_hotspots
@@ -299,6 +299,8 @@ def observations(d: Detection) -> list[Observation]:
                     float(f.gpus_to_reclaim),
                     kw_freed=f"{f.kw_freed or 0:.1f}",
                     reason=f.reason,
+                    covered_s=f"{f.covered_s:.0f}",
+                    covered=span_text(f.covered_s),
                 )
     return out
 

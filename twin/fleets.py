@@ -59,6 +59,12 @@ class FleetUsage(BaseModel):
     gpus: int = Field(description="GPUs of the fleet in the site model")
     gpus_reporting: int = Field(description="GPUs with activity samples in the window")
     buckets: int = Field(description="time buckets with data")
+    covered_s: float = Field(
+        0.0,
+        description="seconds of the window the figures really cover (first to last sample, plus"
+        " one bucket step): a fleet seen for 1 minute is judged on 1 minute, whatever the window",
+    )
+    covered: str = Field("", description='covered_s as a person says it ("20 min", "24 h")')
     activity_source: str | None = Field(description="sm_active | util_pct | mixed")
     activity_mean: float | None
     activity_p50: float | None
@@ -85,6 +91,18 @@ class FleetReport(BaseModel):
     target_util: float
     assumptions: list[str]
     fleets: list[FleetUsage]
+
+
+def span_text(seconds: float) -> str:
+    """A duration as a person says it: "45 s", "12 min", "3.5 h", "2 d"."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 172800:
+        h = seconds / 3600
+        return f"{h:.0f} h" if h >= 10 or h == int(h) else f"{h:.1f} h"
+    return f"{seconds / 86400:.1f} d".replace(".0 d", " d")
 
 
 def _r(v: Any, nd: int = 4) -> float | None:
@@ -128,13 +146,15 @@ def underused_fleets(
         "   (epoch_us(x.ts) - epoch_us($3::TIMESTAMPTZ)) // $5 AS b,"
         "   avg(coalesce(x.sm_active, x.util_pct / 100.0)) AS a,"
         "   count(x.sm_active) AS n_sm,"
-        "   count(x.util_pct) FILTER (WHERE x.sm_active IS NULL) AS n_util"
+        "   count(x.util_pct) FILTER (WHERE x.sm_active IS NULL) AS n_util,"
+        "   min(x.ts) AS t0, max(x.ts) AS t1"
         "   FROM gpu x JOIN m USING (id) WHERE x.ts >= $3 AND x.ts < $4 GROUP BY ALL),"
         " f AS (SELECT fleet, b, avg(a) AS a FROM g WHERE a IS NOT NULL GROUP BY ALL)"
         " SELECT f.fleet, count(*), avg(f.a), quantile_cont(f.a, 0.5), quantile_cont(f.a, 0.95),"
         "   (SELECT count(DISTINCT id) FROM g WHERE g.fleet = f.fleet AND g.a IS NOT NULL),"
         "   (SELECT sum(n_sm) FROM g WHERE g.fleet = f.fleet),"
-        "   (SELECT sum(n_util) FROM g WHERE g.fleet = f.fleet)"
+        "   (SELECT sum(n_util) FROM g WHERE g.fleet = f.fleet),"
+        "   (SELECT epoch(max(t1)) - epoch(min(t0)) FROM g WHERE g.fleet = f.fleet)"
         " FROM f GROUP BY f.fleet",
         [gpu_ids, gpu_fleet, start, end, step_us],
     ).fetchall()
@@ -184,7 +204,7 @@ def underused_fleets(
                 )
             )
             continue
-        buckets, mean_a, p50, p95, reporting, n_sm, n_util = a
+        buckets, mean_a, p50, p95, reporting, n_sm, n_util, span_s = a
         source = "mixed" if n_sm and n_util else ("sm_active" if n_sm else "util_pct")
         load95 = p95 * g
         needed = max(1, math.ceil(load95 / target_util - 1e-9))
@@ -202,6 +222,10 @@ def underused_fleets(
             reason = f"activity p95 {p95:.3f} >= {threshold}"
         else:
             reason = f"activity p95 {p95:.3f} < {threshold} but all {g} GPUs are needed"
+        covered = min(window_s, float(span_s or 0.0) + step_s)  # first to last sample
+        reason += f", over {span_text(covered)} of data"
+        if span_text(covered) != span_text(window_s):
+            reason += f" (of a {span_text(window_s)} window)"
         if source != "sm_active":
             reason += f" (activity from {source}: GPU-Util overstates load)"
         out.append(
@@ -211,6 +235,8 @@ def underused_fleets(
                 gpus=g,
                 gpus_reporting=int(reporting or 0),
                 buckets=int(buckets),
+                covered_s=covered,
+                covered=span_text(covered),
                 activity_source=source,
                 activity_mean=_r(mean_a),
                 activity_p50=_r(p50),

@@ -17,8 +17,14 @@ def body() -> None:
     if data is None:
         return
     df = pd.DataFrame(data["fleets"])
+    # the window the figures really had: a fleet seen for 1 minute is judged on 1 minute
+    seen = sorted({f["covered"] for f in data["fleets"] if f.get("covered")})
+    window_h = f"{data['window_s'] / 3600:g} h"
+    over = f"over {' to '.join(seen[:1] + seen[1:][-1:])} of data" if seen else "over no data"
+    if seen and seen != [window_h]:
+        over += f" (of a {window_h} window)"
     st.caption(
-        f"inference fleets over {data['window_s'] / 3600:g} h to {ui.ago(data['window_end'])};"
+        f"inference fleets {over}, to {ui.ago(data['window_end'])};"
         f" flagged when SM activity p95 < {data['threshold']:.0%}, remaining GPUs at"
         f" {data['target_util']:.0%}"
     )

@@ -85,7 +85,7 @@ def jobs() -> None:
         }
         for r in reports
     ]
-    st.dataframe(pd.DataFrame(rows), hide_index=True, use_container_width=True)
+    st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
     done = [r["job"] for r in reports if r["state"] == "done"]
     if not done:
         return
@@ -104,7 +104,7 @@ def jobs() -> None:
         st.dataframe(
             pd.DataFrame([kind_row(k, b_kinds.get(k["kind"])) for k in r["kinds"]]),
             hide_index=True,
-            use_container_width=True,
+            width="stretch",
         )
         c1, c2, c3, c4 = st.columns(4)
         c1.metric(
@@ -118,17 +118,15 @@ def jobs() -> None:
         recorded = r.get("recorded_breaches") or base.get("recorded_breaches") or []
         if recorded:
             st.markdown("**Already breaching in the recording**")
-            st.dataframe(pd.DataFrame(recorded), hide_index=True, use_container_width=True)
+            st.dataframe(pd.DataFrame(recorded), hide_index=True, width="stretch")
         if r.get("changes"):
             st.markdown("**What the scenario changes**")
-            st.dataframe(pd.DataFrame(r["changes"]), hide_index=True, use_container_width=True)
+            st.dataframe(pd.DataFrame(r["changes"]), hide_index=True, width="stretch")
     # the report's own figures (twin.replay.report.figures, served by the API): one per
     # quantity, each scenario in one colour throughout, the baseline dashed
     figs = ui.fetch(f"/api/v1/whatif/{pick}/figures")
     for f in figs or []:
-        st.plotly_chart(
-            go.Figure(f["figure"]), use_container_width=True, theme=None, key=f"fig-{f['key']}"
-        )
+        st.plotly_chart(go.Figure(f["figure"]), width="stretch", theme=None, key=f"fig-{f['key']}")
     st.caption(f"Full report: {api.base_url}/api/v1/whatif/{pick}/report.html")
 
 

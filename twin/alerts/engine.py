@@ -259,6 +259,15 @@ class Silences:
         return [s for s in self.all() if s.active(now)]
 
 
+def _covers(obs: Observation, min_s: float) -> bool:
+    """The observation's figures cover at least ``min_s`` seconds (its ``covered_s`` label;
+    an observation without one is judged)."""
+    try:
+        return float(obs.labels.get("covered_s", "inf")) >= min_s
+    except ValueError:
+        return True
+
+
 def _silenced_members(
     silences: list[Silence], fields: dict[str, str], members: Iterable[str]
 ) -> set[str]:
@@ -391,6 +400,8 @@ class AlertEngine:
         inst = self._instances.get(key)
         if inst is not None and obs.ts < inst.last_ts:
             return  # older than what we already saw
+        if rule.min_coverage_s is not None and not _covers(obs, rule.min_coverage_s):
+            return  # too little data to judge yet: neither fire nor clear
         if inst is None:
             if not rule.breached(obs.value):
                 return

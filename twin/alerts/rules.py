@@ -30,6 +30,8 @@ Types set validation and defaults; evaluation is the same for all (one state mac
 - ``forecast_breach``: a time-to-breach metric under a horizon; ``horizon_s`` is required,
   ``op`` defaults to ``<=`` and ``value`` to ``horizon_s``.
 - ``residual``: a k-sigma residual held ``for_s`` (m minutes); ``op`` must be ``>``/``>=``.
+- ``fleet_underuse`` takes ``min_coverage_s``: a fleet is judged only once its figures cover
+  that many seconds of data (until then it neither fires nor clears).
 - ``drift`` and ``fleet_underuse``: event-like observations (a calibration drift event, an
   underused fleet); ``op`` defaults to ``>``, ``value`` to 0 (any positive value fires);
   set ``resolve_if_absent_s`` when the detector only reports while the event holds.
@@ -125,6 +127,12 @@ class Rule(BaseModel):
     group_by: GroupBy = "none"
     group_wait_s: float = Field(default=0.0, ge=0)
     resolve_if_absent_s: float | None = Field(default=None, gt=0)
+    min_coverage_s: float | None = Field(
+        default=None,
+        gt=0,
+        description="fleet_underuse: judge a fleet only once its figures cover this many"
+        " seconds of data (the observation's covered_s label)",
+    )
     summary: str = "{rule} on {entity_id}: {value:g}"
     labels: LabelSet = Field(default_factory=dict)
     inhibits: list[InhibitRule] = Field(default_factory=list)
@@ -151,6 +159,10 @@ class Rule(BaseModel):
     def _consistent(self) -> Rule:
         if self.type == "forecast_breach" and self.horizon_s is None:
             raise ValueError("horizon_s: required for type forecast_breach")
+        if self.min_coverage_s is not None and self.type != "fleet_underuse":
+            raise ValueError(
+                "min_coverage_s: only for type fleet_underuse (its observations carry covered_s)"
+            )
         if self.entity_kind is None:
             raise ValueError("entity_kind: required")
         if self.op is None:
