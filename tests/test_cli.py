@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -184,10 +185,29 @@ def test_clear_errors(tmp_path):
 @pytest.mark.mqtt
 @pytest.mark.slow  # 3 s or more: out of the fast tier
 def test_demo_runs_and_stops_cleanly(tmp_path):
-    db = tmp_path / "demo.duckdb"
-    r = run("demo", "--site", str(SMALL_SITE), "--db", str(db), "--duration", "8", timeout=90)
+    """The demo keeps its files in the data directory (XDG_DATA_HOME here), never the current
+    one; writes demo.env with the ports in use; says "ready" after the first detection pass."""
+    work, xdg = tmp_path / "work", tmp_path / "xdg"
+    work.mkdir()
+    r = subprocess.run(
+        [*DCTWIN, "demo", "--site", str(SMALL_SITE), "--duration", "20", "--detect-every", "2"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=work,
+        env={**os.environ, "XDG_DATA_HOME": str(xdg)},
+    )
     assert r.returncode == 0, r.stderr
     assert "broker" in r.stderr and "simulator" in r.stderr and "service" in r.stderr
+    assert re.search(r"ready \(\+\d+ s\): first detection pass done", r.stderr), r.stderr
+    assert list(work.iterdir()) == []  # nothing in the current directory
+    data = xdg / "dctwin" / "demo"
+    db = data / "demo.duckdb"
+    env = dict(line.split("=", 1) for line in (data / "demo.env").read_text().splitlines())
+    assert (data / "demo.env").stat().st_mode & 0o777 == 0o600
+    broker_line = next(ln for ln in r.stderr.splitlines() if ln.strip().startswith("broker"))
+    assert f"127.0.0.1:{env['DCTWIN_MQTT_PORT']}" in broker_line
+    assert env["DCTWIN_API_URL"].startswith("http://127.0.0.1:") and env["DCTWIN_API_TOKEN"]
     st = json.loads(run("status", "--db", str(db), "--json").stdout)
     assert all(st["samples"][k] > 0 for k in ("gpu", "node", "pdu", "cdu", "link")), st
     assert st["dead_letters"] == {}

@@ -19,7 +19,6 @@ from twin.cli.common import (
     DASHBOARDS,
     DEMO_RULES,
     DEMO_SITE,
-    DbOpt,
     SiteOpt,
     err,
     fail,
@@ -54,10 +53,33 @@ def broker(
         b.stop()
 
 
+def default_data_dir() -> Path:
+    """Where the demo keeps its store, what-if reports and env file: ``$XDG_DATA_HOME/dctwin/
+    demo`` (``~/.local/share/dctwin/demo``), never the current directory (a checkout)."""
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "dctwin" / "demo"
+
+
+#: The demo's preferred ports: MQTT's, and the API's and console's documented ones.
+DEMO_BROKER_PORT = 1883
+
+
 def demo(
     site: SiteOpt = None,
-    db: DbOpt = Path("demo.duckdb"),
-    port: Annotated[int | None, typer.Option(help="Broker port (default: a free one).")] = None,
+    data_dir: Annotated[
+        Path | None,
+        typer.Option(
+            help="Directory for the store, the what-if reports and demo.env"
+            " (default: $XDG_DATA_HOME/dctwin/demo, i.e. ~/.local/share/dctwin/demo)."
+        ),
+    ] = None,
+    db: Annotated[
+        Path | None, typer.Option("--db", help="DuckDB store (default: DATA_DIR/demo.duckdb).")
+    ] = None,
+    port: Annotated[
+        int | None,
+        typer.Option(help="Broker port (default: 1883 when free, else a free one; printed)."),
+    ] = None,
     broker_kind: Annotated[str, typer.Option(help="auto | mosquitto | embedded")] = "auto",
     speed: Annotated[float, typer.Option(help="Simulated seconds per wall second.")] = 1.0,
     duration: Annotated[
@@ -94,10 +116,21 @@ def demo(
 ) -> None:
     """One command: a local broker, the simulated demo site publishing live, the service with
     its HTTP API, and the console. Ctrl-C, SIGTERM or closing the terminal (SIGHUP) stops all
-    of them, the broker included."""
+    of them, the broker included.
+
+    The broker takes 1883, the API 8420 and the console 8501 when they are free, else other
+    free ports; DATA_DIR/demo.env holds the ones in use (DCTWIN_MQTT_HOST, DCTWIN_MQTT_PORT,
+    DCTWIN_API_URL, DCTWIN_API_TOKEN) for other shells. A "ready" line follows the first
+    detection pass (headroom and alerts live), a "calibrated" line the first calibration."""
 
     from twin.broker import start_broker
 
+    data = data_dir or default_data_dir()
+    try:
+        data.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise fail(f"--data-dir {data}: {e.strerror or e}") from None
+    db = db or data / "demo.duckdb"
     site_path = site or DEMO_SITE
     load_site_file(site_path, required=True)
     if broker_kind not in ("auto", "mosquitto", "embedded"):
@@ -108,7 +141,7 @@ def demo(
     stop = threading.Event()
     on_stop_signals(stop)  # SIGTERM, SIGINT (unless ignored) and SIGHUP: stop everything
     try:
-        b = start_broker(broker_kind, port=port)  # type: ignore[arg-type]
+        b = start_broker(broker_kind, port=port or free_port(DEMO_BROKER_PORT))  # type: ignore[arg-type]
     except RuntimeError as e:
         raise fail(str(e)) from None
     procs: list[tuple[str, subprocess.Popen[bytes]]] = []
@@ -119,6 +152,7 @@ def demo(
             stop,
             site_path=site_path,
             db=db,
+            data_dir=data,
             rules_path=rules_path,
             speed=speed,
             duration=duration,
@@ -142,6 +176,7 @@ def _demo_run(
     *,
     site_path: Path,
     db: Path,
+    data_dir: Path,
     rules_path: Path,
     speed: float,
     duration: float | None,
@@ -190,6 +225,7 @@ def _demo_run(
             *("--broker", b.address, "--db", str(db), "--site", str(site_path)),
             *("--rules", str(rules_path), "--detect-every", str(detect_every)),
             *("--api-port", str(api_port)),
+            *("--whatif-reports", str(data_dir / "whatif")),
         ],
         env,
     )
@@ -220,18 +256,22 @@ def _demo_run(
         )
         writes = "with writes (--console-writes)" if console_writes else "read-only"
         console_line = f"  console    http://127.0.0.1:{console_port} ({writes})\n"
+    env_file = _write_env_file(data_dir, b.address, api_url, token)
     err.print(
         "[bold]dctwin demo[/]\n"
-        f"  broker     {b.kind} at mqtt://{b.address}\n"
+        f"  broker     {b.kind} at mqtt://{b.address}"
+        f"{'' if b.address.endswith(':1883') else ' (1883 is taken)'}\n"
         f"  simulator  site {site_path} publishing dctwin/v1/# at {speed:g}x real time\n"
         f"  service    ingesting into {db}, alert rules {rules_path}\n"
         f"  api        {api_url} (OpenAPI at {api_url}/docs, {api_url}/metrics)\n"
         f"{console_line}"
         f"  token      writes (acknowledge, silence) need 'Authorization: Bearer {token}'\n"
         f"  inspect    dctwin status --db {db} (after it stops: the service holds the file)\n"
+        f"  env        {env_file} (. it in another shell: DCTWIN_MQTT_PORT, DCTWIN_API_URL, ...)\n"
         "  Ctrl-C (or SIGTERM) stops everything.",
         highlight=False,
     )
+    readiness = _Readiness(api_url, time.monotonic())
     deadline = time.monotonic() + duration if duration else None
     while not stop.wait(0.5):
         if deadline is not None and time.monotonic() >= deadline:
@@ -239,6 +279,60 @@ def _demo_run(
         for name, p in procs:
             if p.poll() is not None:
                 raise fail(f"the {name} exited with code {p.returncode}", 1)
+        readiness.poll()
+
+
+def _write_env_file(data_dir: Path, broker: str, api_url: str, token: str) -> Path:
+    """DATA_DIR/demo.env (mode 0600: it holds the write token), for ``. demo.env`` elsewhere."""
+    host, _, port = broker.rpartition(":")
+    path = data_dir / "demo.env"
+    text = (
+        f"DCTWIN_MQTT_HOST={host}\nDCTWIN_MQTT_PORT={port}\n"
+        f"DCTWIN_API_URL={api_url}\nDCTWIN_API_TOKEN={token}\n"
+    )
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.chmod(path, 0o600)
+    return path
+
+
+class _Readiness:
+    """Prints "ready" once the service's first detection pass has run (headroom and alerts
+    live) and "calibrated" after its first calibration, polling the API every 2 s."""
+
+    def __init__(self, api_url: str, started: float) -> None:
+        self.api_url = api_url
+        self.started = started
+        self.next_at = 0.0
+        self.ready = False
+        self.calibrated = False
+
+    def poll(self) -> None:
+        now = time.monotonic()
+        if self.calibrated or now < self.next_at:
+            return
+        self.next_at = now + 2.0
+        import httpx
+
+        try:
+            with httpx.Client(base_url=self.api_url, timeout=5.0) as c:
+                st = c.get("/api/v1/status", params={"limit": 0}).json()
+                runs = (st.get("service") or {}).get("detection", {}).get("runs", 0)
+                cal = c.get("/api/v1/calibration").json() if self.ready else {}
+        except (httpx.HTTPError, ValueError):
+            return  # the service is still starting
+        took = f"+{now - self.started:.0f} s"
+        if not self.ready and runs:
+            self.ready = True
+            err.print(
+                f"[bold green]ready[/] ({took}): first detection pass done; headroom and alerts"
+                " are live. The first calibration follows after 10 minutes of data.",
+                highlight=False,
+            )
+        if self.ready and cal.get("run"):
+            self.calibrated = True
+            err.print(f"[bold green]calibrated[/] ({took}): first fit stored.", highlight=False)
 
 
 #: Seconds a demo child gets to stop on SIGTERM before it is killed.

@@ -119,6 +119,12 @@ def serve(
     whatif_scenarios: Annotated[
         Path, typer.Option(help="Directory of scenario YAML files the what-if jobs offer.")
     ] = REPO / "sample_telemetry" / "scenarios",
+    whatif_reports: Annotated[
+        Path | None,
+        typer.Option(
+            help="Directory the what-if jobs write their reports to (default: DB.whatif)."
+        ),
+    ] = None,
     verbose: bool = False,
 ) -> None:
     """Run the twin service: ingest MQTT telemetry into the DuckDB store, refit the model and
@@ -161,6 +167,7 @@ def serve(
         api_token=token,
         whatif_bundles=whatif_bundles,
         whatif_scenarios=whatif_scenarios,
+        whatif_reports=whatif_reports,
     )
     try:
         service = Service(config).start()
