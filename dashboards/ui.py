@@ -5,15 +5,26 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import streamlit as st
+from streamlit.errors import StreamlitAPIException
 
 from dashboards.client import Api, ApiError
 
 #: Seconds between a page's automatic refreshes (``DCTWIN_CONSOLE_REFRESH_S``).
 REFRESH_S = float(os.environ.get("DCTWIN_CONSOLE_REFRESH_S", "15"))
+
+#: Data older than this many seconds is stale: the page says so in amber
+#: (``DCTWIN_CONSOLE_STALE_S``; the collectors publish every 1-10 s, detection runs every 60 s).
+STALE_S = 120.0
+
+
+def stale_s() -> float:
+    """:data:`STALE_S`, or ``DCTWIN_CONSOLE_STALE_S`` when set (read on every page run)."""
+    return float(os.environ.get("DCTWIN_CONSOLE_STALE_S", STALE_S))
+
 
 #: Unit of a field, from its name's suffix (every quantity carries its unit in its name). The
 #: owner is the wire contract's ``collectors.contract.SUFFIX_UNITS``; the console imports
@@ -164,6 +175,42 @@ def ago(ts: str | None) -> str:
         return "–"
     t = datetime.fromisoformat(ts)
     return t.strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def age_text(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 172800:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} d"
+
+
+def freshness(ts: str | None, what: str = "data") -> None:
+    """How old the page's data is, in a caption; in amber when older than :func:`stale_s`."""
+    if not ts:
+        st.markdown(f":orange[no {what} yet]")
+        return
+    t = datetime.fromisoformat(ts)
+    age = (datetime.now(UTC) - t).total_seconds()
+    text = f"{what} until {t.strftime('%Y-%m-%d %H:%M:%S UTC')} · {age_text(max(age, 0.0))} old"
+    limit = stale_s()
+    if age > limit:
+        st.markdown(f":orange[:material/schedule: {text}: stale, older than {limit:g} s]")
+    else:
+        st.caption(text)
+
+
+def link(page: str, label: str, **query: str) -> None:
+    """A link to another page of the console with query parameters (``link("rack", "r01",
+    rack="r01")`` opens ``/rack?rack=r01``). Outside the navigation app (a page run on its own)
+    it is a plain markdown link to the same URL."""
+    try:
+        st.page_link(f"pages/{page}.py", label=label, query_params=query or None)
+    except StreamlitAPIException:
+        qs = "&".join(f"{k}={v}" for k, v in query.items())
+        st.markdown(f"[{label}](/{page}{'?' + qs if qs else ''})")
 
 
 def live(body: Callable[[], None]) -> None:

@@ -277,3 +277,27 @@ def test_the_console_talks_only_to_the_api() -> None:
             for name in names:
                 top = name.split(".")[0]
                 assert top not in {"duckdb", "twin", "collectors", "models"}, (path, name)
+
+
+def test_deep_links_between_cooling_rack_and_alerts(env: Service) -> None:
+    """?cdu=cdu-1 opens that CDU with links to its racks; a rack links to its CDU; an alert
+    links to its CDU and its racks (page links in the app, markdown links run on their own)."""
+    at = run(DASH / "pages" / "cooling.py", cdu="cdu-1")
+    assert [h.value.split(" ")[0] for h in at.subheader] == ["cdu-1"]
+    assert "(/rack?rack=r01)" in text(at)
+    at = run(DASH / "pages" / "cooling.py", cdu="cdu-9")
+    assert "No CDU 'cdu-9' in the site" in text(at)
+    at = run(DASH / "pages" / "rack.py", rack="r01")
+    assert "(/cooling?cdu=cdu-1)" in text(at) and "(/alerts)" in text(at)
+    at = run(DASH / "pages" / "alerts.py")
+    assert "(/cooling?cdu=cdu-1)" in text(at) and "(/rack?rack=r01)" in text(at)
+
+
+def test_a_page_says_how_old_its_data_is_and_turns_amber_when_stale(
+    env: Service, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    at = run(DASH / "pages" / "cooling.py")
+    assert re.search(r"data until \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC · ", text(at))
+    monkeypatch.setenv("DCTWIN_CONSOLE_STALE_S", "0.001")  # everything is older than that
+    at = run(DASH / "pages" / "cooling.py")
+    assert ":orange[" in text(at) and "stale, older than 0.001 s" in text(at)

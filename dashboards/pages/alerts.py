@@ -64,6 +64,11 @@ def active() -> None:
             )
             if a.get("summary"):
                 c1.markdown(a["summary"])
+            with c1:
+                if a["group_kind"] == "cdu":
+                    ui.link("cooling", f"CDU {a['group_id']}", cdu=a["group_id"])
+                for r in (a.get("racks") or [])[:4]:
+                    ui.link("rack", f"rack {r}", rack=r)
             c1.caption(
                 f"{a['dedup_key']} · members: {', '.join(a['members'][:12])}"
                 + (" …" if len(a["members"]) > 12 else "")

@@ -18,9 +18,21 @@ def body() -> None:
     if not data["cdus"]:
         st.info("No CDUs in the site model: the site is air-cooled.")
         return
-    st.caption(f"data until {ui.ago(data['data_until'])}")
-    for cdu in data["cdus"]:
+    ui.freshness(data["data_until"])
+    cdus = data["cdus"]
+    wanted = st.query_params.get("cdu")  # deep link: ?cdu=cdu-1 shows that CDU
+    if wanted and any(c["name"] == wanted for c in cdus):
+        cdus = [c for c in cdus if c["name"] == wanted]
+        st.caption(f"showing CDU {wanted} of {ui.plural(len(data['cdus']), 'CDU')}")
+        ui.link("cooling", "all CDUs")
+    elif wanted:
+        st.warning(f"No CDU {wanted!r} in the site: showing all.")
+    for cdu in cdus:
         st.subheader(f"{cdu['name']} ({cdu['model'] or 'CDU'}) · racks {', '.join(cdu['racks'])}")
+        cols = st.columns(min(8, max(1, len(cdu["racks"]))))
+        for k, r in enumerate(cdu["racks"][:8]):
+            with cols[k]:
+                ui.link("rack", f"rack {r}", rack=r)
         c = st.columns(6)
         c[0].metric("Supply", ui.fmt(cdu["supply_temp_c"], "°C"))
         ui.stat(

@@ -77,7 +77,7 @@ def body() -> None:
     if df.empty:
         st.info("The site has no racks.")
         return
-    st.caption(f"data until {ui.ago(data['data_until'])}")
+    ui.freshness(data["data_until"])
     for hall, part in df.groupby("hall", sort=False):
         st.plotly_chart(floor_figure(part, str(hall)), key=f"floor_{hall}")
     with st.expander("All racks as a table"):

@@ -19,7 +19,7 @@ def body() -> None:
     if df.empty:
         st.info("No links in the site model.")
         return
-    st.caption(f"data until {ui.ago(data['data_until'])}")
+    ui.freshness(data["data_until"])
     c = st.columns(3)
     c[0].metric("Links", len(df))
     c[1].metric("Busiest", ui.fmt(df["utilization_pct"].max(), "%"))

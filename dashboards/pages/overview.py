@@ -14,7 +14,7 @@ def body() -> None:
     ov = ui.fetch("/api/v1/overview")
     if ov is None:
         return
-    st.caption(f"site {ov['site'] or '–'} · data until {ui.ago(ov['data_until'])}")
+    ui.freshness(ov["data_until"])
     c = st.columns(5)
     c[0].metric("IT power", ui.fmt(ov["it_power_kw"], "kW"))
     c[1].metric("GPU power", ui.fmt(ov["gpu_power_kw"], "kW"))

@@ -18,6 +18,7 @@ def body() -> None:
     if ov is None:
         return
     end = ov["data_until"]
+    ui.freshness(end)
     if end:
         start = pd.Timestamp(end) - pd.Timedelta(hours=hours)
         s = ui.fetch(

@@ -30,6 +30,7 @@ def body() -> None:
     if d is None:
         return
     s = d["rack"]
+    ui.freshness(d.get("data_until"))
     st.caption(
         f"{s['hall']} / {s['row']} · grid ({s['grid_col']}, {s['grid_row']}) · fleet"
         f" {s['fleet'] or '–'} · CDU {s['cdu'] or 'none (air)'} · PDUs {', '.join(s['pdus'])}"
@@ -50,6 +51,9 @@ def body() -> None:
     )
     c[3].metric("Inlet air", ui.fmt(s["inlet_temp_c"], "°C"))
     c[4].metric("Active alerts", s["alerts"])
+    if s["alerts"]:
+        with c[4]:
+            ui.link("alerts", "see the alerts")
 
     st.subheader("Nodes and GPUs")
     rows = []
@@ -131,6 +135,7 @@ def body() -> None:
         running = sum(1 for p in cdu["pumps"] if p["running"])
         c[4].metric("Pumps running", f"{running} / {len(cdu['pumps'])}")
         st.caption(f"CDU {cdu['name']} serves racks {', '.join(cdu['racks'])}")
+        ui.link("cooling", f"CDU {cdu['name']} on the Cooling page", cdu=cdu["name"])
 
 
 ui.live(body)

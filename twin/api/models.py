@@ -338,6 +338,7 @@ class CduRow(BaseModel):
 
 
 class RackDetail(BaseModel):
+    data_until: datetime | None = None
     rack: RackSummary
     nodes: list[NodeRow]
     phases: list[PhaseRow]

@@ -330,7 +330,7 @@ def rack_detail(api: Api, name: str) -> m.RackDetail:
     rack = next((r for r in idx.site.racks if r.name == name), None)
     if rack is None:
         raise bad(f"no rack {name!r} in site {idx.site.name!r}", 404)
-    _, summaries = _rack_summaries(
+    until, summaries = _rack_summaries(
         api,
     )
     summary = next(s for s in summaries if s.name == name)
@@ -382,7 +382,11 @@ def rack_detail(api: Api, name: str) -> m.RackDetail:
         )
     cdu = _cdu_rows(api, [rack.cdu])[0] if rack.cdu else None
     return m.RackDetail(
-        rack=summary, nodes=nodes, phases=_phase_rows(api, list(rack.pdus)), cdu=cdu
+        data_until=until,
+        rack=summary,
+        nodes=nodes,
+        phases=_phase_rows(api, list(rack.pdus)),
+        cdu=cdu,
     )
 
 
