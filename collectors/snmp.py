@@ -2,24 +2,26 @@
 
 :class:`SnmpPduCollector` walks the tables of one vendor *profile* (one YAML file per MIB:
 Raritan PDU2-MIB, APC PowerNet rPDU2 and the older rPDU load tables, ServerTech Sentry4-MIB and
-Sentry3-MIB; each file names its source and the scaling of every OID) with GETBULK and returns
-one ``pdu`` contract message per poll. See :mod:`collectors.snmp_profiles` for the scaling rule
-and the fields of a profile. A reading in a unit the profile does not list is refused with a
-logged reason, never stored under a wrong unit; a sensor whose state column says it has no
-reading (Raritan ``unavailable``, Sentry3 ``notFound`` / ``lost`` ...) is left out. Each refusal
-is logged once per sensor and reason at WARNING, later polls at DEBUG. Config columns (decimal
-digits, units, labels, APC module/number) are read on the first poll and cached; value and state
+Sentry3-MIB, Eaton EATON-EPDU-MIB; each file names its source and the scaling of every OID)
+with GETBULK and returns one ``pdu`` contract message per poll. See
+:mod:`collectors.snmp_profiles` for the scaling rule and the fields of a profile. A reading in
+a unit the profile does not list is refused with a logged reason, never stored under a wrong
+unit; a sensor whose state column says it has no reading (Raritan ``unavailable``, Sentry3
+``notFound`` / ``lost``, Eaton probe ``disconnected`` ...) is left out. Each refusal is logged
+once per sensor and reason at WARNING, later polls at DEBUG. Config columns (decimal digits,
+units, labels, APC module/number) are read on the first poll and cached; value and state
 columns are read every poll.
 
 Sample ids follow the contract (collectors/contract.py): ``<pdu>`` for the unit (input cord /
 inlet), ``<pdu>/L1..L3`` for lines (poles), ``<pdu>/L1-L2``.. for the line-to-line legs of a
-delta unit (Sentry4 ``st4PhaseLabel``, Sentry3 ``infeedPhaseID``: line current stays on
-``<pdu>/L1``, the leg's voltage and power go to ``<pdu>/L1-L2``), ``<pdu>/cb<n>`` for branch
-breakers (over-current protectors, APC banks, Sentry branches; name the breakers ``cb1``.. in
-the site file), ``<pdu>/outlet<n>``. The first temperature/humidity probe fills ``<pdu>``'s
-``inlet_temp_c`` / ``humidity_pct``, further ones ``<pdu>/sensor<n>``. A second inlet, input
-cord or daisy-chained unit gets a prefix: ``<pdu>/inlet2/L1``, ``<pdu>/unit2/cord1/L1``,
-``<pdu>/module2/L1``.
+delta unit (Sentry4 ``st4PhaseLabel``, Sentry3 ``infeedPhaseID``, Eaton
+``inputVoltageMeasType``): line current stays on ``<pdu>/L1``, the leg's voltage and power go
+to ``<pdu>/L1-L2``. ``<pdu>/cb<n>`` are branch breakers (over-current protectors, APC banks,
+Sentry4 branches, Eaton breaker groups; Sentry3 ``cb<infeed>-<branch>``; name the breakers so
+in the site file), ``<pdu>/outlet<n>`` outlets. The first temperature/humidity probe fills
+``<pdu>``'s ``inlet_temp_c`` / ``humidity_pct``, further ones ``<pdu>/sensor<n>``. A second
+inlet, input cord or daisy-chained unit gets a prefix: ``<pdu>/inlet2/L1``,
+``<pdu>/unit2/cord1/L1``, ``<pdu>/module2/L1``.
 
 pysnmp is asyncio: each collector runs a private event loop inside :meth:`poll`, so the API is
 synchronous (call it from a plain thread, not from inside a running event loop). :meth:`close`
@@ -246,8 +248,12 @@ class SnmpPduCollector:
                 raw = self._cache.get(oid, {}).get(index)
                 if raw is not None:
                     fields[name] = _int(raw, raw)
-            self._labels(table, index, fields)
-            chain = "".join(f"/{p}{fields[p]}" for p in table.chain if fields.get(p, 1) != 1)
+            unlabelled = self._labels(table, index, fields)
+            chain = "".join(
+                f"/{p}{fields[p]}"
+                for p in table.chain
+                if fields.get(p, 1) != table.chain_origin.get(p, 1)
+            )
             for col in table.columns:
                 raw = values[col.oid].get(index)
                 if raw is None or not _selected(col, fields):
@@ -268,7 +274,8 @@ class SnmpPduCollector:
                 try:
                     sid = pattern.format(src=self.source, chain=chain, **fields)
                 except KeyError as e:
-                    self._refuse(what, f"sample pattern {pattern!r} needs {e}")
+                    reason = unlabelled.get(str(e.args[0]), f"no value for {e}")
+                    self._refuse(what, f"sample pattern {pattern!r}: {reason}")
                     continue
                 q = QUANTITIES["pdu"].get(col.quantity)
                 if q is not None and q.nonnegative and value < 0:
@@ -276,19 +283,23 @@ class SnmpPduCollector:
                     continue
                 samples.setdefault(sid, {"id": sid}).setdefault(col.quantity, value)
 
-    def _labels(self, table: Table, index: _OID, fields: dict[str, Any]) -> None:
-        """Fill ``fields`` with each label's contract element (``L1``, ``L1-L2``)."""
+    def _labels(self, table: Table, index: _OID, fields: dict[str, Any]) -> dict[str, str]:
+        """Fill ``fields`` with each label's contract element (``L1``, ``L1-L2``); the reasons
+        for labels that name none (logged only when a column's id needs them)."""
+        why: dict[str, str] = {}
         for name, lab in table.labels.items():
             raw = self._cache.get(lab.oid, {}).get(index)
-            text = _text(raw)
+            text = lab.map.get(_int(raw, None), "") if lab.map and raw is not None else _text(raw)
             element = None if text is None else line_element(text)
             if element is None and lab.fallback is not None:
                 element = lab.fallback.format(**fields)
             if element is not None:
                 fields[name] = element
             else:
-                what = f"{table.name}.{'.'.join(map(str, index))}"
-                self._refuse(what, f"label {text!r} at {lab.oid} names no line or leg")
+                why[name] = (
+                    f"label {text if text is not None else raw!r} at {lab.oid} names no line or leg"
+                )
+        return why
 
     def _check_state(self, col: Column, index: _OID, values: dict[str, dict[_OID, Any]]) -> None:
         """_Reject when the row's sensor state says there is no reading."""

@@ -420,6 +420,39 @@ def test_raritan_pdu2_decimal_digits_state_and_units(agent: int) -> None:
 
 
 @pytest.mark.slow
+def test_eaton_epdu_millis_meastypes_and_probe_state(agent: int) -> None:
+    proc = cli(agent, "eaton", "eaton-epdu")
+    s = samples_of(proc)
+    # strapping unit 0 adds no prefix; inputTotalPower VA, W, Wh, thousandths; 0.1 Hz
+    check(
+        s,
+        {
+            P: {
+                "frequency_hz": 50.0,
+                "apparent_power_va": 6900.0,
+                "power_w": 6555.0,
+                "energy_kwh": 7654.321,
+                "power_factor": 0.95,
+                "neutral_current_a": 0.5,  # inputCurrentMeasType neutral(2), 500 mA
+                "inlet_temp_c": 24.5,  # 245 tenths, temperatureScale celsius
+            },
+        },
+    )
+    for line in ("L1", "L2", "L3"):
+        # phaseNtoN 230000 mV, phaseN 10000 mA, inputPowerMeasType phaseN
+        check(s, {f"{P}/{line}": {"voltage_v": 230.0, "current_a": 10.0, "power_w": 2185.0}})
+        consistent(s[f"{P}/{line}"])
+    # inputVoltageMeasType phase1to2(5): a line-to-line voltage goes to the leg, not to L1
+    assert s[f"{P}/L1-L2"] == {"id": f"{P}/L1-L2", "voltage_v": 398.4}
+    # groupType breaker1pole: 5200 / 4800 mA; group 3 is an outlet section, not a breaker
+    check(s, {f"{P}/cb1": {"current_a": 5.2}, f"{P}/cb2": {"current_a": 4.8}})
+    assert f"{P}/cb3" not in s
+    # probe 2 temperatureProbeStatus disconnected(0): left out, said once
+    assert f"{P}/sensor2" not in s
+    assert "temperatureValue.0.2 skipped: sensor state 0" in proc.stderr
+
+
+@pytest.mark.slow
 def test_unavailable_sensor_is_logged_once(agent: int, caplog: pytest.LogCaptureFixture) -> None:
     c = SnmpPduCollector(
         "127.0.0.1", site="lab", profile="raritan-pdu2", community="raritan-pdu2", port=agent
@@ -513,17 +546,20 @@ def test_unknown_profile_and_help_list_the_registry() -> None:
         cwd=REPO,
         timeout=60,
     ).stdout
-    for name in ("raritan-pdu2", "apc-rpdu2", "apc-rpdu", "sentry4", "sentry3"):
+    for name in ("raritan-pdu2", "apc-rpdu2", "apc-rpdu", "sentry4", "sentry3", "eaton-epdu"):
         assert name in helptext
 
 
 def test_profiles_are_data_files_with_sources() -> None:
     known = profiles()
     assert set(known) == set(profile_names())
-    assert {"raritan-pdu2", "apc-rpdu2", "apc-rpdu", "sentry4", "sentry3"} <= set(known)
+    assert {"raritan-pdu2", "apc-rpdu2", "apc-rpdu", "sentry4", "sentry3", "eaton-epdu"} <= set(
+        known
+    )
     assert resolve("raritan").name == "raritan-pdu2"
     assert resolve("apc").name == "apc-rpdu2"
     assert resolve("servertech").name == "sentry4"
+    assert resolve("eaton").name == "eaton-epdu"
     for p in known.values():
         assert (PROFILE_DIR / f"{p.name}.yaml").is_file()
         assert p.source.mib and p.source.published and p.source.verified

@@ -142,6 +142,10 @@ class Label(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     oid: str
+    map: dict[int, str] = Field(
+        default_factory=dict,
+        description="an integer enumeration column: value -> label (e.g. Eaton phase1to2 -> L1-L2)",
+    )
     fallback: str | None = Field(
         None, description="pattern over the index parts when the agent gives no usable label"
     )
@@ -164,7 +168,10 @@ class Table(BaseModel):
     )
     sample: str = Field(description="pattern: {src}, {chain}, index parts, keys and labels")
     chain: tuple[str, ...] = Field(
-        (), description="parts that prefix the id as /<name><value> when not 1"
+        (), description="parts that prefix the id as /<name><value> when not their origin"
+    )
+    chain_origin: dict[str, int] = Field(
+        default_factory=dict, description="chain part -> the value that adds no prefix (1)"
     )
     first: str | None = Field(None, description="pattern for the first row of each quantity")
     columns: tuple[Column, ...] = Field(min_length=1)
