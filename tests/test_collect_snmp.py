@@ -548,6 +548,8 @@ def test_unknown_profile_and_help_list_the_registry() -> None:
     ).stdout
     for name in ("raritan-pdu2", "apc-rpdu2", "apc-rpdu", "sentry4", "sentry3", "eaton-epdu"):
         assert name in helptext
+    for alias in (a for p in profiles().values() for a in p.aliases):
+        assert alias in helptext, alias  # the help's alias list is kept with the files
 
 
 def test_profiles_are_data_files_with_sources() -> None:

@@ -440,7 +440,7 @@ def snmp(
         typer.Option(
             help="Vendor profile, one per MIB: "
             + ", ".join(_SNMP_PROFILES)
-            + " (collectors/snmp_profiles/<name>.yaml; aliases raritan, apc, servertech)."
+            + " (collectors/snmp_profiles/<name>.yaml; aliases raritan, apc, servertech, eaton)."
         ),
     ],
     community_env: Annotated[
