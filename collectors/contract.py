@@ -19,6 +19,9 @@ Payload (JSON, UTF-8)::
   are visible; a repeated (kind, source, seq, ts) is a duplicate and is stored once.
 - A sample is an ``id`` plus named quantities; each name carries its unit (:data:`QUANTITIES`).
   Names the contract does not know are kept (they must still be finite numbers).
+- Sample ids (the grammar is the "sample ids" section below): a PDU ``<pdu>``, its lines
+  ``<pdu>/L1``.., breakers and outlets; a delta unit's line-to-line legs ``<pdu>/L1-L2``..
+  (line current stays on ``<pdu>/L1``; the leg's voltage and power go on the leg id).
 
 Validation (every rule has a dead-letter reason in :data:`DEAD_LETTER_REASONS`): ``v`` is exactly
 the integer 1; ``seq`` and integer quantities are JSON integers within int64; floats are finite
@@ -287,13 +290,19 @@ _RFC3339 = re.compile(
 #
 # - a GPU: ``<node>:<index>`` (or its UUID), a MIG instance ``<node>:<index>/mig<n>``;
 # - a PDU ``<pdu>``, its phases ``<pdu>/L<n>`` (n from 1), breakers ``<pdu>/<breaker>`` and
-#   outlets ``<pdu>/outlet<n>``;
+#   outlets ``<pdu>/outlet<n>``; on a delta (or wye-and-delta) unit the line-to-line legs are
+#   ``<pdu>/L<a>-L<b>`` (``<pdu>/L1-L2``): ``<pdu>/L1`` carries line L1's current, the leg id
+#   carries the leg's voltage, current and power. A leg id is never a phase id
+#   (:func:`split_phase_id` answers None for it; :func:`split_leg_id` takes it apart);
 # - a CDU ``<cdu>`` and its pumps ``<cdu>/<pump>``;
 # - a node or a link by its name.
 #
 # Collectors, the simulator and the twin build and take apart ids with these functions only.
 
 _PHASE_LABEL = re.compile(r"L([1-9][0-9]*)")
+_LEG_LABEL = re.compile(r"L([1-9][0-9]*)-L([1-9][0-9]*)")
+# a vendor's line / leg label: "L1", "L1-N", "L1-L2" (spaces around the dash tolerated)
+_LINE_TEXT = re.compile(r"L([1-9][0-9]*)(?:\s*-\s*(N|L[1-9][0-9]*))?", re.IGNORECASE)
 
 
 def gpu_id(node: str, index: int | str) -> str:
@@ -349,6 +358,41 @@ def split_phase_id(sample_id: str) -> tuple[str, int] | None:
     parent, element = split_sub_id(sample_id)
     leg = None if element is None else phase_leg(element)
     return None if leg is None else (parent, leg)
+
+
+def leg_label(a: int, b: int) -> str:
+    """``L<a>-L<b>``: the line-to-line leg between lines ``a`` and ``b`` of a delta unit."""
+    if a < 1 or b < 1 or a == b:
+        raise ValueError(f"leg L{a}-L{b}: two different lines, counted from 1")
+    return f"L{a}-L{b}"
+
+
+def leg_id(pdu: str, a: int, b: int) -> str:
+    """``<pdu>/L<a>-L<b>``: one line-to-line leg of a PDU (delta)."""
+    return sub_id(pdu, leg_label(a, b))
+
+
+def split_leg_id(sample_id: str) -> tuple[str, int, int] | None:
+    """``(pdu, a, b)`` of a ``<pdu>/L<a>-L<b>`` id; None for any other id."""
+    parent, element = split_sub_id(sample_id)
+    m = None if element is None else _LEG_LABEL.fullmatch(element)
+    if m is None or m.group(1) == m.group(2):
+        return None
+    return parent, int(m.group(1)), int(m.group(2))
+
+
+def line_element(label: str) -> str | None:
+    """The contract element a vendor's line/leg label names: ``"L1"`` and ``"L1-N"`` -> ``"L1"``
+    (a line, or a wye phase: line to neutral), ``"L1-L2"`` -> ``"L1-L2"`` (a delta leg); None
+    for anything else (an empty label, ``"AA"``, ``"L1-L1"``)."""
+    m = _LINE_TEXT.fullmatch(label.strip())
+    if m is None:
+        return None
+    a, other = int(m.group(1)), m.group(2)
+    if other is None or other.upper() == "N":
+        return phase_label(a)
+    b = int(other[1:])
+    return None if a == b else leg_label(a, b)
 
 
 def pdu_sample_ids(pdu: str, phases: int, breakers: Iterable[str]) -> list[str]:

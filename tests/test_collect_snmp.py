@@ -1,12 +1,16 @@
-"""SnmpPduCollector against a real SNMP v2c agent: snmpsim serving tests/fixtures/snmp/*.snmprec.
+"""``dctwin collect snmp`` against a real SNMP v2c agent: snmpsim serving tests/fixtures/snmp/.
 
-Each ``<profile>.snmprec`` (``OID|type|value`` lines) holds the raw integers a PDU of that
-vendor would answer; snmpsim serves it under the community ``<profile>``. The expected values
-below are those raw numbers scaled by hand from the MIB's UNITS / DecimalDigits.
+Each ``<name>.snmprec`` (``OID|type|value`` lines, written from the MIB definitions with values
+that hold together: V x I ~ VA, VA x pf ~ W) holds the raw integers a PDU of that vendor would
+answer; snmpsim serves it under the community ``<name>`` (``sentry4-delta``: a Sentry4 on a
+delta feed). Every profile is polled through the CLI as a user runs it (``--once --stdout`` in
+a subprocess); the expected values are the raw numbers scaled by hand from the MIB's UNITS /
+DecimalDigits.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -25,12 +29,22 @@ pytest.importorskip("snmpsim", reason="snmpsim (dev extra) serves the test SNMP 
 
 from collectors.base import Collector, CollectorError
 from collectors.contract import decode
-from collectors.snmp import PROFILES, SnmpPduCollector
+from collectors.snmp import SnmpPduCollector
+from collectors.snmp_profiles import (
+    PROFILE_DIR,
+    ProfileError,
+    load_profile,
+    profile_names,
+    profiles,
+    resolve,
+)
+from twin.site import load_site
 
 # pysnmp 7 calls deprecated pysmi names of its own when pysmi (an snmpsim dependency) is present
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 FIXTURES = Path(__file__).parent / "fixtures" / "snmp"
+REPO = Path(__file__).resolve().parents[1]
 RESPONDER = Path(sys.executable).with_name("snmpsim-command-responder")
 
 
@@ -91,27 +105,59 @@ def agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
         log.close()
 
 
-def poll(port: int, profile: str, **kw: Any) -> dict[str, dict[str, Any]]:
-    c = SnmpPduCollector(
-        "127.0.0.1",
-        site="lab",
-        profile=profile,
-        community=profile,
-        port=port,
-        source="pdu-r01-a",
-        **kw,
+P = "pdu-r01-a"
+ASYNCIO_LEAK = "Task was destroyed but it is pending"
+
+
+def cli(port: int, profile: str, community: str, *extra: str) -> subprocess.CompletedProcess[str]:
+    """``dctwin collect snmp ... --once --stdout`` in a subprocess, as a user runs it."""
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "twin.cli",
+            "collect",
+            "snmp",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--profile",
+            profile,
+            "--source",
+            P,
+            "--site",
+            "lab",
+            "--timeout",
+            "2",
+            "--once",
+            "--stdout",
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO), "DCTWIN_SNMP_COMMUNITY": community},
     )
-    assert isinstance(c, Collector)
-    try:
-        msgs = c.poll()
-    finally:
-        c.close()
-    assert len(msgs) == 1
-    topic, payload = msgs[0]
-    assert topic == "dctwin/v1/lab/pdu/pdu-r01-a"
-    d = decode(topic, payload)
+
+
+def samples_of(proc: subprocess.CompletedProcess[str]) -> dict[str, dict[str, Any]]:
+    """The samples of the one message printed, by id, checked against the contract."""
+    assert proc.returncode == 0, proc.stderr
+    assert ASYNCIO_LEAK not in proc.stderr, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 1, proc.stdout
+    msg = json.loads(lines[0])
+    topic = msg["topic"]
+    assert topic == f"dctwin/v1/lab/pdu/{P}"
+    d = decode(topic, json.dumps(msg["payload"]).encode())
     assert d.kind == "pdu" and d.collector == "snmp"
     return {s["id"]: {k: v for k, v in s.items() if v is not None} for s in d.samples}
+
+
+def poll(port: int, profile: str, community: str | None = None) -> dict[str, dict[str, Any]]:
+    return samples_of(cli(port, profile, community or profile))
 
 
 def check(samples: dict[str, dict[str, Any]], expected: dict[str, dict[str, float]]) -> None:
@@ -127,11 +173,18 @@ def check(samples: dict[str, dict[str, Any]], expected: dict[str, dict[str, floa
             )
 
 
-P = "pdu-r01-a"
+def consistent(sample: dict[str, Any], current: str = "current_a") -> None:
+    """V x I ~ VA and VA x pf ~ W on one id (one circuit), within 1 %."""
+    va = sample["voltage_v"] * sample[current]
+    assert math.isclose(va, sample["apparent_power_va"], rel_tol=0.01), (va, sample)
+    if "power_factor" in sample:
+        w = sample["apparent_power_va"] * sample["power_factor"]
+        assert math.isclose(w, sample["power_w"], rel_tol=0.01), (w, sample)
 
 
+@pytest.mark.slow
 def test_apc_rpdu2_scales_tenths_and_hundredths(agent: int) -> None:
-    s = poll(agent, "apc-rpdu2")
+    s = poll(agent, "apc", "apc-rpdu2")  # the alias of apc-rpdu2
     check(
         s,
         {
@@ -169,7 +222,21 @@ def test_apc_rpdu2_scales_tenths_and_hundredths(agent: int) -> None:
     assert "humidity_pct" not in s[f"{P}/sensor2"]
 
 
-def test_sentry4_scales_and_fahrenheit_probe(agent: int) -> None:
+@pytest.mark.slow
+def test_apc_old_rpdu_load_table(agent: int) -> None:
+    s = poll(agent, "apc-rpdu")
+    # rPDUIdentDevicePowerWatts W, ...PowerVA VA; rPDULoadStatusLoad tenths of A, bank 0 = phase
+    assert s == {
+        P: {"id": P, "power_w": 2758.0, "apparent_power_va": 2829.0},
+        f"{P}/L1": {"id": f"{P}/L1", "current_a": 12.3},
+        f"{P}/cb1": {"id": f"{P}/cb1", "current_a": 6.4},
+        f"{P}/cb2": {"id": f"{P}/cb2", "current_a": 5.9},
+    }
+    assert math.isclose(230 * s[f"{P}/L1"]["current_a"], s[P]["apparent_power_va"], rel_tol=0.01)
+
+
+@pytest.mark.slow
+def test_sentry4_wye_scales_and_fahrenheit_probe(agent: int) -> None:
     s = poll(agent, "sentry4")
     check(
         s,
@@ -186,7 +253,7 @@ def test_sentry4_scales_and_fahrenheit_probe(agent: int) -> None:
                 "inlet_temp_c": 25.0,
                 "humidity_pct": 40.0,
             },
-            # st4LineCurrent hundredth A; st4PhaseVoltage tenth V; st4PhaseActivePower W
+            # wye: st4PhaseLabel "L1-N" -> the phase is the line; line current beside it
             f"{P}/L1": {
                 "current_a": 12.34,
                 "voltage_v": 230.1,
@@ -218,13 +285,95 @@ def test_sentry4_scales_and_fahrenheit_probe(agent: int) -> None:
     assert f"{P}/cb6" not in s  # -1: no reading
     assert f"{P}/L4" not in s  # the neutral is not a phase
     assert f"{P}/sensor2" not in s  # -410: invalid temperature reading
+    assert not [i for i in s if "-L" in i]  # a wye unit has no legs
 
 
-def test_raritan_pdu2_uses_decimal_digits_and_refuses_unknown_units(
-    agent: int, caplog: pytest.LogCaptureFixture
-) -> None:
-    with caplog.at_level(logging.WARNING, logger="collectors.snmp"):
-        s = poll(agent, "raritan-pdu2")
+@pytest.mark.slow
+def test_sentry4_delta_legs_are_apart_from_lines(agent: int) -> None:
+    """The field bug: <pdu>/L1 put line L1's current beside leg L1-L2's voltage and power."""
+    s = poll(agent, "servertech", "sentry4-delta")
+    for line in ("L1", "L2", "L3"):
+        # st4LineCurrent 281 hundredth A: line current only, no voltage or power on a line id
+        assert s[f"{P}/{line}"] == {"id": f"{P}/{line}", "current_a": 2.81}
+    for leg in ("L1-L2", "L2-L3", "L3-L1"):
+        check(
+            s,
+            {
+                f"{P}/{leg}": {
+                    "voltage_v": 415.0,  # st4PhaseVoltage 4150 tenth V
+                    "phase_current_a": 1.62,  # st4PhaseCurrent 162 hundredth A
+                    "power_w": 645.0,
+                    "apparent_power_va": 672.0,
+                    "power_factor": 0.96,
+                    "energy_kwh": 144.0,  # st4PhaseEnergy 1440 tenth kWh
+                }
+            },
+        )
+        consistent(s[f"{P}/{leg}"], "phase_current_a")
+        assert "current_a" not in s[f"{P}/{leg}"]
+    # line current = sqrt(3) x leg current on a balanced delta
+    assert math.isclose(s[f"{P}/L1"]["current_a"], math.sqrt(3) * 1.62, rel_tol=0.01)
+    assert "neutral_current_a" not in s[P]  # st4LineCurrent N = -1 on delta
+    check(s, {P: {"power_w": 1935.0, "apparent_power_va": 2016.0, "energy_kwh": 4321.0}})
+
+
+@pytest.mark.slow
+def test_sentry3_delta_infeeds_and_sensor_states(agent: int) -> None:
+    proc = cli(agent, "sentry3", "sentry3")
+    s = samples_of(proc)
+    check(
+        s,
+        {
+            # towerTable: W, VA, hundredths, kWh, Hz; probe 716 tenth degF -> 22.0 degC
+            P: {
+                "power_w": 2370.0,
+                "apparent_power_va": 2496.0,
+                "power_factor": 0.95,
+                "energy_kwh": 5432.0,
+                "frequency_hz": 60.0,
+                "inlet_temp_c": 22.0,
+                "humidity_pct": 38.0,
+            },
+            # infeedLoadValue 693 hundredth A on the line (infeedLineID)
+            f"{P}/L1": {"current_a": 6.93},
+            f"{P}/L2": {"current_a": 6.93},
+            # infeedPhaseID "L1-L2": phase voltage/current/power on the leg
+            f"{P}/L1-L2": {
+                "voltage_v": 208.0,
+                "phase_current_a": 4.0,
+                "power_w": 790.0,
+                "apparent_power_va": 832.0,
+                "power_factor": 0.95,
+                "energy_kwh": 1234.5,
+            },
+            f"{P}/L3-L1": {"voltage_v": 208.0, "power_w": 790.0},
+            # branchLoadValue hundredth A; outlet AA1
+            f"{P}/cb1-1": {"current_a": 3.21},
+            f"{P}/cb1-2": {"current_a": 3.72},
+            f"{P}/outlet1-1": {
+                "current_a": 1.2,
+                "voltage_v": 208.0,
+                "power_w": 237.0,
+                "apparent_power_va": 250.0,
+                "power_factor": 0.95,
+                "energy_kwh": 98.765,
+            },
+        },
+    )
+    consistent(s[f"{P}/L1-L2"], "phase_current_a")
+    consistent(s[f"{P}/outlet1-1"])
+    # infeed AC: infeedLoadStatus readError(6): its line current is left out, said once
+    assert f"{P}/L3" not in s
+    assert "infeedLoadValue.1.3 skipped: sensor state 6" in proc.stderr
+    # probe A2: tempHumidSensorTempStatus notFound(1)
+    assert f"{P}/sensor2" not in s
+    assert "tempHumidSensorTempValue.1.2 skipped: sensor state 1" in proc.stderr
+
+
+@pytest.mark.slow
+def test_raritan_pdu2_decimal_digits_state_and_units(agent: int) -> None:
+    proc = cli(agent, "raritan", "raritan-pdu2")
+    s = samples_of(proc)
     check(
         s,
         {
@@ -232,8 +381,8 @@ def test_raritan_pdu2_uses_decimal_digits_and_refuses_unknown_units(
             P: {
                 "current_a": 12.345,
                 "voltage_v": 230.0,
-                "power_w": 2840.0,
-                "apparent_power_va": 2900.0,
+                "power_w": 2782.0,
+                "apparent_power_va": 2839.0,
                 "power_factor": 0.98,
                 "energy_kwh": 1234.567,
                 "frequency_hz": 50.0,
@@ -246,17 +395,82 @@ def test_raritan_pdu2_uses_decimal_digits_and_refuses_unknown_units(
             # over-current protectors (breakers)
             f"{P}/cb1": {"current_a": 6.1},
             f"{P}/cb2": {"current_a": 6.245},
-            f"{P}/outlet1": {"current_a": 1.5, "power_w": 345.0},
-            f"{P}/outlet2": {"current_a": 0.0, "power_w": 0.0},
+            # outlet 1: 1500 (3 digits) A, 2300 (1 digit) V, 338 W, 345 VA, 98 (2) pf, 500 (1) Hz
+            f"{P}/outlet1": {
+                "current_a": 1.5,
+                "voltage_v": 230.0,
+                "power_w": 338.0,
+                "apparent_power_va": 345.0,
+                "power_factor": 0.98,
+                "frequency_hz": 50.0,
+            },
+            f"{P}/outlet2": {"current_a": 0.0, "power_w": 0.0, "frequency_hz": 50.0},
         },
+    )
+    consistent(s[P])
+    consistent(s[f"{P}/outlet1"])
+    # outlet 2's powerFactor sensor state is unavailable(-1): left out, not published as 0.0
+    assert "power_factor" not in s[f"{P}/outlet2"]
+    assert "measurementsOutletSensorValue (powerFactor).1.2.7 skipped: sensor state -1" in (
+        proc.stderr
     )
     # external sensor 3 reports units code 14, which the profile does not accept
     assert f"{P}/sensor3" not in s
-    assert all(v != 77.0 for smp in s.values() for v in smp.values() if isinstance(v, float))
-    refused = [r.getMessage() for r in caplog.records if "unit code 14" in r.getMessage()]
-    assert refused and "measurementsExternalSensorValue" in refused[0]
+    assert "unit code 14" in proc.stderr and "measurementsExternalSensorValue" in proc.stderr
 
 
+@pytest.mark.slow
+def test_eaton_epdu_millis_meastypes_and_probe_state(agent: int) -> None:
+    proc = cli(agent, "eaton", "eaton-epdu")
+    s = samples_of(proc)
+    # strapping unit 0 adds no prefix; inputTotalPower VA, W, Wh, thousandths; 0.1 Hz
+    check(
+        s,
+        {
+            P: {
+                "frequency_hz": 50.0,
+                "apparent_power_va": 6900.0,
+                "power_w": 6555.0,
+                "energy_kwh": 7654.321,
+                "power_factor": 0.95,
+                "neutral_current_a": 0.5,  # inputCurrentMeasType neutral(2), 500 mA
+                "inlet_temp_c": 24.5,  # 245 tenths, temperatureScale celsius
+            },
+        },
+    )
+    for line in ("L1", "L2", "L3"):
+        # phaseNtoN 230000 mV, phaseN 10000 mA, inputPowerMeasType phaseN
+        check(s, {f"{P}/{line}": {"voltage_v": 230.0, "current_a": 10.0, "power_w": 2185.0}})
+        consistent(s[f"{P}/{line}"])
+    # inputVoltageMeasType phase1to2(5): a line-to-line voltage goes to the leg, not to L1
+    assert s[f"{P}/L1-L2"] == {"id": f"{P}/L1-L2", "voltage_v": 398.4}
+    # groupType breaker1pole: 5200 / 4800 mA; group 3 is an outlet section, not a breaker
+    check(s, {f"{P}/cb1": {"current_a": 5.2}, f"{P}/cb2": {"current_a": 4.8}})
+    assert f"{P}/cb3" not in s
+    # probe 2 temperatureProbeStatus disconnected(0): left out, said once
+    assert f"{P}/sensor2" not in s
+    assert "temperatureValue.0.2 skipped: sensor state 0" in proc.stderr
+
+
+@pytest.mark.slow
+def test_unavailable_sensor_is_logged_once(agent: int, caplog: pytest.LogCaptureFixture) -> None:
+    c = SnmpPduCollector(
+        "127.0.0.1", site="lab", profile="raritan-pdu2", community="raritan-pdu2", port=agent
+    )
+    assert isinstance(c, Collector)  # what the runner drives
+    try:
+        with caplog.at_level(logging.DEBUG, logger="collectors.snmp"):
+            for _ in range(3):
+                d = decode(*c.poll()[0])
+                outlet2 = next(x for x in d.samples if x["id"].endswith("/outlet2"))
+                assert outlet2.get("power_factor") is None
+    finally:
+        c.close()
+    said = [r for r in caplog.records if "(powerFactor).1.2.7 skipped" in r.getMessage()]
+    assert [r.levelno for r in said] == [logging.WARNING, logging.DEBUG, logging.DEBUG]
+
+
+@pytest.mark.slow
 def test_config_columns_are_read_once(agent: int) -> None:
     c = SnmpPduCollector(
         "127.0.0.1", site="lab", profile="raritan-pdu2", community="raritan-pdu2", port=agent
@@ -275,26 +489,21 @@ def test_config_columns_are_read_once(agent: int) -> None:
     second = decode(*c.poll()[0])
     c.close()
     assert not any(o.endswith((".7", ".6")) and ".6.3." in o for o in walked), walked
+    assert any(o.endswith(".5.4.3.1.3") for o in walked)  # states are read every poll
     assert first.samples == second.samples
     assert second.seq == first.seq + 1
     assert first.source == "127-0-0-1"  # default source: the host
 
 
+@pytest.mark.slow
 def test_wrong_community_is_a_clear_error(agent: int) -> None:
-    c = SnmpPduCollector(
-        "127.0.0.1",
-        site="lab",
-        profile="apc-rpdu2",
-        community="not-the-community",
-        port=agent,
-        timeout_s=0.5,
-        retries=0,
-    )
-    with pytest.raises(CollectorError, match=r"127\.0\.0\.1:\d+.*no usable answer.*community"):
-        c.poll()
-    c.close()
+    proc = cli(agent, "apc-rpdu2", "not-the-community", "--timeout", "0.5", "--retries", "0")
+    assert proc.returncode == 2, proc.stderr
+    assert "no usable answer" in proc.stderr and "community" in proc.stderr
+    assert ASYNCIO_LEAK not in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_no_agent_is_a_clear_error() -> None:
     port = _free_udp_port()
     c = SnmpPduCollector(
@@ -311,22 +520,106 @@ def test_no_agent_is_a_clear_error() -> None:
     ):
         c.poll()
     c.close()
+    c.close()  # idempotent
 
 
+@pytest.mark.slow
 def test_wrong_profile_is_named(agent: int) -> None:
-    c = SnmpPduCollector(
-        "127.0.0.1", site="lab", profile="sentry4", community="apc-rpdu2", port=agent
+    proc = cli(agent, "sentry4", "apc-rpdu2")
+    assert proc.returncode == 2 and "wrong profile" in proc.stderr, proc.stderr
+    assert ASYNCIO_LEAK not in proc.stderr
+
+
+@pytest.mark.slow
+def test_unknown_profile_and_help_list_the_registry() -> None:
+    proc = cli(9, "raritan-px9", "public")
+    assert proc.returncode == 2
+    assert "unknown SNMP profile 'raritan-px9'" in proc.stderr
+    for name in profile_names():
+        assert name in proc.stderr
+    env = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "200"}
+    helptext = subprocess.run(
+        [sys.executable, "-m", "twin.cli", "collect", "snmp", "--help"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=60,
+    ).stdout
+    for name in ("raritan-pdu2", "apc-rpdu2", "apc-rpdu", "sentry4", "sentry3", "eaton-epdu"):
+        assert name in helptext
+    for alias in (a for p in profiles().values() for a in p.aliases):
+        assert alias in helptext, alias  # the help's alias list is kept with the files
+
+
+def test_profiles_are_data_files_with_sources() -> None:
+    known = profiles()
+    assert set(known) == set(profile_names())
+    assert {"raritan-pdu2", "apc-rpdu2", "apc-rpdu", "sentry4", "sentry3", "eaton-epdu"} <= set(
+        known
     )
-    with pytest.raises(CollectorError, match="wrong profile"):
-        c.poll()
-    c.close()
-
-
-def test_profiles_are_explicit() -> None:
-    assert set(PROFILES) == {"raritan-pdu2", "apc-rpdu2", "sentry4"}
-    for p in PROFILES.values():
+    assert resolve("raritan").name == "raritan-pdu2"
+    assert resolve("apc").name == "apc-rpdu2"
+    assert resolve("servertech").name == "sentry4"
+    assert resolve("eaton").name == "eaton-epdu"
+    for p in known.values():
+        assert (PROFILE_DIR / f"{p.name}.yaml").is_file()
+        assert p.source.mib and p.source.published and p.source.verified
         for t in p.tables:
             for col in t.columns:
                 assert col.mib and col.oid.startswith("1.3.6.1.4.1.")
+    # every fixture is served under a community the tests poll
+    assert {f.stem for f in FIXTURES.glob("*.snmprec")} == set(known) | {"sentry4-delta"}
     with pytest.raises(ValueError, match="unknown SNMP profile"):
         SnmpPduCollector("127.0.0.1", site="lab", profile="nope", community="public")
+
+
+def _broken(tmp_path: Path, old: str, new: str) -> Path:
+    text = (PROFILE_DIR / "apc-rpdu.yaml").read_text()
+    assert old in text
+    path = tmp_path / "apc-rpdu.yaml"
+    path.write_text(text.replace(old, new, 1))
+    return path
+
+
+def test_a_wrong_profile_file_names_file_and_field(tmp_path: Path) -> None:
+    bad_unit = _broken(tmp_path, "quantity: power_w, unit: W}", "quantity: power_w, unit: kA}")
+    with pytest.raises(ProfileError) as e:
+        load_profile(bad_unit)
+    msg = str(e.value)
+    assert str(bad_unit) in msg
+    assert "tables[0] (rPDUIdent).columns[0] (rPDUIdentDevicePowerWatts)" in msg
+    assert "'kA' is not one of" in msg
+
+    bad_oid = _broken(tmp_path, "oid: 1.3.6.1.4.1.318.1.1.12.1.16,", "oid: rPDUIdent.16,")
+    with pytest.raises(ProfileError, match=r"columns\[0\] \(rPDUIdentDevicePowerWatts\)\.oid"):
+        load_profile(bad_oid)
+
+    bad_pattern = _broken(tmp_path, 'sample: "{src}/L{phase}"', 'sample: "{src}/L{line}"')
+    with pytest.raises(ProfileError, match=r"tables\[1\].*names \{line\}"):
+        load_profile(bad_pattern)
+
+    not_yaml = tmp_path / "x.yaml"
+    not_yaml.write_text("name: x\ntables: [\n")
+    with pytest.raises(ProfileError, match=r"x\.yaml: line \d+ not valid YAML"):
+        load_profile(not_yaml)
+
+
+def test_delta_leg_ids_resolve_and_are_not_phases() -> None:
+    from collectors.contract import leg_id, line_element, split_leg_id, split_phase_id
+    from twin.chain.limits import phase_table
+
+    assert line_element("L1-N") == "L1" and line_element(" l2 ") == "L2"
+    assert line_element("L1-L2") == "L1-L2" and line_element("L3 - L1") == "L3-L1"
+    assert line_element("AA") is None and line_element("L1-L1") is None
+    assert split_phase_id(f"{P}/L1-L2") is None  # never mistaken for a phase
+    assert split_leg_id(leg_id(P, 3, 1)) == (P, 3, 1)
+    assert split_leg_id(f"{P}/L1") is None
+    site = load_site(REPO / "sample_telemetry" / "small_site.yaml")
+    for leg in ("L1-L2", "L2-L3", "L3-L1"):
+        assert site.is_known("pdu", f"{P}/{leg}")
+    assert not site.is_known("pdu", f"{P}/L1-L4")  # a three-phase unit has no line 4
+    assert not site.is_known("pdu", "pdu-nowhere/L1-L2")
+    table = phase_table(site)
+    assert not [i for i in table.ids if "-L" in i]
+    assert f"{P}/L1" in table.ids

@@ -34,8 +34,12 @@ import orjson
 import typer
 
 from collectors.mqtt import BrokerConfig
+from collectors.snmp_profiles import profile_names
 from twin.cli.common import err, fail
 from twin.procs import on_stop_signals
+
+#: The SNMP profiles shipped (file names only, so --help works even if one file is broken).
+_SNMP_PROFILES = profile_names()
 
 collect_app = typer.Typer(
     name="collect",
@@ -431,7 +435,14 @@ def redfish(
 @collect_app.command("snmp")
 def snmp(
     host: Annotated[str, typer.Option(help="PDU host name or address.")],
-    profile: Annotated[str, typer.Option(help="Vendor profile: raritan, apc or servertech.")],
+    profile: Annotated[
+        str,
+        typer.Option(
+            help="Vendor profile, one per MIB: "
+            + ", ".join(_SNMP_PROFILES)
+            + " (collectors/snmp_profiles/<name>.yaml; aliases raritan, apc, servertech, eaton)."
+        ),
+    ],
     community_env: Annotated[
         str,
         typer.Option("--community-env", help="Environment variable holding the SNMP community."),
@@ -451,8 +462,14 @@ def snmp(
     verbose: VerboseOpt = False,
 ) -> None:
     """Poll an SNMP PDU (SNMPv2c) with a vendor profile."""
-    if profile not in ("raritan", "apc", "servertech"):
-        raise fail(f"--profile {profile!r}: expected raritan, apc or servertech")
+    from collectors.snmp_profiles import ProfileError, resolve
+
+    try:
+        prof = resolve(profile)
+    except ProfileError as e:  # a broken profile file: name the file and the field
+        raise fail(f"SNMP profiles: {e}") from None
+    except ValueError as e:
+        raise fail(f"--profile: {e}") from None
     if not 1 <= port <= 65535:
         raise fail(f"--port {port}: expected 1..65535")
     community = _secret(community_env, "--community-env", required=True)
@@ -466,7 +483,7 @@ def snmp(
         return SnmpPduCollector(
             host,
             site=site_name,
-            profile=profile,
+            profile=prof,
             community=community,
             port=port,
             source=source,

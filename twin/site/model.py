@@ -31,7 +31,13 @@ from pydantic import (
 )
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from collectors.contract import cdu_sample_ids, gpu_id, pdu_sample_ids, split_sub_id
+from collectors.contract import (
+    cdu_sample_ids,
+    gpu_id,
+    pdu_sample_ids,
+    split_leg_id,
+    split_sub_id,
+)
 from twin.site.catalog import CDU_MODELS, GPU_MODELS, NODE_MODELS, GpuModel, NodeModel
 
 Name = str
@@ -261,12 +267,18 @@ class Site(_Strict):
     def is_known(self, kind: str, sample_id: str) -> bool:
         """True when ``sample_id`` of ``kind`` names something in this site.
 
-        PDU outlets (``<pdu>/outlet<n>``) are accepted for any PDU the site lists.
+        PDU outlets (``<pdu>/outlet<n>``) are accepted for any PDU the site lists, and the
+        line-to-line legs of a delta unit (``<pdu>/L1-L2``, two of its phases) for any PDU with
+        more than one phase. A leg is not a phase: the phase tables never list it.
         """
         ids = self.known_ids.get(kind, frozenset())
         if sample_id in ids:
             return True
         if kind == "pdu":
+            leg = split_leg_id(sample_id)
+            if leg is not None:
+                pdu = self.pdu_by_name.get(leg[0])
+                return pdu is not None and max(leg[1], leg[2]) <= pdu.phases
             parent, element = split_sub_id(sample_id)
             return (element or "").startswith("outlet") and parent in self.pdu_by_name
         return False

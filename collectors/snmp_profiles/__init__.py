@@ -1,0 +1,305 @@
+"""SNMP PDU profiles: one YAML file per vendor MIB, validated by pydantic on load.
+
+A profile (``<name>.yaml`` in this folder, shipped in the wheel) names its source (the MIB, its
+revision, where the MIB text is published and what of it was verified) and lists the tables the
+collector walks. Each column names its MIB object, OID, contract quantity and scaling::
+
+    value = raw / 10**decimals * scale, in ``unit``, then converted to the contract's unit
+
+so the scaling of every value is explicit and reviewable in the data file. ``decimals`` is read
+from the agent where the MIB says so (Raritan ``...SensorDecimalDigits``); where the agent states
+the unit (``units``) it is checked against ``units_map``; where it states a sensor state
+(``state``) a state listed in ``unavailable`` leaves the value out. ``labels`` read a
+DisplayString column that names a line or a line-to-line leg (``L1``, ``L1-N``, ``L1-L2``) and
+turn it into the contract's element (``L1`` or ``L1-L2``, see :func:`collectors.contract.
+line_element`), so that a delta unit's leg readings never land on a line id.
+
+This module needs only pydantic and PyYAML (not pysnmp): the CLI lists the profiles from it.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from collectors.contract import unit_of
+
+__all__ = [
+    "PROFILE_DIR",
+    "UNITS",
+    "Column",
+    "Label",
+    "Profile",
+    "ProfileError",
+    "Source",
+    "Table",
+    "contract_unit",
+    "load_profile",
+    "profile_names",
+    "profiles",
+    "resolve",
+]
+
+#: Where the shipped profiles live.
+PROFILE_DIR = Path(__file__).parent
+
+#: Unit after scaling -> (contract unit, factor, offset).
+UNITS: dict[str, tuple[str, float, float]] = {
+    "A": ("A", 1.0, 0.0),
+    "mA": ("A", 1e-3, 0.0),
+    "V": ("V", 1.0, 0.0),
+    "mV": ("V", 1e-3, 0.0),
+    "W": ("W", 1.0, 0.0),
+    "kW": ("W", 1e3, 0.0),
+    "VA": ("VA", 1.0, 0.0),
+    "kVA": ("VA", 1e3, 0.0),
+    "kWh": ("kWh", 1.0, 0.0),
+    "Wh": ("kWh", 1e-3, 0.0),
+    "Hz": ("Hz", 1.0, 0.0),
+    "1": ("1", 1.0, 0.0),
+    "Cel": ("°C", 1.0, 0.0),
+    "degF": ("°C", 5.0 / 9.0, -32.0 * 5.0 / 9.0),  # (F - 32) * 5/9
+    "%": ("%", 1.0, 0.0),
+}
+
+_OID = re.compile(r"[0-9]+(?:\.[0-9]+)+")
+
+
+class ProfileError(ValueError):
+    """A profile file that cannot be used; the message names the file and the field."""
+
+
+def contract_unit(quantity: str) -> str:
+    """The unit a quantity is stored in: the contract's, or the one its name ends with."""
+    if quantity.startswith("power_factor"):
+        return "1"
+    unit = unit_of(quantity, "pdu")
+    if unit is None:
+        raise ValueError(f"quantity {quantity!r} names no unit")
+    return unit
+
+
+def _check_oid(value: str | None) -> str | None:
+    if value is not None and not _OID.fullmatch(value):
+        raise ValueError(f"{value!r} is not a numeric OID (e.g. 1.3.6.1.4.1.318.1.1.26.6.3.1.5)")
+    return value
+
+
+class Column(BaseModel):
+    """One MIB column (or one sensor type of a Raritan measurements column)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    mib: str = Field(description="MIB object, e.g. 'rPDU2PhaseStatusCurrent'")
+    oid: str = Field(description="column OID; a row is <oid>.<index>")
+    quantity: str
+    scale: float = 1.0
+    unit: str = Field(description="unit of raw * scale / 10**decimals; a key of UNITS")
+    decimals: str | None = Field(None, description="OID of a decimal-digits column, same index")
+    units: str | None = Field(
+        None, description="OID of a units column (same index) or scalar (ends in .0)"
+    )
+    units_map: dict[int, str] = Field(
+        default_factory=dict, description="agent's units enum -> a key of UNITS; others refused"
+    )
+    state: str | None = Field(None, description="OID of a sensor-state column, same index")
+    unavailable: tuple[int, ...] = Field(
+        (), description="state values meaning 'no reading': the value is left out"
+    )
+    when: dict[str, tuple[int, ...]] = Field(
+        default_factory=dict, description="index part or key -> values the row must have"
+    )
+    unless: dict[str, tuple[int, ...]] = Field(
+        default_factory=dict, description="index part or key -> values the row must not have"
+    )
+    sample: str | None = Field(None, description="sample-id pattern overriding the table's")
+    invalid: tuple[int, ...] = Field((-1,), description="raw values meaning 'no reading'")
+
+    _oids = field_validator("oid", "decimals", "units", "state")(_check_oid)
+
+    @model_validator(mode="after")
+    def _units_known(self) -> Column:
+        for u in (self.unit, *self.units_map.values()):
+            if u not in UNITS:
+                raise ValueError(f"unit {u!r} is not one of {list(UNITS)}")
+        want = contract_unit(self.quantity)
+        for u in (self.unit, *self.units_map.values()):
+            if UNITS[u][0] != want:
+                raise ValueError(f"unit {u!r} does not convert to {self.quantity}'s {want}")
+        if self.unavailable and self.state is None:
+            raise ValueError("'unavailable' needs 'state' (the OID of the state column)")
+        return self
+
+
+class Label(BaseModel):
+    """A DisplayString column naming a line (``L1``, ``L1-N``) or a leg (``L1-L2``)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    oid: str
+    map: dict[int, str] = Field(
+        default_factory=dict,
+        description="an integer enumeration column: value -> label (e.g. Eaton phase1to2 -> L1-L2)",
+    )
+    fallback: str | None = Field(
+        None, description="pattern over the index parts when the agent gives no usable label"
+    )
+
+    _oids = field_validator("oid")(_check_oid)
+
+
+class Table(BaseModel):
+    """One conceptual table: how its index reads and where its rows land."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    index: tuple[str, ...] = Field(description="names of the index parts, in order")
+    keys: dict[str, str] = Field(
+        default_factory=dict, description="name -> OID of an integer column of the row (cached)"
+    )
+    labels: dict[str, Label] = Field(
+        default_factory=dict, description="name -> line/leg label column of the row (cached)"
+    )
+    sample: str = Field(description="pattern: {src}, {chain}, index parts, keys and labels")
+    chain: tuple[str, ...] = Field(
+        (), description="parts that prefix the id as /<name><value> when not their origin"
+    )
+    chain_origin: dict[str, int] = Field(
+        default_factory=dict, description="chain part -> the value that adds no prefix (1)"
+    )
+    first: str | None = Field(None, description="pattern for the first row of each quantity")
+    columns: tuple[Column, ...] = Field(min_length=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _defaults(cls, data: Any) -> Any:
+        """``defaults:`` (a partial column) is merged under every column of the table."""
+        if isinstance(data, dict) and "defaults" in data:
+            data = dict(data)
+            defaults = data.pop("defaults") or {}
+            if not isinstance(defaults, dict):
+                raise ValueError("'defaults' must be a mapping of column fields")
+            cols = data.get("columns")
+            if isinstance(cols, list):
+                data["columns"] = [{**defaults, **c} if isinstance(c, dict) else c for c in cols]
+        return data
+
+    @model_validator(mode="after")
+    def _names_known(self) -> Table:
+        names = {"src", "chain", *self.index, *self.keys, *self.labels}
+        for pattern in (self.sample, self.first, *(c.sample for c in self.columns)):
+            if pattern is None:
+                continue
+            for field in re.findall(r"{([^{}]*)}", pattern):
+                if field not in names:
+                    raise ValueError(
+                        f"sample pattern {pattern!r} names {{{field}}}: not one of {sorted(names)}"
+                    )
+        return self
+
+
+class Source(BaseModel):
+    """Where a profile's OIDs and scales come from, and how far they were checked."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    mib: str = Field(description="MIB module name, e.g. 'Sentry3-MIB'")
+    revision: str = Field(description="the MIB's LAST-UPDATED / REVISION the profile was read from")
+    published: str = Field(description="where the MIB text is published")
+    verified: str = Field(description="what was checked in the MIB text, and what was not")
+
+
+class Profile(BaseModel):
+    """A vendor MIB: the tables to walk."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]*$")
+    aliases: tuple[str, ...] = ()
+    description: str
+    source: Source
+    tables: tuple[Table, ...] = Field(min_length=1)
+
+
+def _loc(loc: tuple[Any, ...], data: Any) -> str:
+    """``tables[1] (rPDU2PhaseStatusTable).columns[0] (rPDU2PhaseStatusCurrent).unit``."""
+    out: list[str] = []
+    node = data
+    for part in loc:
+        if isinstance(part, int):
+            out[-1:] = [f"{out[-1] if out else ''}[{part}]"]
+            node = node[part] if isinstance(node, list) and part < len(node) else None
+            name = (
+                (node or {}).get("name") or (node or {}).get("mib")
+                if isinstance(node, dict)
+                else None
+            )
+            if name:
+                out[-1] += f" ({name})"
+        else:
+            out.append(str(part))
+            node = node.get(part) if isinstance(node, dict) else None
+    return ".".join(out) or "(top level)"
+
+
+def load_profile(path: Path) -> Profile:
+    """Read and validate one profile file; :class:`ProfileError` names the file and field."""
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise ProfileError(f"{path}: cannot read: {e.strerror or e}") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        raise ProfileError(f"{path}:{where} not valid YAML: {getattr(e, 'problem', e)}") from None
+    if not isinstance(data, dict):
+        raise ProfileError(f"{path}: expected a mapping (name, description, source, tables)")
+    try:
+        profile = Profile.model_validate(data)
+    except ValidationError as e:
+        first = e.errors()[0]
+        more = f" (and {e.error_count() - 1} more)" if e.error_count() > 1 else ""
+        raise ProfileError(
+            f"{path}: {_loc(tuple(first['loc']), data)}: {first['msg']}{more}"
+        ) from None
+    if profile.name != path.stem:
+        raise ProfileError(f"{path}: name {profile.name!r} must be the file name {path.stem!r}")
+    return profile
+
+
+def profile_names(directory: Path = PROFILE_DIR) -> list[str]:
+    """The profile names shipped in ``directory`` (file names; nothing is parsed)."""
+    return sorted(p.stem for p in directory.glob("*.yaml"))
+
+
+@functools.cache
+def profiles(directory: Path = PROFILE_DIR) -> dict[str, Profile]:
+    """Every profile in ``directory`` by name (validated; cached)."""
+    out = {p.stem: load_profile(p) for p in sorted(directory.glob("*.yaml"))}
+    seen: dict[str, str] = {}
+    for p in out.values():
+        for a in p.aliases:
+            if a in out or a in seen:
+                raise ProfileError(
+                    f"{directory / (p.name + '.yaml')}: alias {a!r} is already taken by "
+                    f"{seen.get(a, a)!r}"
+                )
+            seen[a] = p.name
+    return out
+
+
+def resolve(name: str, directory: Path = PROFILE_DIR) -> Profile:
+    """The profile called ``name`` or aliased so; ValueError listing the names otherwise."""
+    known = profiles(directory)
+    if name in known:
+        return known[name]
+    for p in known.values():
+        if name in p.aliases:
+            return p
+    raise ValueError(f"unknown SNMP profile {name!r}; known: {', '.join(known)}")
