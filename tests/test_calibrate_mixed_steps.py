@@ -152,3 +152,31 @@ def test_jittered_and_dropped_10_s_readings_calibrate(stores):
     gpus = list(truth["gpus"])
     # measured: 24 of 24 for each, R within 0.8 %, C within 7.0 %, HBM C within 5.3 %
     _check_thermal(db, result, truth, gpus, {"c_j_per_k": 20, "mem_c_j_per_k": 20})
+
+
+def test_gpus_are_grouped_by_rate_and_rare_ones_do_not_stop_the_rest(tmp_path) -> None:
+    from datetime import timedelta
+
+    from twin.calibrate.calibrate import index_site, step_groups
+
+    from .test_windows import _gpu_rows
+
+    idx = index_site(load_site(SMALL_SITE))
+    t0 = datetime(2026, 11, 20, 12, 0, tzinfo=UTC)
+    rate = {g: (10.0 if g.startswith("trn-r01-n2:") else 1.0) for g in idx.gpu_ids}
+    rate["inf-r02-n1:0"] = 300.0  # its exporter mostly down: 3 samples in 10 minutes
+    del rate["inf-r02-n1:1"]  # never reported
+    ids, times = [], []
+    for gid, step in rate.items():
+        for s in np.arange(0.0, 600.0, step):
+            ids.append(gid)
+            times.append(t0 + timedelta(seconds=float(s)))
+    with Store(tmp_path / "s.duckdb") as store:
+        store.insert_arrow("gpu", _gpu_rows(ids, times))
+        groups = step_groups(store, idx, t0, t0 + timedelta(minutes=10))
+    got = {step: sorted(idx.gpu_ids[g] for g in members) for step, members in groups}
+    assert sorted(got) == [1.0, 10.0]
+    assert got[10.0] == sorted(
+        [g for g in idx.gpu_ids if g.startswith("trn-r01-n2:")] + ["inf-r02-n1:0", "inf-r02-n1:1"]
+    )  # the rare and the silent GPU on the coarsest grid: refused there for their gaps
+    assert len(got[1.0]) == 14

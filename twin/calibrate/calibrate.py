@@ -451,10 +451,14 @@ def calibrate(
 ) -> dict[str, Any]:
     """Fit every device on [end - window_s, end - holdout_s) and score it on the rest.
 
-    ``step_s`` is the grid the window is loaded on; by default the data's own step
-    (:func:`data_step_s`: the coarsest sampling step of the kinds the fits join), so gaps are
-    counted against the rate the site reports at. Returns a JSON-serializable result;
-    :func:`save_run` stores it.
+    ``step_s`` is the grid the window is loaded on. By default each GPU is fitted at the
+    data's own step (:func:`step_groups`: GPUs grouped by sampling rate, each group at the
+    coarsest median interval of its GPUs and the reference series they join), so gaps are
+    counted against the rate each device reports at; rack power and capture on the coarsest
+    group's grid. Irregular timestamps are resampled onto the grid (one sample per step, NaN
+    where none: a gap), phased at the timestamps' median offset (:func:`_grid_end`). The run
+    says the steps (``step_groups``); each GPU's ``step_s`` is saved with its parameters.
+    Returns a JSON-serializable result; :func:`save_run` stores it.
     """
     t_start = time.perf_counter()
     idx = index_site(site)
@@ -582,9 +586,9 @@ def step_groups(
     :func:`~twin.calibrate.windows.mean_intervals_s`), each group's step then the median
     interval of its GPUs and of the reference series they join, the coarsest of those
     (:func:`data_step_s`); groups that end at one step are one. Returns ``(step_s, GPU
-    positions in idx)`` per group, finest first; GPUs with fewer than two samples join the
-    coarsest group (their fits are refused there for the missing data). Raises ValueError as
-    :func:`data_step_s`."""
+    positions in idx)`` per group, finest first; GPUs with fewer than two samples, or sampled
+    more rarely than :data:`MAX_STEP_S`, join the coarsest group (their fits are refused there
+    for the missing data). Raises ValueError as :func:`data_step_s` when no group is left."""
     own = mean_intervals_s(store, "gpu", start, end, idx.gpu_ids)
     known = np.flatnonzero(np.isfinite(own))
     if not known.size:
@@ -600,9 +604,21 @@ def step_groups(
             clusters.append([int(g)])
     clusters[-1].extend(int(g) for g in np.flatnonzero(~np.isfinite(own)))
     by_step: dict[float, list[int]] = {}
+    too_coarse: list[int] = []
+    error: ValueError | None = None
     for members in clusters:
-        step = data_step_s(store, idx, start, end, np.array(sorted(members)))
+        try:
+            step = data_step_s(store, idx, start, end, np.array(sorted(members)))
+        except ValueError as e:  # a few samples over the window (a node down most of it)
+            too_coarse.extend(members)
+            error = error or e
+            continue
         by_step.setdefault(step, []).extend(members)
+    if not by_step:
+        assert error is not None
+        raise error
+    # GPUs sampled too rarely to fit join the coarsest grid, where they are refused for gaps
+    by_step[max(by_step)].extend(too_coarse)
     return [(step, np.array(sorted(m), dtype=np.int64)) for step, m in sorted(by_step.items())]
 
 
