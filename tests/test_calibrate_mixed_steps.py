@@ -19,6 +19,7 @@ import json
 from datetime import UTC, datetime
 
 import numpy as np
+import pyarrow as pa
 import pytest
 from typer.testing import CliRunner
 
@@ -28,9 +29,12 @@ from twin.ingest import Ingester, IngestLimits
 from twin.simulator import SiteSimulator
 from twin.site import load_site
 from twin.store import Store
+from twin.store.schema import arrow_schema
 
 from .conftest import SMALL_SITE
-from .test_calibrate_any_step import THERMAL_TOL
+
+#: the tolerances of tests/test_calibrate_any_step.py and tests/test_calibrate.py (1 Hz)
+THERMAL_TOL = {"r_k_per_w": 0.05, "c_j_per_k": 0.15, "mem_r_k_per_w": 0.05, "mem_c_j_per_k": 0.15}
 
 HOURS = 2
 FAST_NODE = "trn-r01-n1"  # 1 Hz in the two-exporter store
@@ -159,8 +163,6 @@ def test_gpus_are_grouped_by_rate_and_rare_ones_do_not_stop_the_rest(tmp_path) -
 
     from twin.calibrate.calibrate import index_site, step_groups
 
-    from .test_windows import _gpu_rows
-
     idx = index_site(load_site(SMALL_SITE))
     t0 = datetime(2026, 11, 20, 12, 0, tzinfo=UTC)
     rate = {g: (10.0 if g.startswith("trn-r01-n2:") else 1.0) for g in idx.gpu_ids}
@@ -171,8 +173,12 @@ def test_gpus_are_grouped_by_rate_and_rare_ones_do_not_stop_the_rest(tmp_path) -
         for s in np.arange(0.0, 600.0, step):
             ids.append(gid)
             times.append(t0 + timedelta(seconds=float(s)))
+    schema = arrow_schema("gpu")
+    cols = {"ts": times, "source": [i.split(":")[0] for i in ids], "id": ids}
+    cols |= {f.name: [100.0] * len(ids) for f in schema if f.name == "power_w"}
+    cols |= {f.name: [None] * len(ids) for f in schema if f.name not in cols}
     with Store(tmp_path / "s.duckdb") as store:
-        store.insert_arrow("gpu", _gpu_rows(ids, times))
+        store.insert_arrow("gpu", pa.table(cols, schema=schema))
         groups = step_groups(store, idx, t0, t0 + timedelta(minutes=10))
     got = {step: sorted(idx.gpu_ids[g] for g in members) for step, members in groups}
     assert sorted(got) == [1.0, 10.0]
