@@ -168,3 +168,36 @@ def test_the_step_is_the_median_interval_of_each_devices_timestamps(tmp_path) ->
         )  # fmt: skip
         missing = np.isnan(w.values["power_w"][:, 0]).mean()
         assert missing == pytest.approx(1200 / 3600, abs=0.01)
+
+
+def test_mean_intervals_tell_two_exporters_apart_in_one_query(tmp_path) -> None:
+    from twin.calibrate.windows import mean_intervals_s
+
+    t0 = datetime(2026, 11, 1, tzinfo=UTC)
+    ids, times = [], []
+    for dev, step in (("fast:0", 1.0), ("slow:0", 10.0), ("once:0", 3600.0)):
+        for s in np.arange(0, 600, step):
+            ids.append(dev)
+            times.append(t0 + timedelta(seconds=float(s)))
+    with Store(tmp_path / "s.duckdb") as store:
+        store.insert_arrow("gpu", _gpu_rows(ids, times))
+        got = mean_intervals_s(
+            store, "gpu", t0, t0 + timedelta(hours=1), ["slow:0", "fast:0", "once:0", "none:0"]
+        )
+    np.testing.assert_allclose(got[:2], [10.0, 1.0])
+    assert np.isnan(got[2:]).all()  # one sample, or none: no interval
+
+
+def test_the_huber_scale_median_is_numpys_nanmedian_without_its_column_loop() -> None:
+    from models.gpu_thermal import _column_nanmedian
+
+    rng = np.random.default_rng(2)
+    for n_t, n, dtype in ((720, 300, np.float32), (3601, 40, np.float64), (4, 5, np.float32)):
+        a = rng.standard_normal((n_t, n)).astype(dtype)
+        a[rng.random((n_t, n)) < 0.2] = np.nan
+        a[:, 0] = np.nan  # an all-NaN column
+        with pytest.warns(RuntimeWarning):
+            want = np.nanmedian(a, axis=0)
+        got = _column_nanmedian(a)
+        assert got.dtype == a.dtype
+        np.testing.assert_array_equal(got, want)

@@ -27,12 +27,14 @@ from models.gpu_thermal import RcFit, fit_rc_many, predict_temp_c
 from twin.calibrate.windows import (
     MAX_STEP_S,
     MIN_STEP_S,
+    STEP_SAMPLE_IDS,
     Window,
     first_valid,
     hold_fill,
     infer_step_s,
     load_max,
     load_window,
+    mean_intervals_s,
 )
 from twin.site import Site
 from twin.store import Store
@@ -132,31 +134,47 @@ def fit_rc_at_step(
     ref_temp_c: np.ndarray,
     power_w: np.ndarray,
     step_s: float,
+    *,
+    threads: int | None = None,
     **kw: Any,
 ) -> dict[str, StepRcFit]:
     """``fit_rc_many`` at any step: at :data:`INTERVAL_MEAN_MIN_STEP_S` and coarser, each
-    temperature is also fitted with the interval-mean input (the weight from a first fit at
-    0.5, then from its time constant), and each GPU keeps the model of smaller output error.
-    On a 10 s recording of bucket means (time constants 8-12 s on the cold plates of the small
+    temperature is also fitted with the interval-mean input (the weight from the time constant
+    of its zero-order-hold fit), and each GPU keeps the model of smaller output error. On a
+    10 s recording of bucket means (time constants 8-12 s on the cold plates of the small
     site), the zero-order hold alone put C 7-41 % low and left 8 of 24 GPUs unidentified; with
-    the interval-mean input C came within 4 % for all 24 (with the stuck-sensor check off; with
-    it on, C within 3.5 % for the 14 it lets through, tests/test_calibrate_any_step.py)."""
-    zoh = fit_rc_many(temps_c, ref_temp_c, power_w, step_s, **kw)
-    n_gpu = np.shape(power_w)[1] if np.ndim(power_w) == 2 else 1
-    zero = np.zeros(n_gpu)
-    if step_s < INTERVAL_MEAN_MIN_STEP_S or not temps_c:
+    the interval-mean input C came within the 1 Hz tolerance for all 24
+    (tests/test_calibrate_any_step.py). The quantities are independent: with ``threads`` other
+    than 1 each runs in a thread of its own (numpy releases the GIL in its loops)."""
+    if threads == 1 or len(temps_c) < 2:
         return {
-            q: StepRcFit(**{k.name: getattr(f, k.name) for k in fields(RcFit)}, input_weight=zero)
-            for q, f in zoh.items()
+            q: _rc_at_step_one(q, temp, ref_temp_c, power_w, step_s, kw)
+            for q, temp in temps_c.items()
         }
-    half = np.full(n_gpu, 0.5)
-    first = fit_rc_many(temps_c, ref_temp_c, interval_power_w(power_w, half), step_s, **kw)
-    out = {}
-    for q, temp in temps_c.items():
-        w = interval_mean_weight(first[q].tau_s, step_s)
-        refit = fit_rc_many({q: temp}, ref_temp_c, interval_power_w(power_w, w), step_s, **kw)[q]
-        out[q] = _pick(zoh[q], refit, w)
-    return out
+    with ThreadPoolExecutor(max_workers=len(temps_c), thread_name_prefix="rc") as pool:
+        jobs = {
+            q: pool.submit(_rc_at_step_one, q, temp, ref_temp_c, power_w, step_s, kw)
+            for q, temp in temps_c.items()
+        }
+        return {q: job.result() for q, job in jobs.items()}
+
+
+def _rc_at_step_one(
+    q: str,
+    temp: np.ndarray,
+    ref_temp_c: np.ndarray,
+    power_w: np.ndarray,
+    step_s: float,
+    kw: dict[str, Any],
+) -> StepRcFit:
+    """:func:`fit_rc_at_step` for one temperature quantity ``q``."""
+    zoh = fit_rc_many({q: temp}, ref_temp_c, power_w, step_s, **kw)[q]
+    if step_s < INTERVAL_MEAN_MIN_STEP_S:
+        values = {k.name: getattr(zoh, k.name) for k in fields(RcFit)}
+        return StepRcFit(**values, input_weight=np.zeros(zoh.r_k_per_w.shape))
+    w = interval_mean_weight(zoh.tau_s, step_s)
+    refit = fit_rc_many({q: temp}, ref_temp_c, interval_power_w(power_w, w), step_s, **kw)[q]
+    return _pick(zoh, refit, w)
 
 
 def min_samples(duration_s: float, step_s: float, floor: int = MIN_FIT_SAMPLES) -> int:
@@ -266,8 +284,8 @@ def fit_gpu_links(
     ``activity``, ``power_w`` and every array of ``temps_c`` (``temp_c``, ``mem_temp_c``) are
     ``(T, N)``; ``ref_temp_c`` is the coolant or inlet reference per GPU. The fits share no
     state, and numpy releases the GIL inside its array loops, so the power curve runs in one
-    thread beside the RC fits (``fit_rc_at_step``: one after the other, sharing the checks and
-    working copies of power and reference) in another; ``threads=1`` runs everything in turn.
+    thread beside the RC fits (``fit_rc_at_step``: one thread per temperature quantity);
+    ``threads=1`` runs everything in turn.
     """
     # in-sample MAE skipped: calibrate() scores the curve on its held-out window
     pc_args = (activity, power_w, limit_w)
@@ -277,7 +295,7 @@ def fit_gpu_links(
         "min_samples": min_samples(MIN_POWER_CURVE_S, step_s),
         "min_idle_samples": min_samples(MIN_IDLE_S, step_s, MIN_IDLE_SAMPLES),
     }
-    rc_kw = {"min_samples": min_samples(MIN_RC_S, step_s)}
+    rc_kw = {"min_samples": min_samples(MIN_RC_S, step_s), "threads": threads}
     if threads == 1 or not temps_c:
         pc = fit_power_curve(*pc_args, **pc_kw)
         return pc, fit_rc_at_step(temps_c, ref_temp_c, power_w, step_s, **rc_kw)
@@ -302,66 +320,23 @@ def _quality(kind: str, ids: list[str], quantity: str, meas: np.ndarray, pred: n
         }
 
 
-def calibrate(
-    store: Store,
-    site: Site,
-    *,
-    end: datetime | None = None,
-    window_s: float = 7200.0,
-    holdout_s: float = 1200.0,
-    step_s: float | None = None,
-) -> dict[str, Any]:
-    """Fit every device on [end - window_s, end - holdout_s) and score it on the rest.
-
-    ``step_s`` is the grid the window is loaded on; by default the data's own step
-    (:func:`data_step_s`: the coarsest sampling step of the kinds the fits join), so gaps are
-    counted against the rate the site reports at. Returns a JSON-serializable result;
-    :func:`save_run` stores it.
-    """
-    t_start = time.perf_counter()
-    idx = index_site(site)
-    newest = None
-    if end is None:
-        newest = store.con.execute("SELECT max(ts) FROM gpu").fetchall()[0][0]
-        if newest is None:
-            raise ValueError("the store holds no GPU samples to calibrate against")
-    if step_s is None:
-        probe_end = end if end is not None else newest + timedelta(microseconds=1)
-        step_s = data_step_s(store, idx, probe_end - timedelta(seconds=window_s), probe_end)
-    if not step_s > 0:
-        raise ValueError(f"step {step_s!r} s must be > 0")
-    if end is None:
-        # the newest sample mid-step: samples that jitter by up to half a step still land one
-        # per step of the grid
-        end = newest + timedelta(seconds=step_s / 2)
-    start = end - timedelta(seconds=window_s)
-    split = round((window_s - holdout_s) / step_s)
-
-    gpu, limit, cdu, node, pdu = _load_windows(store, idx, start, end, step_s)
+def _fit_gpu_group(
+    results: dict[str, Any],
+    params: Callable[..., None],
+    idx: SiteIndex,
+    gpu: Window,
+    limit: np.ndarray,
+    ref: np.ndarray,
+    step_s: float,
+    split: int,
+) -> StepRcFit | None:
+    """The GPU links of :func:`calibrate` for the GPUs of ``idx`` on one grid: parameters via
+    ``params``, held-out quality into ``results``; returns the core temperature's RC fit."""
     power = gpu.values["power_w"]
     activity = gpu.values["sm_active"].copy()
     no_sm = np.isnan(activity).all(axis=0)
     activity[:, no_sm] = gpu.values["util_pct"][:, no_sm] / 100.0
-    ref = gpu_reference(idx, cdu, node, pdu)
     fit, hold = slice(0, split), slice(split, None)
-
-    results: dict[str, Any] = {"params": [], "quality": []}
-
-    def params(kind: str, ids: list[str], usable, reason, **values) -> None:
-        for i, sid in enumerate(ids):
-            for name, (val, err) in values.items():
-                results["params"].append(
-                    {
-                        "kind": kind,
-                        "id": sid,
-                        "param": name,
-                        "value": _f(val[i]),
-                        "stderr": _f(err[i]) if err is not None else None,
-                        "usable": bool(usable[i]),
-                        "reason": reason[i],
-                    }
-                )
-
     # 1. and 2.: GPU power curve, GPU and HBM temperature (fitted side by side)
     temps = {
         q: gpu.values[q][fit] for q in ("temp_c", "mem_temp_c") if not np.isnan(gpu.values[q]).all()
@@ -411,6 +386,147 @@ def calibrate(
             results["quality"].extend(
                 _quality("gpu", idx.gpu_ids, f"{quantity}@{int(TEMP_HORIZON_S)}s", temp[h], pred)
             )
+    return rc_fits.get("temp_c")
+
+
+@dataclass(frozen=True)
+class _RView:
+    """The core R of every GPU of the site, merged over the step groups (for drift events)."""
+
+    r_k_per_w: np.ndarray
+    usable: np.ndarray
+
+
+def _sub_index(idx: SiteIndex, members: np.ndarray) -> SiteIndex:
+    """``idx`` restricted to the GPUs at positions ``members`` (racks and CDUs kept)."""
+    pick = [int(g) for g in members]
+    return SiteIndex(
+        gpu_ids=[idx.gpu_ids[g] for g in pick],
+        gpu_node=[idx.gpu_node[g] for g in pick],
+        gpu_rack=idx.gpu_rack[members],
+        gpu_cdu=idx.gpu_cdu[members],
+        gpu_class=[idx.gpu_class[g] for g in pick],
+        gpu_fleet=[idx.gpu_fleet[g] for g in pick],
+        rack_names=idx.rack_names,
+        rack_pdus=idx.rack_pdus,
+        rack_cdu=idx.rack_cdu,
+        rack_prior=idx.rack_prior,
+        cdu_names=idx.cdu_names,
+        cdu_fluid=idx.cdu_fluid,
+    )
+
+
+def _grid_end(
+    store: Store, ids: list[str], step_s: float, window_s: float, newest: datetime | None = None
+) -> datetime:
+    """The end of the ``step_s`` grid for the GPUs ``ids`` (which have samples): after their
+    newest sample, half a step past the usual phase of their timestamps, so that samples
+    that jitter by up to half a step about their nominal times land one per step. The phase
+    is the median, over up to :data:`STEP_SAMPLE_IDS` of ``ids``, of each timestamp's offset
+    from the newest modulo the step (centred on 0); without jitter the end is the newest
+    sample plus half a step. ``newest``: their newest sample, when known."""
+    if newest is None:
+        newest = store.con.execute(
+            "SELECT max(ts) FROM gpu WHERE id IN (SELECT unnest(?))", [ids]
+        ).fetchall()[0][0]
+    step_us = max(1, round(step_s * 1e6))
+    row = store.con.execute(
+        "SELECT median(((epoch_us($1::TIMESTAMPTZ) - epoch_us(ts) + $2 // 2) % $2) - $2 // 2)"
+        " FROM gpu WHERE ts > $1::TIMESTAMPTZ - to_microseconds($3) AND ts <= $1"
+        " AND id IN (SELECT unnest($4))",
+        [newest, step_us, round(window_s * 1e6), ids[:STEP_SAMPLE_IDS]],
+    ).fetchall()
+    lag_us = float(row[0][0] or 0.0)
+    return newest + timedelta(microseconds=round(step_us / 2 - lag_us))
+
+
+def calibrate(
+    store: Store,
+    site: Site,
+    *,
+    end: datetime | None = None,
+    window_s: float = 7200.0,
+    holdout_s: float = 1200.0,
+    step_s: float | None = None,
+) -> dict[str, Any]:
+    """Fit every device on [end - window_s, end - holdout_s) and score it on the rest.
+
+    ``step_s`` is the grid the window is loaded on. By default each GPU is fitted at the
+    data's own step (:func:`step_groups`: GPUs grouped by sampling rate, each group at the
+    coarsest median interval of its GPUs and the reference series they join), so gaps are
+    counted against the rate each device reports at; rack power and capture on the coarsest
+    group's grid. Irregular timestamps are resampled onto the grid (one sample per step, NaN
+    where none: a gap), phased at the timestamps' median offset (:func:`_grid_end`). The run
+    says the steps (``step_groups``); each GPU's ``step_s`` is saved with its parameters.
+    Returns a JSON-serializable result; :func:`save_run` stores it.
+    """
+    t_start = time.perf_counter()
+    idx = index_site(site)
+    newest = None
+    if end is None:
+        newest = store.con.execute("SELECT max(ts) FROM gpu").fetchall()[0][0]
+        if newest is None:
+            raise ValueError("the store holds no GPU samples to calibrate against")
+    probe_end = end if end is not None else newest + timedelta(microseconds=1)
+    probe_start = probe_end - timedelta(seconds=window_s)
+    if step_s is None:
+        groups = step_groups(store, idx, probe_start, probe_end)
+    elif not step_s > 0:
+        raise ValueError(f"step {step_s!r} s must be > 0")
+    else:
+        groups = [(step_s, np.arange(len(idx.gpu_ids)))]
+    # racks and CDUs sum every GPU of a rack: they are fitted on the coarsest group's grid
+    step_s = max(s for s, _ in groups)
+    if end is None:
+        # the newest samples (of the coarsest group) mid-step: jittered ones land one a step
+        members = groups[-1][1]
+        known = newest if len(members) == len(idx.gpu_ids) else None
+        end = _grid_end(store, [idx.gpu_ids[g] for g in members], step_s, window_s, known)
+    start = end - timedelta(seconds=window_s)
+    split = round((window_s - holdout_s) / step_s)
+
+    gpu, limit, cdu, node, pdu = _load_windows(store, idx, start, end, step_s)
+    power = gpu.values["power_w"]
+    fit, hold = slice(0, split), slice(split, None)
+
+    results: dict[str, Any] = {"params": [], "quality": []}
+
+    def params(kind: str, ids: list[str], usable, reason, **values) -> None:
+        for i, sid in enumerate(ids):
+            for name, (val, err) in values.items():
+                results["params"].append(
+                    {
+                        "kind": kind,
+                        "id": sid,
+                        "param": name,
+                        "value": _f(val[i]),
+                        "stderr": _f(err[i]) if err is not None else None,
+                        "usable": bool(usable[i]),
+                        "reason": reason[i],
+                    }
+                )
+
+    # 1. and 2.: GPU power curve, GPU and HBM temperature, each group of GPUs at its own step
+    n_gpu = len(idx.gpu_ids)
+    r_all, usable_all = np.full(n_gpu, np.nan), np.zeros(n_gpu, dtype=bool)
+    step_of = np.full(n_gpu, step_s)
+    for g_step, members in groups:
+        if g_step == step_s:  # the coarsest group: on the window already read
+            g_idx = idx if len(members) == n_gpu else _sub_index(idx, members)
+            g_gpu = gpu if len(members) == n_gpu else gpu.select(g_idx.gpu_ids)
+            g_limit, g_ref = limit[members], gpu_reference(g_idx, cdu, node, pdu)
+        else:
+            g_idx = _sub_index(idx, members)
+            g_end = end if newest is None else _grid_end(store, g_idx.gpu_ids, g_step, window_s)
+            g_gpu, g_limit, g_cdu, g_node, g_pdu = _load_windows(
+                store, g_idx, g_end - timedelta(seconds=window_s), g_end, g_step
+            )
+            g_ref = gpu_reference(g_idx, g_cdu, g_node, g_pdu)
+        g_split = round((window_s - holdout_s) / g_step)
+        rc = _fit_gpu_group(results, params, g_idx, g_gpu, g_limit, g_ref, g_step, g_split)
+        step_of[members] = g_step
+        if rc is not None:
+            r_all[members], usable_all[members] = rc.r_k_per_w, rc.usable
     # 3. rack power: sum of the rack's GPUs against its PDUs
     n_r = len(idx.rack_names)
     sum_gpu = np.zeros((power.shape[0], n_r))
@@ -436,34 +552,96 @@ def calibrate(
     # 4. liquid capture per rack, from each CDU's heat balance
     if idx.cdu_names:
         results["quality"].extend(_fit_capture(params, idx, cdu, rack_in, fit, hold, step_s))
-    results["events"] = _drift_events(store, idx, rc_fits.get("temp_c"))
+    results["events"] = _drift_events(store, idx, _RView(r_all, usable_all))
     results["run"] = {
         "fitted_at": datetime.now(UTC).isoformat(),
         "window_start": start.isoformat(),
         "window_end": end.isoformat(),
         "holdout_start": (start + timedelta(seconds=split * step_s)).isoformat(),
         "step_s": step_s,
+        "step_groups": [{"step_s": s, "gpus": len(m)} for s, m in groups],
         "gpus": len(idx.gpu_ids),
         "racks": n_r,
         "cdus": len(idx.cdu_names),
         "seconds": round(time.perf_counter() - t_start, 3),
     }
     results["classes"] = _class_summary(idx, results)
+    # the step each GPU was fitted at, saved with its parameters (after the summary: not a fit)
+    ok = np.ones(n_gpu, dtype=bool)
+    params("gpu", idx.gpu_ids, ok, [None] * n_gpu, step_s=(step_of, None))
     return results
 
 
-def data_step_s(store: Store, idx: SiteIndex, start: datetime, end: datetime) -> float:
-    """The grid step calibration loads [start, end) on: per kind the fits join (GPU, CDU,
-    PDU, node), the median interval of its timestamps (:func:`infer_step_s`), and of those the
-    coarsest, so that every series is dense on the grid; below :data:`MIN_STEP_S` it is that
-    floor. Raises ValueError when there is no GPU step to infer or it is over
-    :data:`MAX_STEP_S`."""
-    all_pdus = sorted({p for ps in idx.rack_pdus for p in ps})
+#: GPUs whose mean sampling intervals lie within this factor of the finest of their group
+#: are fitted together on one grid: a jittered 10 s exporter, or one that dropped a third of
+#: its samples, is one group; 1 s and 10 s exporters are two. [1]
+STEP_GROUP_FACTOR = 1.5
+
+
+def step_groups(
+    store: Store, idx: SiteIndex, start: datetime, end: datetime
+) -> list[tuple[float, np.ndarray]]:
+    """The grids calibration fits the GPUs on: GPUs grouped by their own sampling rate (the
+    mean interval of each GPU's samples in [start, end), one aggregate query,
+    :func:`~twin.calibrate.windows.mean_intervals_s`), each group's step then the median
+    interval of its GPUs and of the reference series they join, the coarsest of those
+    (:func:`data_step_s`); groups that end at one step are one. Returns ``(step_s, GPU
+    positions in idx)`` per group, finest first; GPUs with fewer than two samples, or sampled
+    more rarely than :data:`MAX_STEP_S`, join the coarsest group (their fits are refused there
+    for the missing data). Raises ValueError as :func:`data_step_s` when no group is left."""
+    own = mean_intervals_s(store, "gpu", start, end, idx.gpu_ids)
+    known = np.flatnonzero(np.isfinite(own))
+    if not known.size:
+        raise ValueError(
+            f"no GPU of the site has two samples between {start.isoformat()} and"
+            f" {end.isoformat()}: no sampling step to calibrate at"
+        )
+    clusters: list[list[int]] = []
+    for g in known[np.argsort(own[known], kind="stable")]:
+        if clusters and own[g] <= own[clusters[-1][0]] * STEP_GROUP_FACTOR:
+            clusters[-1].append(int(g))
+        else:
+            clusters.append([int(g)])
+    clusters[-1].extend(int(g) for g in np.flatnonzero(~np.isfinite(own)))
+    by_step: dict[float, list[int]] = {}
+    too_coarse: list[int] = []
+    error: ValueError | None = None
+    for members in clusters:
+        try:
+            step = data_step_s(store, idx, start, end, np.array(sorted(members)))
+        except ValueError as e:  # a few samples over the window (a node down most of it)
+            too_coarse.extend(members)
+            error = error or e
+            continue
+        by_step.setdefault(step, []).extend(members)
+    if not by_step:
+        assert error is not None
+        raise error
+    # GPUs sampled too rarely to fit join the coarsest grid, where they are refused for gaps
+    by_step[max(by_step)].extend(too_coarse)
+    return [(step, np.array(sorted(m), dtype=np.int64)) for step, m in sorted(by_step.items())]
+
+
+def data_step_s(
+    store: Store,
+    idx: SiteIndex,
+    start: datetime,
+    end: datetime,
+    members: np.ndarray | None = None,
+) -> float:
+    """The grid step the GPUs at positions ``members`` of ``idx`` (default: all) are loaded on
+    for [start, end): per kind their fits join (GPU, their CDUs, PDUs and nodes), the median
+    interval of its timestamps (:func:`infer_step_s`), and of those the coarsest, so that
+    every series is dense on the grid; below :data:`MIN_STEP_S` it is that floor. Raises
+    ValueError when there is no GPU step to infer or it is over :data:`MAX_STEP_S`."""
+    sub = idx if members is None else _sub_index(idx, members)
+    pdus = sorted({p for r in set(sub.gpu_rack.tolist()) for p in idx.rack_pdus[r]})
+    cdus = sorted({idx.cdu_names[c] for c in set(sub.gpu_cdu.tolist()) if c >= 0})
     steps = {
-        "gpu": infer_step_s(store, "gpu", start, end, idx.gpu_ids),
-        "cdu": infer_step_s(store, "cdu", start, end, idx.cdu_names) if idx.cdu_names else None,
-        "pdu": infer_step_s(store, "pdu", start, end, all_pdus) if all_pdus else None,
-        "node": infer_step_s(store, "node", start, end, sorted(set(idx.gpu_node))),
+        "gpu": infer_step_s(store, "gpu", start, end, sub.gpu_ids),
+        "cdu": infer_step_s(store, "cdu", start, end, cdus) if cdus else None,
+        "pdu": infer_step_s(store, "pdu", start, end, pdus) if pdus else None,
+        "node": infer_step_s(store, "node", start, end, sorted(set(sub.gpu_node))),
     }
     if steps["gpu"] is None:
         raise ValueError(

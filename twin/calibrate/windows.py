@@ -115,6 +115,33 @@ def infer_step_s(
     return round(float(med_us) / 1e3) / 1e3
 
 
+def mean_intervals_s(
+    store: Store, kind: str, start: datetime, end: datetime, ids: list[str]
+) -> np.ndarray:
+    """Per id of ``ids``, the mean interval between its samples in [start, end): the span
+    from its first to its last timestamp over one less than its count of samples (a count of
+    distinct timestamps costs 20x more); NaN for an id with fewer than two. One aggregate
+    query (no sort: 0.15 s for 7.2 M rows, bench/README.md), to tell
+    devices scraped at different rates apart (two exporters); gaps lengthen the mean, so the
+    step itself is then the median interval (:func:`infer_step_s`) of each rate's devices."""
+    if kind not in QUANTITIES:
+        raise ValueError(f"unknown kind {kind!r}")
+    out = np.full(len(ids), np.nan)
+    if not ids:
+        return out
+    rows = store.con.execute(
+        "SELECT id, (epoch_us(max(ts)) - epoch_us(min(ts))) / (count(*) - 1)"
+        f" FROM {kind} WHERE ts >= ? AND ts < ? GROUP BY id HAVING count(*) > 1",
+        [start, end],
+    ).fetchall()
+    pos = {sid: i for i, sid in enumerate(ids)}
+    for sid, mean_us in rows:
+        i = pos.get(sid)
+        if i is not None:
+            out[i] = float(mean_us) / 1e6
+    return out
+
+
 def load_window(
     store: Store,
     kind: str,

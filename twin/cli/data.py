@@ -194,8 +194,9 @@ def calibrate(
     step: Annotated[
         float | None,
         typer.Option(
-            help="Grid step in seconds (default: the data's own, the median interval of the"
-            " timestamps, coarsest of GPU, CDU, PDU and node telemetry)."
+            help="Grid step in seconds for every device (default: the data's own, per group of"
+            " GPUs reporting at one rate: the median interval of their timestamps, coarsest"
+            " of theirs and their CDU, PDU and node telemetry's)."
         ),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
