@@ -109,35 +109,18 @@ def _r(v: Any, nd: int = 4) -> float | None:
     return None if v is None or not math.isfinite(float(v)) else round(float(v), nd)
 
 
-def underused_fleets(
+def _fleet_queries(
     store: Store,
-    site: Site,
-    now: datetime | None = None,
-    window_s: float = 86400.0,
-    threshold: float = 0.3,
-    target_util: float = 0.7,
-    step_s: float = 60.0,
-) -> FleetReport:
-    """The underused-fleet report for every inference fleet (see the module docstring)."""
-    if not 0 < target_util <= 1:
-        raise ValueError(f"target_util must be in (0, 1], got {target_util}")
-    end = (now or datetime.now(UTC)).astimezone(UTC)
-    start = end - timedelta(seconds=window_s)
-    fleet_of = site.fleet_of_node
-    nodes = {n.name: n for n in site.nodes}
-    fleets = [f for f in site.fleets if f.role == "inference"]
-    gpu_ids: list[str] = []
-    gpu_fleet: list[str] = []
-    gpu_node: list[str] = []
-    n_gpus: dict[str, int] = {f.name: 0 for f in fleets}
-    for name, f in fleet_of.items():
-        if f.role != "inference":
-            continue
-        ids = nodes[name].gpu_ids()
-        gpu_ids += ids
-        gpu_fleet += [f.name] * len(ids)
-        gpu_node += [name] * len(ids)
-        n_gpus[f.name] += len(ids)
+    gpu_ids: list[str],
+    gpu_fleet: list[str],
+    gpu_node: list[str],
+    start: datetime,
+    end: datetime,
+    step_s: float,
+) -> tuple[dict[str, tuple], dict[str, tuple]]:
+    """Per fleet: (buckets, mean, p50, p95 activity, GPUs reporting, sm_active and util_pct
+    sample counts, span of the samples in s), and (mean board power per GPU, non-GPU node power
+    per GPU)."""
     con = store.con
     step_us = round(step_s * 1e6)
     rows = con.execute(
@@ -174,6 +157,39 @@ def underused_fleets(
         [gpu_ids, gpu_fleet, gpu_node, start, end],
     ).fetchall()
     power = {r[0]: (r[1], r[2]) for r in prow}
+    return act, power
+
+
+def underused_fleets(
+    store: Store,
+    site: Site,
+    now: datetime | None = None,
+    window_s: float = 86400.0,
+    threshold: float = 0.3,
+    target_util: float = 0.7,
+    step_s: float = 60.0,
+) -> FleetReport:
+    """The underused-fleet report for every inference fleet (see the module docstring)."""
+    if not 0 < target_util <= 1:
+        raise ValueError(f"target_util must be in (0, 1], got {target_util}")
+    end = (now or datetime.now(UTC)).astimezone(UTC)
+    start = end - timedelta(seconds=window_s)
+    fleet_of = site.fleet_of_node
+    nodes = {n.name: n for n in site.nodes}
+    fleets = [f for f in site.fleets if f.role == "inference"]
+    gpu_ids: list[str] = []
+    gpu_fleet: list[str] = []
+    gpu_node: list[str] = []
+    n_gpus: dict[str, int] = {f.name: 0 for f in fleets}
+    for name, f in fleet_of.items():
+        if f.role != "inference":
+            continue
+        ids = nodes[name].gpu_ids()
+        gpu_ids += ids
+        gpu_fleet += [f.name] * len(ids)
+        gpu_node += [name] * len(ids)
+        n_gpus[f.name] += len(ids)
+    act, power = _fleet_queries(store, gpu_ids, gpu_fleet, gpu_node, start, end, step_s)
     out: list[FleetUsage] = []
     for f in fleets:
         g = n_gpus[f.name]

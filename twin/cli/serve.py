@@ -37,6 +37,18 @@ CALIBRATE_EVERY_HELP = (
 )
 
 
+WhatifBundlesOpt = Annotated[
+    Path, typer.Option(help="Directory of recorded bundles the API's what-if jobs use.")
+]
+WhatifScenariosOpt = Annotated[
+    Path, typer.Option(help="Directory of scenario YAML files the what-if jobs offer.")
+]
+WhatifReportsOpt = Annotated[
+    Path | None,
+    typer.Option(help="Directory the what-if jobs write their reports to (default: DB.whatif)."),
+]
+
+
 def serve(
     broker: BrokerOpt = None,
     db: DbOpt = Path("dctwin.duckdb"),
@@ -113,18 +125,9 @@ def serve(
             help="Read the API's bearer token from this file (surrounding whitespace is dropped)."
         ),
     ] = None,
-    whatif_bundles: Annotated[
-        Path, typer.Option(help="Directory of recorded bundles the API's what-if jobs use.")
-    ] = REPO / "sample_telemetry",
-    whatif_scenarios: Annotated[
-        Path, typer.Option(help="Directory of scenario YAML files the what-if jobs offer.")
-    ] = REPO / "sample_telemetry" / "scenarios",
-    whatif_reports: Annotated[
-        Path | None,
-        typer.Option(
-            help="Directory the what-if jobs write their reports to (default: DB.whatif)."
-        ),
-    ] = None,
+    whatif_bundles: WhatifBundlesOpt = REPO / "sample_telemetry",
+    whatif_scenarios: WhatifScenariosOpt = REPO / "sample_telemetry" / "scenarios",
+    whatif_reports: WhatifReportsOpt = None,
     verbose: bool = False,
 ) -> None:
     """Run the twin service: ingest MQTT telemetry into the DuckDB store, refit the model and
