@@ -213,7 +213,11 @@ def calibrate(
         raise fail(f"--step {step:g} must be > 0 and at most --window {window:g}")
     if holdout >= window:
         raise fail(f"--holdout {holdout:g} must be shorter than --window {window:g}")
-    with open_store(db) as store:
+    n_gpus = sum(len(n.gpu_ids()) for n in site_obj.nodes)
+    with (
+        open_store(db) as store,
+        err.status(f"calibrating {n_gpus:,} GPUs of {site_obj.name} on {window:g} s of data"),
+    ):
         try:
             result = run_calibration(
                 store,
