@@ -348,6 +348,30 @@ def power_curves(
     return UtilCurveFit(**out, reason=reason)
 
 
+def _power_curve_results(
+    results: dict[str, Any],
+    params: Callable[..., None],
+    ids: list[str],
+    curve: UtilCurveFit,
+    from_util: np.ndarray,
+) -> None:
+    """The power-curve parameter rows of every GPU: idle, limit and gamma (NaN for a
+    util-only family), then the family rows of the GPUs seen through GPU-Util."""
+    params(
+        "gpu",
+        ids,
+        curve.usable,
+        curve.reason,
+        idle_w=(curve.idle_w, curve.idle_stderr_w),
+        limit_w=(curve.limit_w, curve.limit_stderr_w),
+        gamma=(
+            np.where(curve.kind == POWER_LAW, curve.shape, np.nan),
+            np.where(curve.kind == POWER_LAW, curve.shape_stderr, np.nan),
+        ),
+    )
+    results["params"].extend(_util_curve_rows(ids, curve, from_util))
+
+
 def _util_curve_rows(ids: list[str], curve: UtilCurveFit, from_util: np.ndarray):
     """Parameter rows of the curve family of each GPU seen through GPU-Util: ``curve_kind``
     (a :data:`models.gpu_power.CURVE_KINDS` code) and, for a util-only family, its shape
@@ -448,19 +472,7 @@ def calibrate(
     }
     pc, rc_fits = fit_gpu_links(activity[fit], power[fit], limit, temps, ref[fit], step_s)
     curve = power_curves(pc, activity[fit], power[fit], limit, no_sm, step_s)
-    params(
-        "gpu",
-        idx.gpu_ids,
-        curve.usable,
-        curve.reason,
-        idle_w=(curve.idle_w, curve.idle_stderr_w),
-        limit_w=(curve.limit_w, curve.limit_stderr_w),
-        gamma=(
-            np.where(curve.kind == POWER_LAW, curve.shape, np.nan),
-            np.where(curve.kind == POWER_LAW, curve.shape_stderr, np.nan),
-        ),
-    )
-    results["params"].extend(_util_curve_rows(idx.gpu_ids, curve, no_sm))
+    _power_curve_results(results, params, idx.gpu_ids, curve, no_sm)
     cap = np.where(np.isfinite(limit), limit, np.inf)
     pred_p = curve_power_w(
         curve.kind, np.clip(activity[hold], 0.0, 1.0), curve.idle_w, curve.limit_w, curve.shape, cap

@@ -64,11 +64,15 @@ def _gpu(site: Site, idx: SiteIndex, cal: Calibration) -> GpuParams:
         idle = cal.get(("gpu", gid, "idle_w"))
         limit = cal.get(("gpu", gid, "limit_w"))
         gamma = cal.get(("gpu", gid, "gamma"))
-        kind = util_curve(cal, gid)
-        if kind is not None:
-            util[:, i] = kind
-            idle = limit = gamma = None  # SM activity: the catalog's power law
-            curve_src.append(f"calibrated on GPU-Util ({gpu_power.CURVE_KINDS[int(kind[0])]})")
+        stored_kind = int(cal.get(("gpu", gid, "curve_kind"), gpu_power.POWER_LAW))
+        if stored_kind in UTIL_SHAPE_PARAM:  # fitted on util: SM activity gets the catalog's
+            idle = limit = gamma = None
+            kind = util_curve(cal, gid)
+            if kind is None:
+                curve_src.append("catalog (stored GPU-Util curve incomplete)")
+            else:
+                util[:, i] = kind
+                curve_src.append(f"calibrated on GPU-Util ({gpu_power.CURVE_KINDS[stored_kind]})")
         else:
             curve_src.append("catalog" if idle is None and gamma is None else "calibrated")
         cols["idle"].append(spec.idle_w if idle is None else idle)

@@ -1,0 +1,160 @@
+"""A GPU seen through GPU-Util only, through the user path: `dctwin import nvidia-smi` of the
+real RTX 4090 log, `dctwin calibrate` on a one-workstation site, and the stored curve read back
+by the chain (docs/physics.md §1.3.1). The util-only curve is applied to util input only."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from models import gpu_power
+from twin.calibrate.calibrate import index_site
+from twin.chain import propagate
+from twin.chain.params import resolve
+from twin.cli import app
+from twin.site import load_site
+from twin.site.catalog import GPU_MODELS
+from twin.store import Store
+
+from .conftest import REPO
+
+RTX4090_LOG = REPO.parent / "shared" / "reference" / "nvidia_smi" / "rtx4090_1hz_load_cycle.csv"
+needs_log = pytest.mark.skipif(
+    not RTX4090_LOG.is_file(), reason=f"the reference log {RTX4090_LOG} is not here"
+)
+#: held-out MAE of a straight line in util on the last 25 % of the log (bench/README.md)
+LINEAR_HOLDOUT_MAE_W = 20.8
+
+WORKSTATION_SITE = """\
+name: ws
+halls:
+  - name: lab
+    rows:
+      - name: bench
+        racks:
+          - name: desk
+            grid: [0, 0]
+            pdus: [strip]
+            nodes:
+              - {name: n1, model: WS-RTX4090-1, phase: L1}
+pdus:
+  - name: strip
+    feed: A
+    phases: 1
+    voltage_v: 230
+    rated_current_a: 16
+    breakers:
+      - {name: cb1, phase: L1, rated_current_a: 16}
+"""
+
+
+def invoke(*args: object):
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def _log() -> tuple[list[datetime], np.ndarray, np.ndarray]:
+    """Timestamps, util (0..1) and power of the log, read with plain string operations."""
+    ts, util, power = [], [], []
+    for line in RTX4090_LOG.read_text().splitlines()[1:]:
+        t, _name, u, _mu, _used, p = (x.strip() for x in line.split(","))
+        ts.append(datetime.strptime(t, "%Y/%m/%d %H:%M:%S.%f").replace(tzinfo=UTC))
+        util.append(float(u.split()[0]) / 100.0)
+        power.append(float(p.split()[0]))
+    return ts, np.array(util), np.array(power)
+
+
+@needs_log
+def test_calibrate_stores_a_util_curve_that_beats_the_line_on_the_last_quarter(tmp_path: Path):
+    site_file = tmp_path / "ws.yaml"
+    site_file.write_text(WORKSTATION_SITE)
+    db = tmp_path / "rtx.duckdb"
+    res = invoke("import", "nvidia-smi", RTX4090_LOG, "--node", "n1", "--db", db)
+    assert res.exit_code == 0, res.output
+    ts, util, power = _log()
+    split = int(0.75 * len(ts))
+    # fit on the first 75 % of the log only: the window covers it all, the holdout the rest
+    span_s = (ts[-1] - ts[0]).total_seconds()
+    holdout_s = (ts[-1] - ts[split]).total_seconds() + 1.0
+    res = invoke(
+        "calibrate", "--db", db, "--site", site_file, "--window", span_s + 30.0,
+        "--holdout", holdout_s, "--json",
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert datetime.fromisoformat(out["run"]["holdout_start"]) <= ts[split]
+    with Store(db, read_only=True) as store:
+        cal = store.latest_calibration_params(kind="gpu")
+    kind = int(cal[("gpu", "n1:0", "curve_kind")])
+    assert kind in gpu_power.UTIL_ONLY_KINDS  # not the power law, which this log refuses
+    shape_param = {gpu_power.TWO_LEVEL: "util_threshold", gpu_power.SATURATING: "util_u0"}[kind]
+    idle, limit = cal[("gpu", "n1:0", "idle_w")], cal[("gpu", "n1:0", "limit_w")]
+    shape = cal[("gpu", "n1:0", shape_param)]
+    assert 0 < idle < limit <= 450.0
+    # held-out MAE of the stored curve on the last 25 % of the log, computed here
+    pred = gpu_power.curve_power_w(kind, util[split:], idle, limit, shape, 450.0)
+    mae = float(np.mean(np.abs(pred - power[split:])))
+    assert mae < LINEAR_HOLDOUT_MAE_W, mae
+    # calibrate's own held-out figure is on the same curve
+    q = [r for r in out["quality"] if r["id"] == "n1:0" and r["quantity"] == "power_w"]
+    assert q and q[0]["mae"] < LINEAR_HOLDOUT_MAE_W
+
+    # the chain reads the stored curve back, and applies it to util input only
+    site = load_site(site_file)
+    idx = index_site(site)
+    gp = resolve(site, idx, cal).gpu
+    assert gp.util_kind is not None and int(gp.util_kind[0]) == kind
+    assert gp.curve_source[0] == f"calibrated on GPU-Util ({gpu_power.CURVE_KINDS[kind]})"
+    a = util[split:, None]
+    on_util = propagate.gpu_power_w(a, gp, from_util=np.array([True]))
+    np.testing.assert_allclose(on_util[:, 0], np.minimum(pred, limit))
+    spec = GPU_MODELS["RTX4090"]
+    on_sm = propagate.gpu_power_w(a, gp, from_util=np.array([False]))
+    np.testing.assert_allclose(on_sm, gpu_power.gpu_power_w(a, spec.idle_w, spec.tdp_w, spec.gamma))
+    np.testing.assert_array_equal(propagate.gpu_power_w(a, gp), on_sm)  # default: SM activity
+
+
+def test_a_stored_util_curve_never_reaches_sm_activity(tmp_path: Path) -> None:
+    """Resolve and the chain on a stored two-level curve, without the reference log."""
+    site_file = tmp_path / "ws.yaml"
+    site_file.write_text(WORKSTATION_SITE)
+    site = load_site(site_file)
+    idx = index_site(site)
+    spec = GPU_MODELS["RTX4090"]
+    cal = {
+        ("gpu", "n1:0", "curve_kind"): float(gpu_power.TWO_LEVEL),
+        ("gpu", "n1:0", "idle_w"): 60.0,
+        ("gpu", "n1:0", "limit_w"): 290.0,
+        ("gpu", "n1:0", "util_threshold"): 0.05,
+    }
+    gp = resolve(site, idx, cal).gpu
+    # SM activity goes through the catalog's power law: the util curve says nothing about it
+    assert (gp.idle_w[0], gp.limit_w[0], gp.gamma[0]) == (spec.idle_w, spec.tdp_w, spec.gamma)
+    a = np.array([[0.0], [0.03], [0.5], [1.0]])
+    util_w = propagate.gpu_power_w(a, gp, from_util=[True])[:, 0]
+    assert util_w.tolist() == [60.0, 60.0, 290.0, 290.0]
+    sm_w = propagate.gpu_power_w(a, gp, from_util=[False])[:, 0]
+    np.testing.assert_allclose(sm_w, spec.idle_w + (spec.tdp_w - spec.idle_w) * a[:, 0])
+    # the what-if's "measured plus the curve's change": util 0.9 -> 0.6 keeps a busy GPU busy
+    after = propagate.gpu_power_after_w(
+        np.array([[285.0]]), np.array([[0.9]]), np.array([[0.6]]), gp, np.array([[450.0]]),
+        from_util=[True],
+    )  # fmt: skip
+    assert after[0, 0] == 285.0
+    # an incomplete stored curve (no threshold) is not used, nor are its levels taken for a
+    # power law: the catalog's curve, and the source says why
+    del cal[("gpu", "n1:0", "util_threshold")]
+    gp2 = resolve(site, idx, cal).gpu
+    assert int(gp2.util_kind[0]) == gpu_power.POWER_LAW
+    assert gp2.curve_source[0] == "catalog (stored GPU-Util curve incomplete)"
+    assert (gp2.idle_w[0], gp2.limit_w[0]) == (spec.idle_w, spec.tdp_w)
+    # no curve_kind at all: the power law path, numerically as before
+    plain = resolve(site, idx, {("gpu", "n1:0", "idle_w"): 40.0}).gpu
+    np.testing.assert_array_equal(
+        propagate.gpu_power_w(a, plain, from_util=[True]),
+        gpu_power.gpu_power_w(a, plain.idle_w, plain.limit_w, plain.gamma),
+    )
