@@ -50,6 +50,8 @@ pdus:
     rated_current_a: 16
     breakers:
       - {name: cb1, phase: L1, rated_current_a: 16}
+fleets:
+  - {name: ws, role: inference, members: [n1]}
 """
 
 
@@ -116,6 +118,64 @@ def test_calibrate_stores_a_util_curve_that_beats_the_line_on_the_last_quarter(t
     on_sm = propagate.gpu_power_w(a, gp, from_util=np.array([False]))
     np.testing.assert_allclose(on_sm, gpu_power.gpu_power_w(a, spec.idle_w, spec.tdp_w, spec.gamma))
     np.testing.assert_array_equal(propagate.gpu_power_w(a, gp), on_sm)  # default: SM activity
+
+
+@needs_log
+def test_whatif_scales_a_util_gpu_through_its_stored_util_curve(tmp_path: Path) -> None:
+    """`dctwin import nvidia-smi`, `dctwin calibrate`, a bundle, and a what-if that halves the
+    workstation's load: the IT energy it saves is the stored saturating curve's change, a few
+    times less than the catalog's straight line would say (GPU-Util 90 % -> 45 % keeps the
+    card busy)."""
+    from collectors.contract import encode, topic_for
+    from twin.ingest import Ingester, IngestLimits
+    from twin.replay.bundle import Bundle, record
+    from twin.replay.scenario import Scenario
+    from twin.replay.whatif import load, run
+
+    site_file = tmp_path / "ws.yaml"
+    site_file.write_text(WORKSTATION_SITE)
+    db = tmp_path / "rtx.duckdb"
+    assert invoke("import", "nvidia-smi", RTX4090_LOG, "--node", "n1", "--db", db).exit_code == 0
+    ts, _, power = _log()
+    site = load_site(site_file)
+    with Store(db) as store:
+        # the desk's power strip: the card plus an 80 W rest of the workstation, 1 Hz
+        topic = topic_for(site.name, "pdu", "strip")
+        msgs = [
+            (topic, encode(collector="test", source="strip", seq=i, ts=t,
+                           samples=[{"id": "strip", "power_w": float(p) + 80.0}]))
+            for i, (t, p) in enumerate(zip(ts, power, strict=True))
+        ]  # fmt: skip
+        Ingester(store, site, IngestLimits(max_past_s=0)).ingest(msgs)
+    res = invoke("calibrate", "--db", db, "--site", site_file, "--window", 3000, "--holdout", 600)
+    assert res.exit_code == 0, res.output
+    with Store(db) as store:
+        record(store, site_file, tmp_path / "b", ts[0], ts[-1], resolution_s=1.0)
+    d = load(Bundle.load(tmp_path / "b"))
+    assert d.gpu_activity_from_util is not None and d.gpu_activity_from_util.all()
+    gp = d.params.gpu
+    assert int(gp.util_kind[0]) in gpu_power.UTIL_ONLY_KINDS
+    half = Scenario.model_validate(
+        {"name": "half", "changes": [{"op": "scale_fleet", "fleet": "ws", "factor": 0.5}]}
+    )
+    saved_kwh = run(d, None).it_energy_kwh - run(d, half).it_energy_kwh
+    a = d.gpu_activity[:, 0].astype(float)
+
+    def curve_change_kwh(p_of) -> float:
+        cut = np.minimum(d.gpu_power_w[:, 0] + p_of(0.5 * a) - p_of(a), 450.0)
+        cut = np.maximum(cut, 0.0) - np.minimum(d.gpu_power_w[:, 0], 450.0)
+        return float(-cut.sum() * d.params.rack_beta[0] * d.dt_s / 3.6e6)
+
+    def util_curve(x):
+        return gpu_power.curve_power_w(
+            gp.util_kind[0], x, gp.util_idle_w[0], gp.util_limit_w[0], gp.util_shape[0]
+        )
+
+    spec = GPU_MODELS["RTX4090"]
+    expected = curve_change_kwh(util_curve)
+    line = curve_change_kwh(lambda x: gpu_power.gpu_power_w(x, spec.idle_w, spec.tdp_w, 1.0))
+    assert expected > 0 and line > 2 * expected
+    assert saved_kwh == pytest.approx(expected, rel=0.05, abs=0.002)
 
 
 def test_a_stored_util_curve_never_reaches_sm_activity(tmp_path: Path) -> None:
