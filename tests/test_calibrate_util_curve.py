@@ -218,3 +218,36 @@ def test_a_stored_util_curve_never_reaches_sm_activity(tmp_path: Path) -> None:
         propagate.gpu_power_w(a, plain, from_util=[True]),
         gpu_power.gpu_power_w(a, plain.idle_w, plain.limit_w, plain.gamma),
     )
+
+
+def test_power_curves_keep_the_power_law_for_sm_activity_and_a_linear_util_gpu() -> None:
+    """calibrate's power_curves: a GPU with SM activity is never offered a util-only family; a
+    util GPU whose power is linear in util keeps the power law with fit_power_curve's numbers;
+    an on/off util GPU gets a util-only family."""
+    from twin.calibrate.calibrate import fit_gpu_links, power_curves
+
+    rng = np.random.default_rng(8)
+    n_t = 3600
+    sweep = np.round(np.abs(np.sin(np.arange(n_t) / 200.0)), 2)
+    on_off = np.where((np.arange(n_t) // 150) % 3 == 0, 0.0, 0.97)
+    act = np.stack([on_off, sweep, on_off], axis=1)
+    power = np.stack(
+        [
+            np.where(on_off > 0, 290.0, 40.0),  # SM activity: on/off, but it is not util
+            gpu_power.gpu_power_w(sweep, 60.0, 450.0, 1.0),
+            np.where(on_off > 0, 290.0, 40.0),
+        ],
+        axis=1,
+    ) * (1 + 0.01 * rng.standard_normal((n_t, 3)))
+    limit = np.full(3, 450.0)
+    pc, _ = fit_gpu_links(act, power, limit, {}, np.zeros((n_t, 3)), 1.0)
+    from_util = np.array([False, True, True])
+    curve = power_curves(pc, act, power, limit, from_util, 1.0)
+    assert curve.kind[0] == gpu_power.POWER_LAW  # SM activity: the power law, as before
+    np.testing.assert_array_equal(curve.idle_w[:2], pc.idle_w[:2], strict=True)
+    np.testing.assert_array_equal(curve.shape[:2], pc.gamma[:2])
+    assert curve.reason[0] == pc.reason[0]
+    assert curve.kind[1] == gpu_power.POWER_LAW and curve.usable[1]
+    assert curve.kind[2] in gpu_power.UTIL_ONLY_KINDS and curve.usable[2], curve.reason[2]
+    assert np.isfinite(curve.holdout_mae_w[1:]).any(axis=1).all()
+    assert np.isnan(curve.holdout_mae_w[0]).all()  # never scored as util
