@@ -116,10 +116,12 @@ def util_curve(cal: Calibration, gid: str) -> tuple[float, float, float, float] 
     kind = cal.get(("gpu", gid, "curve_kind"))
     if kind is None or int(kind) not in UTIL_SHAPE_PARAM:
         return None
-    vals = [cal.get(("gpu", gid, p)) for p in ("idle_w", "limit_w", UTIL_SHAPE_PARAM[int(kind)])]
-    if any(v is None for v in vals):
+    idle = cal.get(("gpu", gid, "idle_w"))
+    limit = cal.get(("gpu", gid, "limit_w"))
+    shape = cal.get(("gpu", gid, UTIL_SHAPE_PARAM[int(kind)]))
+    if idle is None or limit is None or shape is None:
         return None
-    return float(int(kind)), *(float(v) for v in vals)  # type: ignore[arg-type]
+    return float(int(kind)), float(idle), float(limit), float(shape)
 
 
 def default_rack_beta(rack: Any) -> float:
