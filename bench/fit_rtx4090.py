@@ -17,7 +17,15 @@ import numpy as np
 import pandas as pd
 
 from models import fit_quality
-from models.gpu_power import fit_power_curve, gpu_power_w
+from models.gpu_power import (
+    CURVE_KINDS,
+    curve_power_w,
+    fit_power_curve,
+    fit_saturating,
+    fit_two_level,
+    fit_util_power_curve,
+    gpu_power_w,
+)
 
 
 def load(path: Path) -> pd.DataFrame:
@@ -103,7 +111,42 @@ def main() -> None:
         "busy_w": float(lv[busy][0]) if busy.any() else None,
         "holdout_mae_w": float(np.mean(np.abs(lv[split:] - pw[split:, 0]))),
     }
+    out["kinds"] = util_kinds(act[:, 0], pw[:, 0], split, args.limit_w)
     print(json.dumps(out, indent=1))
+
+
+def util_kinds(util: np.ndarray, power: np.ndarray, split: int, limit_w: float) -> dict:
+    """Each curve family of models.gpu_power fitted on [0, split) and scored on the rest, and
+    the family fit_util_power_curve chooses from [0, split) alone (its own time-blocked split:
+    the last quarter of that part), as calibration does."""
+    fits = {
+        "power_law": fit_util_power_curve(util[:split], power[:split], limit_w, min_gain=np.inf),
+        "two_level": fit_two_level(util[:split], power[:split]),
+        "saturating": fit_saturating(util[:split], power[:split]),
+    }
+    res: dict[str, object] = {}
+    for name, f in fits.items():
+        row: dict[str, object] = {"usable": bool(f.usable[0]), "reason": f.reason[0]}
+        if f.usable[0]:
+            pred = curve_power_w(f.kind, util, f.idle_w, f.limit_w, f.shape, limit_w)
+            row |= {
+                "idle_w": float(f.idle_w[0]),
+                "limit_w": float(f.limit_w[0]),
+                "shape": float(f.shape[0]),
+                "holdout_mae_w": float(np.mean(np.abs(pred[split:] - power[split:]))),
+            }
+        res[name] = row
+    chosen = fit_util_power_curve(util[:split], power[:split], limit_w)
+    pred = curve_power_w(chosen.kind, util, chosen.idle_w, chosen.limit_w, chosen.shape, limit_w)
+    res["chosen"] = {
+        "kind": CURVE_KINDS[int(chosen.kind[0])],
+        "usable": bool(chosen.usable[0]),
+        "inner_holdout_mae_w": dict(
+            zip(CURVE_KINDS, map(float, chosen.holdout_mae_w[0]), strict=True)
+        ),
+        "holdout_mae_w": float(np.mean(np.abs(pred[split:] - power[split:]))),
+    }
+    return res
 
 
 if __name__ == "__main__":

@@ -13,7 +13,23 @@ from numpy.typing import ArrayLike, NDArray
 
 from models.fit_quality import data_problems, join_reasons, safe_pinv
 
-__all__ = ["PowerCurveFit", "fit_power_curve", "gpu_power_w"]
+__all__ = [
+    "CURVE_KINDS",
+    "POWER_LAW",
+    "SATURATING",
+    "TWO_LEVEL",
+    "UTIL_ONLY_KINDS",
+    "PowerCurveFit",
+    "UtilCurveFit",
+    "curve_power_w",
+    "fit_power_curve",
+    "fit_saturating",
+    "fit_two_level",
+    "fit_util_power_curve",
+    "gpu_power_w",
+    "saturating_power_w",
+    "two_level_power_w",
+]
 
 F64 = NDArray[np.float64]
 
@@ -698,3 +714,555 @@ def _judge(
             max_rel_stderr=max_rel_stderr,
         )
     return data_ok & fitted, idle_ok & gamma_ok, limit_ok & gamma_ok
+
+
+# ---- curves in GPU-Util (utilization.gpu) -------------------------------------------------------
+#
+# GPU-Util is not a load level: NVML defines it as the "percent of time over the past sample
+# period during which one or more kernels was executing on the GPU" (nvmlUtilization_t.gpu), so
+# one tiny kernel kept in flight reads 100 % at a fraction of full power. Power in util is near
+# on/off (docs/physics.md §1.3.1); the two curves below say so, and they apply to util input only.
+
+#: the curve families, by the code ``curve_kind`` stores (index into this tuple)
+CURVE_KINDS = ("power_law", "two_level", "saturating")
+POWER_LAW, TWO_LEVEL, SATURATING = 0, 1, 2
+#: kinds fitted on GPU-Util, never to be fed SM activity
+UTIL_ONLY_KINDS = (TWO_LEVEL, SATURATING)
+
+_UTIL_BINS = 100  # 1 %-wide bins: NVML reports utilization.gpu in whole percent
+_THRESHOLD_MAX = 0.5  # a GPU busy below 50 % GPU-Util is still "on": thresholds searched 0..0.5
+_U0_GRID = np.geomspace(0.005, 2.0, 61)  # saturation scale of the saturating curve [1]
+
+
+def two_level_power_w(
+    util: ArrayLike, idle_w: ArrayLike, busy_w: ArrayLike, threshold: ArrayLike
+) -> NDArray[np.float64]:
+    r"""Board power from GPU-Util as two levels: idle at or below ``threshold``, busy above.
+
+    Parameters
+    ----------
+    util : array_like
+        GPU-Util (``util_pct`` / 100), 0..1; NaN gives NaN. [1]
+    idle_w, busy_w : array_like
+        Mean power with no kernel running and with kernels running. [W]
+    threshold : array_like
+        Util above which the GPU counts as busy. [1]
+
+    Returns
+    -------
+    numpy.ndarray
+        :math:`P = P_{idle} + (P_{busy} - P_{idle})\,[u > u_t]`. [W]
+
+    Examples
+    --------
+    >>> two_level_power_w([0.0, 0.9], 60.0, 290.0, 0.05).tolist()
+    [60.0, 290.0]
+    """
+    u = np.asarray(util, dtype=float)
+    p = np.where(u > np.asarray(threshold, dtype=float), busy_w, idle_w).astype(float)
+    return np.where(np.isnan(u), np.nan, p)
+
+
+def _sat_shape(u: F64, u0: ArrayLike) -> F64:
+    """(1 - exp(-u/u0)) / (1 - exp(-1/u0)): 0 at u = 0, 1 at u = 1."""
+    u0 = np.asarray(u0, dtype=float)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        return -np.expm1(-u / u0) / -np.expm1(-1.0 / u0)
+
+
+def saturating_power_w(
+    util: ArrayLike, idle_w: ArrayLike, limit_w: ArrayLike, u0: ArrayLike
+) -> NDArray[np.float64]:
+    r"""Board power from GPU-Util rising fast and saturating.
+
+    Parameters
+    ----------
+    util : array_like
+        GPU-Util (``util_pct`` / 100), clipped to [0, 1]; NaN gives NaN. [1]
+    idle_w, limit_w : array_like
+        Power at util 0 and at util 1. [W]
+    u0 : array_like
+        Saturation scale: small is near two-level, large near linear. [1]
+
+    Returns
+    -------
+    numpy.ndarray
+        :math:`P = P_{idle} + (P_{limit} - P_{idle})\,(1 - e^{-u/u_0}) / (1 - e^{-1/u_0})`. [W]
+
+    Examples
+    --------
+    >>> saturating_power_w([0.0, 1.0], 60.0, 300.0, 0.1).round(6).tolist()
+    [60.0, 300.0]
+    """
+    u = np.clip(np.asarray(util, dtype=float), 0.0, 1.0)
+    idle = np.asarray(idle_w, dtype=float)
+    return idle + (np.asarray(limit_w, dtype=float) - idle) * _sat_shape(u, u0)
+
+
+def curve_power_w(
+    kind: ArrayLike,
+    activity: ArrayLike,
+    idle_w: ArrayLike,
+    limit_w: ArrayLike,
+    shape: ArrayLike,
+    cap_w: ArrayLike | None = None,
+) -> NDArray[np.float64]:
+    """Board power through the curve of each GPU's ``kind`` (:data:`CURVE_KINDS` codes).
+
+    ``shape`` is the kind's third parameter: gamma (power law), the threshold (two-level) or
+    u0 (saturating); ``limit_w`` the power at activity 1 (the busy level of a two-level
+    curve). ``activity`` must be SM activity where the kind is power law and GPU-Util where
+    it is a util-only kind (:data:`UTIL_ONLY_KINDS`); the caller picks the input. The result is
+    clamped at ``cap_w`` (default ``limit_w`` for the power law, none for the others). [W]
+
+    Examples
+    --------
+    >>> curve_power_w([0, 1, 2], [0.5, 0.5, 0.5], 60.0, 300.0, [1.0, 0.05, 0.1]).round(1)
+    array([180. , 300. , 298.4])
+    """
+    k = np.asarray(kind)
+    a = np.asarray(activity, dtype=float)
+    p = gpu_power_w(a, idle_w, limit_w, np.where(k == POWER_LAW, shape, 1.0), cap_w)
+    if not np.isin(k, UTIL_ONLY_KINDS).any():
+        return p
+    u = np.where(k == TWO_LEVEL, two_level_power_w(a, idle_w, limit_w, shape), np.nan)
+    u = np.where(k == SATURATING, saturating_power_w(a, idle_w, limit_w, shape), u)
+    if cap_w is not None:
+        u = np.minimum(u, np.asarray(cap_w, dtype=float))
+    return np.where(np.isin(k, UTIL_ONLY_KINDS), u, p)
+
+
+@dataclass(frozen=True)
+class UtilCurveFit:
+    """Per-GPU result of :func:`fit_two_level`, :func:`fit_saturating` or
+    :func:`fit_util_power_curve`; arrays have shape ``(N,)``.
+
+    Attributes
+    ----------
+    kind : numpy.ndarray
+        Curve family, a :data:`CURVE_KINDS` code. [int]
+    idle_w, limit_w : numpy.ndarray
+        Power at util 0 and at util 1 (the busy level of a two-level curve). [W]
+    shape : numpy.ndarray
+        gamma, threshold or u0 by ``kind``. [1]
+    idle_stderr_w, limit_stderr_w, shape_stderr : numpy.ndarray
+        Standard errors (the threshold's is NaN: it is picked from a grid). [W], [W], [1]
+    holdout_mae_w : numpy.ndarray
+        Shape ``(N, 3)``: MAE of each kind on the held-out block (NaN: unusable there); only
+        :func:`fit_util_power_curve` fills it. [W]
+    n_samples : numpy.ndarray
+        Valid samples used. [1]
+    usable : numpy.ndarray
+        False where the data cannot identify the curve. [bool]
+    reason : list of (str or None)
+        Why a fit is unusable, None where it is usable.
+    """
+
+    kind: NDArray[np.int64]
+    idle_w: F64
+    limit_w: F64
+    shape: F64
+    idle_stderr_w: F64
+    limit_stderr_w: F64
+    shape_stderr: F64
+    holdout_mae_w: F64
+    n_samples: NDArray[np.int64]
+    usable: NDArray[np.bool_]
+    reason: list[str | None]
+
+
+def _as_columns(util: ArrayLike, power_w: ArrayLike) -> tuple[F64, F64]:
+    """``(T, N)`` util clipped to [0, 1] and power; a 1-D pair is one GPU."""
+    u = np.asarray(util, dtype=float)
+    u = u[:, None] if u.ndim == 1 else u
+    p = np.asarray(power_w, dtype=float)
+    p = p[:, None] if p.ndim == 1 else p
+    return np.clip(u, 0.0, 1.0), np.broadcast_to(p, u.shape)
+
+
+def _util_hist(u: F64, p: F64) -> tuple[F64, F64, F64, F64]:
+    """Per GPU and 1 %-wide util bin: count, sum of util, of power and of power squared,
+    each ``(N, 102)``; pairs with a NaN side go to the last bin (the caller drops it)."""
+    n_gpu = u.shape[1]
+    nb = _UTIL_BINS + 2  # the last bin takes the pairs left out
+    ok = np.isfinite(u) & np.isfinite(p)
+    key = np.where(ok, np.rint(np.nan_to_num(u) * _UTIL_BINS), nb - 1).astype(np.intp)
+    key = (key + np.arange(n_gpu) * nb).ravel()
+    w = ok.ravel().astype(float)
+    uu = np.where(ok, u, 0.0).ravel()
+    pp = np.where(ok, p, 0.0).ravel()
+    size = n_gpu * nb
+    out = [np.bincount(key, weights=x, minlength=size).reshape(n_gpu, nb) for x in (w, uu, pp)]
+    out.append(np.bincount(key, weights=pp * pp, minlength=size).reshape(n_gpu, nb))
+    return out[0], out[1], out[2], out[3]
+
+
+def _level_reasons(
+    n_lo: F64, n_hi: F64, idle: F64, busy: F64, se: tuple[F64, F64], min_level: int, rel: float
+) -> list[str | None]:
+    """Why each GPU's two levels (idle, busy) are not identified, None where they are."""
+    span = busy - idle
+    out: list[str | None] = []
+    for j in range(idle.size):
+        why = []
+        if n_lo[j] < min_level or n_hi[j] < min_level:
+            why.append(
+                f"{int(n_lo[j])} idle and {int(n_hi[j])} busy samples "
+                f"(fewer than {min_level} on one side)"
+            )
+        elif not span[j] > 0 or not idle[j] >= 0:
+            why.append("busy power not above idle power")
+        elif not max(se[0][j], se[1][j]) <= rel * span[j]:
+            why.append(
+                f"levels not identifiable (standard error {max(se[0][j], se[1][j]):.1f} W > "
+                f"{100 * rel:g} % of the {span[j]:.1f} W step)"
+            )
+        out.append("; ".join(why) if why else None)
+    return out
+
+
+def fit_two_level(
+    util: ArrayLike,
+    power_w: ArrayLike,
+    *,
+    min_samples: int = 100,
+    min_level_samples: int = 10,
+    max_gap_frac: float = 0.2,
+    max_rel_stderr: float = 0.05,
+    dt_s: float = 1.0,
+) -> UtilCurveFit:
+    r"""Fit :func:`two_level_power_w` per GPU: threshold on a 1 % grid, levels as means.
+
+    Parameters
+    ----------
+    util : array_like
+        GPU-Util (``util_pct`` / 100), shape ``(T, N)`` or ``(T,)``; NaN for a gap. [1]
+    power_w : array_like
+        Board power, same shape; NaN for a gap. [W]
+    min_samples, max_gap_frac, dt_s
+        As in :func:`fit_power_curve`.
+    min_level_samples : int, default 10
+        Fewest samples on each side of the threshold. [1]
+    max_rel_stderr : float, default 0.05
+        Largest standard error of either level relative to the step between them: the two
+        levels must be told apart, not each known to 1 % as the power law's idle and limit. [1]
+
+    Returns
+    -------
+    UtilCurveFit
+
+    Notes
+    -----
+    For each threshold :math:`u_t \in \{0.005, 0.015, ..., 0.495\}` the levels are the means of
+    the power at or below and above it; the threshold with the least squared error wins. The
+    standard errors of the levels are those of a mean (samples taken as independent).
+
+    Examples
+    --------
+    >>> u = np.tile([0.0, 0.0, 0.9, 0.95, 1.0], 40)
+    >>> f = fit_two_level(u, np.where(u > 0, 290.0, 60.0) + np.tile([1.0, -1.0], 100))
+    >>> f.idle_w.round(1), f.limit_w.round(1), bool(f.usable[0])
+    (array([60.]), array([290.]), True)
+    """
+    u, p = _as_columns(util, power_w)
+    cnt, _, s_p, s_pp = _util_hist(u, p)
+    k_max = round(_THRESHOLD_MAX * _UTIL_BINS)
+    cn, cs, css = (np.cumsum(x[:, :k_max], axis=1) for x in (cnt, s_p, s_pp))
+    n_t, s_t, ss_t = (x[:, :-1].sum(axis=1, keepdims=True) for x in (cnt, s_p, s_pp))
+    n_hi = n_t - cn
+    with np.errstate(divide="ignore", invalid="ignore"):
+        sse = ss_t - cs**2 / cn - (s_t - cs) ** 2 / n_hi
+    sse = np.where((cn >= min_level_samples) & (n_hi >= min_level_samples), sse, np.inf)
+    k = np.argmin(sse, axis=1)
+    rows = np.arange(u.shape[1])
+    n_lo, s_lo, ss_lo = cn[rows, k], cs[rows, k], css[rows, k]
+    n_up, s_up, ss_up = n_hi[rows, k], s_t[:, 0] - s_lo, ss_t[:, 0] - ss_lo
+    with np.errstate(divide="ignore", invalid="ignore"):
+        idle, busy = s_lo / n_lo, s_up / n_up
+        se_idle = np.sqrt(np.maximum(ss_lo - n_lo * idle**2, 0.0) / (n_lo - 1) / n_lo)
+        se_busy = np.sqrt(np.maximum(ss_up - n_up * busy**2, 0.0) / (n_up - 1) / n_up)
+    reasons = join_reasons(
+        _input_problems(u, p, min_samples, max_gap_frac, None, dt_s),
+        _level_reasons(
+            n_lo, n_up, idle, busy, (se_idle, se_busy), min_level_samples, max_rel_stderr
+        ),
+    )
+    threshold = (k + 0.5) / _UTIL_BINS
+    return _util_fit(TWO_LEVEL, idle, busy, threshold, (se_idle, se_busy), n_t, reasons)
+
+
+def _util_fit(
+    kind: int,
+    idle: F64,
+    limit: F64,
+    shape: F64,
+    se: tuple[F64, ...],
+    n_t: F64,
+    reasons: list[str | None],
+) -> UtilCurveFit:
+    """A :class:`UtilCurveFit` of one kind; refused GPUs get NaN parameters."""
+    usable = np.array([r is None for r in reasons], dtype=bool)
+    n = idle.size
+
+    def keep(x: F64) -> F64:
+        return np.where(usable, x, np.nan)
+
+    se_shape = se[2] if len(se) > 2 else np.full(n, np.nan)
+    return UtilCurveFit(
+        kind=np.full(n, kind, dtype=np.int64),
+        idle_w=keep(idle),
+        limit_w=keep(limit),
+        shape=keep(shape),
+        idle_stderr_w=se[0],
+        limit_stderr_w=se[1],
+        shape_stderr=se_shape,
+        holdout_mae_w=np.full((n, len(CURVE_KINDS)), np.nan),
+        n_samples=np.rint(np.ravel(n_t)).astype(np.int64),
+        usable=usable,
+        reason=reasons,
+    )
+
+
+def _sat_ls(cnt: F64, u_m: F64, p_m: F64, u0: F64) -> tuple[F64, F64, F64]:
+    """Weighted LS of bin-mean power on [1 - g, g], g = :func:`_sat_shape` at ``u0`` per GPU:
+    (idle, limit, between-bin SSE)."""
+    g = _sat_shape(u_m, u0[:, None])
+    sw, sx, sxx = cnt.sum(1), (cnt * g).sum(1), (cnt * g * g).sum(1)
+    sp, sxp = (cnt * p_m).sum(1), (cnt * g * p_m).sum(1)
+    det = sw * sxx - sx * sx
+    with np.errstate(divide="ignore", invalid="ignore"):
+        span = np.where(det > 0, (sw * sxp - sx * sp) / det, np.nan)
+        idle = (sp - span * sx) / sw
+    res = p_m - idle[:, None] - span[:, None] * g
+    sse = np.where(cnt > 0, cnt * res * res, 0.0).sum(1)
+    return idle, idle + span, np.where(np.isfinite(sse), sse, np.inf)
+
+
+def fit_saturating(
+    util: ArrayLike,
+    power_w: ArrayLike,
+    *,
+    min_samples: int = 100,
+    min_level_samples: int = 10,
+    max_gap_frac: float = 0.2,
+    max_rel_stderr: float = 0.05,
+    dt_s: float = 1.0,
+) -> UtilCurveFit:
+    r"""Fit :func:`saturating_power_w` per GPU: u0 on a log grid, idle and limit in closed form.
+
+    Parameters as in :func:`fit_two_level`; ``min_level_samples`` applies to the samples at
+    util <= 0.05 (the idle threshold of docs/physics.md §6.3) and above it.
+
+    Notes
+    -----
+    For fixed :math:`u_0` the curve is linear in idle and limit; :math:`u_0` is searched over
+    61 log-spaced values from 0.005 to 2 and refined by a parabola in :math:`\ln u_0`
+    (refused at the grid's edge). The data enter as 1 %-wide util bins. Standard errors are
+    HC1 (White's sandwich) over the bins, with the Jacobian in (idle, limit, u0).
+
+    Examples
+    --------
+    >>> u = np.tile(np.r_[np.zeros(5), np.linspace(0.02, 1.0, 50)], 4)
+    >>> f = fit_saturating(u, saturating_power_w(u, 60.0, 300.0, 0.1))
+    >>> f.idle_w.round(2), f.limit_w.round(2), f.shape.round(3)
+    (array([60.]), array([300.]), array([0.1]))
+    """
+    u, p = _as_columns(util, power_w)
+    cnt, s_u, s_p, s_pp = (x[:, :-1] for x in _util_hist(u, p))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        u_m = np.where(cnt > 0, s_u / cnt, 0.0)
+        p_m = np.where(cnt > 0, s_p / cnt, 0.0)
+    ln_u0, at_edge = _sat_search(cnt, u_m, p_m)
+    u0 = np.exp(ln_u0)
+    idle, limit, _ = _sat_ls(cnt, u_m, p_m, u0)
+    se = _sat_stderr(cnt, u_m, p_m, s_pp, idle, limit, u0)
+    n_lo = cnt[:, :6].sum(1)
+    n_t = cnt.sum(1)
+    level = _level_reasons(n_lo, n_t - n_lo, idle, limit, se[:2], min_level_samples, max_rel_stderr)
+    for j in np.flatnonzero(at_edge & np.isfinite(idle)):
+        edge = f"u0 at the edge of {_U0_GRID[0]:g}..{_U0_GRID[-1]:g}"
+        level[j] = f"{level[j]}; {edge}" if level[j] else edge
+    reasons = join_reasons(_input_problems(u, p, min_samples, max_gap_frac, None, dt_s), level)
+    return _util_fit(SATURATING, idle, limit, u0, se, n_t, reasons)
+
+
+def _sat_search(cnt: F64, u_m: F64, p_m: F64) -> tuple[F64, NDArray[np.bool_]]:
+    """ln u0 of least squared error per GPU, and whether it sits at the grid's edge: the
+    coarse log grid, then 11 points over +-1 of its steps around the best, each refined by a
+    parabola through the best point and its neighbours."""
+    n_gpu = cnt.shape[0]
+    cols = np.arange(n_gpu)
+
+    def best(cand: F64) -> tuple[F64, NDArray[np.intp]]:
+        sse = np.stack([_sat_ls(cnt, u_m, p_m, np.exp(c))[2] for c in cand])
+        k = np.argmin(sse, axis=0)
+        kk = np.clip(k, 1, cand.shape[0] - 2)
+        y0, y1, y2 = sse[kk - 1, cols], sse[kk, cols], sse[kk + 1, cols]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            den = y0 - 2 * y1 + y2
+            shift = np.clip(np.where(den > 0, 0.5 * (y0 - y2) / den, 0.0), -1.0, 1.0)
+        step = cand[kk + 1, cols] - cand[kk, cols]
+        edge = (k == 0) | (k == cand.shape[0] - 1)
+        return np.where(edge, cand[k, cols], cand[kk, cols] + shift * step), k
+
+    ln_grid = np.log(_U0_GRID)
+    coarse, k = best(np.broadcast_to(ln_grid[:, None], (ln_grid.size, n_gpu)))
+    at_edge = (k == 0) | (k == ln_grid.size - 1)
+    step = ln_grid[1] - ln_grid[0]
+    fine_cand = np.clip(
+        coarse[None, :] + np.linspace(-step, step, 11)[:, None], ln_grid[0], ln_grid[-1]
+    )
+    fine, _ = best(fine_cand)
+    return np.where(at_edge, coarse, fine), at_edge
+
+
+def _sat_stderr(
+    cnt: F64, u_m: F64, p_m: F64, s_pp: F64, idle: F64, limit: F64, u0: F64
+) -> tuple[F64, F64, F64]:
+    """HC1 standard errors of idle, limit and u0 from the bins, J = [1 - g, g, span dg/du0]
+    (dg/du0 by a central difference)."""
+    g = _sat_shape(u_m, u0[:, None])
+    h = 1e-4 * u0[:, None]
+    dg = (_sat_shape(u_m, u0[:, None] + h) - _sat_shape(u_m, u0[:, None] - h)) / (2 * h)
+    jac = np.stack([1.0 - g, g, (limit - idle)[:, None] * dg], axis=-1)  # (N, B, 3)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        wss = np.maximum(s_pp - cnt * p_m * p_m, 0.0)
+    res = p_m - idle[:, None] * (1.0 - g) - limit[:, None] * g
+    s_b = np.where(cnt > 0, wss + cnt * res * res, 0.0)
+    with np.errstate(invalid="ignore"):
+        bread = safe_pinv(np.einsum("nb,nbi,nbj->nij", cnt, jac, jac))
+        meat = np.einsum("nb,nbi,nbj->nij", s_b, jac, jac)
+        total = cnt.sum(1)
+        cov = bread @ meat @ bread * (total / np.maximum(total - 3.0, 1.0))[:, None, None]
+    d = np.sqrt(np.maximum(np.diagonal(cov, axis1=1, axis2=2), 0.0))
+    return d[:, 0], d[:, 1], d[:, 2]
+
+
+def fit_util_power_curve(
+    util: ArrayLike,
+    power_w: ArrayLike,
+    limit_w: ArrayLike | None = None,
+    *,
+    holdout_frac: float = 0.25,
+    min_gain: float = 0.05,
+    min_samples: int = 100,
+    min_idle_samples: int = 10,
+    dt_s: float = 1.0,
+) -> UtilCurveFit:
+    r"""The power curve of each GPU seen through GPU-Util only, its family chosen on held-out
+    error among the power law (:func:`fit_power_curve`), two-level and saturating curves.
+
+    Parameters
+    ----------
+    util : array_like
+        GPU-Util (``util_pct`` / 100), shape ``(T, N)`` or ``(T,)``, in time order; NaN for a
+        gap. [1]
+    power_w : array_like
+        Board power, same shape. [W]
+    limit_w : array_like, optional
+        Enforced power limit per GPU, shape ``(N,)``: the power law's clamp, and every
+        prediction is clamped at it. [W]
+    holdout_frac : float, default 0.25
+        The last share of the samples, held out to choose the family (a time-blocked split:
+        the choice is judged on a later period than the fit, as the twin will use it). [1]
+    min_gain : float, default 0.05
+        A util-only family replaces a usable power law only when its held-out MAE is lower by
+        at least this share. [1]
+    min_samples, min_idle_samples, dt_s
+        As in :func:`fit_power_curve` (``min_idle_samples`` is also each level's minimum).
+
+    Returns
+    -------
+    UtilCurveFit
+        The chosen family per GPU (``kind``), its parameters refitted on all the samples, and
+        each family's held-out MAE (``holdout_mae_w``, columns in :data:`CURVE_KINDS` order).
+
+    Notes
+    -----
+    Each family is fitted on the first ``1 - holdout_frac`` of the samples and scored (MAE,
+    with the clamp) on the rest; the usable family of least held-out MAE wins, the power law
+    on a tie within ``min_gain``. Where none is usable the GPU keeps the power law's result
+    with every family's reason. docs/physics.md §1.3.1.
+
+    Examples
+    --------
+    >>> u = np.tile(np.r_[np.zeros(20), np.full(80, 0.97)], 10)
+    >>> p = np.where(u > 0, 290.0, 60.0) + np.tile([2.0, -2.0], 500)
+    >>> f = fit_util_power_curve(u, p, 450.0)
+    >>> CURVE_KINDS[int(f.kind[0])], f.idle_w.round(1), f.limit_w.round(1)
+    ('two_level', array([60.]), array([290.]))
+    """
+    u, p = _as_columns(util, power_w)
+    n_t, n_gpu = u.shape
+    if not 0.0 < holdout_frac < 1.0:
+        raise ValueError(f"holdout_frac {holdout_frac!r} must lie in (0, 1)")
+    lim = None if limit_w is None else np.broadcast_to(np.asarray(limit_w, dtype=float), (n_gpu,))
+    cap = np.full(n_gpu, np.inf) if lim is None else np.where(np.isfinite(lim), lim, np.inf)
+    split = int(n_t * (1.0 - holdout_frac))
+    kw = {"min_samples": min_samples, "dt_s": dt_s}
+    lvl = {**kw, "min_level_samples": min_idle_samples}
+
+    def fit_all(sl: slice) -> list[UtilCurveFit]:
+        pl = fit_power_curve(
+            u[sl], p[sl], lim, in_sample_mae=False, min_idle_samples=min_idle_samples, **kw
+        )
+        as_util = _util_fit(
+            POWER_LAW,
+            pl.idle_w,
+            pl.limit_w,
+            pl.gamma,
+            (pl.idle_stderr_w, pl.limit_stderr_w, pl.gamma_stderr),
+            pl.n_samples.astype(float),
+            pl.reason,
+        )
+        return [as_util, fit_two_level(u[sl], p[sl], **lvl), fit_saturating(u[sl], p[sl], **lvl)]
+
+    held = np.full((n_gpu, len(CURVE_KINDS)), np.nan)
+    for k, f in enumerate(fit_all(slice(0, split))):
+        pred = curve_power_w(k, u[split:], f.idle_w, f.limit_w, f.shape, cap)
+        held[:, k] = np.where(f.usable, _nan_mae(p[split:], pred), np.nan)
+    score = np.where(np.isfinite(held), held, np.inf)
+    best_util = 1 + np.argmin(score[:, 1:], axis=1)
+    util_score = score[np.arange(n_gpu), best_util]
+    chosen = np.where(util_score < (1.0 - min_gain) * score[:, 0], best_util, POWER_LAW)
+    full = fit_all(slice(None))
+    return _pick(full, chosen, held)
+
+
+def _nan_mae(meas: F64, pred: F64) -> F64:
+    """MAE along axis 0 over the pairs where both sides are finite (NaN where none is)."""
+    ok = np.isfinite(meas) & np.isfinite(pred)
+    n = ok.sum(axis=0)
+    err = np.where(ok, np.abs(pred - meas), 0.0).sum(axis=0)
+    return np.where(n > 0, err / np.maximum(n, 1), np.nan)
+
+
+def _pick(fits: list[UtilCurveFit], chosen: NDArray[np.intp], held: F64) -> UtilCurveFit:
+    """Per GPU, the fit of kind ``chosen``; a GPU where no kind was usable on the fit block
+    keeps the power law and every kind's reason."""
+    cols = np.arange(chosen.size)
+    none = ~np.isfinite(held).any(axis=1)
+
+    def take(name: str) -> F64:
+        return np.stack([getattr(f, name) for f in fits])[chosen, cols]
+
+    reasons: list[str | None] = []
+    for j, k in enumerate(chosen):
+        r = fits[k].reason[j]
+        if none[j]:
+            r = "; ".join(f"{CURVE_KINDS[i]}: {f.reason[j]}" for i, f in enumerate(fits))
+        reasons.append(r)
+    usable = take("usable").astype(bool) & ~none
+    return UtilCurveFit(
+        kind=chosen.astype(np.int64),
+        idle_w=take("idle_w"),
+        limit_w=take("limit_w"),
+        shape=take("shape"),
+        idle_stderr_w=take("idle_stderr_w"),
+        limit_stderr_w=take("limit_stderr_w"),
+        shape_stderr=take("shape_stderr"),
+        holdout_mae_w=held,
+        n_samples=take("n_samples").astype(np.int64),
+        usable=usable,
+        reason=reasons,
+    )

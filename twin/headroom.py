@@ -499,10 +499,28 @@ def _gpus_rows(p: _Pass) -> None:
     )
     cap = np.where(np.isfinite(plimit) & (plimit > 0), plimit, gp.limit_w)
     t50 = _gpu_path(
-        temp_now, ref_now, power_now, act_now, r50[:, idx.gpu_rack], cap, r_k, gp, step_s
+        temp_now,
+        ref_now,
+        power_now,
+        act_now,
+        r50[:, idx.gpu_rack],
+        cap,
+        r_k,
+        gp,
+        step_s,
+        from_util=no_sm,
     )
     t90 = _gpu_path(
-        temp_now, ref_now, power_now, act_now, r90[:, idx.gpu_rack], cap, r_k, gp, step_s
+        temp_now,
+        ref_now,
+        power_now,
+        act_now,
+        r90[:, idx.gpu_rack],
+        cap,
+        r_k,
+        gp,
+        step_s,
+        from_util=no_sm,
     )
     p.emit(
         "gpu",
@@ -645,19 +663,23 @@ def _gpu_path(
     r_k: np.ndarray,
     gp: Any,
     step_s: float,
+    from_util: np.ndarray | None = None,
 ) -> np.ndarray:
     """(n, G) temperature path of every GPU for a load-ratio path of its rack.
 
     The rack's load ratio scales each GPU's activity; power follows the calibrated curve
     (measured power plus the curve's change, ``twin.chain.propagate.gpu_power_after_w``) and the
     temperature the RC model with the thermal controller (``twin.chain.gpu_temperatures``).
-    A GPU without activity telemetry scales its power with the ratio instead.
+    A GPU without activity telemetry scales its power with the ratio instead; ``from_util``
+    marks the GPUs whose activity is GPU-Util (their curve may be a util-only one).
     """
     n = ratio.shape[0]
     act = np.where(np.isfinite(act_now), act_now, 0.0)
     p_now = np.nan_to_num(power_now)
     a_path = np.clip(act[None, :] * ratio, 0.0, 1.0)
-    p = chain.gpu_power_after_w(p_now[None, :], act[None, :], a_path, gp, cap_w[None, :])
+    p = chain.gpu_power_after_w(
+        p_now[None, :], act[None, :], a_path, gp, cap_w[None, :], from_util=from_util
+    )
     p = np.where(np.isfinite(act_now)[None, :], p, np.minimum(p_now[None, :] * ratio, cap_w))
     ref = np.broadcast_to(np.nan_to_num(ref_now) + gp.offset_k, (n, len(p_now)))
     res = gpu_temperatures(

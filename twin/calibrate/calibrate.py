@@ -22,7 +22,17 @@ import numpy as np
 from models import fit_quality
 from models.cdu import fit_capture_fraction, predict_return_temp_c
 from models.electrical import fit_rack_power
-from models.gpu_power import PowerCurveFit, fit_power_curve, gpu_power_w
+from models.gpu_power import (
+    CURVE_KINDS,
+    POWER_LAW,
+    SATURATING,
+    TWO_LEVEL,
+    PowerCurveFit,
+    UtilCurveFit,
+    curve_power_w,
+    fit_power_curve,
+    fit_util_power_curve,
+)
 from models.gpu_thermal import RcFit, fit_rc_many, predict_temp_c
 from twin.calibrate.windows import (
     MAX_STEP_S,
@@ -64,6 +74,9 @@ MIN_CAPTURE_S = 300.0
 MIN_FIT_SAMPLES = 20
 #: Fewest samples at idle for the idle power to count as seen, whatever the step.
 MIN_IDLE_SAMPLES = 3
+#: The stored parameter holding the shape of each util-only power curve (its threshold or
+#: u0, models.gpu_power); the family itself is stored as ``curve_kind``.
+UTIL_SHAPE_PARAM = {TWO_LEVEL: "util_threshold", SATURATING: "util_u0"}
 
 
 #: Finest step at which the RC fit also tries the interval-mean input model (below). At 1 s and
@@ -305,6 +318,97 @@ def fit_gpu_links(
         return pc_job.result(), rc_job.result()
 
 
+def power_curves(
+    pc: PowerCurveFit,
+    activity: np.ndarray,
+    power_w: np.ndarray,
+    limit_w: np.ndarray,
+    from_util: np.ndarray,
+    step_s: float,
+) -> UtilCurveFit:
+    """Every GPU's power curve: the power law ``pc`` where ``activity`` is SM activity, and
+    where it is GPU-Util (``from_util``, per GPU) the family of least held-out error
+    (:func:`models.gpu_power.fit_util_power_curve`: power law, two-level or saturating, the
+    last quarter of the fit window held out). A util GPU that keeps the power law keeps
+    ``pc``'s numbers, so a site with SM activity everywhere is calibrated as before."""
+    n = pc.idle_w.size
+    out = {
+        "kind": np.full(n, POWER_LAW, dtype=np.int64),
+        "idle_w": pc.idle_w.copy(),
+        "limit_w": pc.limit_w.copy(),
+        "shape": pc.gamma.copy(),
+        "idle_stderr_w": pc.idle_stderr_w.copy(),
+        "limit_stderr_w": pc.limit_stderr_w.copy(),
+        "shape_stderr": pc.gamma_stderr.copy(),
+        "holdout_mae_w": np.full((n, len(CURVE_KINDS)), np.nan),
+        "n_samples": pc.n_samples.copy(),
+        "usable": pc.usable.copy(),
+    }
+    reason = list(pc.reason)
+    cols = np.flatnonzero(from_util)
+    if cols.size:
+        lim = np.broadcast_to(np.asarray(limit_w, dtype=float), (n,))[cols]
+        uf = fit_util_power_curve(
+            activity[:, cols],
+            power_w[:, cols],
+            lim,
+            min_samples=min_samples(MIN_POWER_CURVE_S, step_s),
+            min_idle_samples=min_samples(MIN_IDLE_S, step_s, MIN_IDLE_SAMPLES),
+            dt_s=step_s,
+        )
+        out["holdout_mae_w"][cols] = uf.holdout_mae_w
+        util = uf.kind != POWER_LAW
+        for name in out:
+            if name != "holdout_mae_w":
+                out[name][cols[util]] = getattr(uf, name)[util]
+        for j in np.flatnonzero(util):
+            reason[cols[j]] = uf.reason[j]
+    return UtilCurveFit(**out, reason=reason)
+
+
+def _power_curve_results(
+    results: dict[str, Any],
+    params: Callable[..., None],
+    ids: list[str],
+    curve: UtilCurveFit,
+    from_util: np.ndarray,
+) -> None:
+    """The power-curve parameter rows of every GPU: idle, limit and gamma (NaN for a
+    util-only family), then the family rows of the GPUs seen through GPU-Util."""
+    params(
+        "gpu",
+        ids,
+        curve.usable,
+        curve.reason,
+        idle_w=(curve.idle_w, curve.idle_stderr_w),
+        limit_w=(curve.limit_w, curve.limit_stderr_w),
+        gamma=(
+            np.where(curve.kind == POWER_LAW, curve.shape, np.nan),
+            np.where(curve.kind == POWER_LAW, curve.shape_stderr, np.nan),
+        ),
+    )
+    results["params"].extend(_util_curve_rows(ids, curve, from_util))
+
+
+def _util_curve_rows(ids: list[str], curve: UtilCurveFit, from_util: np.ndarray):
+    """Parameter rows of the curve family of each GPU seen through GPU-Util: ``curve_kind``
+    (a :data:`models.gpu_power.CURVE_KINDS` code) and, for a util-only family, its shape
+    (``util_threshold`` or ``util_u0``). A GPU with SM activity keeps the power law and gets
+    no such row (no ``curve_kind`` reads as the power law)."""
+    for j in np.flatnonzero(from_util):
+        kind = int(curve.kind[j])
+        row = {"kind": "gpu", "id": ids[j], "usable": bool(curve.usable[j])}
+        row["reason"] = curve.reason[j]
+        yield {**row, "param": "curve_kind", "value": float(kind), "stderr": None}
+        if kind in UTIL_SHAPE_PARAM:
+            yield {
+                **row,
+                "param": UTIL_SHAPE_PARAM[kind],
+                "value": _f(curve.shape[j]),
+                "stderr": _f(curve.shape_stderr[j]),
+            }
+
+
 def _quality(kind: str, ids: list[str], quantity: str, meas: np.ndarray, pred: np.ndarray):
     q = fit_quality.fit_quality(meas, pred)
     for i, sid in enumerate(ids):
@@ -342,17 +446,12 @@ def _fit_gpu_group(
         q: gpu.values[q][fit] for q in ("temp_c", "mem_temp_c") if not np.isnan(gpu.values[q]).all()
     }
     pc, rc_fits = fit_gpu_links(activity[fit], power[fit], limit, temps, ref[fit], step_s)
-    params(
-        "gpu",
-        idx.gpu_ids,
-        pc.usable,
-        pc.reason,
-        idle_w=(pc.idle_w, pc.idle_stderr_w),
-        limit_w=(pc.limit_w, pc.limit_stderr_w),
-        gamma=(pc.gamma, pc.gamma_stderr),
-    )
+    curve = power_curves(pc, activity[fit], power[fit], limit, no_sm, step_s)
+    _power_curve_results(results, params, idx.gpu_ids, curve, no_sm)
     cap = np.where(np.isfinite(limit), limit, np.inf)
-    pred_p = gpu_power_w(np.clip(activity[hold], 0.0, 1.0), pc.idle_w, pc.limit_w, pc.gamma, cap)
+    pred_p = curve_power_w(
+        curve.kind, np.clip(activity[hold], 0.0, 1.0), curve.idle_w, curve.limit_w, curve.shape, cap
+    )
     results["quality"].extend(_quality("gpu", idx.gpu_ids, "power_w", power[hold], pred_p))
     for quantity, prefix in (("temp_c", ""), ("mem_temp_c", "mem_")):
         if quantity not in rc_fits:

@@ -11,7 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from twin.calibrate.calibrate import SiteIndex
+from models import gpu_power
+from twin.calibrate.calibrate import UTIL_SHAPE_PARAM, SiteIndex
 from twin.site import Site
 from twin.site.catalog import ASSUMPTIONS
 
@@ -30,8 +31,15 @@ class GpuParams:
     c_j_per_k: np.ndarray
     offset_k: np.ndarray  # local coolant (or air) above the reference temperature
     max_temp_c: np.ndarray  # max operating temperature: where the thermal slowdown holds it
-    curve_source: list[str]  # "calibrated" or "catalog"
+    curve_source: list[str]  # "calibrated", "catalog" or "calibrated on GPU-Util (<kind>)"
     thermal_source: list[str]  # "calibrated" or "catalog R and tau (no usable fit)"
+    # A curve calibrated on GPU-Util alone (models.gpu_power.UTIL_ONLY_KINDS; 0 where none):
+    # it applies to util input only, so idle_w/limit_w/gamma above stay the power law (the
+    # catalog's) that SM activity goes through. docs/physics.md §1.3.1.
+    util_kind: np.ndarray | None = None  # (G,) int, models.gpu_power.CURVE_KINDS codes
+    util_idle_w: np.ndarray | None = None
+    util_limit_w: np.ndarray | None = None  # power at util 1 (the busy level if two-level)
+    util_shape: np.ndarray | None = None  # threshold (two-level) or u0 (saturating)
 
 
 @dataclass(frozen=True)
@@ -49,16 +57,27 @@ def _gpu(site: Site, idx: SiteIndex, cal: Calibration) -> GpuParams:
     }
     curve_src: list[str] = []
     thermal_src: list[str] = []
+    util = np.zeros((4, len(idx.gpu_ids)))  # kind, idle, limit, shape of util-only curves
     for i, gid in enumerate(idx.gpu_ids):
         spec = nodes[idx.gpu_node[i]].gpu_spec
         liquid = idx.gpu_cdu[i] >= 0
         idle = cal.get(("gpu", gid, "idle_w"))
         limit = cal.get(("gpu", gid, "limit_w"))
         gamma = cal.get(("gpu", gid, "gamma"))
+        stored_kind = int(cal.get(("gpu", gid, "curve_kind"), gpu_power.POWER_LAW))
+        if stored_kind in UTIL_SHAPE_PARAM:  # fitted on util: SM activity gets the catalog's
+            idle = limit = gamma = None
+            kind = util_curve(cal, gid)
+            if kind is None:
+                curve_src.append("catalog (stored GPU-Util curve incomplete)")
+            else:
+                util[:, i] = kind
+                curve_src.append(f"calibrated on GPU-Util ({gpu_power.CURVE_KINDS[stored_kind]})")
+        else:
+            curve_src.append("catalog" if idle is None and gamma is None else "calibrated")
         cols["idle"].append(spec.idle_w if idle is None else idle)
         cols["limit"].append(spec.tdp_w if limit is None else limit)
         cols["gamma"].append(spec.gamma if gamma is None else gamma)
-        curve_src.append("catalog" if idle is None and gamma is None else "calibrated")
         r = cal.get(("gpu", gid, "r_k_per_w"))
         c = cal.get(("gpu", gid, "c_j_per_k"))
         if r is not None and c is not None and r > 0 and c > 0:
@@ -84,7 +103,25 @@ def _gpu(site: Site, idx: SiteIndex, cal: Calibration) -> GpuParams:
         a["tmax"],
         curve_src,
         thermal_src,
+        util_kind=util[0].astype(np.int64),
+        util_idle_w=util[1],
+        util_limit_w=util[2],
+        util_shape=util[3],
     )
+
+
+def util_curve(cal: Calibration, gid: str) -> tuple[float, float, float, float] | None:
+    """(kind, idle, limit, shape) of GPU ``gid``'s stored util-only curve, None where its
+    curve is the power law (no ``curve_kind``, or 0) or the stored curve is incomplete."""
+    kind = cal.get(("gpu", gid, "curve_kind"))
+    if kind is None or int(kind) not in UTIL_SHAPE_PARAM:
+        return None
+    idle = cal.get(("gpu", gid, "idle_w"))
+    limit = cal.get(("gpu", gid, "limit_w"))
+    shape = cal.get(("gpu", gid, UTIL_SHAPE_PARAM[int(kind)]))
+    if idle is None or limit is None or shape is None:
+        return None
+    return float(int(kind)), float(idle), float(limit), float(shape)
 
 
 def default_rack_beta(rack: Any) -> float:

@@ -17,9 +17,27 @@ from twin.site.catalog import ASSUMPTIONS, CDU_MODELS
 
 
 # ---- GPU power -------------------------------------------------------------------------------
-def gpu_power_w(activity: np.ndarray, gp: GpuParams, cols: Any = slice(None)) -> np.ndarray:
-    """Board power from SM activity (utilization where no SM activity) through the curve."""
-    return gpu_power.gpu_power_w(activity, gp.idle_w[cols], gp.limit_w[cols], gp.gamma[cols])
+def gpu_power_w(
+    activity: np.ndarray, gp: GpuParams, cols: Any = slice(None), from_util: Any = None
+) -> np.ndarray:
+    """Board power from SM activity (utilization where no SM activity) through the curve.
+
+    ``from_util`` (per GPU of ``cols``, bool) says which columns of ``activity`` are GPU-Util
+    (``util_pct / 100``): only those go through a curve calibrated on GPU-Util
+    (``gp.util_kind``), the others through the power law; None is SM activity everywhere.
+    """
+    p = gpu_power.gpu_power_w(activity, gp.idle_w[cols], gp.limit_w[cols], gp.gamma[cols])
+    if from_util is None or gp.util_kind is None:
+        return p
+    kind = gp.util_kind[cols]
+    on_util = np.asarray(from_util, dtype=bool) & (kind != gpu_power.POWER_LAW)
+    if not on_util.any():
+        return p
+    assert gp.util_idle_w is not None and gp.util_limit_w is not None and gp.util_shape is not None
+    u = gpu_power.curve_power_w(
+        kind, activity, gp.util_idle_w[cols], gp.util_limit_w[cols], gp.util_shape[cols]
+    )
+    return np.where(on_util, u, p)
 
 
 def gpu_power_after_w(
@@ -29,9 +47,12 @@ def gpu_power_after_w(
     gp: GpuParams,
     cap_w: np.ndarray,
     cols: Any = slice(None),
+    from_util: Any = None,
 ) -> np.ndarray:
-    """Measured power plus the curve's change for a new activity, within [0, the cap]."""
-    p = power_w + (gpu_power_w(activity_after, gp, cols) - gpu_power_w(activity, gp, cols))
+    """Measured power plus the curve's change for a new activity, within [0, the cap];
+    ``from_util`` as in :func:`gpu_power_w`."""
+    after = gpu_power_w(activity_after, gp, cols, from_util)
+    p = power_w + (after - gpu_power_w(activity, gp, cols, from_util))
     return np.clip(p, 0.0, cap_w)
 
 

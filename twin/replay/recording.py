@@ -50,6 +50,9 @@ class Recording:
     link_busy_gbps: np.ndarray  # (T, links): the busier direction
     rack_in_w: np.ndarray  # (T, racks) rack input power (its PDUs), NaN where none reports
     cache: dict[str, Any] = field(default_factory=dict)
+    #: (G,) True where ``gpu_activity`` is GPU-Util (no SM activity recorded): those GPUs'
+    #: power may follow a curve calibrated on util (twin.chain.propagate.gpu_power_w)
+    gpu_activity_from_util: np.ndarray | None = None
 
     @property
     def duration_s(self) -> float:
@@ -183,4 +186,5 @@ def load(bundle: Bundle) -> Recording:
         pump_on=pump_on,
         link_busy_gbps=busy,
         rack_in_w=rack_in,
+        gpu_activity_from_util=no_sm,
     )

@@ -313,8 +313,9 @@ def _gpus_run(
         p_meas = d.gpu_power_w[:, sl].astype(float)
         act = d.gpu_activity[:, sl].astype(float)
         act_s = np.clip(act * scale[sl][None, :], 0.0, 1.0)
+        from_util = None if d.gpu_activity_from_util is None else d.gpu_activity_from_util[sl]
         p_dem = (
-            chain.gpu_power_after_w(p_meas, act, act_s, gp, cap[sl][None, :], sl)
+            chain.gpu_power_after_w(p_meas, act, act_s, gp, cap[sl][None, :], sl, from_util)
             if (scale[sl] != 1).any()
             else np.minimum(p_meas, cap[sl][None, :])
         )

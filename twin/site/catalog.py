@@ -128,6 +128,23 @@ GPU_MODELS: dict[str, GpuModel] = {
         sm_clock_max_mhz=1965.0,  # (S)
         mem_clock_mhz=3996.0,  # (S)
     ),
+    "RTX4090": GpuModel(
+        name="NVIDIA GeForce RTX 4090",
+        tdp_w=450.0,  # §9.1 NVIDIA RTX 4090 spec page, Total Graphics Power 450 W (H)
+        min_power_limit_w=150.0,  # not on the spec page (L)
+        idle_w=33.0,  # §9.1 33 W at 0 % GPU-Util in the reference nvidia-smi log (M)
+        gamma=1.0,  # §9.1
+        max_operating_temp_c=90.0,  # §9.1 spec page, Maximum GPU Temperature 90 °C (H)
+        slowdown_temp_c=93.0,  # not published; above the maximum (L)
+        shutdown_temp_c=96.0,  # not published (L)
+        hbm_max_temp_c=105.0,  # GDDR6X, no HBM: memory junction limit assumed (L)
+        r_liquid_k_per_w=0.03,  # §9.2 (L): sold air-cooled
+        r_air_k_per_w=0.1,  # §9.2 air heat sink, a 450 W card at ~45 K over inlet (L)
+        tau_liquid_s=10.0,  # §9.2 (D/L)
+        tau_air_s=60.0,  # §9.2 (D/L)
+        sm_clock_max_mhz=2520.0,  # spec page, boost clock 2.52 GHz (H)
+        mem_clock_mhz=10501.0,  # 21 Gbps GDDR6X as nvidia-smi reports it (M)
+    ),
 }
 
 NODE_MODELS: dict[str, NodeModel] = {
@@ -170,6 +187,16 @@ NODE_MODELS: dict[str, NodeModel] = {
         gpu_overhead_frac=0.15,  # (L)
         cooling="liquid",
         capture_fraction=0.90,  # §9.4 GB200 NVL72 full DLC 0.85-0.95 (M)
+    ),
+    "WS-RTX4090-1": NodeModel(
+        name="workstation with one GeForce RTX 4090",
+        gpu="RTX4090",
+        gpus=1,
+        max_power_w=850.0,  # §9.1 spec page, Required System Power 850 W (H)
+        base_w=80.0,  # desktop CPU, board and fans at idle (L)
+        gpu_overhead_frac=0.10,  # fans and VRM share (L)
+        cooling="air",
+        capture_fraction=0.0,  # air-cooled: no liquid capture
     ),
 }
 
