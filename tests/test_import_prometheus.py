@@ -16,11 +16,9 @@ from typer.testing import CliRunner
 from collectors.dcgm import DCGM_FP64_BLANK, DCGM_INT32_BLANK, DCGM_INT64_BLANK, is_blank
 from collectors.mqtt import wait_until
 from twin.cli import app
-from twin.ingest import Ingester, IngestLimits
-from twin.ingest.mqtt_service import MqttIngestService, ServiceOptions
 from twin.store import Store
 
-from .conftest import REPO
+from .conftest import REPO, running_ingest
 
 #: 2 nodes x 2 GPUs x 11 metrics x 60 points at 15 s (see make_dcgm_query_range.py there)
 FIXTURE = REPO / "tests" / "fixtures" / "prometheus" / "dcgm_query_range.json"
@@ -312,27 +310,17 @@ def test_import_over_mqtt_reaches_a_running_ingest(broker, tmp_path):
         s["values"] = [[ts + shift, v] for ts, v in s["values"]]
     f = tmp_path / "recent.json"
     f.write_text(json.dumps(doc))
-    with Store(tmp_path / "svc.duckdb") as store:
-        ingester = Ingester(store, None, IngestLimits(max_past_s=0))
-        svc = MqttIngestService(
-            broker.client_config(),
-            ingester,
-            ServiceOptions(client_id="prom-test", flush_interval_s=0.05, receiver_process=False),
-        )
-        svc.start()
-        try:
-            res = invoke(
-                "import", "prometheus", f, "--broker", broker.address, env=broker.client_env()
-            )
-            assert res.exit_code == 0, res.output
-            out = json.loads(res.stdout)
-            assert out["mqtt"]["acknowledged"] == 120 and out["mqtt"]["refused_by_contract"] == {}
-            assert "--max-past guard" in res.stderr
-            assert wait_until(lambda: ingester.counters.samples["gpu"] == 225, 20)
-        finally:
-            svc.stop()
+    db = tmp_path / "svc.duckdb"
+    with running_ingest(broker, db, "prom-test") as (_, ingester):
+        res = invoke("import", "prometheus", f, "--broker", broker.address, env=broker.client_env())
+        assert res.exit_code == 0, res.output
+        out = json.loads(res.stdout)
+        assert out["mqtt"]["acknowledged"] == 120 and out["mqtt"]["refused_by_contract"] == {}
+        assert "--max-past guard" in res.stderr
+        assert wait_until(lambda: ingester.counters.samples["gpu"] == 225, 20)
+    with Store(db, read_only=True) as store:
         rows = store.con.execute("SELECT count(*), count(power_w) FROM gpu").fetchall()
-    assert rows == [(225, 224)]
+    assert rows == [(225, 224)]  # the NaN power left out
 
 
 def test_import_prometheus_has_help():

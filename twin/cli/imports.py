@@ -34,6 +34,12 @@ import_app = typer.Typer(
 
 CHUNK = 20_000
 
+DbOpt = Annotated[Path | None, typer.Option("--db", help="Ingest into this store.")]
+BrokerOpt = Annotated[str | None, typer.Option(help="Publish to this broker (host:port) instead.")]
+SiteNameOpt = Annotated[
+    str | None, typer.Option(help="Site name of the topics (default: the site's, or 'site').")
+]
+
 HISTORY_NOTE_DB = "history accepted: the max-past guard is off for this import"
 HISTORY_NOTE_MQTT = (
     "published over MQTT: the receiving service's own --max-past guard (30 days unless set)"
@@ -143,14 +149,10 @@ def _check_target(db: Path | None, broker: str | None, file: Path) -> None:
 def nvidia_smi(
     file: Annotated[Path, typer.Argument(help="nvidia-smi --query-gpu=... --format=csv log.")],
     node: Annotated[str, typer.Option("--node", help="The node the GPUs are on (the source).")],
-    db: Annotated[Path | None, typer.Option("--db", help="Ingest into this store.")] = None,
-    broker: Annotated[
-        str | None, typer.Option(help="Publish to this broker (host:port) instead.")
-    ] = None,
+    db: DbOpt = None,
+    broker: BrokerOpt = None,
     site: SiteOpt = None,
-    site_name: Annotated[
-        str | None, typer.Option(help="Site name of the topics (default: the site's, or 'site').")
-    ] = None,
+    site_name: SiteNameOpt = None,
     query_gpu: Annotated[
         str | None,
         typer.Option(
@@ -220,14 +222,10 @@ def prometheus(
             " host).",
         ),
     ] = None,
-    db: Annotated[Path | None, typer.Option("--db", help="Ingest into this store.")] = None,
-    broker: Annotated[
-        str | None, typer.Option(help="Publish to this broker (host:port) instead.")
-    ] = None,
+    db: DbOpt = None,
+    broker: BrokerOpt = None,
     site: SiteOpt = None,
-    site_name: Annotated[
-        str | None, typer.Option(help="Site name of the topics (default: the site's, or 'site').")
-    ] = None,
+    site_name: SiteNameOpt = None,
     max_future: MaxFutureOpt = 300.0,
 ) -> None:
     """Import dcgm-exporter series from Prometheus HTTP API answers (resultType matrix or
