@@ -226,7 +226,14 @@ def test_nothing_valid_exits_1_naming_the_reasons(tmp_path):
         answer([{"metric": _labels("DCGM_FI_DEV_PCIE_REPLAY_COUNTER"), "values": [[T0, "0"]]}]),
         answer([{"metric": _labels("DCGM_FI_DEV_POWER_USAGE", None, UUID=""), "values": []}]),
         answer([{"metric": _labels("DCGM_FI_DEV_POWER_USAGE"), "values": [[T0, "NaN"]]}]),
-        answer([{"metric": _labels("DCGM_FI_DEV_POWER_USAGE", "1"), "values": [["x", "1"]]}]),
+        answer(
+            [
+                {
+                    "metric": _labels("DCGM_FI_DEV_POWER_USAGE", "1"),
+                    "values": [["x", "1"], [1e12, "2"]],
+                }
+            ]
+        ),
         answer([{"metric": _labels("DCGM_FI_DEV_MEMORY_TEMP", "2"), "values": [[T0, "0"]]}]),
         answer([{"metric": _labels("DCGM_FI_DEV_POWER_USAGE", "3"), "values": [[T0, "-5"]]}]),
         {"status": "success", "data": {"resultType": "scalar", "result": [T0, "1"]}},
@@ -238,14 +245,14 @@ def test_nothing_valid_exits_1_naming_the_reasons(tmp_path):
     out = json.loads(res.stdout)
     assert out["responses_refused"] == {"error_response": 1, "unsupported_result_type": 1}
     assert out["series_refused"] == {"no_gpu": 1}
-    assert out["points_refused"] == {"bad_point": 1, "non_finite": 1, "unmeasured_zero": 1}
+    assert out["points_refused"] == {"bad_point": 2, "non_finite": 1, "unmeasured_zero": 1}
     assert out["ingest"]["dead_letters"] == {"negative_value": 1}  # the contract's own check
     for part in (
         "1 responses error_response",
         "1 responses unsupported_result_type",
         "1 series no_gpu",
         "1 series unknown_metric",
-        "1 points bad_point",
+        "2 points bad_point",
         "1 points non_finite",
         "1 points unmeasured_zero",
         "1 messages negative_value",
@@ -278,6 +285,7 @@ def test_an_error_answer_alone(tmp_path):
         ('{"status": "success", "data": {"resultType": "matrix", "result": [', "not JSON"),
         (json.dumps(answer([])) + "\n" + '{"status": "succ', "line 2:"),
         ("", "the file is empty"),
+        ("[]", "no answer in it"),
     ],
 )
 def test_malformed_json_is_a_clear_error(tmp_path, text, says):

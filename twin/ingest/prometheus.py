@@ -183,6 +183,8 @@ def read_answers(path: Path) -> list[Any]:
         return answers
     if isinstance(doc, list) and doc and all(isinstance(d, dict) and "metric" in d for d in doc):
         return [{"status": "success", "data": {"resultType": "matrix", "result": doc}}]
+    if doc == []:
+        raise PrometheusError(f"{path}: the file is an empty JSON array: no answer in it")
     return doc if isinstance(doc, list) else [doc]
 
 
@@ -373,8 +375,9 @@ def _table(c: _Collect) -> pl.DataFrame:
     reason = pl.lit(None, pl.String)
     for name, cond in reversed(checks):
         reason = pl.when(cond).then(pl.lit(name)).otherwise(reason)
+    ts_us = (pl.col("ts_s") * 1000).round().cast(pl.Int64, strict=False) * 1000  # ms, as sent
     df = df.with_columns(
-        reason.alias("reason"), (pl.col("ts_s") * 1000).round().cast(pl.Int64, strict=False) * 1000
+        reason.alias("reason"), pl.when(ts_ok).then(ts_us).otherwise(None).alias("ts_s")
     ).rename({"ts_s": "ts_us"})
     bad = df.filter(pl.col("reason").is_not_null())
     ok = df.filter(pl.col("reason").is_null()).with_columns(v * pl.col("scale"))
