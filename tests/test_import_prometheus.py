@@ -165,6 +165,7 @@ def test_vector_answer_instance_host_and_mig(tmp_path):
         {"metric": _labels("DCGM_FI_DEV_POWER_USAGE", "1", GPU_I_ID="2"), "value": [ts, "301.5"]},
         {"metric": _labels("DCGM_FI_DEV_GPU_UTIL", "1", GPU_I_ID="2"), "value": [ts, "40"]},
         {"metric": _labels("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "1"), "value": [ts, "4"]},
+        {"metric": _labels("DCGM_FI_DEV_XID_ERRORS", "1"), "value": [ts, "79"]},
     ]
     f = tmp_path / "instant.json"
     f.write_text(json.dumps(answer(result, "vector")))
@@ -177,6 +178,8 @@ def test_vector_answer_instance_host_and_mig(tmp_path):
     sql = "SELECT epoch_us(ts), id, power_w, energy_j, util_pct, throttle_reasons FROM gpu"
     with Store(db, read_only=True) as store:
         rows = store.con.execute(sql + " ORDER BY id").fetchall()
+        extra = store.con.execute("SELECT id, quantity, value FROM extra_readings").fetchall()
+    assert extra == [("10.0.0.5:1", "xid_last", 79.0)]  # a name the contract does not know
     us = 1712345678123000
     assert rows == [
         (us, "10.0.0.5:0", 612.345, pytest.approx(9876543.21), None, None),

@@ -88,6 +88,9 @@ _SIDE_SCHEMA = {
     "fp64": pl.Boolean,
     "priority": pl.Int64,
     "zu": pl.Boolean,
+    "skey": pl.Int64,  # the (node, id) of the series, as a number
+    "qkey": pl.Int64,  # its quantity, as a number
+    "fkey": pl.Int64,  # its DCGM field, as a number
 }
 
 
@@ -217,6 +220,7 @@ class _Collect:
     point_ts: list[Any] = field(default_factory=list)
     point_value: list[Any] = field(default_factory=list)
     hosts: set[str] = field(default_factory=set)
+    keys: dict[Any, int] = field(default_factory=dict)  # (node, id), quantity, field -> number
 
     def refuse(self, counter: Counter[str], reason: str, n: int, example: str) -> None:
         counter[reason] += n
@@ -272,6 +276,12 @@ class _Collect:
             p.quantities[dcgm.quantity].append(key)
         self._add_series(sid, labels, key, dcgm)
         index = len(self.side["id"]) - 1
+        if values and all(type(pt) is list and len(pt) == 2 for pt in values):
+            ts, vs = zip(*values, strict=True)  # every point [ts, "value"]: in one go
+            self.point_series.extend([index] * len(values))
+            self.point_ts.extend(ts)
+            self.point_value.extend(vs)
+            return
         for point in values:
             if isinstance(point, list) and len(point) == 2:
                 self.point_series.append(index)
@@ -316,6 +326,8 @@ class _Collect:
             "priority": dcgm.priority,
             "zu": dcgm.zero_unmeasured,
         }
+        for col, k in (("skey", (row["node"], sid)), ("qkey", ("q", dcgm.quantity)), ("fkey", key)):
+            row[col] = self.keys.setdefault(k, len(self.keys))
         for col, v in row.items():
             self.side[col].append(v)
 
@@ -351,9 +363,11 @@ def parse(path: Path, *, node: str | None = None, site: str = "site") -> Parsed:
 
 
 def _table(c: _Collect) -> pl.DataFrame:
+    """The kept points as one row per (node, id, timestamp); what is left out counted. Sorts
+    and duplicate checks run on numbers (``skey``, ``qkey``, ``fkey``), names are joined back
+    at the end."""
     p = c.parsed
-    side = pl.DataFrame(c.side, schema=_SIDE_SCHEMA)
-    side = side.with_row_index("series")
+    side = pl.DataFrame(c.side, schema=_SIDE_SCHEMA).with_row_index("series")
     points = pl.DataFrame(
         {
             "series": pl.Series(c.point_series, dtype=pl.UInt32),
@@ -363,7 +377,8 @@ def _table(c: _Collect) -> pl.DataFrame:
         schema_overrides={"raw": pl.String},
     ).with_row_index("order")
     points = points.with_columns(pl.col("raw").cast(pl.Float64, strict=False).alias("v"))
-    df = points.join(side, on="series", how="left")
+    numeric = ["series", "skey", "qkey", "fkey", "scale", "fp64", "priority", "zu"]
+    df = points.join(side.select(numeric), on="series", how="left")
     ts_ok = pl.col("ts_s").is_finite() & (pl.col("ts_s") >= 0) & (pl.col("ts_s") < _TS_MAX_S)
     v = pl.col("v")
     checks = [
@@ -381,21 +396,41 @@ def _table(c: _Collect) -> pl.DataFrame:
     ).rename({"ts_s": "ts_us"})
     bad = df.filter(pl.col("reason").is_not_null())
     ok = df.filter(pl.col("reason").is_null()).with_columns(v * pl.col("scale"))
-    key = ["node", "id", "quantity", "ts_us"]
+    key = ["skey", "qkey", "ts_us"]
     ok = ok.sort([*key, "priority", "order"])
-    first_of_field = ok.select(pl.struct([*key, "field"]).is_first_distinct()).to_series()
+    first_of_field = ok.select(pl.struct([*key, "fkey"]).is_first_distinct()).to_series()
     dropped = [ok.filter(~first_of_field).with_columns(pl.lit("duplicate").alias("reason"))]
     ok = ok.filter(first_of_field)
     first_of_key = ok.select(pl.struct(key).is_first_distinct()).to_series()
     dropped.append(ok.filter(~first_of_key).with_columns(pl.lit("superseded").alias("reason")))
     kept = ok.filter(first_of_key)
-    _count(p, pl.concat([bad, *dropped]))
-    zero = bad.filter(pl.col("reason") == "unmeasured_zero")
+    names = side.select("series", "id", "field")
+    left_out = pl.concat([bad, *dropped]).join(names, on="series", how="left")
+    _count(p, left_out)
+    zero = left_out.filter(pl.col("reason") == "unmeasured_zero")
     p.unmeasured = sorted({f"{i} {f}" for i, f in zero.select("id", "field").iter_rows()})
     if kept.height == 0:
         return pl.DataFrame(schema={"node": pl.String, "id": pl.String, "ts_us": pl.Int64})
-    wide = kept.pivot(on="quantity", index=["node", "id", "gpu_order", "ts_us"], values="v")
-    return wide.sort("node", "ts_us", "gpu_order", "id").drop("gpu_order")
+    return _wide(kept, side)
+
+
+def _wide(kept: pl.DataFrame, side: pl.DataFrame) -> pl.DataFrame:
+    """One column per quantity, rows in (node, timestamp, GPU) order."""
+    wide = kept.pivot(on="qkey", index=["skey", "ts_us"], values="v")
+    quantity = dict(side.select(pl.col("qkey").cast(pl.String), "quantity").unique().iter_rows())
+    wide = wide.rename(quantity, strict=False)  # quantities with no point kept have no column
+    samples = (
+        side.select("skey", "node", "id", "gpu_order")
+        .unique("skey")
+        .sort("node", "gpu_order", "id")
+        .with_columns(
+            pl.col("node").rank("dense").alias("nrank"), pl.int_range(pl.len()).alias("srank")
+        )
+    )
+    wide = wide.join(samples, on="skey", how="left").sort("nrank", "ts_us", "srank")
+    quantities = [q for q in QUANTITIES["gpu"] if q in wide.columns]
+    extras = sorted(q for q in set(quantity.values()) - set(quantities) if q in wide.columns)
+    return wide.select("node", "id", "ts_us", *quantities, *extras)
 
 
 def _count(p: Parsed, left_out: pl.DataFrame) -> None:
