@@ -14,10 +14,11 @@ Prometheus goes through the same validation and store as live telemetry.
   the host of the ``instance`` label; the sample id is ``<node>:<gpu>`` from the ``gpu`` label
   (``<node>:<gpu>/mig<GPU_I_ID>`` for per-instance fields under MIG, as the collector does),
   else the ``UUID`` label.
-- Left out of the samples, and counted: ``NaN`` and infinite values (a query over a stale or
-  missing series), DCGM's blank sentinels (:func:`collectors.dcgm.is_blank`), an exact 0 of a
-  temperature field DCGM marks ``zero_unmeasured`` (no sensor, not 0 °C), a point repeated by
-  overlapping answers, and a field a preferred one of the same quantity already gives.
+- Left out of the samples, and counted: ``NaN`` and infinite values (an exporter's NaN, or a
+  query's arithmetic), DCGM's blank sentinels (:func:`collectors.dcgm.is_blank`), an exact 0 of
+  a temperature field the collector's table marks ``zero_unmeasured`` (no sensor, not 0 °C), a
+  point that overlapping answers (or MIG instances) repeat, and a field where a preferred one
+  of the same quantity already gives a value.
 - Points of one node at one timestamp make one message (one sample per GPU), numbered per node
   from 0 in time order, so importing the same file again repeats (source, seq, ts) and stores
   nothing twice. Prometheus timestamps carry milliseconds, as the contract's do.
@@ -71,7 +72,8 @@ POINT_REASONS: dict[str, str] = {
     "non_finite": "the value is NaN or infinite (left out)",
     "dcgm_blank": "the value is one of DCGM's blank sentinels (left out)",
     "unmeasured_zero": "a temperature of exactly 0: no sensor, not 0 °C (left out)",
-    "duplicate": "the same series and timestamp again, from overlapping answers (left out)",
+    "duplicate": "the same GPU, field and timestamp again: overlapping answers, or a MIG"
+    " instance repeating its GPU's device-wide field (left out)",
     "superseded": "a preferred DCGM field gives the same quantity at that time (left out)",
 }
 
