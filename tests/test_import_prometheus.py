@@ -119,7 +119,8 @@ def test_query_range_stored_with_its_values(tmp_path):
 
 def test_concatenated_answers_store_what_one_answer_does(tmp_path):
     """The same series split into one answer per metric, as JSON lines with overlapping time
-    windows and as a JSON array, store exactly what the single answer stores."""
+    windows and as a JSON array, and the bare list of series, store exactly what the single
+    answer stores."""
     series = fixture_series()
     by_metric: dict[str, list[dict]] = {}
     for s in series:
@@ -144,7 +145,11 @@ def test_concatenated_answers_store_what_one_answer_does(tmp_path):
     res = invoke("import", "prometheus", array, "--db", b)
     assert res.exit_code == 0, res.output
     assert json.loads(res.stdout)["responses"] == len(by_metric)
-    assert stored(a) == stored(b) == stored(one)
+    bare = tmp_path / "result.json"  # the data.result list alone
+    bare.write_text(json.dumps(series))
+    c = tmp_path / "c.duckdb"
+    assert invoke("import", "prometheus", bare, "--db", c).exit_code == 0
+    assert stored(a) == stored(b) == stored(c) == stored(one)
 
 
 def _labels(name: str, gpu: str | None = "0", **extra: str) -> dict[str, str]:

@@ -4,7 +4,8 @@ Prometheus goes through the same validation and store as live telemetry.
 
 - The file is one answer (``{"status": "success", "data": {"resultType": "matrix", ...}}``),
   a JSON array of answers, or one answer per line (JSON lines), since users concatenate
-  queries. ``resultType`` ``matrix`` (``values``) and ``vector`` (one ``value``) are read.
+  queries; a JSON array of series (an answer's ``data.result`` alone) is read as one matrix.
+  ``resultType`` ``matrix`` (``values``) and ``vector`` (one ``value``) are read.
   An answer with ``"status": "error"`` is refused with its ``errorType`` and ``error``.
 - Series map to quantities through the DCGM collector's table
   (:data:`collectors.dcgm.DCGM_FIELDS`, units converted by its ``scale``: energy mJ -> J;
