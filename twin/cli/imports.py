@@ -232,8 +232,9 @@ def prometheus(
     vector), mapped as the DCGM collector maps them; unknown metrics are counted, NaN/Inf,
     DCGM blanks and unmeasured 0 °C are left out. One message per node and timestamp; sample
     ids are <node>:<gpu> (or the UUID)."""
+    from collectors import dcgm
     from collectors.contract import topic_for
-    from twin.ingest.prometheus import PrometheusError, messages, parse
+    from twin.ingest.prometheus import DcgmTable, PrometheusError, messages, parse
 
     setup_logging(False)
     _check_target(db, broker, file)
@@ -244,7 +245,13 @@ def prometheus(
     except ValueError as e:  # a node or site name with '/', '+' or '#'
         raise fail(escape(f"--node {node!r} / site {name!r}: {e}")) from None
     try:
-        parsed = parse(file, node=node, site=name)
+        table = DcgmTable(
+            dcgm.DCGM_FIELDS,
+            dcgm.DCGM_FP64_BLANK,
+            float(dcgm.DCGM_INT64_BLANK),
+            dcgm.DCGM_INT32_BLANK,
+        )  # the collector's own table: one mapping of DCGM fields
+        parsed = parse(file, table, node=node, site=name)
     except PrometheusError as e:
         raise fail(escape(str(e))) from None
     for text in parsed.errors[:5]:

@@ -31,7 +31,7 @@ past that time (a gap), which is what the importer stores.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -43,13 +43,6 @@ import polars as pl
 
 from collectors.base import MessageBuilder
 from collectors.contract import QUANTITIES, gpu_id, sub_id, topic_for
-from collectors.dcgm import (
-    DCGM_FIELDS,
-    DCGM_FP64_BLANK,
-    DCGM_INT32_BLANK,
-    DCGM_INT64_BLANK,
-    DcgmField,
-)
 
 #: Why an answer of the file is refused as a whole.
 RESPONSE_REASONS: dict[str, str] = {
@@ -210,12 +203,25 @@ def _node_of(labels: dict[str, Any], node: str | None) -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class DcgmTable:
+    """The DCGM collector's field table and blank sentinels (``collectors/dcgm.py``), handed in
+    by the caller: the twin outside its CLI imports only the wire contract of ``collectors/``,
+    and one table maps DCGM fields for the collector and the import alike."""
+
+    fields: Mapping[str, Any]  # DCGM field name -> collectors.dcgm.DcgmField
+    fp64_blank: float  # DCGM_FP64_BLANK
+    int64_blank: float  # DCGM_INT64_BLANK
+    int32_blank: int  # DCGM_INT32_BLANK
+
+
 @dataclass
 class _Collect:
     """Series of the answers, as columns: one row per series in ``side``, one per point in
     ``point_series`` / ``point_ts`` / ``point_value``."""
 
     parsed: Parsed
+    table: DcgmTable
     node: str | None
     site: str
     side: dict[str, list[Any]] = field(default_factory=lambda: {c: [] for c in _SIDE_SCHEMA})
@@ -259,8 +265,9 @@ class _Collect:
             self.refuse(p.series_refused, "bad_series", 1, f"{where}: {str(s)[:200]}")
             return
         name = str(labels.get("__name__", ""))
-        key = name if name in DCGM_FIELDS else name.removesuffix("_total")
-        dcgm = DCGM_FIELDS.get(key)
+        fields = self.table.fields
+        key = name if name in fields else name.removesuffix("_total")
+        dcgm = fields.get(key)
         if dcgm is None:
             p.unknown_metrics[name or "(no __name__)"] += 1
             return
@@ -293,7 +300,7 @@ class _Collect:
             else:
                 self.refuse(p.points_refused, "bad_point", 1, f"{where}: {str(point)[:100]}")
 
-    def _sample_id(self, labels: dict[str, Any], dcgm: DcgmField) -> tuple[str, str | None]:
+    def _sample_id(self, labels: dict[str, Any], dcgm: Any) -> tuple[str, str | None]:
         node = _node_of(labels, self.node)
         host = labels.get("Hostname") or labels.get("hostname") or labels.get("instance")
         if isinstance(host, str) and host:
@@ -316,7 +323,7 @@ class _Collect:
             sid = sub_id(sid, f"mig{instance}")
         return sid, None
 
-    def _add_series(self, sid: str, labels: dict[str, Any], key: str, dcgm: DcgmField) -> None:
+    def _add_series(self, sid: str, labels: dict[str, Any], key: str, dcgm: Any) -> None:
         gpu = labels.get("gpu")
         row = {
             "node": _node_of(labels, self.node),
@@ -335,25 +342,21 @@ class _Collect:
             self.side[col].append(v)
 
 
-def blank_expr(value: pl.Expr, fp64: pl.Expr) -> pl.Expr:
+def blank_expr(value: pl.Expr, fp64: pl.Expr, t: DcgmTable) -> pl.Expr:
     """:func:`collectors.dcgm.is_blank` over columns (finite values; NaN/Inf are handled
     before): fp64 at or above 2**47; int64 at or above the int64 blank, or exactly one of the
     sixteen int32 sentinels."""
-    int32 = (
-        (value >= DCGM_INT32_BLANK) & (value <= DCGM_INT32_BLANK + 15) & (value.floor() == value)
-    )
-    return (
-        pl.when(fp64)
-        .then(value >= DCGM_FP64_BLANK)
-        .otherwise((value >= float(DCGM_INT64_BLANK)) | int32)
-    )
+    lo, hi = t.int32_blank, t.int32_blank + 15
+    int32 = (value >= lo) & (value <= hi) & (value.floor() == value)
+    return pl.when(fp64).then(value >= t.fp64_blank).otherwise((value >= t.int64_blank) | int32)
 
 
-def parse(path: Path, *, node: str | None = None, site: str = "site") -> Parsed:
-    """Read a file of Prometheus API answers; :class:`PrometheusError` when it cannot be read
-    as a whole, refusals counted per reason otherwise."""
+def parse(path: Path, table: DcgmTable, *, node: str | None = None, site: str = "site") -> Parsed:
+    """Read a file of Prometheus API answers, mapping series through ``table``;
+    :class:`PrometheusError` when it cannot be read as a whole, refusals counted per reason
+    otherwise."""
     answers = read_answers(path)
-    c = _Collect(Parsed(path=path, responses=len(answers)), node, site)
+    c = _Collect(Parsed(path=path, responses=len(answers)), table, node, site)
     for i, doc in enumerate(answers):
         c.answer(i, doc)
     if node and len(c.hosts) > 1:
@@ -387,7 +390,7 @@ def _table(c: _Collect) -> pl.DataFrame:
     checks = [
         ("bad_point", pl.col("ts_s").is_null() | ~ts_ok | v.is_null()),
         ("non_finite", ~v.is_finite()),
-        ("dcgm_blank", blank_expr(v, pl.col("fp64"))),
+        ("dcgm_blank", blank_expr(v, pl.col("fp64"), c.table)),
         ("unmeasured_zero", pl.col("zu") & (v == 0.0)),
     ]
     reason = pl.lit(None, pl.String)
