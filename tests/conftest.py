@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -25,7 +26,7 @@ from collectors.mqtt import BrokerConfig
 from twin.alerts import WebhookEvent, parse_hooks
 from twin.broker import LocalBroker, start_broker
 from twin.calibrate.calibrate import calibrate, save_run
-from twin.ingest import Ingester
+from twin.ingest import Ingester, IngestLimits
 from twin.ingest.mqtt_service import MqttIngestService, ServiceOptions
 from twin.service import Service, ServiceConfig
 from twin.simulator import SiteSimulator, parse_fault
@@ -475,3 +476,21 @@ def serve_with_rules(tmp_path: Path, rules_text: str) -> subprocess.CompletedPro
         timeout=60,
         cwd=REPO,
     )
+
+
+@contextmanager
+def running_ingest(b: LocalBroker, db: Path, client_id: str) -> Iterator[tuple[Store, Ingester]]:
+    """A store and an ingest (no max-past guard) subscribed to broker ``b`` for the length of
+    the block (tests/test_import_nvidia_smi.py, tests/test_import_prometheus.py)."""
+    with Store(db) as store:
+        ingester = Ingester(store, None, IngestLimits(max_past_s=0))
+        svc = MqttIngestService(
+            b.client_config(),
+            ingester,
+            ServiceOptions(client_id=client_id, flush_interval_s=0.05, receiver_process=False),
+        )
+        svc.start()
+        try:
+            yield store, ingester
+        finally:
+            svc.stop()

@@ -13,11 +13,9 @@ from typer.testing import CliRunner
 
 from collectors.mqtt import wait_until
 from twin.cli import app
-from twin.ingest import Ingester, IngestLimits
-from twin.ingest.mqtt_service import MqttIngestService, ServiceOptions
 from twin.store import Store
 
-from .conftest import REPO
+from .conftest import REPO, running_ingest
 
 #: a real `nvidia-smi --query-gpu=timestamp,name,utilization.gpu,utilization.memory,memory.used,
 #: power.draw --format=csv -l 1` log (no licence seen: read in place, never copied)
@@ -189,26 +187,16 @@ def test_import_over_mqtt_reaches_a_running_ingest(broker, tmp_path):
         for g in (0, 1)
     ]
     log.write_text("timestamp, index, power.draw [W]\n" + "\n".join(rows) + "\n")
-    with Store(tmp_path / "svc.duckdb") as store:
-        ingester = Ingester(store, None, IngestLimits(max_past_s=0))
-        svc = MqttIngestService(
-            broker.client_config(),
-            ingester,
-            ServiceOptions(client_id="imp-test", flush_interval_s=0.05, receiver_process=False),
+    with running_ingest(broker, tmp_path / "svc.duckdb", "imp-test") as (_, ingester):
+        env = broker.client_env()
+        res = CliRunner(env=env).invoke(
+            app, ["import", "nvidia-smi", str(log), "--node", "n", "--broker", broker.address]
         )
-        svc.start()
-        try:
-            env = broker.client_env()
-            res = CliRunner(env=env).invoke(
-                app, ["import", "nvidia-smi", str(log), "--node", "n", "--broker", broker.address]
-            )
-            assert res.exit_code == 0, res.output
-            out = json.loads(res.stdout)
-            assert out["mqtt"]["acknowledged"] == 10 and out["mqtt"]["refused_by_contract"] == {}
-            assert "--max-past guard" in res.stderr
-            assert wait_until(lambda: ingester.counters.samples["gpu"] == 10, 20)
-        finally:
-            svc.stop()
+        assert res.exit_code == 0, res.output
+        out = json.loads(res.stdout)
+        assert out["mqtt"]["acknowledged"] == 10 and out["mqtt"]["refused_by_contract"] == {}
+        assert "--max-past guard" in res.stderr
+        assert wait_until(lambda: ingester.counters.samples["gpu"] == 10, 20)
 
 
 def test_import_has_help():

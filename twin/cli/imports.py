@@ -27,11 +27,18 @@ from twin.cli.common import (
 )
 
 import_app = typer.Typer(
-    help="Import history other tools recorded (nvidia-smi logs), through the ingest path.",
+    help="Import history other tools recorded (nvidia-smi logs, Prometheus query answers),"
+    " through the ingest path.",
     no_args_is_help=True,
 )
 
 CHUNK = 20_000
+
+DbOpt = Annotated[Path | None, typer.Option("--db", help="Ingest into this store.")]
+BrokerOpt = Annotated[str | None, typer.Option(help="Publish to this broker (host:port) instead.")]
+SiteNameOpt = Annotated[
+    str | None, typer.Option(help="Site name of the topics (default: the site's, or 'site').")
+]
 
 HISTORY_NOTE_DB = "history accepted: the max-past guard is off for this import"
 HISTORY_NOTE_MQTT = (
@@ -87,24 +94,65 @@ def _to_broker(broker: str, site_name: str, items) -> dict:
     return {**pub.stats(), "unacknowledged": missing, "refused_by_contract": dict(refused)}
 
 
-def _nothing_stored(file: Path, rows_refused: dict, dead: dict) -> str:
-    parts = [f"{n} rows {reason}" for reason, n in sorted(rows_refused.items())]
+def _nothing_stored(file: Path, refused: dict[str, dict[str, int]], dead: dict) -> str:
+    """``refused`` maps a unit ("rows", "series") to its counts per reason."""
+    parts = [
+        f"{n} {unit} {reason}"
+        for unit, reasons in refused.items()
+        for reason, n in sorted(reasons.items())
+    ]
     parts += [f"{n} messages {reason}" for reason, n in sorted(dead.items())]
     return f"nothing of {file} was stored: " + (", ".join(parts) or "it holds no data rows")
+
+
+def _deliver(
+    file: Path,
+    out: dict[str, object],
+    items,
+    *,
+    db: Path | None,
+    broker: str | None,
+    site_obj,
+    site_name: str,
+    max_future: float,
+    refused: dict[str, dict[str, int]],
+) -> None:
+    """Send ``items`` into the store or over MQTT, print ``out`` with what happened as JSON,
+    and exit 1 when nothing was stored (naming the reasons)."""
+    if db is not None:
+        err.print(f"note: {HISTORY_NOTE_DB}", highlight=False)
+        out["max_past"] = "off (import)"
+        counters = _to_store(db, site_obj, items, max_future)
+        out["ingest"] = counters
+        stored = counters["stored_messages"] + counters["duplicates"]
+        dead = counters["dead_letters"]
+    else:
+        err.print(f"note: {HISTORY_NOTE_MQTT}", highlight=False)
+        out["max_past"] = "the service's"
+        stats = _to_broker(broker or "", site_name, items)
+        out["mqtt"] = stats
+        stored = stats["acknowledged"] - stats["rejected"]
+        dead = stats["refused_by_contract"]
+    typer.echo(json.dumps(out))
+    if stored == 0:
+        raise fail(escape(_nothing_stored(file, refused, dead)), code=1)
+
+
+def _check_target(db: Path | None, broker: str | None, file: Path) -> None:
+    if (db is None) == (broker is None):
+        raise fail("give exactly one of --db (direct) or --broker (over MQTT)")
+    if not file.is_file():
+        raise fail(escape(f"{file}: no such file"))
 
 
 @import_app.command("nvidia-smi")
 def nvidia_smi(
     file: Annotated[Path, typer.Argument(help="nvidia-smi --query-gpu=... --format=csv log.")],
     node: Annotated[str, typer.Option("--node", help="The node the GPUs are on (the source).")],
-    db: Annotated[Path | None, typer.Option("--db", help="Ingest into this store.")] = None,
-    broker: Annotated[
-        str | None, typer.Option(help="Publish to this broker (host:port) instead.")
-    ] = None,
+    db: DbOpt = None,
+    broker: BrokerOpt = None,
     site: SiteOpt = None,
-    site_name: Annotated[
-        str | None, typer.Option(help="Site name of the topics (default: the site's, or 'site').")
-    ] = None,
+    site_name: SiteNameOpt = None,
     query_gpu: Annotated[
         str | None,
         typer.Option(
@@ -126,10 +174,7 @@ def nvidia_smi(
     from twin.ingest.nvidia_smi import NvidiaSmiError, messages, parse
 
     setup_logging(False)
-    if (db is None) == (broker is None):
-        raise fail("give exactly one of --db (direct) or --broker (over MQTT)")
-    if not file.is_file():
-        raise fail(escape(f"{file}: no such file"))
+    _check_target(db, broker, file)
     try:
         ZoneInfo(tz)
     except (ZoneInfoNotFoundError, ValueError):
@@ -147,20 +192,82 @@ def nvidia_smi(
     items = messages(parsed, name, node)
     out: dict[str, object] = {"file": str(file), "node": node, "site": name, "timezone": tz}
     out.update(parsed.summary())
-    if db is not None:
-        err.print(f"note: {HISTORY_NOTE_DB}", highlight=False)
-        out["max_past"] = "off (import)"
-        counters = _to_store(db, site_obj, items, max_future)
-        out["ingest"] = counters
-        stored = counters["stored_messages"] + counters["duplicates"]
-        dead = counters["dead_letters"]
-    else:
-        err.print(f"note: {HISTORY_NOTE_MQTT}", highlight=False)
-        out["max_past"] = "the service's"
-        stats = _to_broker(broker or "", name, items)
-        out["mqtt"] = stats
-        stored = stats["acknowledged"] - stats["rejected"]
-        dead = stats["refused_by_contract"]
-    typer.echo(json.dumps(out))
-    if stored == 0:
-        raise fail(escape(_nothing_stored(file, dict(parsed.refused), dead)), code=1)
+    _deliver(
+        file,
+        out,
+        items,
+        db=db,
+        broker=broker,
+        site_obj=site_obj,
+        site_name=name,
+        max_future=max_future,
+        refused={"rows": dict(parsed.refused)},
+    )
+
+
+@import_app.command("prometheus")
+def prometheus(
+    file: Annotated[
+        Path,
+        typer.Argument(
+            help="Prometheus API answers (query_range or query JSON; one, an array, or one per"
+            " line) holding dcgm-exporter series."
+        ),
+    ],
+    node: Annotated[
+        str | None,
+        typer.Option(
+            "--node",
+            help="The node of every series (default: its Hostname label, else its instance's"
+            " host).",
+        ),
+    ] = None,
+    db: DbOpt = None,
+    broker: BrokerOpt = None,
+    site: SiteOpt = None,
+    site_name: SiteNameOpt = None,
+    max_future: MaxFutureOpt = 300.0,
+) -> None:
+    """Import dcgm-exporter series from Prometheus HTTP API answers (resultType matrix or
+    vector), mapped as the DCGM collector maps them; unknown metrics are counted, NaN/Inf,
+    DCGM blanks and unmeasured 0 °C are left out. One message per node and timestamp; sample
+    ids are <node>:<gpu> (or the UUID)."""
+    from collectors import dcgm
+    from collectors.contract import topic_for
+    from twin.ingest.prometheus import DcgmTable, PrometheusError, messages, parse
+
+    setup_logging(False)
+    _check_target(db, broker, file)
+    site_obj = load_site_file(site)
+    name = site_name or (site_obj.name if site_obj else "site")
+    try:
+        topic_for(name, "gpu", node or "node")
+    except ValueError as e:  # a node or site name with '/', '+' or '#'
+        raise fail(escape(f"--node {node!r} / site {name!r}: {e}")) from None
+    try:
+        table = DcgmTable(
+            dcgm.DCGM_FIELDS,
+            dcgm.DCGM_FP64_BLANK,
+            float(dcgm.DCGM_INT64_BLANK),
+            dcgm.DCGM_INT32_BLANK,
+        )  # the collector's own table: one mapping of DCGM fields
+        parsed = parse(file, table, node=node, site=name)
+    except PrometheusError as e:
+        raise fail(escape(str(e))) from None
+    for text in parsed.errors[:5]:
+        err.print(escape(f"note: refused {text}"), highlight=False)
+    if len(parsed.errors) > 5:
+        err.print(f"note: refused {len(parsed.errors) - 5} more error answers", highlight=False)
+    out: dict[str, object] = {"file": str(file), "node": node, "site": name}
+    out.update(parsed.summary())
+    _deliver(
+        file,
+        out,
+        messages(parsed, name),
+        db=db,
+        broker=broker,
+        site_obj=site_obj,
+        site_name=name,
+        max_future=max_future,
+        refused=parsed.refused(),
+    )
