@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
+import logging
 import socket
 import threading
 import time
@@ -33,6 +34,8 @@ from fastapi import HTTPException
 
 if TYPE_CHECKING:
     from twin.health import ServiceHealth
+
+log = logging.getLogger(__name__)
 
 Scope = dict[str, Any]
 ASGIApp = Callable[..., Any]
@@ -184,7 +187,25 @@ class HealthReport:
             await self.app(scope, receive, watch)
         except Exception as e:
             self.health.error("api", f"{what}: {type(e).__name__}: {e}")
-            raise
+            if status:  # the answer had started: the server can only cut the connection
+                raise
+            # Answer the 500 here, with the traceback in the service log, so that the server
+            # sees a finished request and keeps the client's connection (re-raised, uvicorn
+            # closes it, and a client that sent its next request meanwhile is reset).
+            log.error("%s failed", what, exc_info=True)
+            body = orjson.dumps({"detail": "internal error (the service log has the traceback)"})
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 500,
+                    "headers": [
+                        (b"content-type", b"application/json"),
+                        (b"content-length", str(len(body)).encode()),
+                    ],
+                }
+            )
+            await send({"type": "http.response.body", "body": body})
+            return
         if status and status[0] == 500:
             self.health.error("api", f"{what}: answered 500")
         else:
