@@ -262,6 +262,10 @@ def run_without(modules: tuple[str, ...], *args: str, cwd: Path) -> subprocess.C
         (("console",), "dctwin console needs the console extra: pip install 'dctwin[console]'"),
         (("demo",), "dctwin demo needs the all extra: pip install 'dctwin[all]'"),
         (
+            ("demo", "--no-console"),
+            "dctwin demo --no-console needs the service extra: pip install 'dctwin[service]'",
+        ),
+        (
             ("import", "nvidia-smi", "log.csv", "--node", "n1"),
             "dctwin import nvidia-smi needs the service extra: pip install 'dctwin[service]'",
         ),

@@ -121,7 +121,10 @@ def demo(
 
     from twin.broker import start_broker
 
-    require_modules("demo", "all", SERVICE_MODULES + (CONSOLE_MODULES if console else ()))
+    if console:
+        require_modules("demo", "all", SERVICE_MODULES + CONSOLE_MODULES)
+    else:
+        require_modules("demo --no-console", "service", SERVICE_MODULES)
     site_path = site or DEMO_SITE
     load_site_file(site_path, required=True)
     if broker_kind not in ("auto", "mosquitto", "embedded"):
@@ -310,6 +313,7 @@ def console(
     import socket
     from urllib.parse import urlsplit
 
+    require_modules("console", "console", CONSOLE_MODULES)
     url = api or os.environ.get("DCTWIN_API_URL") or "http://127.0.0.1:8420"
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -326,7 +330,6 @@ def console(
             sock.bind(addr)
         except OSError as e:
             raise fail(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
-    require_modules("console", "console", CONSOLE_MODULES)
     from streamlit.web import cli as stcli
 
     os.environ["DCTWIN_API_URL"] = url
