@@ -336,6 +336,7 @@ def in_venv(venv: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # the fixture's fresh venv and install count here
 def test_the_collector_install_has_no_service_and_imports_every_collector(collector_venv, tmp_path):
     script = f"HEAVY = {HEAVY_MODULES!r}\n{CHECK}"
     r = in_venv(collector_venv, str(collector_venv / "bin" / "python"), "-c", script, cwd=tmp_path)
@@ -350,6 +351,7 @@ def test_the_collector_install_has_no_service_and_imports_every_collector(collec
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_the_collector_install_runs_dctwin_collect_and_refuses_serve(collector_venv, tmp_path):
     dctwin = str(collector_venv / "bin" / "dctwin")
     top = in_venv(collector_venv, dctwin, "--help", cwd=tmp_path)
