@@ -15,14 +15,40 @@ never import this module or each other.
 
 from __future__ import annotations
 
+from typing import Any
+
 import typer
+from typer.core import TyperGroup
 
 from twin.cli import analysis, data, demo, replay, serve, sim
 from twin.cli.collect import collect_app
+from twin.cli.common import missing_extra
 from twin.cli.imports import import_app
 from twin.procs import exit_with_parent
 
+
+class _ExtrasGroup(TyperGroup):
+    """A command group whose commands, run on an install without the extra they need (the
+    service's and the console's libraries are imported inside the commands), end in a message
+    naming the extra and exit 2, not in a traceback."""
+
+    def invoke(self, ctx: typer.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except ModuleNotFoundError as e:
+            names: list[str] = [ctx.invoked_subcommand or ""]
+            parent: typer.Context | None = ctx
+            while parent is not None and parent.parent is not None:  # the root is `dctwin`
+                names.insert(0, parent.info_name or "")
+                parent = parent.parent
+            exit_ = missing_extra(" ".join(n for n in names if n), e)
+            if exit_ is None:
+                raise
+            raise exit_ from None
+
+
 app = typer.Typer(
+    cls=_ExtrasGroup,
     name="dctwin",
     help="dctwin: a live, calibrated digital twin of AI datacenters.",
     no_args_is_help=True,
@@ -55,8 +81,8 @@ for command in (
     demo.console,
 ):
     app.command()(command)
-app.add_typer(collect_app, name="collect")
-app.add_typer(import_app, name="import")
+app.add_typer(collect_app, name="collect", cls=_ExtrasGroup)
+app.add_typer(import_app, name="import", cls=_ExtrasGroup)
 for command in (replay.record, replay.replay, replay.whatif):
     app.command()(command)
 

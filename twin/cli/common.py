@@ -12,6 +12,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from collectors.mqtt import BrokerConfig
 
@@ -110,6 +111,53 @@ def resolve_api_token(cli_token: str | None, token_file: Path | None) -> str | N
 def fail(message: str, code: int = 2) -> typer.Exit:
     err.print(f"[bold red]error:[/] {message}", highlight=False)
     return typer.Exit(code)
+
+
+#: Import names of what the ``service`` and ``console`` extras bring (pyproject.toml). The base
+#: install (the collectors and ``dctwin collect``) has none of them, so ``dctwin serve`` there
+#: meets a ModuleNotFoundError for one of these, which :func:`missing_extra` turns into a message.
+EXTRA_MODULES = frozenset(
+    {
+        *("numpy", "scipy", "pandas", "polars", "pyarrow", "duckdb", "amqtt"),
+        *("fastapi", "starlette", "uvicorn", "jinja2", "plotly", "streamlit"),
+    }
+)
+
+#: What each extra brings, by import name (without amqtt, needed only for the embedded broker).
+SERVICE_MODULES = ("numpy", "scipy", "pandas", "polars", "pyarrow", "duckdb", "fastapi", "uvicorn")
+CONSOLE_MODULES = ("streamlit", "plotly", "pandas")
+
+#: The extra a top-level command needs beyond the base; every other command but ``collect``
+#: and ``--help`` needs ``service``.
+COMMAND_EXTRA = {"console": "console", "demo": "all"}
+
+
+def needs_extra(command: str, extra: str, module: str) -> typer.Exit:
+    """The message (and exit 2) for a command run on an install without its extra."""
+    return fail(
+        escape(
+            f"dctwin {command} needs the {extra} extra: pip install 'dctwin[{extra}]'"
+            f" ({module} is not installed)"
+        )
+    )
+
+
+def missing_extra(command: str, e: ModuleNotFoundError) -> typer.Exit | None:
+    """:func:`needs_extra` for ``e`` when it is a module of an extra, else None (a real bug)."""
+    module = (e.name or "").split(".")[0]
+    if module not in EXTRA_MODULES:
+        return None
+    return needs_extra(command, COMMAND_EXTRA.get(command.split()[0], "service"), module)
+
+
+def require_modules(command: str, extra: str, modules: tuple[str, ...]) -> None:
+    """Refuse up front (exit 2) when one of ``modules`` is not installed: for a command whose
+    failure would otherwise come from a child process (the broker, the console, the demo)."""
+    from importlib.util import find_spec
+
+    for module in modules:
+        if find_spec(module) is None:
+            raise needs_extra(command, extra, module)
 
 
 def broker_config(hostport: str | None) -> BrokerConfig:

@@ -16,16 +16,38 @@ import typer
 
 from collectors.mqtt import BrokerError
 from twin.cli.common import (
+    CONSOLE_MODULES,
     DASHBOARDS,
     DEMO_RULES,
     DEMO_SITE,
+    SERVICE_MODULES,
     SiteOpt,
     err,
     fail,
     free_port,
     load_site_file,
+    require_modules,
 )
 from twin.procs import PARENT_ENV, on_stop_signals, stop_processes
+
+
+def _require_embedded_broker(command: str, kind: str) -> None:
+    """The embedded broker (taken when mosquitto is not on PATH) is amqtt, of the service
+    extra: refuse before starting it rather than let its child process fail."""
+    from importlib.util import find_spec
+
+    from twin.broker import resolve_kind
+
+    try:
+        real = resolve_kind(kind)  # type: ignore[arg-type]
+    except RuntimeError as e:
+        raise fail(str(e)) from None
+    if real == "embedded" and find_spec("amqtt") is None:
+        where = "" if kind == "embedded" else " (mosquitto is not on PATH)"
+        raise fail(
+            f"dctwin {command}: the embedded broker{where} needs the service extra:"
+            r" pip install 'dctwin\[service]' (amqtt is not installed)"
+        )
 
 
 def broker(
@@ -38,6 +60,7 @@ def broker(
 
     if kind not in ("auto", "mosquitto", "embedded"):
         raise fail(f"--kind {kind!r}: expected auto, mosquitto or embedded")
+    _require_embedded_broker("broker", kind)
     stop = threading.Event()
     on_stop_signals(stop)
     try:
@@ -125,6 +148,10 @@ def demo(
 
     from twin.broker import start_broker
 
+    if console:
+        require_modules("demo", "all", SERVICE_MODULES + CONSOLE_MODULES)
+    else:
+        require_modules("demo --no-console", "service", SERVICE_MODULES)
     data = data_dir or default_data_dir()
     try:
         data.mkdir(parents=True, exist_ok=True)
@@ -135,6 +162,7 @@ def demo(
     load_site_file(site_path, required=True)
     if broker_kind not in ("auto", "mosquitto", "embedded"):
         raise fail(f"--broker-kind {broker_kind!r}: expected auto, mosquitto or embedded")
+    _require_embedded_broker("demo", broker_kind)
     rules_path = rules or DEMO_RULES
     if not rules_path.exists():
         raise fail(f"--rules {rules_path}: no such file")
@@ -379,6 +407,7 @@ def console(
     import socket
     from urllib.parse import urlsplit
 
+    require_modules("console", "console", CONSOLE_MODULES)
     url = api or os.environ.get("DCTWIN_API_URL") or "http://127.0.0.1:8420"
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -395,10 +424,8 @@ def console(
             sock.bind(addr)
         except OSError as e:
             raise fail(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
-    try:
-        from streamlit.web import cli as stcli
-    except ImportError as e:
-        raise fail(f"the console needs streamlit: {e}") from None
+    from streamlit.web import cli as stcli
+
     os.environ["DCTWIN_API_URL"] = url
     os.environ.pop("DCTWIN_API_TOKEN", None)  # the service's token is not the console's
     if host not in ("127.0.0.1", "::1", "localhost"):
