@@ -27,6 +27,7 @@ import pytest
 from typer.testing import CliRunner
 
 from collectors.contract import encode, topic_for
+from twin.alerts import AlertEngine, Topology, load_rules
 from twin.alerts.metrics import COOLING_GPU_STEP_K
 from twin.cli import app
 from twin.detect import detect, observations
@@ -248,6 +249,10 @@ def test_the_fall_at_flat_power_is_flagged_as_a_cooling_change(tmp_path, site_fi
         # ... and not before the fall: the idle -> load rise is no cooling change
         before = detect(store, site, now=fall_at - timedelta(seconds=20))
         assert [o for o in observations(before) if o.metric == COOLING_GPU_STEP_K] == []
+    # the shipped alert rules page on it (one info page for the node)
+    engine = AlertEngine(load_rules(REPO / "deploy" / "alert_rules.yaml"), Topology.from_site(site))
+    pages = [n for n in engine.evaluate(obs, obs[0].ts) if n.rule == "gpu_cooling_changed"]
+    assert [(p.status, p.severity) for p in pages] == [("firing", "info")]
 
 
 @needs_traces
