@@ -27,7 +27,7 @@ import pytest
 from typer.testing import CliRunner
 
 from collectors.contract import encode, topic_for
-from twin.alerts import AlertEngine, Topology, load_rules
+from twin.alerts import AlertEngine, Topology, parse_rules
 from twin.alerts.metrics import COOLING_GPU_STEP_K
 from twin.cli import app
 from twin.detect import detect, observations
@@ -64,6 +64,23 @@ halls:
               - {{name: {NODE}, model: A100-SXM4-1}}
 pdus:
   - {{name: pdu-1, feed: A, phases: 1, voltage_v: 230, rated_current_a: 16}}
+"""
+#: An alert rule on the cooling-change metric. Not shipped in deploy/alert_rules.yaml yet: there,
+#: cdu_pump_lost would have to inhibit it for the ~10 min the GPUs are seen cooling back down
+#: after the pumps return, and the engine holds every inhibit of a rule for the longest hold_s,
+#: so the GPU temperature alerts would be muted that long too.
+COOLING_RULE = """
+rules:
+  - name: gpu_cooling_changed
+    type: drift
+    metric: cooling.gpu.step_k
+    entity_kind: gpu
+    op: "<="
+    value: -5
+    resolve_if_absent_s: 120
+    severity: info
+    group_by: node
+    summary: "GPU {entity_id}: {value:.1f} K below its model at flat power (cooling changed)"
 """
 #: `nvidia-smi --query-gpu=<these> --format=csv` fields and the recording's columns
 FIELDS = {
@@ -249,8 +266,8 @@ def test_the_fall_at_flat_power_is_flagged_as_a_cooling_change(tmp_path, site_fi
         # ... and not before the fall: the idle -> load rise is no cooling change
         before = detect(store, site, now=fall_at - timedelta(seconds=20))
         assert [o for o in observations(before) if o.metric == COOLING_GPU_STEP_K] == []
-    # the shipped alert rules page on it (one info page for the node)
-    engine = AlertEngine(load_rules(REPO / "deploy" / "alert_rules.yaml"), Topology.from_site(site))
+    # a rule on it pages once for the node (not in deploy/alert_rules.yaml: see COOLING_RULE)
+    engine = AlertEngine(parse_rules(COOLING_RULE, "cooling.yaml"), Topology.from_site(site))
     pages = [n for n in engine.evaluate(obs, obs[0].ts) if n.rule == "gpu_cooling_changed"]
     assert [(p.status, p.severity) for p in pages] == [("firing", "info")]
 
