@@ -424,15 +424,21 @@ class _Points:
 
 
 def _forecast_at(
-    points: _Points, o: int, n_calib: int, calib_spacing_s: float, min_bucket_count: int
+    points: _Points,
+    o: int,
+    n_calib: int,
+    calib_spacing_s: float,
+    min_bucket_count: int,
+    min_calib_history_s: float = DAY_S,
 ) -> Forecast:
-    """The forecast from ``y[:o]``, its quantiles from calibration origins before ``o``."""
+    """The forecast from ``y[:o]``, its quantiles from calibration origins before ``o`` (each
+    with at least ``min_calib_history_s`` of data before it)."""
     y, step_s, h_n = points.y, points.step_s, points.h_n
     n = y.shape[1]
     point, periods = points(o)
     t_fut = points.start_s + step_s * np.arange(o, o + h_n)
     spacing = max(1, round(calib_spacing_s / step_s))
-    min_fit = max(2, int(np.ceil(DAY_S / step_s)))
+    min_fit = max(2, int(np.ceil(min_calib_history_s / step_s)))
     origins = [c for c in (o - h_n - k * spacing for k in range(n_calib)) if c >= min_fit]
     res = np.full((len(origins), h_n, n), np.nan)
     for i, c in enumerate(origins):
@@ -464,6 +470,7 @@ def forecast(
     n_calib: int = 16,
     calib_spacing_s: float = 6 * 3600.0,
     min_bucket_count: int = 64,
+    min_calib_history_s: float = DAY_S,
     **model_kw: float,
 ) -> Forecast:
     """p05, p50, p90 and p95 forecasts for the next ``horizon_steps`` steps.
@@ -471,15 +478,18 @@ def forecast(
     The point forecast is :func:`point_forecast`; the quantiles add the empirical quantiles of
     out-of-sample residuals per series and per lead-time bucket. The residuals come from
     ``n_calib`` calibration origins ``T - H - k * calib_spacing_s`` (k = 0, 1, ...; each with at
-    least one day of data before it), where the model is refitted on the data before the origin
-    and scored on the ``H`` steps after it. With too little history for any calibration origin
-    the quantiles equal the point forecast (``n_calib = 0`` in the result). Units follow
-    ``history``.
+    least ``min_calib_history_s`` of data before it: one day by default, what the inference
+    model's daily profile needs; a training series' level needs only its ``level_window_s``),
+    where the model is refitted on the data before the origin and scored on the ``H`` steps
+    after it. With too little history for any calibration origin the quantiles equal the point
+    forecast (``n_calib = 0`` in the result). Units follow ``history``.
     """
     y = _as_history(history)
     ks = _check_kinds(kinds, y.shape[1])
     points = _Points(y, start_s, step_s, int(horizon_steps), ks, dict(model_kw))
-    return _forecast_at(points, y.shape[0], n_calib, calib_spacing_s, min_bucket_count)
+    return _forecast_at(
+        points, y.shape[0], n_calib, calib_spacing_s, min_bucket_count, min_calib_history_s
+    )
 
 
 def seasonal_naive(
@@ -524,6 +534,7 @@ def backtest(
     n_calib: int = 16,
     calib_spacing_s: float = 6 * 3600.0,
     min_bucket_count: int = 64,
+    min_calib_history_s: float = DAY_S,
     **model_kw: float,
 ) -> BacktestResult:
     """Rolling-origin backtest: at each origin row ``o`` forecast from ``history[:o]`` exactly as
@@ -549,7 +560,9 @@ def backtest(
     for o in used:
         actual = y[o : o + h_n]
         h = actual.shape[0]
-        fc = _forecast_at(points, o, n_calib, calib_spacing_s, min_bucket_count)
+        fc = _forecast_at(
+            points, o, n_calib, calib_spacing_s, min_bucket_count, min_calib_history_s
+        )
         base = seasonal_naive(y[:o], start_s, step_s, h_n, ks, season_s=season_s)[:h]
         ok = np.isfinite(actual) & np.isfinite(fc.p50[:h]) & np.isfinite(base)
         a = np.where(ok, actual, 0.0)

@@ -20,6 +20,8 @@ metric                                      entity  value
 ``hotspot.gpu.over_limit_k``                gpu     K over the catalog limit (only when over)
 ``hotspot.rack.inlet_c``                    rack    inlet air °C (every rack with a reading)
 ``drift.gpu.r_k_per_w``                     gpu     R over its fleet's median - 1 (drift events)
+``cooling.gpu.step_k``                      gpu     K the temperature fell below the model at
+                                                   flat power (cooling changed, not the load)
 ``cdu.pumps_running``                       cdu     pumps not seen stopped (speed > 5 %) [#]_
 ``fleet.underused_gpus``                    fleet   GPUs to reclaim (flagged fleets only)
 =========================================  ======  ==============================================
@@ -46,6 +48,7 @@ from collectors.contract import sub_id
 from twin.alerts import AlertEngine
 from twin.alerts.metrics import (
     CDU_PUMPS_RUNNING,
+    COOLING_GPU_STEP_K,
     DRIFT_GPU_R,
     FLEET_UNDERUSED_GPUS,
     HEADROOM_CDU_FREE_FRACTION,
@@ -275,6 +278,9 @@ def observations(d: Detection) -> list[Observation]:
             obs(HOTSPOT_GPU_OVER_LIMIT_K, "gpu", h.id, h.excess, detail=h.detail)
         elif h.reason == "r_drift" and h.reference:
             obs(DRIFT_GPU_R, "gpu", h.id, h.value / h.reference - 1.0, detail=h.detail)
+        elif h.reason == "cooling_changed":
+            at = h.at.isoformat() if h.at else ""
+            obs(COOLING_GPU_STEP_K, "gpu", h.id, h.excess, detail=h.detail, at=at)
     for rack, value in d.hotspots.rack_inlet_c.items():
         obs(HOTSPOT_RACK_INLET_C, "rack", rack, value)
     for p in d.pumps:

@@ -1,6 +1,6 @@
 """Hot spots: GPUs and racks running hotter than they should, with the reason.
 
-Four detectors, each on the store's newest data:
+Five detectors, each on the store's newest data:
 
 - ``over_limit``: a GPU at or over its max operating temperature (where thermal slowdown
   starts) or its HBM at or over the HBM limit, from the catalog.
@@ -13,6 +13,11 @@ Four detectors, each on the store's newest data:
   own held-out error from its calibration (RMSE ~ 1.25 MAE), at least ``MIN_SIGMA_K``.
 - ``r_drift``: the calibration's drift events (a GPU's R over its fleet and its own history).
 - ``inlet_high``: rack inlet air above the ASHRAE TC 9.9 recommended envelope's 27 °C.
+- ``cooling_changed``: a GPU's temperature fell by at least ``MIN_STEP_K`` over the model while
+  its power stayed flat, in the last ``COOLING_LOOKBACK_MIN`` minutes
+  (:func:`models.cooling_change.cooling_steps`): the airflow, inlet or coolant changed, not
+  the load. Not a hot spot but the same residual seen from the other side: a fixed-R model
+  must show such a step, not absorb it. R is the calibrated one, else the catalog's.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import numpy as np
 from pydantic import BaseModel
 
 from models import gpu_thermal
+from models.cooling_change import FLAT_FRACTION, cooling_steps
 from twin.calibrate.calibrate import gpu_flow_ratio, gpu_reference, index_site
 from twin.calibrate.windows import first_valid, hold_fill, load_window
 from twin.coverage import newest_sample
@@ -40,8 +46,11 @@ MIN_SIGMA_K = 0.3
 RMSE_PER_MAE = math.sqrt(math.pi / 2.0)
 #: Extra minutes the model runs before the judged window, to forget its starting point.
 WARMUP_MIN = 3
+#: How far back the cooling-change detector looks: a fall is seen by every pass for several
+#: minutes after it (it needs 2.5 min of context around it). [min]
+COOLING_LOOKBACK_MIN = 10
 
-Reason = Literal["over_limit", "above_model", "r_drift", "inlet_high"]
+Reason = Literal["over_limit", "above_model", "r_drift", "inlet_high", "cooling_changed"]
 
 
 class HotSpot(BaseModel):
@@ -54,6 +63,7 @@ class HotSpot(BaseModel):
     sigma: float | None = None  # above_model: the residual's standard deviation [K]
     residual_sigma: float | None = None  # above_model: the smallest minute mean / sigma
     rack: str | None = None
+    at: datetime | None = None  # cooling_changed: when the fall started (UTC)
     detail: str
 
 
@@ -120,6 +130,7 @@ def find_hotspots(
         )
         out += found + _drift_hotspots(store, run, idx, racks)
         problems += missing
+    out += _cooling_changes(store, run, idx, nodes, racks, end)
 
     # ---- rack inlet air over the ASHRAE recommended envelope
     inlet = _rack_inlet(site, node, pdu)
@@ -288,6 +299,60 @@ def _drift_hotspots(store: Store, run: int, idx: Any, racks: list[Any]) -> list[
                 excess=float(value - fleet) if fleet is not None else 0.0,
                 rack=racks[idx.gpu_rack[gi]].name if gi is not None else None,
                 detail=f"{param}: {detail}",
+            )
+        )
+    return out
+
+
+def _cooling_changes(
+    store: Store, run: int | None, idx: Any, nodes: dict[str, Any], racks: list[Any], end: datetime
+) -> list[HotSpot]:
+    """GPUs whose temperature fell at flat power in the last ``COOLING_LOOKBACK_MIN`` minutes
+    (R of calibration run ``run`` where usable, else the catalog's for the node's cooling)."""
+    start = end - timedelta(minutes=COOLING_LOOKBACK_MIN)
+    win = load_window(store, "gpu", start, end, ids=idx.gpu_ids, quantities=["power_w", "temp_c"])
+    fitted: dict[str, float] = {}
+    if run is not None:
+        fitted = {
+            i_: v
+            for (_, i_, _p), v in store.calibration_params(
+                run, kind="gpu", params=("r_k_per_w",)
+            ).items()
+            if v is not None and math.isfinite(v)
+        }
+    catalog = {
+        name: nd.gpu_spec.r_liquid_k_per_w
+        if nd.spec.cooling == "liquid"
+        else nd.gpu_spec.r_air_k_per_w
+        for name, nd in nodes.items()
+    }
+    r = np.array(
+        [fitted.get(gid, catalog[idx.gpu_node[i]]) for i, gid in enumerate(idx.gpu_ids)],
+        dtype=float,
+    )
+    steps = cooling_steps(win.values["temp_c"], win.values["power_w"], r, win.step_s)
+    out: list[HotSpot] = []
+    for i in np.flatnonzero(steps.flagged):
+        at = win.start + timedelta(seconds=float(steps.index[i]) * win.step_s)
+        before, after = float(steps.temp_before_c[i]), float(steps.temp_after_c[i])
+        p0, p1 = float(steps.power_before_w[i]), float(steps.power_after_w[i])
+        out.append(
+            HotSpot(
+                kind="gpu",
+                id=idx.gpu_ids[i],
+                reason="cooling_changed",
+                value=after,
+                reference=before,
+                excess=float(steps.step_k[i]),
+                rack=racks[idx.gpu_rack[i]].name,
+                at=at,
+                detail=(
+                    f"cooling changed at {at:%Y-%m-%d %H:%M:%S} UTC: temperature fell "
+                    f"{before - after:.1f} K ({before:.1f} -> {after:.1f} °C) while power stayed "
+                    f"flat ({p0:.0f} -> {p1:.0f} W, within {FLAT_FRACTION:.0%}); "
+                    f"{-steps.step_k[i]:.1f} K below the model"
+                    " (airflow, inlet or coolant changed, not the load)"
+                ),
             )
         )
     return out

@@ -20,6 +20,7 @@ from twin.alerts.model import EntityKind
 
 __all__ = [
     "CDU_PUMPS_RUNNING",
+    "COOLING_GPU_STEP_K",
     "DRIFT_GPU_R",
     "FLEET_UNDERUSED_GPUS",
     "HEADROOM_CDU_FREE_FRACTION",
@@ -59,6 +60,7 @@ HOTSPOT_GPU_RESIDUAL_SIGMA = "hotspot.gpu.residual_sigma"
 HOTSPOT_GPU_OVER_LIMIT_K = "hotspot.gpu.over_limit_k"
 HOTSPOT_RACK_INLET_C = "hotspot.rack.inlet_c"
 DRIFT_GPU_R = "drift.gpu.r_k_per_w"
+COOLING_GPU_STEP_K = "cooling.gpu.step_k"
 CDU_PUMPS_RUNNING = "cdu.pumps_running"
 FLEET_UNDERUSED_GPUS = "fleet.underused_gpus"
 
@@ -116,6 +118,13 @@ _SPECS = (
         ("gpu",),
         "1",
         "thermal resistance R over its fleet's median, minus 1 (reported only while drifting)",
+    ),
+    MetricSpec(
+        COOLING_GPU_STEP_K,
+        ("gpu",),
+        "K",
+        "fall of the temperature below the model at flat power (negative; reported only while"
+        " a cooling change is in the lookback window)",
     ),
     MetricSpec(
         CDU_PUMPS_RUNNING,

@@ -145,6 +145,25 @@ GPU_MODELS: dict[str, GpuModel] = {
         sm_clock_max_mhz=2520.0,  # spec page, boost clock 2.52 GHz (H)
         mem_clock_mhz=10501.0,  # 21 Gbps GDDR6X as nvidia-smi reports it (M)
     ),
+    "A100-SXM4-40GB": GpuModel(
+        name="NVIDIA A100-SXM4-40GB",
+        tdp_w=400.0,  # NVIDIA A100 Tensor Core GPU datasheet: SXM max TDP 400 W; §1.1 (H)
+        min_power_limit_w=100.0,  # §1.1, nvidia-smi Min Power Limit of A100 SXM (H)
+        idle_w=52.0,  # §1.2, nvidia-smi of a 400 W A100 SXM (H); 55-60 W in real_traces
+        gamma=1.0,  # §9.1
+        # §2.1 nvidia-smi -q of A100 SXM parts: max operating (target) 85, slowdown 89,
+        # shutdown 92, HBM 95 °C (H); the datasheet gives no die limits
+        max_operating_temp_c=85.0,
+        slowdown_temp_c=89.0,
+        shutdown_temp_c=92.0,
+        hbm_max_temp_c=95.0,
+        r_liquid_k_per_w=0.03,  # §9.2 cold plate (M)
+        r_air_k_per_w=0.07,  # §9.2 air heat sink (L)
+        tau_liquid_s=10.0,  # §9.2 (D/L)
+        tau_air_s=60.0,  # §9.2 (D/L)
+        sm_clock_max_mhz=1410.0,  # A100 datasheet boost clock; 1410 MHz in real_traces (H)
+        mem_clock_mhz=1215.0,  # HBM2 clock as nvidia-smi reports it (the real_traces, H)
+    ),
 }
 
 NODE_MODELS: dict[str, NodeModel] = {
@@ -195,6 +214,16 @@ NODE_MODELS: dict[str, NodeModel] = {
         max_power_w=850.0,  # §9.1 spec page, Required System Power 850 W (H)
         base_w=80.0,  # desktop CPU, board and fans at idle (L)
         gpu_overhead_frac=0.10,  # fans and VRM share (L)
+        cooling="air",
+        capture_fraction=0.0,  # air-cooled: no liquid capture
+    ),
+    "A100-SXM4-1": NodeModel(
+        name="one A100-SXM4-40GB of an air-cooled cloud host (the real_traces recordings)",
+        gpu="A100-SXM4-40GB",
+        gpus=1,
+        max_power_w=700.0,  # the GPU's 400 W and a share of the host (L)
+        base_w=150.0,  # a share of the host's CPUs, DRAM, NICs at idle (L)
+        gpu_overhead_frac=0.25,  # as HGX (§1.4, D/L)
         cooling="air",
         capture_fraction=0.0,  # air-cooled: no liquid capture
     ),
