@@ -310,3 +310,36 @@ def test_more_flow_never_raises_cold_plate_resistance(
     assert gpu_thermal.r_at_flow_k_per_w(r, 1.0, share) == pytest.approx(r)
     # the conductive part stays whatever the flow
     assert r_hi >= (1.0 - share) * r - 1e-12
+
+
+def test_rc_simulate_is_repeated_rc_step_to_the_bit():
+    """rc_simulate's loop is rc_step's arithmetic with the steady states precomputed: the same
+    numbers, for every way of passing the inputs (one GPU, per-interval steps, NaN)."""
+    from models.gpu_thermal import rc_simulate, rc_step
+
+    def stepwise(temp0, ref, power, r, c, dt):
+        power = np.asarray(power, float)
+        ref = np.broadcast_to(np.asarray(ref, float), power.shape)
+        dt = np.asarray(dt, float)
+        shape = np.broadcast_shapes(power.shape[1:], np.shape(r), np.shape(c))
+        t = np.broadcast_to(np.asarray(temp0, float), shape)
+        out = [t]
+        for k in range(1, power.shape[0]):
+            t = rc_step(t, ref[k - 1], power[k - 1], r, c, dt[k - 1] if dt.ndim else dt)
+            out.append(t)
+        return np.array(out)
+
+    rng = np.random.default_rng(1)
+    p = rng.uniform(0, 700, (50, 5))
+    p[10, 2] = np.nan
+    r5, c5 = rng.uniform(0.02, 0.04, 5), rng.uniform(200, 500, 5)
+    cases = [
+        (30.0, [30.0, 30.0, 30.0], [0.0, 100.0, 100.0], 0.1, 100.0, 10.0),
+        (rng.normal(40, 1, 5), 32.0, p, r5, c5, 1.0),
+        (rng.normal(40, 1, 5), rng.normal(32, 1, (50, 5)), p, r5, c5, rng.uniform(0.5, 2, 50)),
+        (40.0, 32.0, rng.uniform(0, 700, 50), r5, 300.0, 1.0),
+        (40.0, rng.normal(32, 1, (50, 1)), p[:, :1], r5, 300.0, rng.uniform(0.5, 2, (50, 5))),
+    ]
+    for case in cases:
+        got, want = rc_simulate(*case), stepwise(*case)
+        assert got.shape == want.shape and np.array_equal(got, want, equal_nan=True)
