@@ -2,7 +2,8 @@
 
 Runs the command as users do, in a child process (``python -m twin.cli replay``), as fast as
 possible (the default ``--speed 0``), into a new DuckDB file in a temporary directory, and
-reports its wall time, the child's peak RSS (``getrusage(RUSAGE_CHILDREN).ru_maxrss``), the
+reports its wall time, its CPU time (user + system: on a busy machine, the better guide to the
+wall time it would take alone), the child's peak RSS (``getrusage(RUSAGE_CHILDREN).ru_maxrss``), the
 recorded span over the wall time (the speed reached: 1,440 is a day in a minute), the rows
 stored and the ingest's counters, and the load average before and after (the machine's other
 work).
@@ -50,7 +51,9 @@ def run(bundle: Path) -> dict:
         load_after = os.getloadavg()
         if proc.returncode != 0:
             raise SystemExit(f"replay failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
-        rss_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024  # Linux: KiB
+        usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+        rss_mb = usage.ru_maxrss / 1024  # Linux: KiB
+        cpu_s = usage.ru_utime + usage.ru_stime
         stats = json.loads(proc.stdout.strip().splitlines()[-1])
         store_mb = db.stat().st_size / 1e6
     recorded_s = float(stats["recorded_s"])
@@ -60,6 +63,7 @@ def run(bundle: Path) -> dict:
         "messages": stats["messages"],
         "wall_s": round(wall_s, 2),
         "replay_s": stats["wall_s"],  # inside the command, without start-up and rollup
+        "cpu_s": round(cpu_s, 2),  # the child's user + system CPU time: less load-dependent
         "peak_rss_mb": round(rss_mb, 1),
         "recorded_s": recorded_s,
         "speed_x": round(recorded_s / wall_s, 1),
