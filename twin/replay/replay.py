@@ -148,8 +148,8 @@ def replay(
                     pending = []
             sent += len(msgs)
             rows_done += rows
-            if on_progress:
-                on_progress(rows_done, ts)
+            if on_progress:  # in recorded time
+                on_progress(rows_done, ts - timedelta(seconds=shift_s))
         if sink is not None and pending:
             sink(pending)
         if pub is not None:
