@@ -21,6 +21,9 @@ from twin.cli.common import (
     parse_time,
 )
 
+#: DuckDB's memory limit while replaying into a store (its cache of what it wrote).
+REPLAY_DUCKDB_MEMORY = "768MB"
+
 if TYPE_CHECKING:
     import threading
 
@@ -145,6 +148,9 @@ def _replay_db(
     from twin.replay.replay import replay_into
 
     with open_store(db) as store:
+        # DuckDB keeps what it wrote cached up to 80 % of RAM by default; a replay writes far
+        # more than it reads back, so a bound keeps the command's peak near its own tables'
+        store.con.execute(f"SET memory_limit = '{REPLAY_DUCKDB_MEMORY}'")
         ingester = Ingester(store, b.site, IngestLimits(max_future_s=0, max_past_s=0))
         try:
             stats = replay_into(

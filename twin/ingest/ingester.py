@@ -432,7 +432,9 @@ class Ingester:
             pending.keys = keys if keep.all() else list(itertools.compress(keys, keep))
         pending.received = int(keep.sum()) + pending.duplicates
         batch = self._table_batch(kind, table, keep, counts, msg_src, msg_seq, msg_ts, collector)
-        batch.log["received_at"] = [now_us] * len(batch.log["seq"])
+        batch.log["received_at"] = pa.array(
+            np.full(len(batch.log["seq"]), now_us, dtype=np.int64), pa.timestamp("us", tz="UTC")
+        )
         if self.site is not None:
             self._unknown(batch)
         try:
@@ -490,19 +492,17 @@ class Ingester:
             ex["value"].extend(col.filter(valid).cast(pa.float64()).to_pylist())
             ex["kind"].extend([kind] * len(part["id"]))
             ex["quantity"].extend([name] * len(part["id"]))
-        if not keep.all():
-            msg_src, msg_seq, msg_ts = (
-                list(itertools.compress(v, keep)) for v in (msg_src, msg_seq, msg_ts)
-            )
-            counts = counts[keep]
-        batch.log = {
-            "source": msg_src,
-            "kind": [kind] * len(msg_seq),
-            "seq": msg_seq,
-            "ts": msg_ts,
+        idx = np.flatnonzero(keep)
+        n_kept = len(idx)
+        sources = pa.array(msg_src, pa.string())
+        batch.log = {  # columns, as Store.write takes them
+            "source": sources if n_kept == len(msg_src) else sources.take(pa.array(idx)),
+            "kind": pa.array(np.full(n_kept, kind, dtype=object), pa.string()),
+            "seq": pa.array(np.asarray(msg_seq, dtype=np.int64)[idx]),
+            "ts": pa.array(np.asarray(msg_ts, dtype=np.int64)[idx], pa.timestamp("us", tz="UTC")),
             "received_at": [],
-            "collector": [collector] * len(msg_seq),
-            "n_samples": counts.tolist(),
+            "collector": pa.array(np.full(n_kept, collector, dtype=object), pa.string()),
+            "n_samples": pa.array(counts[idx].astype(np.int32)),
         }
         return batch
 
