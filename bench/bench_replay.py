@@ -63,6 +63,7 @@ def run(bundle: Path) -> dict:
         "messages": stats["messages"],
         "wall_s": round(wall_s, 2),
         "replay_s": stats["wall_s"],  # inside the command, without start-up and rollup
+        "rollup_s": stats.get("rollup_s"),
         "cpu_s": round(cpu_s, 2),  # the child's user + system CPU time: less load-dependent
         "peak_rss_mb": round(rss_mb, 1),
         "recorded_s": recorded_s,

@@ -173,7 +173,7 @@ def replay_into(
     speed: float = 0.0,
     shift_to_now: bool = False,
     stop: threading.Event | None = None,
-    chunk_s: float = 1800.0,
+    chunk_s: float = 3600.0,
     on_progress: Progress | None = None,
 ) -> dict[str, object]:
     """Ingest a bundle into ``ingester``'s store column-wise, ``chunk_s`` of recording at a time.
