@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Callable, Iterator
+from datetime import datetime
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -17,6 +20,17 @@ from twin.cli.common import (
     open_store,
     parse_time,
 )
+
+#: DuckDB's memory limit while replaying into a store (its cache of what it wrote).
+REPLAY_DUCKDB_MEMORY = "768MB"
+#: ... and while it brings the rollups up to date (their GROUP BY's hash tables: with less,
+#: DuckDB spills them to disk and the rollup of the demo day takes twice as long).
+ROLLUP_DUCKDB_MEMORY = "1536MB"
+
+if TYPE_CHECKING:
+    import threading
+
+    from twin.replay.bundle import Bundle
 
 
 def record(
@@ -61,28 +75,35 @@ def record(
 def replay(
     bundle: Annotated[Path, typer.Argument(help="Bundle directory (dctwin record).")],
     db: Annotated[
-        Path | None, typer.Option("--db", help="Ingest straight into this (separate) store.")
+        Path | None,
+        typer.Option(
+            "--db", help="Ingest straight into this (separate) store, column-wise (no MQTT)."
+        ),
     ] = None,
     broker: Annotated[
-        str | None, typer.Option(help="Publish to this broker (host:port) instead.")
+        str | None,
+        typer.Option(help="Publish contract messages to this broker (host:port) instead."),
     ] = None,
     speed: Annotated[
-        float, typer.Option(help="Recorded seconds per wall second; 0: as fast as possible.")
+        float,
+        typer.Option(
+            min=0.0,
+            help="Recorded seconds per wall second (600: ten minutes a second); the default, 0,"
+            " is as fast as possible.",
+        ),
     ] = 0.0,
     shift_to_now: Annotated[
         bool, typer.Option(help="Move the recording so it ends now (for a live console).")
     ] = False,
 ) -> None:
     """Feed a bundle through the ingest path: into a separate store, or over MQTT to a
-    running `dctwin serve`. Ctrl-C or SIGTERM stops it after what was fed is stored or
-    acknowledged."""
+    running `dctwin serve`, with the contract's validation either way. Progress (rows and
+    recorded time done) goes to stderr; the counts as JSON to stdout. Ctrl-C or SIGTERM stops
+    it after what was fed is stored or acknowledged."""
     import threading
 
-    from twin.ingest import Ingester, IngestLimits
-    from twin.ingest.ingester import StoreUnavailable
     from twin.procs import on_stop_signals
     from twin.replay.bundle import Bundle, BundleError
-    from twin.replay.replay import replay as run_replay
 
     if (db is None) == (broker is None):
         raise fail("give exactly one of --db (direct) or --broker (over MQTT)")
@@ -92,27 +113,132 @@ def replay(
         raise fail(str(e)) from None
     stop = threading.Event()
     on_stop_signals(stop)
-    if db is not None:
-        with open_store(db) as store:
-            ingester = Ingester(store, b.site, IngestLimits(max_future_s=0, max_past_s=0))
+    with _progress(b) as on_progress:
+        if db is not None:
+            stats = _replay_db(b, db, speed, shift_to_now, stop, on_progress)
+        else:
+            from collectors.mqtt import BrokerError
+            from twin.replay.replay import replay as run_replay
+
+            cfg = broker_config(broker)
             try:
                 stats = run_replay(
-                    b, sink=ingester.ingest, speed=speed, shift_to_now=shift_to_now, stop=stop
+                    b,
+                    broker=cfg,
+                    speed=speed,
+                    shift_to_now=shift_to_now,
+                    stop=stop,
+                    on_progress=on_progress,
                 )
-                store.rollup()
-            except StoreUnavailable as e:  # disk full, a lock: what is committed stays
-                raise fail(f"the store {db} failed: {e}") from None
-        stats["ingest"] = ingester.counters.as_dict()
-    else:
-        from collectors.mqtt import BrokerError
-
-        cfg = broker_config(broker)
-        try:
-            stats = run_replay(b, broker=cfg, speed=speed, shift_to_now=shift_to_now, stop=stop)
-        except BrokerError as e:
-            raise fail(str(e)) from None
+            except BrokerError as e:
+                raise fail(str(e)) from None
     stats["stopped"] = stop.is_set()
     typer.echo(json.dumps(stats))
+
+
+def _replay_db(
+    b: Bundle,
+    db: Path,
+    speed: float,
+    shift_to_now: bool,
+    stop: threading.Event,
+    on_progress: Callable[[int, datetime], None],
+) -> dict:
+    """Replay bundle ``b`` into the store ``db``; the stats with the ingest's counters."""
+    import time
+
+    from twin.ingest import Ingester, IngestLimits
+    from twin.ingest.ingester import StoreUnavailable
+    from twin.replay.bundle import BundleError
+    from twin.replay.replay import replay_into
+
+    with open_store(db) as store:
+        # DuckDB keeps what it wrote cached up to 80 % of RAM by default; a replay writes far
+        # more than it reads back, so a bound keeps the command's peak near its own tables'
+        store.con.execute(f"SET memory_limit = '{REPLAY_DUCKDB_MEMORY}'")
+        ingester = Ingester(store, b.site, IngestLimits(max_future_s=0, max_past_s=0))
+        try:
+            stats = replay_into(
+                b,
+                ingester,
+                speed=speed,
+                shift_to_now=shift_to_now,
+                stop=stop,
+                on_progress=on_progress,
+            )
+            t0 = time.monotonic()
+            store.con.execute(f"SET memory_limit = '{ROLLUP_DUCKDB_MEMORY}'")
+            store.rollup()
+            stats["rollup_s"] = round(time.monotonic() - t0, 3)
+        except StoreUnavailable as e:  # disk full, a lock: what is committed stays
+            raise fail(f"the store {db} failed: {e}") from None
+        except BundleError as e:
+            raise fail(str(e)) from None
+    stats["ingest"] = ingester.counters.as_dict()
+    return stats
+
+
+@contextlib.contextmanager
+def _progress(b: Bundle) -> Iterator[Callable[[int, datetime], None]]:
+    """A progress callback (rows done, recorded time reached) that shows a rich progress bar
+    on a terminal's stderr, or writes a line to stderr at every tenth of the rows otherwise."""
+    import sys
+
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    from twin.cli.common import err
+
+    total = sum(b.manifest.rows.values())
+    start = b.manifest.start
+    recorded_s = max((b.manifest.end - start).total_seconds(), 1.0)
+    if not sys.stderr.isatty():
+        step = max(total // 10, 1)
+        state = {"next": step}
+
+        def line(rows: int, ts: datetime) -> None:
+            if rows >= state["next"] or rows >= total:
+                state["next"] = (rows // step + 1) * step
+                print(
+                    f"replay: {rows:,}/{total:,} rows, {_when(ts, start, recorded_s)}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+
+        yield line
+        return
+    with Progress(
+        TextColumn("[bold]replay[/]"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("rows, {task.fields[when]}"),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=err,
+    ) as progress:
+        task = progress.add_task("replay", total=total, when="")
+
+        def bar(rows: int, ts: datetime) -> None:
+            progress.update(task, completed=rows, when=_when(ts, start, recorded_s))
+
+        yield bar
+
+
+def _when(ts: datetime, start: datetime, recorded_s: float) -> str:
+    """How far into the recording ``ts`` is, e.g. 'recorded time 06:00:00 of 24:00:00'."""
+    done_s = min(max((ts - start).total_seconds(), 0.0), recorded_s)  # shifted: still in range
+    return f"recorded time {_hms(done_s)} of {_hms(recorded_s)}"
+
+
+def _hms(s: float) -> str:
+    s = int(s)
+    return f"{s // 3600:02d}:{s % 3600 // 60:02d}:{s % 60:02d}"
 
 
 def whatif(

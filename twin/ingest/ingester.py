@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import hashlib
+import itertools
 import logging
 import time
 from collections import Counter, OrderedDict, deque
@@ -27,12 +28,14 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from collectors.contract import BatchDecoder
+from collectors.contract import BatchDecoder, encode, topic_for
+from twin.ingest.columns import KEY_COLUMNS, suspect_rows
 from twin.site import Site
-from twin.store.schema import DEAD_PAYLOAD_KEEP_BYTES, DEAD_TOPIC_KEEP_CHARS
+from twin.store.schema import DEAD_PAYLOAD_KEEP_BYTES, DEAD_TOPIC_KEEP_CHARS, arrow_schema
 from twin.store.store import Batch, Store, is_transient
 
 log = logging.getLogger(__name__)
@@ -178,8 +181,7 @@ class Ingester:
         if not buckets or now_mono - buckets[-1][0] >= 10.0:
             buckets.append((now_mono, []))
         bucket = buckets[-1][1]
-        for k in keys:
-            seen[k] = None
+        seen.update(dict.fromkeys(keys))
         bucket.extend(keys)
         horizon = now_mono - self.dedup_window_s
         # forget whole buckets, oldest first, never the one being filled
@@ -365,6 +367,145 @@ class Ingester:
                     raise StoreUnavailable(f"{type(e2).__name__}: {e2}") from e2
                 self._commit(batch, pending)
 
+    def ingest_table(
+        self,
+        kind: str,
+        table: pa.Table,
+        seq: np.ndarray,
+        collector: str,
+        received_at: datetime | None = None,
+        *,
+        site: str | None = None,
+    ) -> int:
+        """Validate and write samples that are already columns, without a JSON round trip.
+
+        ``table`` holds ts, source, id and quantities in contract units, one message per run of
+        rows with the same (source, ``seq``, ts); ``seq`` is per row. The result is what
+        :meth:`ingest` stores for the same messages: contract checks (:mod:`twin.ingest.columns`;
+        a message with a suspect row goes through :meth:`ingest`, which names the reason and
+        dead-letters it), dedup on (kind, source, seq, ts), unknown ids, the ingest log, one
+        transaction; a batch the store refuses goes through :meth:`ingest` too (which splits
+        it). ``site``: the site named in the topics of messages built for the message path
+        (default: the ingest's site). Returns how many messages the table held.
+        """
+        site = site or self.decoder.site
+        if site is None:
+            raise ValueError("ingest_table needs a site: the Ingester's, or the site argument")
+        now = received_at or datetime.now(UTC)
+        n = table.num_rows
+        if n == 0:
+            return 0
+        ts_us = table.column("ts").cast(pa.int64()).to_numpy(zero_copy_only=False)
+        source = table.column("source").combine_chunks()
+        change = np.ones(n, dtype=bool)
+        change[1:] = (ts_us[1:] != ts_us[:-1]) | (seq[1:] != seq[:-1])
+        if n > 1:
+            change[1:] |= pc.not_equal(source[1:], source[:-1]).to_numpy(zero_copy_only=False)
+        starts = np.flatnonzero(change)
+        counts = np.diff(np.append(starts, n))
+        flags = suspect_rows(kind, table, starts)
+        lim, now_us = self.limits, _epoch_us(now)
+        if lim.max_future_s:
+            flags |= ts_us > now_us + int(lim.max_future_s * 1e6)
+        if lim.max_past_s:
+            flags |= ts_us < now_us - int(lim.max_past_s * 1e6)
+        msg_bad = np.add.reduceat(flags.astype(np.int64), starts) > 0
+        msg_src = source.take(pa.array(starts)).to_pylist()
+        msg_seq = seq[starts].tolist()
+        msg_ts = ts_us[starts].tolist()
+        pending = _Pending()
+        keep = ~msg_bad
+        kinds = itertools.repeat(kind, len(msg_ts))
+        keys = list(map(hash, zip(kinds, msg_src, msg_seq, msg_ts, strict=True)))
+        if self._seen.keys() & keys or len(set(keys)) < len(keys):  # duplicates: one by one
+            seen, batch_keys = self._seen, set()
+            for j, key in enumerate(keys):
+                if not keep[j]:
+                    continue
+                if key in seen or key in batch_keys:
+                    pending.duplicates += 1
+                    keep[j] = False
+                    continue
+                batch_keys.add(key)
+                pending.keys.append(key)
+        else:
+            pending.keys = keys if keep.all() else list(itertools.compress(keys, keep))
+        pending.received = int(keep.sum()) + pending.duplicates
+        batch = self._table_batch(kind, table, keep, counts, msg_src, msg_seq, msg_ts, collector)
+        batch.log["received_at"] = pa.array(
+            np.full(len(batch.log["seq"]), now_us, dtype=np.int64), pa.timestamp("us", tz="UTC")
+        )
+        if self.site is not None:
+            self._unknown(batch)
+        try:
+            self.store.write(batch)
+        except Exception as e:
+            if is_transient(e):
+                raise StoreUnavailable(f"{type(e).__name__}: {e}") from e
+            # the database refused it: the message path finds the message it refused
+            msg_bad |= keep
+            keep[:] = False
+            pending = _Pending(duplicates=pending.duplicates, received=pending.duplicates)
+            batch = Batch()
+        self._commit(batch, pending)
+        if msg_bad.any():
+            items = _messages_of(kind, table, starts, counts, msg_bad, msg_seq, collector, site)
+            self._ingest(items, now)
+        return len(starts)
+
+    @staticmethod
+    def _table_batch(
+        kind: str,
+        table: pa.Table,
+        keep: np.ndarray,
+        counts: np.ndarray,
+        msg_src: list[str],
+        msg_seq: list[int],
+        msg_ts: list[int],
+        collector: str,
+    ) -> Batch:
+        """The batch of the kept messages' rows: samples, quantities the contract does not name
+        (extras) and the ingest log (without received_at)."""
+        rows = pa.array(np.repeat(keep, counts))
+        sub = table.filter(rows) if not keep.all() else table
+        schema = arrow_schema(kind)
+        cols: dict[str, Any] = {}
+        for f in schema:
+            if f.name in sub.column_names:
+                cols[f.name] = sub.column(f.name).combine_chunks().cast(f.type)
+            else:
+                cols[f.name] = pa.nulls(sub.num_rows, f.type)
+        batch = Batch()
+        batch.samples[kind] = cols
+        for name in sub.column_names:
+            if name in KEY_COLUMNS or name in schema.names:
+                continue
+            col = sub.column(name).combine_chunks()
+            valid = col.is_valid()
+            if not pc.any(valid).as_py():
+                continue
+            part = {k: cols[k].filter(valid) for k in KEY_COLUMNS}
+            ex = batch.extras
+            ex["ts"].extend(part["ts"].cast(pa.int64()).to_pylist())
+            ex["source"].extend(part["source"].to_pylist())
+            ex["id"].extend(part["id"].to_pylist())
+            ex["value"].extend(col.filter(valid).cast(pa.float64()).to_pylist())
+            ex["kind"].extend([kind] * len(part["id"]))
+            ex["quantity"].extend([name] * len(part["id"]))
+        idx = np.flatnonzero(keep)
+        n_kept = len(idx)
+        sources = pa.array(msg_src, pa.string())
+        batch.log = {  # columns, as Store.write takes them
+            "source": sources if n_kept == len(msg_src) else sources.take(pa.array(idx)),
+            "kind": pa.array(np.full(n_kept, kind, dtype=object), pa.string()),
+            "seq": pa.array(np.asarray(msg_seq, dtype=np.int64)[idx]),
+            "ts": pa.array(np.asarray(msg_ts, dtype=np.int64)[idx], pa.timestamp("us", tz="UTC")),
+            "received_at": [],
+            "collector": pa.array(np.full(n_kept, collector, dtype=object), pa.string()),
+            "n_samples": pa.array(counts[idx].astype(np.int32)),
+        }
+        return batch
+
     def _store_rejected(self, item: tuple[str, bytes], error: Exception, now: datetime) -> Batch:
         """Dead-letter the one message the store refused, with the store's error."""
         log.error(
@@ -408,6 +549,37 @@ class Ingester:
             dead_seen[h] = None
         while len(dead_seen) > DEAD_REPEAT_MEMORY:
             dead_seen.popitem(last=False)
+
+
+def _messages_of(
+    kind: str,
+    table: pa.Table,
+    starts: np.ndarray,
+    counts: np.ndarray,
+    which: np.ndarray,
+    msg_seq: list[int],
+    collector: str,
+    site: str,
+) -> list[tuple[str, bytes]]:
+    """The contract messages (topic, payload) of the runs ``which`` of ``table``, as
+    :class:`collectors.base.MessageBuilder` builds them (a quantity that is None left out)."""
+    items = []
+    for j in np.flatnonzero(which):
+        part = table.slice(int(starts[j]), int(counts[j])).to_pylist()
+        first = part[0]
+        samples = [
+            {k: v for k, v in row.items() if k not in ("ts", "source") and v is not None}
+            for row in part
+        ]
+        payload = encode(
+            collector=collector,
+            source=first["source"],
+            seq=msg_seq[j],
+            ts=first["ts"],
+            samples=samples,
+        )
+        items.append((topic_for(site, kind, first["source"]), payload))
+    return items
 
 
 __all__ = [

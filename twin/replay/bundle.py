@@ -252,6 +252,52 @@ def _calibration(store: Store) -> dict[str, Any] | None:
     }
 
 
+def _time_order(head: pa.Table) -> tuple[np.ndarray, np.ndarray, pa.Array, int]:
+    """Of a (ts, source) table: the rows' ts [us] and source ranks, both in the order by (ts,
+    source) (stable: within a (ts, source), the file's order), that order, and the number of
+    sources."""
+    us = head.column("ts").cast(pa.timestamp("us", tz="UTC")).cast(pa.int64()).to_numpy()
+    src = _dict(head.unify_dictionaries().column("source")).combine_chunks()
+    del head
+    names = src.dictionary.to_numpy(zero_copy_only=False)
+    rank = np.empty(len(names), dtype=np.int32)
+    rank[np.argsort(names, kind="stable")] = np.arange(len(names), dtype=np.int32)
+    codes = rank[src.indices.to_numpy(zero_copy_only=False)]
+    del src
+    order = np.lexsort((codes, us))
+    us, codes = us[order], codes[order]
+    index_type = np.int32 if len(order) < 2**31 else np.int64
+    return us, codes, pa.array(order.astype(index_type)), len(names)
+
+
+def _read_ordered(pf: pq.ParquetFile, name: str, take: pa.Array) -> pa.Array:
+    """One column of a Parquet file, in the order ``take``."""
+    col = pf.read(columns=[name]).unify_dictionaries().column(0)
+    return col.combine_chunks().take(take)
+
+
+@dataclass
+class TimeOrdered:
+    """One kind of a bundle as stored, with its rows' order by (ts, source): a time range at a
+    time in contract units (:meth:`rows`), for replay."""
+
+    bundle: Bundle
+    kind: str
+    table: pa.Table  # as stored (integer multiples of the resolutions), ordered by (ts, source)
+    ts_us: np.ndarray  # ts of the rows [us since the epoch]
+    source_code: np.ndarray  # of the ordered rows: the source's rank among the kind's sources
+    sources: int
+
+    def span(self, lo_us: int, hi_us: int) -> tuple[int, int]:
+        """Positions [a, b) of the ordered rows with lo_us <= ts < hi_us."""
+        a, b = np.searchsorted(self.ts_us, [lo_us, hi_us])
+        return int(a), int(b)
+
+    def rows(self, a: int, b: int) -> pa.Table:
+        """Ordered rows [a, b) in contract units (as :meth:`Bundle.table` gives them)."""
+        return self.bundle._units(self.kind, self.table.slice(a, b - a))
+
+
 @dataclass
 class Bundle:
     """A bundle read back: its manifest, site, calibration and tables in contract units."""
@@ -289,9 +335,12 @@ class Bundle:
         f = self.path / f"{kind}.parquet"
         if kind not in self.manifest.rows or not f.is_file():
             raise BundleError(f"{self.path}: no {kind} telemetry in this bundle")
-        res = self.manifest.resolutions[kind]
         names = None if columns is None else ["ts", "source", "id", *columns]
-        t = pq.read_table(f, columns=names)
+        return self._units(kind, pq.read_table(f, columns=names))
+
+    def _units(self, kind: str, t: pa.Table) -> pa.Table:
+        """A table as stored (integer multiples of the resolutions) in contract units."""
+        res = self.manifest.resolutions[kind]
         out: dict[str, pa.Array] = {
             "ts": t.column("ts"),
             "source": t.column("source").cast(pa.string()),
@@ -302,6 +351,24 @@ class Bundle:
             col = t.column(q)
             out[q] = col if r is None else pa.compute.multiply(col.cast(pa.float64()), r)
         return pa.table(out)
+
+    def time_ordered(self, kind: str) -> TimeOrdered:
+        """The samples of ``kind`` in time order, to read a time range at a time."""
+        f = self.path / f"{kind}.parquet"
+        if kind not in self.manifest.rows or not f.is_file():
+            raise BundleError(f"{self.path}: no {kind} telemetry in this bundle")
+        try:  # column by column: the peak is the ordered table and one column more
+            pf = pq.ParquetFile(f)
+            names_in_file = pf.schema_arrow.names
+            for name in ("ts", "source", "id"):
+                if name not in names_in_file:
+                    raise BundleError(f"{f}: no {name!r} column")
+            us, codes, take, sources = _time_order(pf.read(columns=["ts", "source"]))
+            cols = {name: _read_ordered(pf, name, take) for name in names_in_file}
+        except (OSError, pa.ArrowException) as e:
+            raise BundleError(f"{f}: {e}") from None
+        t = pa.table(cols)
+        return TimeOrdered(self, kind, t, us, codes, sources)
 
     def params(self) -> dict[tuple[str, str, str], float]:
         """(kind, id, param) -> value of the bundle's usable calibrated parameters."""
