@@ -108,6 +108,13 @@ def module_file(module: str) -> Path | None:
     return None
 
 
+def _type_checking_only(node: ast.AST) -> bool:
+    test = node.test if isinstance(node, ast.If) else None
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
 def imported(path: Path, module_level_only: bool) -> set[str]:
     """Absolute module names ``path`` imports; with ``module_level_only``, not those inside
     function bodies (what runs when the module is imported). ``from a import b`` gives ``a.b``
@@ -119,6 +126,8 @@ def imported(path: Path, module_level_only: bool) -> set[str]:
         for child in ast.iter_child_nodes(node):
             if module_level_only and isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef):
                 continue
+            if module_level_only and _type_checking_only(child):
+                continue  # `if TYPE_CHECKING:` never runs
             if isinstance(child, ast.Import):
                 found.update(a.name for a in child.names)
             elif isinstance(child, ast.ImportFrom) and child.module and child.level == 0:
