@@ -186,7 +186,8 @@ def nvidia_smi(
     except ValueError as e:  # a node or site name with '/', '+' or '#'
         raise fail(escape(f"--node {node!r} / site {name!r}: {e}")) from None
     try:
-        parsed = parse(file, node, query_gpu=query_gpu, tz=tz)
+        with err.status(escape(f"reading {file}")):
+            parsed = parse(file, node, query_gpu=query_gpu, tz=tz)
     except NvidiaSmiError as e:
         raise fail(escape(str(e))) from None
     items = messages(parsed, name, node)
@@ -251,7 +252,8 @@ def prometheus(
             float(dcgm.DCGM_INT64_BLANK),
             dcgm.DCGM_INT32_BLANK,
         )  # the collector's own table: one mapping of DCGM fields
-        parsed = parse(file, table, node=node, site=name)
+        with err.status(escape(f"reading {file}")):
+            parsed = parse(file, table, node=node, site=name)
     except PrometheusError as e:
         raise fail(escape(str(e))) from None
     for text in parsed.errors[:5]:

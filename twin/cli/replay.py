@@ -15,6 +15,7 @@ from twin.cli.common import (
     DEMO_RULES,
     DEMO_SITE,
     broker_config,
+    err,
     fail,
     load_site_file,
     open_store,
@@ -61,9 +62,10 @@ def record(
         t0 = parse_time(start, "--start") if start else lo
         t1 = parse_time(end, "--end") if end else hi + timedelta(seconds=resolution or 1)
         try:
-            manifest = write_bundle(
-                store, site_path, out, t0, t1, resolution_s=resolution, overwrite=overwrite
-            )
+            with err.status(f"recording {t0:%Y-%m-%d %H:%M} .. {t1:%Y-%m-%d %H:%M} UTC to {out}"):
+                manifest = write_bundle(
+                    store, site_path, out, t0, t1, resolution_s=resolution, overwrite=overwrite
+                )
         except BundleError as e:
             raise fail(str(e)) from None
     size = sum(f.stat().st_size for f in out.iterdir())
@@ -286,11 +288,21 @@ def whatif(
         rule_set = load_rules(rule_path) if rule_path.exists() else None
     except RuleFileError as e:
         raise fail(str(e)) from None
-    data = load(b)
-    base = run(data, None, rule_set)
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
     tol = Tolerance(fraction=tolerance, temp_k=tolerance_k)
-    runs = [run(data, s, rule_set, tol) for s in loaded]
-    md, html = write_report(b, base, runs, out)
+    columns = (*Progress.get_default_columns()[:1], BarColumn(), MofNCompleteColumn())
+    with Progress(*columns, TimeElapsedColumn(), console=err, transient=True) as bar:
+        task = bar.add_task("reading the bundle", total=len(loaded) + 2)
+        data = load(b)
+        bar.update(task, advance=1, description="baseline")
+        base = run(data, None, rule_set)
+        runs = []
+        for s in loaded:
+            bar.update(task, advance=1, description=f"scenario {s.name}")
+            runs.append(run(data, s, rule_set, tol))
+        bar.update(task, advance=1, description="report")
+        md, html = write_report(b, base, runs, out)
     if as_json:
         typer.echo(
             json.dumps([r.model_dump(mode="json", exclude={"series"}) for r in [base, *runs]])
