@@ -23,6 +23,9 @@ from twin.store import Store
 
 from .conftest import REPO
 
+# import, calibrate and what-if through the CLI: out of the fast tier
+pytestmark = pytest.mark.slow
+
 RTX4090_LOG = REPO.parent / "shared" / "reference" / "nvidia_smi" / "rtx4090_1hz_load_cycle.csv"
 needs_log = pytest.mark.skipif(
     not RTX4090_LOG.is_file(), reason=f"the reference log {RTX4090_LOG} is not here"

@@ -97,6 +97,7 @@ def test_overview(env: Service) -> None:
     assert len(at.dataframe) == 1 and len(at.table) == 2  # headroom summary, ingest
 
 
+@pytest.mark.slow  # eight pages, 1 s or more each: out of the fast tier
 @pytest.mark.parametrize(
     "page", ["overview", "rack", "power", "cooling", "network", "fleets", "alerts", "calibration"]
 )
@@ -279,6 +280,7 @@ def test_the_console_talks_only_to_the_api() -> None:
                 assert top not in {"duckdb", "twin", "collectors", "models"}, (path, name)
 
 
+@pytest.mark.slow  # four page runs: out of the fast tier
 def test_deep_links_between_cooling_rack_and_alerts(env: Service) -> None:
     """?cdu=cdu-1 opens that CDU with links to its racks; a rack links to its CDU; an alert
     links to its CDU and its racks (page links in the app, markdown links run on their own)."""

@@ -285,6 +285,7 @@ def run_without(modules: tuple[str, ...], *args: str, cwd: Path) -> subprocess.C
     ],
     ids=lambda v: " ".join(v) if isinstance(v, tuple) else None,
 )
+@pytest.mark.slow  # a dctwin subprocess per command: out of the fast tier
 def test_a_command_without_its_extra_says_which_to_install(tmp_path, args, message):
     (tmp_path / "log.csv").write_text("timestamp, index, power.draw [W]\n", encoding="utf-8")
     r = run_without(HEAVY_MODULES, *args, cwd=tmp_path)

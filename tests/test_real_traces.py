@@ -36,6 +36,9 @@ from twin.store import Store
 
 from .conftest import REPO
 
+# real recordings imported and calibrated through the CLI, 1 s or more each: out of the fast tier
+pytestmark = pytest.mark.slow
+
 pd = pytest.importorskip("pandas")
 pytest.importorskip("pyarrow", reason="reading the A100 parquet recordings needs pyarrow")
 
