@@ -1218,7 +1218,8 @@ def fit_util_power_curve(
         return [as_util, fit_two_level(u[sl], p[sl], **lvl), fit_saturating(u[sl], p[sl], **lvl)]
 
     held = np.full((n_gpu, len(CURVE_KINDS)), np.nan)
-    for k, f in enumerate(fit_all(slice(0, split))):
+    block = fit_all(slice(0, split))
+    for k, f in enumerate(block):
         pred = curve_power_w(k, u[split:], f.idle_w, f.limit_w, f.shape, cap)
         held[:, k] = np.where(f.usable, _nan_mae(p[split:], pred), np.nan)
     score = np.where(np.isfinite(held), held, np.inf)
@@ -1226,7 +1227,7 @@ def fit_util_power_curve(
     util_score = score[np.arange(n_gpu), best_util]
     chosen = np.where(util_score < (1.0 - min_gain) * score[:, 0], best_util, POWER_LAW)
     full = fit_all(slice(None))
-    return _pick(full, chosen, held)
+    return _pick(full, chosen, held, block)
 
 
 def _nan_mae(meas: F64, pred: F64) -> F64:
@@ -1237,9 +1238,11 @@ def _nan_mae(meas: F64, pred: F64) -> F64:
     return np.where(n > 0, err / np.maximum(n, 1), np.nan)
 
 
-def _pick(fits: list[UtilCurveFit], chosen: NDArray[np.intp], held: F64) -> UtilCurveFit:
+def _pick(
+    fits: list[UtilCurveFit], chosen: NDArray[np.intp], held: F64, block: list[UtilCurveFit]
+) -> UtilCurveFit:
     """Per GPU, the fit of kind ``chosen``; a GPU where no kind was usable on the fit block
-    keeps the power law and every kind's reason."""
+    keeps the power law and every kind's reason on that block (where it was judged)."""
     cols = np.arange(chosen.size)
     none = ~np.isfinite(held).any(axis=1)
 
@@ -1250,7 +1253,12 @@ def _pick(fits: list[UtilCurveFit], chosen: NDArray[np.intp], held: F64) -> Util
     for j, k in enumerate(chosen):
         r = fits[k].reason[j]
         if none[j]:
-            r = "; ".join(f"{CURVE_KINDS[i]}: {f.reason[j]}" for i, f in enumerate(fits))
+            # the power law's reason on the whole window; the util families' on the block
+            # they were judged on (one may fit the whole window yet not its first part)
+            r = "; ".join(
+                f"{name}: {(fits if i == 0 else block)[i].reason[j]}"
+                for i, name in enumerate(CURVE_KINDS)
+            )
         reasons.append(r)
     usable = take("usable").astype(bool) & ~none
     return UtilCurveFit(

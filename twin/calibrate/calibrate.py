@@ -361,7 +361,9 @@ def power_curves(
         for name in out:
             if name != "holdout_mae_w":
                 out[name][cols[util]] = getattr(uf, name)[util]
-        for j in np.flatnonzero(util):
+        # a util-only family's reason where it won; where no family is usable, every
+        # family's reason (not the power law's alone: the util families were tried too)
+        for j in np.flatnonzero(util | ~uf.usable):
             reason[cols[j]] = uf.reason[j]
     return UtilCurveFit(**out, reason=reason)
 
