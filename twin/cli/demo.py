@@ -439,6 +439,9 @@ def console(
         else ("read-only (no DCTWIN_CONSOLE_TOKEN)")
     )
     err.print(f"console: http://{host}:{port} -> {url}, {writes}", highlight=False)
+    # Streamlit stops its server on SIGTERM and SIGINT once its own handlers are set, which is
+    # after its port opens: a SIGTERM before that exits 0 here instead of killing the process.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     # Streamlit stops its server on SIGTERM and SIGINT; a hang-up stops it the same way.
     if hasattr(signal, "SIGHUP") and signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:
         signal.signal(signal.SIGHUP, lambda *_: signal.raise_signal(signal.SIGTERM))
