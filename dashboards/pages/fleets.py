@@ -18,9 +18,11 @@ def body() -> None:
         return
     df = pd.DataFrame(data["fleets"])
     # the window the figures really had: a fleet seen for 1 minute is judged on 1 minute
-    seen = sorted({f["covered"] for f in data["fleets"] if f.get("covered")})
+    # shortest and longest span by seconds (the texts, "20 min" and "3 h", do not sort)
+    spans = sorted({(f["covered_s"], f["covered"]) for f in data["fleets"] if f.get("covered")})
+    seen = [t for _, t in dict.fromkeys([spans[0], spans[-1]])] if spans else []
     window_h = f"{data['window_s'] / 3600:g} h"
-    over = f"over {' to '.join(seen[:1] + seen[1:][-1:])} of data" if seen else "over no data"
+    over = f"over {' to '.join(seen)} of data" if seen else "over no data"
     if seen and seen != [window_h]:
         over += f" (of a {window_h} window)"
     st.caption(
