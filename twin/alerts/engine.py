@@ -110,6 +110,7 @@ class _Instance:
     last_ts: datetime
     fired_at: datetime | None = None
     labels: dict[str, str] = field(default_factory=dict)
+    clearing_since: datetime | None = None  # firing, past clear_value: keep_firing_for runs
 
     @property
     def key(self) -> str:
@@ -117,14 +118,15 @@ class _Instance:
 
     def to_json(self) -> str:
         d = asdict(self)
-        for k in ("since", "last_ts", "fired_at"):
+        for k in ("since", "last_ts", "fired_at", "clearing_since"):
             d[k] = d[k].isoformat() if d[k] is not None else None
         return json.dumps(d)
 
     @classmethod
     def from_json(cls, s: str) -> _Instance:
         d = json.loads(s)
-        for k in ("since", "last_ts", "fired_at"):
+        for k in ("since", "last_ts", "fired_at", "clearing_since"):
+            d.setdefault(k, None)
             d[k] = _dt(d[k])
         return cls(**d)
 
@@ -147,6 +149,9 @@ class _Group:
     context: dict[str, str] = field(default_factory=dict)
     members: dict[str, dict[str, Any]] = field(default_factory=dict)  # id -> Member json
     cleared_at: datetime | None = None
+    sent_at: datetime | None = None  # the last page or reminder (repeat_interval_s)
+    repeat: int = 0  # reminders sent
+    acknowledged: bool = False  # no more reminders
 
     @property
     def key(self) -> str:
@@ -154,14 +159,15 @@ class _Group:
 
     def to_json(self) -> str:
         d = asdict(self)
-        for k in ("first_fired_at", "starts_at", "cleared_at"):
+        for k in ("first_fired_at", "starts_at", "cleared_at", "sent_at"):
             d[k] = d[k].isoformat() if d[k] is not None else None
         return json.dumps(d)
 
     @classmethod
     def from_json(cls, s: str) -> _Group:
         d = json.loads(s)
-        for k in ("first_fired_at", "starts_at", "cleared_at"):
+        for k in ("first_fired_at", "starts_at", "cleared_at", "sent_at"):
+            d.setdefault(k, None)
             d[k] = _dt(d[k])
         return cls(**d)
 
@@ -189,7 +195,39 @@ class _Hold:
         return cls(**d)
 
 
-_STATE_TYPES: dict[str, Any] = {"i": _Instance, "g": _Group, "h": _Hold}
+@dataclass
+class _Flap:
+    """Flap detection for one incident key (rule and group): its state changes in the window.
+
+    ``hot`` holds the members whose condition holds (firing, not clearing): the incident fires
+    when it becomes non-empty and clears when it becomes empty; each is one change. Outlives
+    the incident it counts for, so changes across a resolve and a re-fire add up.
+    """
+
+    rule: str
+    kind: str
+    id: str
+    hot: list[str] = field(default_factory=list)
+    changes: list[datetime] = field(default_factory=list)
+    flapping: bool = False
+
+    @property
+    def key(self) -> str:
+        return _SEP.join(("f", self.rule, self.kind, self.id))
+
+    def to_json(self) -> str:
+        d = asdict(self)
+        d["changes"] = [t.isoformat() for t in self.changes]
+        return json.dumps(d)
+
+    @classmethod
+    def from_json(cls, s: str) -> _Flap:
+        d = json.loads(s)
+        d["changes"] = [datetime.fromisoformat(t) for t in d["changes"]]
+        return cls(**d)
+
+
+_STATE_TYPES: dict[str, Any] = {"i": _Instance, "g": _Group, "h": _Hold, "f": _Flap}
 
 
 # ---- silences ------------------------------------------------------------------------------
@@ -312,6 +350,7 @@ class AlertEngine:
         self._instances: dict[str, _Instance] = {}
         self._groups: dict[str, _Group] = {}
         self._holds: dict[str, _Hold] = {}
+        self._flaps: dict[str, _Flap] = {}
         self._dirty: set[str] = set()
         self._index = rules.index()
         # evaluate runs in the detection thread, active/acknowledge in the API's threads
@@ -366,6 +405,8 @@ class AlertEngine:
             if inst.state != "firing":
                 return
             rule = rules[inst.rule]
+            if inst.clearing_since is None:
+                self._flap_change(rule, inst, at, hot=False)
             gkey = self._group_key(rule, (inst.entity_kind, inst.entity_id))
             cleared[gkey] = max(cleared.get(gkey, at), at)
             hold_s = max((i.hold_s for i in rule.inhibits), default=0.0)
@@ -382,11 +423,31 @@ class AlertEngine:
             if rule is None:
                 continue
             absent = rule.resolve_if_absent_s
-            if absent is not None and (now - inst.last_ts).total_seconds() >= absent:
-                clear(inst, inst.last_ts + timedelta(seconds=absent))
+            if absent is None or (now - inst.last_ts).total_seconds() < absent:
+                continue
+            gone = inst.last_ts + timedelta(seconds=absent)
+            if inst.state != "firing":
+                clear(inst, gone)
+                continue
+            if inst.clearing_since is None:  # absent counts as cleared: keep_firing_for runs
+                inst.clearing_since = gone
+                self._flap_change(rule, inst, gone, hot=False)
+                self._dirty.add(inst.key)
+            keep_s = self._keep_s(rule, inst)
+            if (now - inst.clearing_since).total_seconds() >= keep_s:
+                clear(inst, inst.clearing_since + timedelta(seconds=keep_s))
         for key, hold in list(self._holds.items()):
             if hold.until <= now:
                 del self._holds[key]
+                self._dirty.add(key)
+        for key, flap in list(self._flaps.items()):
+            frule = rules.get(flap.rule)
+            stale = frule is None or frule.flap_changes is None
+            if not stale and not flap.hot and not flap.flapping:
+                assert frule is not None
+                stale = all((now - t).total_seconds() >= frule.flap_window_s for t in flap.changes)
+            if stale:
+                del self._flaps[key]
                 self._dirty.add(key)
 
         notifications = self._notify(rules, now, cleared)
@@ -409,15 +470,68 @@ class AlertEngine:
                 rule.name, obs.entity_kind, obs.entity_id, "pending", obs.ts, obs.value, obs.ts
             )
             self._instances[key] = inst
-        elif (inst.state == "pending" and not rule.breached(obs.value)) or (
-            inst.state == "firing" and not rule.still_breached(obs.value)
-        ):
+        elif inst.state == "pending" and not rule.breached(obs.value):
             clear(inst, obs.ts)
             return
+        elif inst.state == "firing":
+            if rule.still_breached(obs.value):
+                if inst.clearing_since is not None:  # back within keep_firing_for: same alert
+                    inst.clearing_since = None
+                    self._flap_change(rule, inst, obs.ts, hot=True)
+            else:
+                if inst.clearing_since is None:
+                    inst.clearing_since = obs.ts
+                    self._flap_change(rule, inst, obs.ts, hot=False)
+                if (obs.ts - inst.clearing_since).total_seconds() >= self._keep_s(rule, inst):
+                    clear(inst, obs.ts)
+                    return
         inst.value, inst.last_ts, inst.labels = obs.value, obs.ts, dict(obs.labels)
         if inst.state == "pending" and (obs.ts - inst.since).total_seconds() >= rule.for_s:
             inst.state, inst.fired_at = "firing", obs.ts
+            self._flap_change(rule, inst, obs.ts, hot=True)
         self._dirty.add(key)
+
+    # ---- keep_firing_for and flap detection ----------------------------------------------
+
+    def _flap_of(self, rule: Rule, entity: Entity) -> tuple[str, _Flap | None]:
+        fkey = "f" + self._group_key(rule, entity)[1:]
+        return fkey, self._flaps.get(fkey)
+
+    def _keep_s(self, rule: Rule, inst: _Instance) -> float:
+        """How long a firing alert whose condition cleared stays firing: keep_firing_for_s,
+        or flap_stable_s while its incident is flapping."""
+        keep_s = rule.keep_firing_for_s
+        if rule.flap_changes is not None:
+            _, flap = self._flap_of(rule, (inst.entity_kind, inst.entity_id))
+            if flap is not None and flap.flapping:
+                keep_s = max(keep_s, rule.flap_hold_s)
+        return keep_s
+
+    def _flap_change(self, rule: Rule, inst: _Instance, ts: datetime, *, hot: bool) -> None:
+        """Member ``inst`` starts (``hot``) or stops holding its condition at ``ts``: when its
+        incident fires or clears by that, count one change; enough in the window: flapping."""
+        if rule.flap_changes is None:
+            return
+        fkey, flap = self._flap_of(rule, (inst.entity_kind, inst.entity_id))
+        if flap is None:
+            _, _, kind, gid = fkey.split(_SEP)
+            flap = self._flaps[fkey] = _Flap(rule.name, kind, gid)
+        was_hot = bool(flap.hot)
+        if hot and inst.entity_id not in flap.hot:
+            flap.hot.append(inst.entity_id)
+        elif not hot and inst.entity_id in flap.hot:
+            flap.hot.remove(inst.entity_id)
+        self._dirty.add(fkey)
+        if was_hot == bool(flap.hot):
+            return
+        window_s = rule.flap_window_s
+        flap.changes = [t for t in flap.changes if (ts - t).total_seconds() < window_s] + [ts]
+        if len(flap.changes) >= rule.flap_changes:
+            flap.flapping = True
+
+    def _flapping(self, gkey: str) -> bool:
+        flap = self._flaps.get("f" + gkey[1:])
+        return flap is not None and flap.flapping
 
     def _group_key(self, rule: Rule, entity: Entity) -> str:
         g = self.topology.group_of(entity, rule.group_by)
@@ -470,9 +584,13 @@ class AlertEngine:
                 continue
             del self._groups[gkey]
             self._dirty.add(gkey)
+            flapping = self._flapping(gkey)
+            if flapping:  # stable again: flapping ends, the count starts again
+                del self._flaps["f" + gkey[1:]]
+                self._dirty.add("f" + gkey[1:])
             if group.notified:
                 ends = cleared.get(gkey, group.cleared_at or now)
-                out.append(self._resolved(group, ends))
+                out.append(self._resolved(group, ends, flapping))
 
         for gkey, members in sorted(firing.items()):
             rule = rules[members[0].rule]
@@ -499,17 +617,32 @@ class AlertEngine:
             }
             silenced = _silenced_members(silences, fields, (m.entity_id for m in members))
             live = [m for m in members if m.key not in inhibited and m.entity_id not in silenced]
+            flapping = self._flapping(gkey)
             if group.notified:
                 added = [m for m in live if m.entity_id not in group.members]
                 if added:  # listed in the resolve; not paged again
                     group.members.update(self._members_json(added))
                     self._dirty.add(gkey)
+                if self._remind(rule, group, now) and live and not flapping:
+                    group.repeat += 1
+                    out.append(self._fire(rule, group, live, now, flapping))
+                    self._dirty.add(gkey)
                 continue
             waited = (now - group.first_fired_at).total_seconds() >= rule.group_wait_s
             if live and waited:
-                out.append(self._fire(rule, group, live))
+                out.append(self._fire(rule, group, live, now, flapping))
                 self._dirty.add(gkey)
         return out
+
+    def _remind(self, rule: Rule, group: _Group, now: datetime) -> bool:
+        """A reminder is due (repeat_interval_s since the last page, not acknowledged)."""
+        if rule.repeat_interval_s is None or group.acknowledged:
+            return False
+        if group.sent_at is None:  # state from before reminders: count from now
+            group.sent_at = now
+            self._dirty.add(group.key)
+            return False
+        return (now - group.sent_at).total_seconds() >= rule.repeat_interval_s
 
     @staticmethod
     def _members_json(members: list[_Instance]) -> dict[str, dict[str, Any]]:
@@ -520,7 +653,12 @@ class AlertEngine:
             for m in members
         }
 
-    def _fire(self, rule: Rule, group: _Group, live: list[_Instance]) -> Notification:
+    def _fire(
+        self, rule: Rule, group: _Group, live: list[_Instance], now: datetime, flapping: bool
+    ) -> Notification:
+        """The incident's page, or (once paged) a reminder: same dedup key and start, the
+        members seen so far, ``repeat`` counting reminders."""
+        reminder = group.notified
         above = rule.op in (">", ">=")
         live = sorted(live, key=lambda m: (-m.value if above else m.value, m.entity_id))
         worst = live[0]
@@ -558,14 +696,19 @@ class AlertEngine:
             if racks:
                 labels["racks"] = ",".join(racks)
         group.notified = True
-        group.starts_at = min(m.since for m in live)
+        if reminder:
+            group.members.update(self._members_json(live))
+        else:
+            group.starts_at = min(m.since for m in live)
+            group.members = self._members_json(live)
+        assert group.starts_at is not None
         group.summary, group.description, group.labels = summary, description, labels
         group.context = common
-        group.members = self._members_json(live)
+        group.sent_at = now
         return Notification(
             status="firing",
             dedup_key=group.dedup_key,
-            event_id=event_id(group.dedup_key, "firing", group.starts_at),
+            event_id=event_id(group.dedup_key, "firing", group.starts_at, group.repeat),
             site=self.site,
             rule=rule.name,
             severity=rule.severity,  # type: ignore[arg-type]
@@ -576,9 +719,11 @@ class AlertEngine:
             starts_at=group.starts_at,
             labels=labels,
             context=common,
+            repeat=group.repeat,
+            flapping=flapping,
         )
 
-    def _resolved(self, group: _Group, ends_at: datetime) -> Notification:
+    def _resolved(self, group: _Group, ends_at: datetime, flapping: bool) -> Notification:
         assert group.starts_at is not None
         return Notification(
             status="resolved",
@@ -595,12 +740,18 @@ class AlertEngine:
             ends_at=max(ends_at, group.starts_at),
             labels=group.labels,
             context=group.context,
+            flapping=flapping,
         )
 
     # ---- acknowledge ---------------------------------------------------------------------
 
     def acknowledge(self, dedup_key: str, now: datetime | None = None) -> int:
         """Enqueue an acknowledge event for an incident (PagerDuty, webhooks); rows written."""
+        with self._lock:  # an acknowledged incident gets no more reminders
+            for group in self._groups.values():
+                if group.dedup_key == dedup_key and not group.acknowledged:
+                    group.acknowledged = True
+                    self._dirty.add(group.key)
         if self.outbox is None:
             return 0
         return self.outbox.acknowledge(dedup_key, now or self.clock())
@@ -622,8 +773,10 @@ class AlertEngine:
                 "members": sorted(g.members),
                 "racks": self.topology.racks_of((g.kind, g.id)),
                 "summary": g.summary or None,
+                "flapping": self._flapping(key),
+                "repeat": g.repeat,
             }
-            for g in self._groups.values()
+            for key, g in self._groups.items()
         ]
 
     # ---- persistence ---------------------------------------------------------------------
@@ -633,7 +786,9 @@ class AlertEngine:
             return
         for key, kind, state in self.db.query("SELECT key, kind, state FROM alert_state"):
             obj = _STATE_TYPES[kind].from_json(state)
-            {"i": self._instances, "g": self._groups, "h": self._holds}[kind][key] = obj
+            {"i": self._instances, "g": self._groups, "h": self._holds, "f": self._flaps}[kind][
+                key
+            ] = obj
 
     def _commit(self, notifications: list[Notification], now: datetime) -> None:
         dirty, self._dirty = self._dirty, set()
@@ -641,7 +796,7 @@ class AlertEngine:
             if self.outbox is not None and notifications:
                 self.outbox.enqueue_many(notifications, now)
             return
-        live: dict[str, Any] = {**self._instances, **self._groups, **self._holds}
+        live: dict[str, Any] = {**self._instances, **self._groups, **self._holds, **self._flaps}
         try:
             with self.db.transaction() as cur:
                 for key in sorted(dirty):

@@ -37,17 +37,20 @@ Firing and resolved only.
 ``{"routing_key", "event_action": "trigger" | "acknowledge" | "resolve", "dedup_key",
 "payload": {"summary" (<= 1024 chars), "source", "severity", "timestamp", "component",
 "group", "class", "custom_details"}, "client"}``; ``payload`` and ``client`` on trigger only.
-PagerDuty answers 202 ``{"status": "success", "dedup_key": ...}``.
+A reminder (``repeat`` > 0) is a trigger with the same ``dedup_key``: PagerDuty adds it to the
+open incident. ``custom_details`` carry ``repeat`` and ``flapping``. PagerDuty answers 202
+``{"status": "success", "dedup_key": ...}``.
 
 **alertmanager** — ``POST <url>/api/v2/alerts`` with a list of one postable alert:
 ``{"labels": {"alertname": <rule>, "severity", "site", "dedup_key", "group_kind", "group_id",
 ["racks",] <rule labels>}, "annotations": {"summary", "description", "members",
 <observation context>}, "startsAt", "endsAt", "generatorURL"}``. Labels are strings and the
 same for every event of an incident (observation labels, which may change, go to annotations),
-so Alertmanager sees one alert. Alertmanager resolves an alert whose ``endsAt`` has passed, so
-a firing alert is re-sent every ``resend_interval_s`` (as Prometheus does) with ``endsAt`` four
-intervals ahead; its resolve carries the resolve time as ``endsAt``. Firing and resolved only
-(acknowledge there is a silence).
+so Alertmanager sees one alert (a reminder, ``repeat`` > 0, is that alert re-sent, with
+``repeat`` and ``flapping`` annotations when set). Alertmanager resolves an alert whose
+``endsAt`` has passed, so a firing alert is re-sent every ``resend_interval_s`` (as Prometheus
+does) with ``endsAt`` four intervals ahead; its resolve carries the resolve time as
+``endsAt``. Firing and resolved only (acknowledge there is a silence).
 
 Outcome of a send (:class:`SendResult`): 2xx delivered; transport errors, 408, 425, 429 and
 5xx are retried (``Retry-After`` honoured); any other status is a permanent failure.
@@ -359,12 +362,22 @@ def _clip(text: str, n: int) -> str:
     return text if len(text) <= n else text[: n - 1] + "…"
 
 
+def _status_word(n: Notification) -> str:
+    """``FIRING``, ``FIRING, REMINDER 2``, ``RESOLVED, FLAPPING`` ..."""
+    word = n.status.upper()
+    if n.repeat:
+        word += f", REMINDER {n.repeat}"
+    if n.flapping:
+        word += ", FLAPPING"
+    return word
+
+
 class SlackHook(Hook):
     def render(self, ev: OutboxEvent, now: datetime) -> tuple[str, Any]:
         n = ev.notification
         assert n is not None
         icon = ":white_check_mark:" if n.status == "resolved" else _SLACK_ICON[n.severity]
-        head = f"[{n.status.upper()}] [{n.severity}] {n.summary}"
+        head = f"[{_status_word(n)}] [{n.severity}] {n.summary}"
         context = (
             f"site `{n.site}` · rule `{n.rule}` · since {utc_iso(n.starts_at)}"
             + (f" · resolved {utc_iso(n.ends_at)}" if n.ends_at else "")
@@ -415,6 +428,8 @@ class PagerDutyHook(Hook):
                     "members": {m.entity_id: m.value for m in n.members},
                     "labels": n.labels,
                     "event_id": ev.event_id,
+                    "repeat": n.repeat,
+                    "flapping": n.flapping,
                 },
             }
             body["client"] = cfg.client
@@ -453,6 +468,10 @@ class AlertmanagerHook(Hook):
             "members": ", ".join(f"{m.entity_id}={m.value:g}" for m in n.members),
             **{k: v for k, v in n.context.items() if k not in ("summary", "description")},
         }
+        if n.repeat:  # annotations may change between re-sends; labels may not
+            annotations["repeat"] = str(n.repeat)
+        if n.flapping:
+            annotations["flapping"] = "true"
         alert: dict[str, Any] = {
             "labels": labels,
             "annotations": annotations,

@@ -108,7 +108,9 @@ class Notification(BaseModel):
     long one ending in a hash, :func:`twin.alerts.engine.dedup_key`): the
     firing and the resolve of one incident share it, and a re-send of the same
     (``dedup_key``, ``status``) is idempotent at every receiver; ``event_id`` tells the
-    firing and the resolve of one incident (and of a later incident) apart.
+    firing and the resolve of one incident (and of a later incident) apart, and each reminder
+    (``repeat`` > 0: the same firing re-sent, which PagerDuty folds into the open incident and
+    Alertmanager takes as the same alert re-sent).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -132,11 +134,22 @@ class Notification(BaseModel):
     context: dict[str, str] = Field(
         default_factory=dict, description="observation labels its members share (may change)"
     )
+    repeat: int = Field(
+        default=0,
+        ge=0,
+        description="a reminder of a firing incident (repeat_interval_s): 1, 2, ...; 0 for"
+        " its first page and its resolve",
+    )
+    flapping: bool = Field(
+        default=False, description="the incident is flapping (flap detection): no reminders"
+    )
 
 
-def event_id(dedup_key: str, status: str, starts_at: datetime) -> str:
-    """A short deterministic id for one event of one incident."""
+def event_id(dedup_key: str, status: str, starts_at: datetime, repeat: int = 0) -> str:
+    """A short deterministic id for one event of one incident (``repeat``: its reminders)."""
     raw = f"{dedup_key}\x1f{status}\x1f{utc_iso(starts_at)}"
+    if repeat:
+        raw += f"\x1f{repeat}"
     return hashlib.sha256(raw.encode()).hexdigest()[:32]
 
 

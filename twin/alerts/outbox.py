@@ -150,12 +150,13 @@ class Outbox:
                 [payload, eid, rows[0][0]],
             ).fetchall()
             return 1
-        if status != "firing":  # a resolve (or ack) ends Alertmanager's re-sends of the firing
-            cur.execute(
-                "UPDATE alert_outbox SET next_resend_at = NULL WHERE hook = ? AND dedup_key = ?"
-                " AND next_resend_at IS NOT NULL",
-                [hook.name, key],
-            ).fetchall()
+        # a resolve (or ack) ends Alertmanager's re-sends of the firing; a reminder (a new
+        # firing event of the same incident) takes them over once delivered
+        cur.execute(
+            "UPDATE alert_outbox SET next_resend_at = NULL WHERE hook = ? AND dedup_key = ?"
+            " AND next_resend_at IS NOT NULL",
+            [hook.name, key],
+        ).fetchall()
         cur.execute(
             "INSERT INTO alert_outbox (hook, dedup_key, status, event_id, payload, created_at,"
             " next_attempt_at) VALUES (?, ?, ?, ?, ?, ?, ?)",

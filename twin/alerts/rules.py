@@ -16,6 +16,12 @@ A rule file::
         group_by: rack                   # none | node | rack | cdu | pdu | fleet
         group_wait_s: 0                  # hold a new group's first page to gather members
         resolve_if_absent_s: null        # resolve when the entity reports nothing this long
+        keep_firing_for_s: 0             # once firing, stay firing this long after it clears
+        repeat_interval_s: null          # remind: re-send the firing page this often
+        flap_changes: null               # flap detection: this many state changes ...
+        flap_window_s: 3600              # ... within this window mark the incident flapping
+        flap_stable_s: null              # a flapping incident resolves once clear this long
+                                         # (default: flap_window_s)
         summary: "GPU {entity_id} {value:.1f} K from slowdown"
         labels: {team: facilities}       # static labels, carried into every payload; names
                                          # match [a-zA-Z_][a-zA-Z0-9_]* (Prometheus rule)
@@ -36,6 +42,28 @@ Types set validation and defaults; evaluation is the same for all (one state mac
   underused fleet); ``op`` defaults to ``>``, ``value`` to 0 (any positive value fires);
   set ``resolve_if_absent_s`` when the detector only reports while the event holds.
   ``fleet_underuse`` watches ``entity_kind: fleet`` by default.
+
+**One incident per fault** (:mod:`twin.alerts.engine` has the details; every time below is
+measured on observation timestamps, as ``for_s`` is):
+
+- ``keep_firing_for_s`` (Prometheus ``keep_firing_for``): once firing, an alert whose value
+  goes past ``clear_value`` (or that goes absent for ``resolve_if_absent_s``) stays firing this
+  long; back on the alert side of ``clear_value`` within it, the same alert and incident go on
+  (no new page, no resolve). Default 0: it resolves at once.
+- ``repeat_interval_s`` (Alertmanager ``repeat_interval``): while an incident stays firing and
+  is neither muted, acknowledged nor flapping, its page is re-sent every interval with the same
+  dedup key, ``status: firing`` and ``repeat: 1, 2, ...`` (each reminder its own
+  ``event_id``). Default: no reminders.
+- Flap detection, off by default (``flap_changes: null``): the incident's state changes (it
+  fires: some member breached; it clears: none is) are counted over ``flap_window_s``; at the
+  ``flap_changes``-th the incident is marked ``flapping`` (a field of its notifications and of
+  the API's open incidents), gets no reminders, and resolves once only, after staying clear
+  ``flap_stable_s`` (default ``flap_window_s``); a re-breach before then continues it. A
+  flapping incident therefore gives at most two notifications (firing, resolved). Incidents
+  that resolved before the count was reached were paged as usual: with ``keep_firing_for_s``
+  the short clears never resolve, so the changes all fall in one incident. Suggested:
+  ``flap_changes: 4`` in ``flap_window_s: 3600``. Once a flapping incident resolves, its count
+  starts again.
 
 Summary templates are :meth:`str.format` strings over ``rule``, ``entity_kind``,
 ``entity_id``, ``value``, ``threshold``, ``severity``, ``group_kind``, ``group_id``,
@@ -127,6 +155,21 @@ class Rule(BaseModel):
     group_by: GroupBy = "none"
     group_wait_s: float = Field(default=0.0, ge=0)
     resolve_if_absent_s: float | None = Field(default=None, gt=0)
+    keep_firing_for_s: float = Field(
+        default=0.0,
+        ge=0,
+        description="once firing, stay firing this long after the condition clears",
+    )
+    repeat_interval_s: float | None = Field(
+        default=None, gt=0, description="re-send a firing incident's page this often"
+    )
+    flap_changes: int | None = Field(
+        default=None, ge=2, description="state changes within flap_window_s that mean flapping"
+    )
+    flap_window_s: float = Field(default=3600.0, gt=0)
+    flap_stable_s: float | None = Field(
+        default=None, gt=0, description="a flapping incident resolves after this long clear"
+    )
     min_coverage_s: float | None = Field(
         default=None,
         gt=0,
@@ -195,6 +238,11 @@ class Rule(BaseModel):
     def threshold(self) -> float:
         assert self.value is not None
         return self.value
+
+    @property
+    def flap_hold_s(self) -> float:
+        """How long a flapping incident must stay clear before it resolves."""
+        return self.flap_window_s if self.flap_stable_s is None else self.flap_stable_s
 
     @property
     def clear_threshold(self) -> float:

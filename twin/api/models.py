@@ -452,6 +452,8 @@ class ActiveAlert(BaseModel):
         " its fleet's, or the rack of its node or GPU",
     )
     summary: str | None = Field(None, description="the page's one-line summary, once paged")
+    flapping: bool = Field(False, description="flap detection marked it: no reminders")
+    repeat: int = Field(0, description="reminders sent (repeat_interval_s)")
     acknowledged: Ack | None
 
 

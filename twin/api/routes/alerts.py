@@ -47,6 +47,8 @@ def alerts(
             members=a["members"],
             racks=a.get("racks", []),
             summary=a.get("summary"),
+            flapping=a.get("flapping", False),
+            repeat=a.get("repeat", 0),
             acknowledged=acked.get(a["dedup_key"]),
         )
         for a in active
