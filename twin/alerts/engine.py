@@ -11,19 +11,32 @@ One evaluation (:meth:`AlertEngine.evaluate`) does, in order:
    live telemetry does. A firing alert stays firing while its value is on the alert side of
    ``clear_value`` (hysteresis). With ``resolve_if_absent_s``, an entity that reports nothing
    for that long is cleared (event-like detectors report only while the event holds).
+   With ``keep_firing_for_s``, a firing alert whose value goes past ``clear_value`` (or absent)
+   stays firing that long; an observation back on the alert side of ``clear_value`` within it
+   continues the same alert, and the first observation past it clears it.
 2. **Groups**: firing alerts of one rule under the same ``group_by`` ancestor (from
    :class:`~twin.alerts.topology.Topology`) are one incident with one dedup key,
    ``dctwin/<site>/<rule>/<group kind>/<group id>`` (over 255 characters: a readable head and
    a hash of the whole, see :func:`dedup_key`). An incident is paged once (after
    ``group_wait_s``, so members that fire together are listed together) and resolved once,
    when its last member clears; members that join later are added to the resolve, not paged.
+   With ``repeat_interval_s``, a paged incident still firing (with an unmuted member, not
+   acknowledged, not flapping) is re-sent every interval: same dedup key and ``starts_at``,
+   ``repeat`` 1, 2, ... and an ``event_id`` of its own, so the outbox sends it as a new event.
+   **Flap detection** (``flap_changes``): per incident key, each time the incident fires (a
+   first member's condition holds) or clears (the last one's stops holding, keep_firing_for
+   or not) is one change; ``flap_changes`` of them within ``flap_window_s`` mark it flapping:
+   no reminders, and its members stay firing until clear ``flap_stable_s``, so it resolves
+   once (``flapping: true``) and its count starts again. The counts outlive a resolve, so
+   incidents that resolve and re-fire add up too (those before the mark were paged as usual).
 3. **Inhibition**: while rule A fires for entity X, alerts of each rule in A's ``inhibits`` on
    X or on entities below X (along ``cooling`` or ``power``) are muted, and stay muted
    ``hold_s`` after A clears. **Silences** mute by matchers until they expire. A muted alert
    is not paged, as in Alertmanager; it still has its state, so if it still fires once the
    mute ends it is paged then. An incident already paged is still resolved when it clears,
    even if muted meanwhile: an open page that never resolves is worse than one resolve more.
-4. **Persist and enqueue**: the engine's state (pending and firing alerts, incidents, holds)
+4. **Persist and enqueue**: the engine's state (pending and firing alerts with their
+   keep-firing clocks, incidents with their reminder counts, flap counts, holds)
    and the notifications go to the store in one transaction, so a restart neither re-pages a
    firing incident nor forgets to resolve it, and no notification is lost or doubled.
 """

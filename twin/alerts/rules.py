@@ -85,6 +85,10 @@ index) and the field::
     rules.yaml: rule 'gpu_temp' (rules[0]): op: Input should be '>', '>=', '<' or '<='
     rules.yaml: rule 'gpu_hot' (rules[1]): metric: unknown metric 'gpu.temp'; known metrics: ...
     rules.yaml: rule 'gpu_hot' (rules[1]): labels: label name 'on-call' is not valid ...
+    rules.yaml: rule 'cdu_pump_lost' (rules[3]): inhibits[0].rule: a rule cannot inhibit itself ...
+
+``dctwin rules check FILE`` (:mod:`twin.alerts.check`) runs the same validation and then lists
+the kinds of limit the file leaves uncovered.
 """
 
 from __future__ import annotations
@@ -420,7 +424,15 @@ def parse_rules(text: str, source: str = "<rules>") -> RuleSet:
             continue
         for j, inh in enumerate(raw["inhibits"]):
             target = inh.get("rule") if isinstance(inh, dict) else None
-            if isinstance(target, str) and target not in names:
+            if isinstance(target, str) and target == raw.get("name"):
+                issues.append(
+                    RuleIssue(
+                        _rule_label(raw, i),
+                        f"inhibits[{j}].rule",
+                        "a rule cannot inhibit itself (it would mute its own pages)",
+                    )
+                )
+            elif isinstance(target, str) and target not in names:
                 issues.append(
                     RuleIssue(
                         _rule_label(raw, i),
