@@ -13,7 +13,7 @@ from twin.alerts import AlertEngine, Notification, Observation, Outbox, Topology
 from twin.site import load_site
 from twin.store import Store
 
-from .conftest import SMALL_SITE
+from .conftest import SMALL_SITE, Recorder, check_schemas, hooks_for
 
 T0 = datetime(2026, 11, 29, 6, 0, tzinfo=UTC)
 GPU = "trn-r01-n1:0"
@@ -247,3 +247,39 @@ def test_keep_firing_flapping_and_reminders_survive_a_restart(
         assert [(n.status, n.flapping, n.starts_at) for n in notes] == [("resolved", True, at(0))]
         hist = store.con.execute("SELECT status FROM alert_history ORDER BY created_at").fetchall()
         assert [h[0] for h in hist] == ["firing", "firing", "firing", "resolved"]
+
+
+# ---- what the hooks receive ----------------------------------------------------------------
+
+
+def test_a_reminder_reaches_every_hook_as_the_same_incident(
+    topo: Topology, tmp_path: Path, servers: dict[str, Recorder]
+) -> None:
+    now = [at(0)]
+    with Store(tmp_path / "twin.duckdb") as store:
+        outbox = Outbox(store, hooks_for(servers), lambda: now[0])
+        e = AlertEngine(parse_rules(rules(repeat_interval_s=900)), topo, outbox)
+        for t_s, v in [(0, 86), (600, 86), (900, 86), (1000, 70)]:
+            now[0] = at(t_s)
+            step(e, t_s, v)
+            outbox.deliver()
+    check_schemas(servers)
+    pd = [r.body for r in servers["pagerduty"].requests]
+    assert [b["event_action"] for b in pd] == ["trigger", "trigger", "resolve"]
+    assert len({b["dedup_key"] for b in pd}) == 1
+    assert [
+        pd[0]["payload"]["custom_details"]["repeat"],
+        pd[1]["payload"]["custom_details"]["repeat"],
+    ] == [0, 1]
+    am = [r.body[0] for r in servers["alertmanager"].requests]
+    assert len(am) == 3 and all(a["labels"] == am[0]["labels"] for a in am)  # one alert
+    assert [a["annotations"].get("repeat") for a in am] == [None, "1", None]
+    hook = [r.body for r in servers["webhook"].requests]
+    assert [(b["event"], b["notification"]["repeat"]) for b in hook] == [
+        ("firing", 0),
+        ("firing", 1),
+        ("resolved", 0),
+    ]
+    assert len({b["event_id"] for b in hook}) == 3
+    slack = [r.body["text"] for r in servers["slack"].requests]
+    assert "[FIRING, REMINDER 1]" in slack[1] and "REMINDER" not in slack[0]
