@@ -237,6 +237,10 @@ def test_keep_firing_flapping_and_reminders_survive_a_restart(
         [rem] = step(e, 1800, 86)  # the reminder clock survived too
         assert rem.repeat == 2
         assert run(e, [(1860, 78)]) == []  # clears: the 4th change, flapping
+        e.acknowledge(rem.dedup_key, at(1870))
+    with Store(db) as store:  # the acknowledgement is kept
+        e = engine(store)
+        assert [g.acknowledged for g in e._groups.values()] == [True]
     with Store(db) as store:  # restart while flapping: held open, no reminders
         e = engine(store)
         assert [a["flapping"] for a in e.active()] == [True]

@@ -340,6 +340,7 @@ def test_alerts_ack_needs_the_token(client: httpx.Client, svc: Service) -> None:
     active = {a["dedup_key"]: a for a in alerts["active"]}
     assert PUMP_KEY in active and active[PUMP_KEY]["severity"] == "critical"
     assert active[PUMP_KEY]["acknowledged"] is None
+    assert active[PUMP_KEY]["flapping"] is False and active[PUMP_KEY]["repeat"] == 0
     # the incident names the racks its CDU cools (r02 is air-cooled) and the page's summary
     assert active[PUMP_KEY]["racks"] == ["r01"] and "pump" in active[PUMP_KEY]["summary"]
     fired = [e for e in alerts["history"] if e["dedup_key"] == PUMP_KEY]

@@ -760,14 +760,17 @@ class AlertEngine:
 
     def acknowledge(self, dedup_key: str, now: datetime | None = None) -> int:
         """Enqueue an acknowledge event for an incident (PagerDuty, webhooks); rows written."""
+        now = now or self.clock()
         with self._lock:  # an acknowledged incident gets no more reminders
             for group in self._groups.values():
                 if group.dedup_key == dedup_key and not group.acknowledged:
                     group.acknowledged = True
                     self._dirty.add(group.key)
+            if self._dirty:
+                self._commit([], now)  # kept across a restart
         if self.outbox is None:
             return 0
-        return self.outbox.acknowledge(dedup_key, now or self.clock())
+        return self.outbox.acknowledge(dedup_key, now)
 
     def active(self) -> list[dict[str, Any]]:
         """Open incidents (paged or not) with their members, for the API and the console."""
