@@ -43,8 +43,9 @@ Types set validation and defaults; evaluation is the same for all (one state mac
   set ``resolve_if_absent_s`` when the detector only reports while the event holds.
   ``fleet_underuse`` watches ``entity_kind: fleet`` by default.
 
-**One incident per fault** (:mod:`twin.alerts.engine` has the details; every time below is
-measured on observation timestamps, as ``for_s`` is):
+**One incident per fault** (:mod:`twin.alerts.engine` has the details; keep-firing and flap
+times are measured on observation timestamps, as ``for_s`` is, reminders on the evaluation's
+time, which a replay sets to the recorded time):
 
 - ``keep_firing_for_s`` (Prometheus ``keep_firing_for``): once firing, an alert whose value
   goes past ``clear_value`` (or that goes absent for ``resolve_if_absent_s``) stays firing this
