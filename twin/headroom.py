@@ -442,7 +442,7 @@ def _phases_rows(p: _Pass) -> None:
                 total_now = np.nansum(it_now[fed])
                 if total_now > 0:
                     load_hist[:, j] = np.nansum(it_hist[:, fed], axis=1) / total_now
-        slope, slope_se = _unexplained_trend(cur_hist, load_hist, pdu_hist.step_s)
+        slope, slope_se = unexplained_trend(cur_hist, load_hist, pdu_hist.step_s)
         t = np.arange(n)[:, None] * step_s
         path50 = cur_now[None, :] * ratio50 + slope[None, :] * t
         path90 = cur_now[None, :] * ratio90 + (slope + Z90 * slope_se)[None, :] * t
@@ -712,7 +712,7 @@ def _tail_array(a: np.ndarray, seconds: float, step_s: float) -> np.ndarray:
     return a[-max(1, round(seconds / step_s)) :]
 
 
-def _unexplained_trend(
+def unexplained_trend(
     cur_hist: np.ndarray, load_hist: np.ndarray, step_s: float
 ) -> tuple[np.ndarray, np.ndarray]:
     """Slope (A/s) and its standard error of the current the rack load does not explain.
