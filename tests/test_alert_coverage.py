@@ -92,7 +92,7 @@ def test_a_sudden_breach_pages_once_its_forecast_muted(topo) -> None:
         over = 3 <= i < 9
         minutes.append(
             [
-                _obs("headroom.pdu_phase.a_to_limit", "pdu_phase", ph, -4.0 if over else 8.0, 60 * i),
+                _obs("headroom.pdu_phase.a_to_limit", "pdu_phase", ph, -4.0 if over else 8, 60 * i),
                 _obs(
                     "headroom.pdu_phase.time_to_breach_p50_s",
                     "pdu_phase",
@@ -181,7 +181,8 @@ def test_demo_day_replay_pages_the_pump_once_and_the_phase_before_its_crossing(
         ],
     )
     assert res.exit_code == 0, res.output
-    base = next(r for r in json.loads(res.stdout[res.stdout.index("[") :]) if r["name"] == "baseline")
+    runs = json.loads(res.stdout[res.stdout.index("[") :])
+    base = next(r for r in runs if r["name"] == "baseline")
     alerts = base["alerts"]
     pump = [(a["status"], a["group"]) for a in alerts if a["rule"] == "cdu_pump_lost"]
     assert pump == [("firing", "cdu cdu-2"), ("resolved", "cdu cdu-2")]

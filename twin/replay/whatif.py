@@ -297,7 +297,9 @@ def _gpus_run(
     forecast = feed.wants(am.HEADROOM_GPU_TIME_TO_BREACH_P90_S, "gpu")
     if forecast:  # the rack's p90 load ratio per minute (the live headroom's persistence p90)
         rows = feed.rows
-        ratio90 = breach.p90_ratio(breach.minute_means(d.rack_in_w, rows, d.dt_s))
+        if "p90-ratio" not in d.cache:  # the recording's, the same for every run
+            d.cache["p90-ratio"] = breach.p90_ratio(breach.minute_means(d.rack_in_w, rows, d.dt_s))
+        ratio90 = d.cache["p90-ratio"]
     for lo in range(0, g, GPU_CHUNK):
         sl = slice(lo, min(lo + GPU_CHUNK, g))
         liq = liquid[sl]
@@ -635,7 +637,23 @@ def _phase_forecast(
         fed[racks, j] = 1.0
     load = rack_m @ fed
     load = np.where(fed.sum(axis=0)[None, :] > 0, load, 1.0)  # feeds no rack: no load to explain
-    b = breach.trend_breach_in_s(cur_m, load, limit_a)
+    # the trend fit is the costly part: refit only the phases whose inputs the run changed
+    prev = d.cache.get("phase-forecast")
+    if prev is not None and prev[0].shape == cur_m.shape:
+        same = (
+            ((prev[0] == cur_m) | (np.isnan(prev[0]) & np.isnan(cur_m))).all(axis=0)
+            & (prev[1] == load).all(axis=0)
+            & (prev[3] == limit_a)
+        )
+    else:
+        same = np.zeros(cur_m.shape[1], bool)
+    b = np.empty_like(cur_m)
+    if same.any():
+        b[:, same] = prev[2][:, same]
+    if (~same).any():
+        b[:, ~same] = breach.trend_breach_in_s(cur_m[:, ~same], load[:, ~same], limit_a[~same])
+    if prev is None:
+        d.cache["phase-forecast"] = (cur_m, load, b, limit_a.copy())
     b = np.where(np.isfinite(cur_m), breach.beyond_horizon(b), np.nan)
     feed.offer_series(am.HEADROOM_PDU_PHASE_TIME_TO_BREACH_P50_S, "pdu_phase", list(ph.ids), b)
 
