@@ -201,3 +201,132 @@ def test_demo_day_replay_pages_the_pump_once_and_the_phase_before_its_crossing(
             open_.add(a["rule"])
         else:
             open_.discard(a["rule"])
+
+
+def test_live_detector_emits_every_limit_now_and_its_time_to_breach() -> None:
+    """twin.detect.observations: each headroom row gives its metric now and its forecast;
+    no breach within the horizon is twice the horizon, labelled beyond_horizon."""
+    from twin.detect import Detection, observations
+    from twin.headroom import HeadroomReport, HeadroomRow
+    from twin.hotspots import HotSpotReport
+
+    def row(kind: str, rid: str, quantity: str, limit: float, now: float, b50, b90=None):
+        return HeadroomRow(
+            kind=kind,  # type: ignore[arg-type]
+            id=rid,
+            quantity=quantity,
+            unit="",
+            limit=limit,
+            value_now=now,
+            headroom_now=limit - now,
+            headroom_min_p50=None,
+            headroom_min_p90=None,
+            breach_in_s_p50=b50,
+            breach_in_s_p90=b90,
+        )
+
+    rows = [
+        row("gpu", "n1:0", "temp_c", 87.0, 80.0, None, 600.0),
+        row("pdu_phase", "pdu-a/cb1", "current_a", 100.0, 90.0, 1200.0),
+        row("rack", "r01", "power_kw", 40.0, 41.0, 0.0),
+        row("cdu", "cdu-1", "heat_kw", 500.0, 400.0, None),
+        row("cdu", "cdu-1", "flow_lpm", 900.0, 700.0, 1800.0),
+        row("loop", "cdu-1", "return_temp_c", 45.0, 40.0, None),
+        row("link", "lnk-1", "traffic_gbps", 400.0, 100.0, None),
+    ]
+    now = T0
+    d = Detection(
+        now=now,
+        headroom=HeadroomReport(
+            computed_at=now,
+            data_until=now,
+            horizon_s=3600.0,
+            step_s=60.0,
+            load_basis="persistence",
+            rows=rows,
+            problems=[],
+        ),
+        hotspots=HotSpotReport(
+            computed_at=now,
+            data_until=now,
+            k_sigma=3.0,
+            minutes=5,
+            hotspots=[],
+            residual_sigma={},
+            rack_inlet_c={},
+            problems=[],
+        ),
+        pumps=[],
+        fleets=None,
+    )
+    got = {(o.metric, o.entity_kind, o.entity_id): o for o in observations(d)}
+    want = {
+        ("headroom.gpu.time_to_breach_p90_s", "gpu", "n1:0"): 600.0,
+        ("headroom.pdu_phase.a_to_limit", "pdu_phase", "pdu-a/cb1"): 10.0,
+        ("headroom.pdu_phase.time_to_breach_p50_s", "pdu_phase", "pdu-a/cb1"): 1200.0,
+        ("headroom.rack.kw_to_limit", "rack", "r01"): -1.0,
+        ("headroom.rack.time_to_breach_p50_s", "rack", "r01"): 0.0,
+        ("headroom.cdu.capacity_free_fraction", "cdu", "cdu-1"): 0.2,
+        ("headroom.cdu.time_to_breach_p50_s", "cdu", "cdu-1"): 7200.0,
+        ("headroom.cdu.flow_lpm_to_limit", "cdu", "cdu-1"): 200.0,
+        ("headroom.cdu.flow_time_to_breach_p50_s", "cdu", "cdu-1"): 1800.0,
+        ("headroom.loop.k_to_return_limit", "cdu", "cdu-1"): 5.0,
+        ("headroom.loop.time_to_breach_p50_s", "cdu", "cdu-1"): 7200.0,
+        ("headroom.link.gbps_to_limit", "link", "lnk-1"): 300.0,
+        ("headroom.link.time_to_breach_p50_s", "link", "lnk-1"): 7200.0,
+    }
+    for key, value in want.items():
+        assert key in got, key
+        assert got[key].value == pytest.approx(value), key
+        beyond = got[key].labels.get("beyond_horizon") == "true"
+        assert beyond == (value == 7200.0), key
+    for o in got.values():
+        assert o.metric in METRICS and o.entity_kind in METRICS[o.metric].kinds
+
+
+def hook_for_test(d, chunk, feed) -> None:  # a stand-in hot-spot module's entry point
+    pass
+
+
+def test_replay_feed_takes_per_minute_series_and_finds_the_hotspot_hook(monkeypatch) -> None:
+    """offer_series: one row per evaluation minute, NaN for no observation, evaluated by the
+    engine like any metric; the hook is found by name, and its absence is no error."""
+    from types import SimpleNamespace
+
+    from twin.alerts import parse_rules
+    from twin.replay import alert_feed
+
+    site = load_site(SMALL_SITE)
+    n, dt = 60 * 6, 10.0  # an hour at 10 s
+    d = SimpleNamespace(
+        n=n, dt_s=dt, site=site, times=lambda: [T0 + timedelta(seconds=k * dt) for k in range(n)]
+    )
+    rules = parse_rules(
+        """
+rules:
+  - name: gpu_hotspot_residual
+    type: residual
+    metric: hotspot.gpu.residual_sigma
+    entity_kind: gpu
+    op: ">="
+    value: 4
+    clear_value: 2
+    for_s: 600
+    group_by: node
+"""
+    )
+    feed = alert_feed.AlertFeed(rules, d)
+    assert len(feed.rows) == 60 and feed.eval_times[1] == T0 + timedelta(minutes=1)
+    z = np.full((60, 2), np.nan)
+    z[20:40, 0] = 5.0  # 20 minutes over 4 sigma, then no report
+    z[:, 1] = 1.0
+    feed.offer_series("hotspot.gpu.residual_sigma", "gpu", ["trn-r01-n1:0", "trn-r01-n1:1"], z)
+    assert [w[2] for w in feed.watched] == ["trn-r01-n1:0"]  # the quiet GPU is not kept
+    sent = feed.evaluate()
+    assert [(a["status"], a["at"][11:16]) for a in sent] == [("firing", "14:30")]
+    with pytest.raises(ValueError, match="one row per evaluation minute"):
+        feed.offer_series("hotspot.gpu.residual_sigma", "gpu", ["x"], np.zeros((59, 1)))
+    monkeypatch.setattr(alert_feed, "GPU_CHUNK_HOOK", f"{__name__}:hook_for_test")
+    assert alert_feed.gpu_chunk_hook() is hook_for_test
+    monkeypatch.setattr(alert_feed, "GPU_CHUNK_HOOK", "twin.replay.no_such_module:f")
+    assert alert_feed.gpu_chunk_hook() is None

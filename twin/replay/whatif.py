@@ -20,7 +20,10 @@ calibration's residual error cancels and a neutral scenario reproduces the recor
 6. **Links**: recorded traffic scaled with the activity of the fleet at its ends; a failed
    link's traffic moves to the parallel links of the same tier.
 
-The verdict is relative to the recording (``twin.replay.verdict``).
+The verdict is relative to the recording (``twin.replay.verdict``). With a rule file, every
+metric a rule watches is offered to :class:`twin.replay.alert_feed.AlertFeed` (headroom now,
+time-to-breach forecasts per minute from :mod:`twin.replay.breach`, pumps, and the hot-spot
+hook's residuals and drift) and the live service's engine evaluates them minute by minute.
 """
 
 from __future__ import annotations
