@@ -193,6 +193,9 @@ def test_demo_day_replay_pages_the_pump_once_and_the_phase_before_its_crossing(
     first = phase[0]
     assert first["status"] == "firing" and first["rule"] == "pdu_phase_breach_1h"
     assert first["at"] <= "2026-11-23T15:38:00+00:00"  # the crossing: lead time, not a late page
+    # fleet underuse is judged as live, on at least the rule's min_coverage_s (1 h) of data
+    fleet = [a for a in alerts if a["rule"] == "fleet_underused" and a["status"] == "firing"]
+    assert fleet and min(a["at"] for a in fleet) >= "2026-11-23T00:59:00+00:00"
     # the forecast and the breached-now rule never stand paged at the same time
     open_: set[str] = set()
     for a in phase:

@@ -101,6 +101,8 @@ class AlertFeed:
         #: the recording rows evaluated: one per minute
         self.rows = np.arange(0, d.n, max(1, round(60.0 / d.dt_s)))
         self.watched: list[tuple[str, str, str, np.ndarray]] = []
+        #: labels of watched series, by index in :attr:`watched`: name -> one value per minute
+        self.labels: dict[int, dict[str, list[str]]] = {}
         self._index = rules.index() if rules is not None else {}
 
     @property
@@ -119,8 +121,16 @@ class AlertFeed:
             return
         self.offer_series(metric, kind, ids, np.asarray(values, dtype=float)[self.rows])
 
-    def offer_series(self, metric: str, kind: str, ids: list[str], values: np.ndarray) -> None:
+    def offer_series(
+        self,
+        metric: str,
+        kind: str,
+        ids: list[str],
+        values: np.ndarray,
+        labels: dict[str, list[str]] | None = None,
+    ) -> None:
         """values (M, N), one row per evaluation minute (:attr:`rows`); NaN: no observation.
+        ``labels``: observation labels, name -> one value per minute (the same for every id).
 
         Keeps the columns that meet some rule's condition at some minute.
         """
@@ -141,7 +151,10 @@ class AlertFeed:
         with np.errstate(invalid="ignore"):
             for op, value in conds:
                 hit |= OPS[op](vals, value).any(axis=0)
-        self.watched += [(metric, kind, ids[j], vals[:, j]) for j in np.flatnonzero(hit)]
+        for j in np.flatnonzero(hit):
+            if labels:
+                self.labels[len(self.watched)] = labels
+            self.watched.append((metric, kind, ids[j], vals[:, j]))
 
     def evaluate(self) -> list[dict[str, Any]]:
         if self.rules is None:
@@ -156,8 +169,15 @@ class AlertFeed:
         for i, k in enumerate(self.rows):
             now = times[k]
             obs = [
-                Observation(metric=m, entity_kind=kind, entity_id=sid, value=float(v[i]), ts=now)
-                for m, kind, sid, v in self.watched
+                Observation(
+                    metric=m,
+                    entity_kind=kind,  # type: ignore[arg-type]
+                    entity_id=sid,
+                    value=float(v[i]),
+                    ts=now,
+                    labels={k: x[i] for k, x in self.labels.get(j, {}).items()},
+                )
+                for j, (m, kind, sid, v) in enumerate(self.watched)
                 if np.isfinite(v[i])
             ]
             for note in engine.evaluate(obs, now=now):

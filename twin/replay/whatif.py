@@ -382,6 +382,7 @@ def _gpus_run(
     return {
         "rack_change_w": rack_change,
         "fleet_act": fleet_act,
+        "fleet_n": fleet_n,
         "temp_max": temp_max,
         "held": held_n,
         "mean_temp": mean_t,
@@ -628,6 +629,47 @@ def _offer_now_and_flat(
     _offer_flat_breach(feed, breach_metric, kind, ids, headroom)
 
 
+def _fleet_underuse(
+    d: Recording, fleet_act: dict[str, Any], fleet_n: dict[str, int], feed: AlertFeed
+) -> None:
+    """Inference fleets' GPUs to reclaim each minute, as :func:`twin.fleets.underused_fleets`
+    judges them live: the p95 over the window up to the minute of the fleet's minute activity
+    (the run's), at the live defaults for window, threshold and target utilization."""
+    if not feed.wants(am.FLEET_UNDERUSED_GPUS, "fleet"):
+        return
+    import inspect
+
+    from twin.fleets import span_text, underused_fleets
+
+    live = inspect.signature(underused_fleets).parameters
+    window_s = float(live["window_s"].default)
+    threshold, target = float(live["threshold"].default), float(live["target_util"].default)
+    rows = feed.rows
+    k = max(1, round(window_s / 60.0))
+    covered = np.minimum(np.arange(len(rows)) * 60.0 + 60.0, window_s)
+    labels = {
+        "covered_s": [f"{c:.0f}" for c in covered],
+        "covered": [span_text(c) for c in covered],
+    }
+    for f in d.site.fleets:
+        if f.role != "inference" or f.name not in fleet_act or not fleet_n.get(f.name):
+            continue
+        a = breach.minute_means(np.asarray(fleet_act[f.name][1])[:, None], rows, d.dt_s)[:, 0]
+        p95 = np.full(len(rows), np.nan)
+        for i in range(len(rows)):
+            w = a[max(0, i - k + 1) : i + 1]
+            w = w[np.isfinite(w)]
+            if w.size:
+                p95[i] = np.quantile(w, 0.95)
+        g = fleet_n[f.name]
+        with np.errstate(invalid="ignore"):
+            needed = np.maximum(1, np.ceil(p95 * g / target - 1e-9))
+            reclaim = np.maximum(0, g - needed)
+            flagged = (p95 < threshold) & (reclaim > 0)
+        value = np.where(flagged, reclaim, np.nan)[:, None]
+        feed.offer_series(am.FLEET_UNDERUSED_GPUS, "fleet", [f.name], value, labels)
+
+
 def _phase_forecast(
     d: Recording, feed: AlertFeed, cur: np.ndarray, rack_s: np.ndarray, limit_a: np.ndarray
 ) -> None:
@@ -704,6 +746,7 @@ def _pass(d: Recording, changes: list[Any], rules: Any) -> _Pass:
     elec = _electrical(d, changes, rack_s, new, judge, feed)
     cdu = _cdus(d, cool, rack_s, new, judge, feed)
     link_util = _links(d, changes, gpu["fleet_act"], judge, cool.notes, feed)
+    _fleet_underuse(d, gpu["fleet_act"], gpu["fleet_n"], feed)
     return _Pass(judge, cool, gpu, rack_s, elec, cdu, link_util, feed.evaluate(), new)
 
 
