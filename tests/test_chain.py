@@ -21,7 +21,7 @@ from twin.chain import (
 )
 from twin.chain.params import default_rack_beta
 from twin.chain.thermal import model_path
-from twin.headroom import _unexplained_trend
+from twin.headroom import unexplained_trend
 from twin.site import load_site
 from twin.site.catalog import ASSUMPTIONS
 
@@ -162,7 +162,7 @@ def test_the_phase_trend_fit_is_the_per_phase_least_squares() -> None:
     cur = 20 + 8 * load + slope_true[None, :] * t[:, None] + 0.05 * rng.standard_normal((n, m))
     cur[3, 5] = np.nan
     load[7, 9] = np.nan
-    slope, se = _unexplained_trend(cur, load, step)
+    slope, se = unexplained_trend(cur, load, step)
     for j in range(m):
         ok = ~(np.isnan(cur[:, j]) | np.isnan(load[:, j]))
         x = np.column_stack([np.ones(ok.sum()), load[ok, j], t[ok] - t[ok].mean()])

@@ -10,12 +10,19 @@ against):
 metric                                      entity  value
 =========================================  ======  ==============================================
 ``headroom.gpu.k_to_slowdown``              gpu     K from the max operating temperature, now
-``headroom.gpu.time_to_breach_p90_s``       gpu     s until the p90 path reaches it [#]_
-``headroom.pdu_phase.time_to_breach_p50_s`` phase   s until the p50 current reaches 80 % [#]_
+``headroom.gpu.time_to_breach_p90_s``       gpu     s until the p90 path reaches it (*)
+``headroom.pdu_phase.time_to_breach_p50_s`` phase   s until the p50 current reaches 80 % (*)
 ``headroom.pdu_phase.a_to_limit``           phase   A left to the derated limit, now
 ``headroom.rack.kw_to_limit``               rack    kW left on its feeds together, now
+``headroom.rack.time_to_breach_p50_s``      rack    s until the p50 power reaches it (*)
 ``headroom.cdu.capacity_free_fraction``     cdu     share of the CDU's capacity free, now
+``headroom.cdu.time_to_breach_p50_s``       cdu     s until the p50 heat reaches capacity (*)
+``headroom.cdu.flow_lpm_to_limit``          cdu     L/min over the flow the heat needs, now
+``headroom.cdu.flow_time_to_breach_p50_s``  cdu     s until the p50 heat needs more flow (*)
 ``headroom.loop.k_to_return_limit``         cdu     K from the return limit, now
+``headroom.loop.time_to_breach_p50_s``      cdu     s until the p50 return reaches it (*)
+``headroom.link.gbps_to_limit``             link    Gb/s left to capacity (busier direction)
+``headroom.link.time_to_breach_p50_s``      link    s until the p50 traffic reaches it (*)
 ``hotspot.gpu.residual_sigma``              gpu     smallest minute residual over the model / σ
 ``hotspot.gpu.over_limit_k``                gpu     K over the catalog limit (only when over)
 ``hotspot.rack.inlet_c``                    rack    inlet air °C (every rack with a reading)
@@ -26,8 +33,10 @@ metric                                      entity  value
 ``fleet.underused_gpus``                    fleet   GPUs to reclaim (flagged fleets only)
 =========================================  ======  ==============================================
 
-.. [#] Without a breach inside the horizon the value is twice the horizon, labelled
-   ``beyond_horizon``, so a rule's ``clear_value`` above the horizon resolves it.
+(*) Every ``time_to_breach`` metric: without a breach inside the horizon the value is twice
+the horizon, labelled ``beyond_horizon``, so a rule's ``clear_value`` above the horizon
+resolves it; 0 when the limit is breached now.
+
 .. [#] A pump without a speed reading in the last minute counts as running (label
    ``unknown``): a missing record is not a stopped pump. A CDU with no pump reading at all
    gives no observation.
@@ -51,13 +60,20 @@ from twin.alerts.metrics import (
     COOLING_GPU_STEP_K,
     DRIFT_GPU_R,
     FLEET_UNDERUSED_GPUS,
+    HEADROOM_CDU_FLOW_LPM_TO_LIMIT,
+    HEADROOM_CDU_FLOW_TIME_TO_BREACH_P50_S,
     HEADROOM_CDU_FREE_FRACTION,
+    HEADROOM_CDU_TIME_TO_BREACH_P50_S,
     HEADROOM_GPU_K_TO_SLOWDOWN,
     HEADROOM_GPU_TIME_TO_BREACH_P90_S,
+    HEADROOM_LINK_GBPS_TO_LIMIT,
+    HEADROOM_LINK_TIME_TO_BREACH_P50_S,
     HEADROOM_LOOP_K_TO_RETURN_LIMIT,
+    HEADROOM_LOOP_TIME_TO_BREACH_P50_S,
     HEADROOM_PDU_PHASE_A_TO_LIMIT,
     HEADROOM_PDU_PHASE_TIME_TO_BREACH_P50_S,
     HEADROOM_RACK_KW_TO_LIMIT,
+    HEADROOM_RACK_TIME_TO_BREACH_P50_S,
     HOTSPOT_GPU_OVER_LIMIT_K,
     HOTSPOT_GPU_RESIDUAL_SIGMA,
     HOTSPOT_RACK_INLET_C,
@@ -233,34 +249,32 @@ def observations(d: Detection) -> list[Observation]:
         )
 
     beyond = 2.0 * d.headroom.horizon_s
+
+    def breach(metric: str, kind: str, sid: str, b: float | None, **labels: str) -> None:
+        """A time-to-breach observation: twice the horizon, labelled, when none is forecast."""
+        if b is None:
+            labels["beyond_horizon"] = "true"
+        obs(metric, kind, sid, beyond if b is None else b, **labels)
+
     for r in d.headroom.rows:
         if r.headroom_now is None:
             continue
         if r.kind == "gpu":
             obs(HEADROOM_GPU_K_TO_SLOWDOWN, "gpu", r.id, r.headroom_now, limit_c=f"{r.limit:g}")
-            b = r.breach_in_s_p90
-            obs(
-                HEADROOM_GPU_TIME_TO_BREACH_P90_S,
-                "gpu",
-                r.id,
-                beyond if b is None else b,
-                **({"beyond_horizon": "true"} if b is None else {}),
-            )
+            breach(HEADROOM_GPU_TIME_TO_BREACH_P90_S, "gpu", r.id, r.breach_in_s_p90)
         elif r.kind == "pdu_phase":
             obs(HEADROOM_PDU_PHASE_A_TO_LIMIT, "pdu_phase", r.id, r.headroom_now)
-            b = r.breach_in_s_p50
-            labels = {"limit_a": f"{r.limit:g}", "current_a": f"{r.value_now:.1f}"}
-            if b is None:
-                labels["beyond_horizon"] = "true"
-            obs(
+            breach(
                 HEADROOM_PDU_PHASE_TIME_TO_BREACH_P50_S,
                 "pdu_phase",
                 r.id,
-                beyond if b is None else b,
-                **labels,
+                r.breach_in_s_p50,
+                limit_a=f"{r.limit:g}",
+                current_a=f"{r.value_now:.1f}",
             )
         elif r.kind == "rack":
             obs(HEADROOM_RACK_KW_TO_LIMIT, "rack", r.id, r.headroom_now)
+            breach(HEADROOM_RACK_TIME_TO_BREACH_P50_S, "rack", r.id, r.breach_in_s_p50)
         elif r.kind == "cdu" and r.quantity == "heat_kw" and r.limit > 0:
             obs(
                 HEADROOM_CDU_FREE_FRACTION,
@@ -269,8 +283,16 @@ def observations(d: Detection) -> list[Observation]:
                 r.headroom_now / r.limit,
                 free_kw=f"{r.headroom_now:.1f}",
             )
+            breach(HEADROOM_CDU_TIME_TO_BREACH_P50_S, "cdu", r.id, r.breach_in_s_p50)
+        elif r.kind == "cdu" and r.quantity == "flow_lpm":
+            obs(HEADROOM_CDU_FLOW_LPM_TO_LIMIT, "cdu", r.id, r.headroom_now)
+            breach(HEADROOM_CDU_FLOW_TIME_TO_BREACH_P50_S, "cdu", r.id, r.breach_in_s_p50)
         elif r.kind == "loop":
             obs(HEADROOM_LOOP_K_TO_RETURN_LIMIT, "cdu", r.id, r.headroom_now)
+            breach(HEADROOM_LOOP_TIME_TO_BREACH_P50_S, "cdu", r.id, r.breach_in_s_p50)
+        elif r.kind == "link":
+            obs(HEADROOM_LINK_GBPS_TO_LIMIT, "link", r.id, r.headroom_now)
+            breach(HEADROOM_LINK_TIME_TO_BREACH_P50_S, "link", r.id, r.breach_in_s_p50)
     for gid, z in d.hotspots.residual_sigma.items():
         obs(HOTSPOT_GPU_RESIDUAL_SIGMA, "gpu", gid, z)
     for h in d.hotspots.hotspots:

@@ -442,7 +442,7 @@ def _phases_rows(p: _Pass) -> None:
                 total_now = np.nansum(it_now[fed])
                 if total_now > 0:
                     load_hist[:, j] = np.nansum(it_hist[:, fed], axis=1) / total_now
-        slope, slope_se = _unexplained_trend(cur_hist, load_hist, pdu_hist.step_s)
+        slope, slope_se = unexplained_trend(cur_hist, load_hist, pdu_hist.step_s)
         t = np.arange(n)[:, None] * step_s
         path50 = cur_now[None, :] * ratio50 + slope[None, :] * t
         path90 = cur_now[None, :] * ratio90 + (slope + Z90 * slope_se)[None, :] * t
@@ -712,7 +712,21 @@ def _tail_array(a: np.ndarray, seconds: float, step_s: float) -> np.ndarray:
     return a[-max(1, round(seconds / step_s)) :]
 
 
-def _unexplained_trend(
+def _inv3(a: np.ndarray) -> np.ndarray:
+    """Inverses of a batch of symmetric 3x3 matrices: ``inv`` where well conditioned, the
+    pseudo-inverse where (nearly) singular (an SVD per matrix costs ~50x more, so only there)."""
+    det = np.linalg.det(a)
+    diag = np.abs(a[:, 0, 0] * a[:, 1, 1] * a[:, 2, 2])
+    good = np.abs(det) > 1e-9 * diag
+    out = np.empty_like(a)
+    if good.any():
+        out[good] = np.linalg.inv(a[good])
+    if (~good).any():
+        out[~good] = np.linalg.pinv(a[~good])
+    return out
+
+
+def unexplained_trend(
     cur_hist: np.ndarray, load_hist: np.ndarray, step_s: float
 ) -> tuple[np.ndarray, np.ndarray]:
     """Slope (A/s) and its standard error of the current the rack load does not explain.
@@ -737,7 +751,7 @@ def _unexplained_trend(
         xty[:, i] = (cols[i] * y0).sum(axis=0)
         for j in range(i, 3):
             xtx[:, i, j] = xtx[:, j, i] = (cols[i] * cols[j]).sum(axis=0)
-    inv = np.linalg.pinv(xtx)  # batched; a phase whose load did not move is rank deficient
+    inv = _inv3(xtx)  # batched; a phase whose load did not move is rank deficient
     coef = np.einsum("nij,nj->ni", inv, xty)
     resid = y0 - (coef[:, 0] * w + coef[:, 1] * x0 + coef[:, 2] * tc)
     s2 = (resid**2 * w).sum(axis=0) / np.maximum(n_ok - 3, 1)

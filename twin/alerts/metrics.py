@@ -61,12 +61,12 @@ HEADROOM_GPU_TIME_TO_BREACH_P90_S = "headroom.gpu.time_to_breach_p90_s"
 HEADROOM_PDU_PHASE_A_TO_LIMIT = "headroom.pdu_phase.a_to_limit"
 HEADROOM_PDU_PHASE_TIME_TO_BREACH_P50_S = "headroom.pdu_phase.time_to_breach_p50_s"
 HEADROOM_RACK_KW_TO_LIMIT = "headroom.rack.kw_to_limit"
-HEADROOM_CDU_FREE_FRACTION = "headroom.cdu.capacity_free_fraction"
-HEADROOM_LOOP_K_TO_RETURN_LIMIT = "headroom.loop.k_to_return_limit"
 HEADROOM_RACK_TIME_TO_BREACH_P50_S = "headroom.rack.time_to_breach_p50_s"
+HEADROOM_CDU_FREE_FRACTION = "headroom.cdu.capacity_free_fraction"
 HEADROOM_CDU_TIME_TO_BREACH_P50_S = "headroom.cdu.time_to_breach_p50_s"
 HEADROOM_CDU_FLOW_LPM_TO_LIMIT = "headroom.cdu.flow_lpm_to_limit"
 HEADROOM_CDU_FLOW_TIME_TO_BREACH_P50_S = "headroom.cdu.flow_time_to_breach_p50_s"
+HEADROOM_LOOP_K_TO_RETURN_LIMIT = "headroom.loop.k_to_return_limit"
 HEADROOM_LOOP_TIME_TO_BREACH_P50_S = "headroom.loop.time_to_breach_p50_s"
 HEADROOM_LINK_GBPS_TO_LIMIT = "headroom.link.gbps_to_limit"
 HEADROOM_LINK_TIME_TO_BREACH_P50_S = "headroom.link.time_to_breach_p50_s"
@@ -104,7 +104,31 @@ _SPECS = (
         HEADROOM_RACK_KW_TO_LIMIT, ("rack",), "kW", "kW left on the rack's feeds together, now"
     ),
     MetricSpec(
+        HEADROOM_RACK_TIME_TO_BREACH_P50_S,
+        ("rack",),
+        "s",
+        "s until the p50 rack power reaches what its feeds carry (2x horizon if never)",
+    ),
+    MetricSpec(
         HEADROOM_CDU_FREE_FRACTION, ("cdu",), "1", "share of the CDU's heat capacity free, now"
+    ),
+    MetricSpec(
+        HEADROOM_CDU_TIME_TO_BREACH_P50_S,
+        ("cdu",),
+        "s",
+        "s until the p50 heat reaches the CDU's capacity at its flow (2x horizon if never)",
+    ),
+    MetricSpec(
+        HEADROOM_CDU_FLOW_LPM_TO_LIMIT,
+        ("cdu",),
+        "L/min",
+        "L/min of flow over what the heat needs with the return at its limit, now",
+    ),
+    MetricSpec(
+        HEADROOM_CDU_FLOW_TIME_TO_BREACH_P50_S,
+        ("cdu",),
+        "s",
+        "s until the p50 heat needs more flow than the CDU has (2x horizon if never)",
     ),
     MetricSpec(
         HEADROOM_LOOP_K_TO_RETURN_LIMIT,
@@ -113,44 +137,23 @@ _SPECS = (
         "K from the loop's return-temperature limit, reported per CDU, now",
     ),
     MetricSpec(
-        HEADROOM_RACK_TIME_TO_BREACH_P50_S,
-        ("rack",),
-        "s",
-        "s until the p50 forecast rack power reaches its feeds' limit (2x horizon if never)",
-    ),
-    MetricSpec(
-        HEADROOM_CDU_TIME_TO_BREACH_P50_S,
-        ("cdu",),
-        "s",
-        "s until the p50 forecast heat reaches the CDU's capacity (2x horizon if never)",
-    ),
-    MetricSpec(
-        HEADROOM_CDU_FLOW_LPM_TO_LIMIT,
-        ("cdu",),
-        "L/min",
-        "L/min left to the flow the CDU's running pumps can deliver, now",
-    ),
-    MetricSpec(
-        HEADROOM_CDU_FLOW_TIME_TO_BREACH_P50_S,
-        ("cdu",),
-        "s",
-        "s until the p50 forecast flow demand reaches the CDU's flow limit (2x horizon if never)",
-    ),
-    MetricSpec(
         HEADROOM_LOOP_TIME_TO_BREACH_P50_S,
         ("cdu",),
         "s",
-        "s until the p50 forecast return temperature reaches the loop's limit, per CDU"
+        "s until the p50 return temperature reaches the loop's limit, reported per CDU"
         " (2x horizon if never)",
     ),
     MetricSpec(
-        HEADROOM_LINK_GBPS_TO_LIMIT, ("link",), "Gb/s", "Gb/s left to the link's capacity, now"
+        HEADROOM_LINK_GBPS_TO_LIMIT,
+        ("link",),
+        "Gb/s",
+        "Gb/s left to the link's capacity in its busier direction, now",
     ),
     MetricSpec(
         HEADROOM_LINK_TIME_TO_BREACH_P50_S,
         ("link",),
         "s",
-        "s until the p50 forecast traffic reaches the link's capacity (2x horizon if never)",
+        "s until the p50 traffic reaches the link's capacity (2x horizon if never)",
     ),
     MetricSpec(
         HOTSPOT_GPU_RESIDUAL_SIGMA,

@@ -12,13 +12,14 @@ node                    rack; the PDU phase it draws from on each of its rack's 
 rack                    its PDUs (power); its CDU (cooling)
 pdu_phase ``pdu/Ln``    pdu
 pdu ``pdu/<breaker>``   pdu (the whole unit)
+pdu_phase ``pdu/<br>``  the breaker as headroom reports it: its phase(s) ``pdu/Ln``, pdu
 cdu ``cdu/<pump>``      cdu (the loop)
 loop ``<cdu>``          cdu
 ======================  =================================================================
 
 ``along="power"`` follows node -> rack -> PDU phase/PDU, ``along="cooling"`` follows
 node -> rack -> CDU. An entity the site does not list has no ancestors: it is still
-alertable, grouped as itself.
+alertable, grouped as itself (links: each link is its own group).
 """
 
 from __future__ import annotations
@@ -95,6 +96,13 @@ class Topology:
                 link(pw, ("pdu_phase", ph_id), ("pdu", pdu.name))
             for b in pdu.breakers:
                 link(pw, ("pdu", sub_id(pdu.name, b.name)), ("pdu", pdu.name))
+                # headroom reports a breaker as a pdu_phase entity (twin.chain.phase_table):
+                # under its phase (or phases) and its PDU, so it groups and is inhibited there
+                br = ("pdu_phase", sub_id(pdu.name, b.name))
+                for leg in b.phase.split("-"):
+                    if sub_id(pdu.name, leg) in phase_ids(pdu.name, pdu.phases):
+                        link(pw, br, ("pdu_phase", sub_id(pdu.name, leg)))
+                link(pw, br, ("pdu", pdu.name))
         for cdu in site.cdus:
             link(cool, ("loop", cdu.name), ("cdu", cdu.name))
             for pump in cdu.pumps:

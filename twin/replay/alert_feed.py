@@ -1,13 +1,38 @@
 """The alerts a rule file would have sent over a what-if run, evaluated each minute.
 
+The replay offers every metric the live detector (:func:`twin.detect.observations`) emits that
+a rule watches: the headroom now of every limit, its time-to-breach forecast
+(:mod:`twin.replay.breach`, computed per minute from the data up to it), running pumps, and
+whatever :mod:`twin.replay.hotspot_feed` offers (residuals, drift) through the
+:data:`GPU_CHUNK_HOOK` hook. The same :class:`twin.alerts.AlertEngine` evaluates them minute by
+minute, so the pages listed are the pages the service would have sent.
+
 An entity whose value never meets any rule's condition on its metric can neither fire nor need
 a resolve, so only the others are kept and handed to the engine: at 10,000 GPUs that is a
 handful of series instead of millions of observations, and the GPU chunks of the run can
 offer their values one chunk at a time.
+
+Offering values::
+
+    feed.offer(metric, kind, ids, values_TxN)         # every recording step; sampled per minute
+    feed.offer_series(metric, kind, ids, values_MxN)  # already one row per evaluation minute
+                                                      # (feed.rows / feed.eval_times); NaN: no
+                                                      # observation that minute
+    feed.wants(metric, kind)                          # some rule watches it: worth computing
+
+The GPU hook: a module ``twin.replay.hotspot_feed`` defining
+``offer_gpu_chunk(d: Recording, chunk: GpuChunk, feed: AlertFeed) -> None`` is called once per
+GPU chunk of every run (baseline and scenarios) with the chunk's arrays (:class:`GpuChunk`); it
+offers ``hotspot.gpu.residual_sigma`` and ``drift.gpu.r_k_per_w`` with
+:meth:`AlertFeed.offer_series`, each minute computed from the data up to that minute.
 """
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import numpy as np
@@ -26,19 +51,89 @@ from twin.alerts.metrics import (
 )
 from twin.replay.recording import Recording
 
-__all__ = ["M_CDU_FREE", "M_GPU_K", "M_PHASE_A", "M_PUMPS", "AlertFeed"]
+__all__ = [
+    "GPU_CHUNK_HOOK",
+    "M_CDU_FREE",
+    "M_GPU_K",
+    "M_PHASE_A",
+    "M_PUMPS",
+    "AlertFeed",
+    "GpuChunk",
+    "gpu_chunk_hook",
+]
+
+#: ``module:function`` called per GPU chunk when the module exists (see the module docstring).
+GPU_CHUNK_HOOK = "twin.replay.hotspot_feed:offer_gpu_chunk"
+
+
+@dataclass(frozen=True)
+class GpuChunk:
+    """One block of GPUs of a run, as the hot-spot hook sees it; arrays are (T, g) per step."""
+
+    ids: list[str]  # the chunk's GPU ids, in site order
+    cols: slice  # their columns in the recording's (T, G) arrays (d.gpu_temp_c, d.params.gpu)
+    temp_c: np.ndarray  # the run's temperatures (the recording's, or the scenario's)
+    power_w: np.ndarray  # the run's power
+    ref_c: np.ndarray  # the model's reference: coolant supply (or inlet air) + offset [°C]
+    r_k_per_w: np.ndarray  # thermal resistance at the flow the GPU gets [K/W]
+    model_c: np.ndarray  # the calibrated model's temperatures for the recording's inputs [°C]
+
+
+HookFn = Callable[[Recording, GpuChunk, "AlertFeed"], None]
+
+
+def gpu_chunk_hook() -> HookFn | None:
+    """The hot-spot hook's function, or None while ``twin.replay.hotspot_feed`` is absent."""
+    mod_name, fn_name = GPU_CHUNK_HOOK.split(":")
+    try:
+        mod = importlib.import_module(mod_name)
+    except ModuleNotFoundError as e:
+        if e.name != mod_name:
+            raise  # the module exists but one of its imports is missing: say so
+        return None
+    return getattr(mod, fn_name, None)
 
 
 class AlertFeed:
     def __init__(self, rules: Any, d: Recording) -> None:
         self.rules = rules
         self.d = d
+        #: the recording rows evaluated: one per minute
         self.rows = np.arange(0, d.n, max(1, round(60.0 / d.dt_s)))
         self.watched: list[tuple[str, str, str, np.ndarray]] = []
+        #: labels of watched series, by index in :attr:`watched`: name -> one value per minute
+        self.labels: dict[int, dict[str, list[str]]] = {}
         self._index = rules.index() if rules is not None else {}
 
+    @property
+    def eval_times(self) -> list[datetime]:
+        """The evaluation times, one per row of :attr:`rows` (aware UTC)."""
+        times = self.d.times()
+        return [times[k] for k in self.rows]
+
+    def wants(self, metric: str, kind: str) -> bool:
+        """Some rule watches ``metric`` on ``kind``: worth computing."""
+        return bool(self._index.get((metric, kind)))
+
     def offer(self, metric: str, kind: str, ids: list[str], values: np.ndarray) -> None:
-        """values (T, N): keep the columns that meet some rule's condition at some minute."""
+        """values (T, N), one row per recording step: sampled at each evaluation minute."""
+        if not self.wants(metric, kind):
+            return
+        self.offer_series(metric, kind, ids, np.asarray(values, dtype=float)[self.rows])
+
+    def offer_series(
+        self,
+        metric: str,
+        kind: str,
+        ids: list[str],
+        values: np.ndarray,
+        labels: dict[str, list[str]] | None = None,
+    ) -> None:
+        """values (M, N), one row per evaluation minute (:attr:`rows`); NaN: no observation.
+        ``labels``: observation labels, name -> one value per minute (the same for every id).
+
+        Keeps the columns that meet some rule's condition at some minute.
+        """
         if self.rules is None:
             return
         from twin.alerts.rules import OPS
@@ -46,12 +141,20 @@ class AlertFeed:
         conds = [(r.op, r.value) for r in self._index.get((metric, kind), ()) if r.op is not None]
         if not conds:
             return
-        vals = np.asarray(values, dtype=float)[self.rows]
+        vals = np.asarray(values, dtype=float)
+        if vals.shape != (len(self.rows), len(ids)):
+            raise ValueError(
+                f"offer_series({metric!r}): values of shape {vals.shape}, expected"
+                f" ({len(self.rows)}, {len(ids)}): one row per evaluation minute, one column per id"
+            )
         hit = np.zeros(vals.shape[1], bool)
         with np.errstate(invalid="ignore"):
             for op, value in conds:
                 hit |= OPS[op](vals, value).any(axis=0)
-        self.watched += [(metric, kind, ids[j], vals[:, j]) for j in np.flatnonzero(hit)]
+        for j in np.flatnonzero(hit):
+            if labels:
+                self.labels[len(self.watched)] = labels
+            self.watched.append((metric, kind, ids[j], vals[:, j]))
 
     def evaluate(self) -> list[dict[str, Any]]:
         if self.rules is None:
@@ -66,8 +169,15 @@ class AlertFeed:
         for i, k in enumerate(self.rows):
             now = times[k]
             obs = [
-                Observation(metric=m, entity_kind=kind, entity_id=sid, value=float(v[i]), ts=now)
-                for m, kind, sid, v in self.watched
+                Observation(
+                    metric=m,
+                    entity_kind=kind,  # type: ignore[arg-type]
+                    entity_id=sid,
+                    value=float(v[i]),
+                    ts=now,
+                    labels={k: x[i] for k, x in self.labels.get(j, {}).items()},
+                )
+                for j, (m, kind, sid, v) in enumerate(self.watched)
                 if np.isfinite(v[i])
             ]
             for note in engine.evaluate(obs, now=now):

@@ -20,7 +20,10 @@ calibration's residual error cancels and a neutral scenario reproduces the recor
 6. **Links**: recorded traffic scaled with the activity of the fleet at its ends; a failed
    link's traffic moves to the parallel links of the same tier.
 
-The verdict is relative to the recording (``twin.replay.verdict``).
+The verdict is relative to the recording (``twin.replay.verdict``). With a rule file, every
+metric a rule watches is offered to :class:`twin.replay.alert_feed.AlertFeed` (headroom now,
+time-to-breach forecasts per minute from :mod:`twin.replay.breach`, pumps, and the hot-spot
+hook's residuals and drift) and the live service's engine evaluates them minute by minute.
 """
 
 from __future__ import annotations
@@ -32,10 +35,20 @@ from typing import Any
 import numpy as np
 
 from collectors.contract import phase_id, sub_id
+from twin.alerts import metrics as am
 from twin.chain import gpu_temperatures, rack_capacity_kw
 from twin.chain import propagate as chain
 from twin.chain.thermal import ThermalResult, model_path
-from twin.replay.alert_feed import M_CDU_FREE, M_GPU_K, M_PHASE_A, M_PUMPS, AlertFeed
+from twin.replay import breach
+from twin.replay.alert_feed import (
+    M_CDU_FREE,
+    M_GPU_K,
+    M_PHASE_A,
+    M_PUMPS,
+    AlertFeed,
+    GpuChunk,
+    gpu_chunk_hook,
+)
 from twin.replay.bundle import Bundle
 from twin.replay.recording import Recording
 from twin.replay.recording import load as _load
@@ -283,6 +296,13 @@ def _gpus_run(
     held_n = np.zeros(n)
     mean_t = np.empty(g)
     throttled = undelivered = 0.0
+    hook = gpu_chunk_hook() if feed.rules is not None else None
+    forecast = feed.wants(am.HEADROOM_GPU_TIME_TO_BREACH_P90_S, "gpu")
+    if forecast:  # the rack's p90 load ratio per minute (the live headroom's persistence p90)
+        rows = feed.rows
+        if "p90-ratio" not in d.cache:  # the recording's, the same for every run
+            d.cache["p90-ratio"] = breach.p90_ratio(breach.minute_means(d.rack_in_w, rows, d.dt_s))
+        ratio90 = d.cache["p90-ratio"]
     for lo in range(0, g, GPU_CHUNK):
         sl = slice(lo, min(lo + GPU_CHUNK, g))
         liq = liquid[sl]
@@ -328,6 +348,23 @@ def _gpus_run(
             "gpu", idx.gpu_ids[sl], "°C", res.temp_c, gp.max_temp_c[sl], over=res.held | at_limit
         )
         feed.offer(M_GPU_K, "gpu", idx.gpu_ids[sl], gp.max_temp_c[sl][None, :] - res.temp_c)
+        if forecast:
+            # the live headroom's p90 path: present power x the rack's p90 ratio, within the
+            # enforced cap, through the RC model from the present temperature (minute means)
+            p_now = breach.minute_means(res.power_w, rows, d.dt_s)
+            cap_w = np.fmin(d.gpu_power_limit_w[sl], cap[sl])[None, :]
+            b90 = breach.gpu_breach_in_s(
+                res.temp_c[rows],
+                breach.minute_means(ref_s, rows, d.dt_s),
+                np.minimum(np.nan_to_num(p_now) * ratio90[:, rack], cap_w),
+                np.asarray(r_s, dtype=float)[rows] if np.ndim(r_s) == 2 else r_s,
+                gp.c_j_per_k[sl][None, :],
+                gp.max_temp_c[sl][None, :],
+            )
+            b90 = np.where(np.isfinite(res.temp_c[rows]), breach.beyond_horizon(b90), np.nan)
+            feed.offer_series(am.HEADROOM_GPU_TIME_TO_BREACH_P90_S, "gpu", idx.gpu_ids[sl], b90)
+        if hook is not None:
+            hook(d, GpuChunk(idx.gpu_ids[sl], sl, res.temp_c, res.power_w, ref_s, r_s, tb), feed)
         np.add.at(rack_change.T, rack, (res.power_w - p_meas).T)
         for f in set(idx.gpu_fleet[sl]):
             m = np.array(idx.gpu_fleet[sl]) == f
@@ -345,6 +382,7 @@ def _gpus_run(
     return {
         "rack_change_w": rack_change,
         "fleet_act": fleet_act,
+        "fleet_n": fleet_n,
         "temp_max": temp_max,
         "held": held_n,
         "mean_temp": mean_t,
@@ -428,6 +466,8 @@ def _electrical(d: Recording, changes, rack_s, new, judge: Judge, feed) -> dict[
         judge.add("pdu_phase", ids, "A", all_cur, lim)
         n_ph = len(ph.ids)
         feed.offer(M_PHASE_A, "pdu_phase", ph.ids, lim[None, :n_ph] - all_cur[:, :n_ph])
+        if feed.wants(am.HEADROOM_PDU_PHASE_TIME_TO_BREACH_P50_S, "pdu_phase"):
+            _phase_forecast(d, feed, all_cur[:, :n_ph], rack_s, lim[:n_ph])
     cap = list(rack_capacity_kw(site, racks, pf))
     for nr in new:
         cap.append(float(rack_capacity_kw(site, [nr["like"]], pf)[0]))
@@ -435,12 +475,15 @@ def _electrical(d: Recording, changes, rack_s, new, judge: Judge, feed) -> dict[
     names = [r.name for r in racks] + [nr["name"] for nr in new]
     capa = np.array(cap, dtype=float)
     has = np.isfinite(capa)
-    judge.add(
+    rack_ids = [x for x, h in zip(names, has, strict=True) if h]
+    judge.add("rack", rack_ids, "kW", rack_all[:, has] / 1e3, capa[has])
+    _offer_now_and_flat(
+        feed,
+        am.HEADROOM_RACK_KW_TO_LIMIT,
+        am.HEADROOM_RACK_TIME_TO_BREACH_P50_S,
         "rack",
-        [x for x, h in zip(names, has, strict=True) if h],
-        "kW",
-        rack_all[:, has] / 1e3,
-        capa[has],
+        rack_ids,
+        capa[has][None, :] - rack_all[:, has] / 1e3,
     )
     with np.errstate(invalid="ignore", divide="ignore"):
         util = np.fmax.reduce(all_cur / lim[None, :], axis=1) if ids else np.zeros(d.n)
@@ -497,10 +540,29 @@ def _cdus(d: Recording, cool: _Cooling, rack_s: np.ndarray, new, judge: Judge, f
     judge.add("cdu_flow", names, "L/min", need, cool.flow)
     ret_limit = np.array([c.return_limit_c for c in cdus], float)
     judge.add("loop", names, "°C", ret_s, ret_limit)
+    _offer_flat_breach(feed, am.HEADROOM_CDU_TIME_TO_BREACH_P50_S, "cdu", names, cap_s - heat_s)
+    _offer_now_and_flat(
+        feed,
+        am.HEADROOM_CDU_FLOW_LPM_TO_LIMIT,
+        am.HEADROOM_CDU_FLOW_TIME_TO_BREACH_P50_S,
+        "cdu",
+        names,
+        cool.flow - need,
+    )
+    _offer_now_and_flat(
+        feed,
+        am.HEADROOM_LOOP_K_TO_RETURN_LIMIT,
+        am.HEADROOM_LOOP_TIME_TO_BREACH_P50_S,
+        "cdu",
+        names,
+        ret_limit[None, :] - ret_s,
+    )
     return {"heat": heat_s, "cap": cap_s, "ret": ret_s, "ret_limit": ret_limit}
 
 
-def _links(d: Recording, changes: list[Any], fleet_act: dict, judge: Judge, notes) -> np.ndarray:
+def _links(
+    d: Recording, changes: list[Any], fleet_act: dict, judge: Judge, notes, feed: AlertFeed
+) -> np.ndarray:
     """Link traffic scaled with the fleets at its ends; a failed link's traffic moves over."""
     site = d.site
     if not site.links:
@@ -535,8 +597,110 @@ def _links(d: Recording, changes: list[Any], fleet_act: dict, judge: Judge, note
             notes.append(f"link {c.link} failed with no parallel path")
             cap[:, j] = np.where(on, 0.0, cap[:, j])
     judge.add("link", names, "Gb/s", busy_s, cap)
+    _offer_now_and_flat(
+        feed,
+        am.HEADROOM_LINK_GBPS_TO_LIMIT,
+        am.HEADROOM_LINK_TIME_TO_BREACH_P50_S,
+        "link",
+        names,
+        cap - busy_s,
+    )
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.fmax.reduce(busy_s / np.where(cap > 0, cap, np.nan), axis=1)
+
+
+def _offer_flat_breach(
+    feed: AlertFeed, metric: str, kind: str, ids: list[str], headroom: np.ndarray
+) -> None:
+    """Time to breach under a flat (persistence) p50 path: 0 when breached now, else twice the
+    horizon (no breach forecast); no observation where the headroom is unknown."""
+    if not feed.wants(metric, kind):
+        return
+    h = np.asarray(headroom, dtype=float)[feed.rows]
+    b = breach.beyond_horizon(breach.flat_breach_in_s(h))
+    feed.offer_series(metric, kind, ids, np.where(np.isfinite(h), b, np.nan))
+
+
+def _offer_now_and_flat(
+    feed: AlertFeed, now_metric: str, breach_metric: str, kind: str, ids, headroom: np.ndarray
+) -> None:
+    """A limit's headroom now and its time to breach under a flat (persistence) p50 path."""
+    feed.offer(now_metric, kind, ids, headroom)
+    _offer_flat_breach(feed, breach_metric, kind, ids, headroom)
+
+
+def _fleet_underuse(
+    d: Recording, fleet_act: dict[str, Any], fleet_n: dict[str, int], feed: AlertFeed
+) -> None:
+    """Inference fleets' GPUs to reclaim each minute, as :func:`twin.fleets.underused_fleets`
+    judges them live: the p95 over the window up to the minute of the fleet's minute activity
+    (the run's), at the live defaults for window, threshold and target utilization."""
+    if not feed.wants(am.FLEET_UNDERUSED_GPUS, "fleet"):
+        return
+    import inspect
+
+    from twin.fleets import span_text, underused_fleets
+
+    live = inspect.signature(underused_fleets).parameters
+    window_s = float(live["window_s"].default)
+    threshold, target = float(live["threshold"].default), float(live["target_util"].default)
+    rows = feed.rows
+    k = max(1, round(window_s / 60.0))
+    covered = np.minimum(np.arange(len(rows)) * 60.0 + 60.0, window_s)
+    labels = {
+        "covered_s": [f"{c:.0f}" for c in covered],
+        "covered": [span_text(c) for c in covered],
+    }
+    for f in d.site.fleets:
+        if f.role != "inference" or f.name not in fleet_act or not fleet_n.get(f.name):
+            continue
+        a = breach.minute_means(np.asarray(fleet_act[f.name][1])[:, None], rows, d.dt_s)[:, 0]
+        p95 = np.full(len(rows), np.nan)
+        for i in range(len(rows)):
+            w = a[max(0, i - k + 1) : i + 1]
+            w = w[np.isfinite(w)]
+            if w.size:
+                p95[i] = np.quantile(w, 0.95)
+        g = fleet_n[f.name]
+        with np.errstate(invalid="ignore"):
+            needed = np.maximum(1, np.ceil(p95 * g / target - 1e-9))
+            reclaim = np.maximum(0, g - needed)
+            flagged = (p95 < threshold) & (reclaim > 0)
+        value = np.where(flagged, reclaim, np.nan)[:, None]
+        feed.offer_series(am.FLEET_UNDERUSED_GPUS, "fleet", [f.name], value, labels)
+
+
+def _phase_forecast(
+    d: Recording, feed: AlertFeed, cur: np.ndarray, rack_s: np.ndarray, limit_a: np.ndarray
+) -> None:
+    """Phases' and breakers' p50 time to breach each minute: the live headroom's trend forecast."""
+    rows, ph = feed.rows, d.phases
+    cur_m = breach.minute_means(cur, rows, d.dt_s)
+    rack_m = breach.minute_means(np.nan_to_num(rack_s), rows, d.dt_s)
+    fed = np.zeros((rack_s.shape[1], len(ph.ids)))
+    for j, racks in enumerate(ph.racks):
+        fed[racks, j] = 1.0
+    load = rack_m @ fed
+    load = np.where(fed.sum(axis=0)[None, :] > 0, load, 1.0)  # feeds no rack: no load to explain
+    # the trend fit is the costly part: refit only the phases whose inputs the run changed
+    prev = d.cache.get("phase-forecast")
+    if prev is not None and prev[0].shape == cur_m.shape:
+        same = (
+            ((prev[0] == cur_m) | (np.isnan(prev[0]) & np.isnan(cur_m))).all(axis=0)
+            & (prev[1] == load).all(axis=0)
+            & (prev[3] == limit_a)
+        )
+    else:
+        same = np.zeros(cur_m.shape[1], bool)
+    b = np.empty_like(cur_m)
+    if same.any():
+        b[:, same] = prev[2][:, same]
+    if (~same).any():
+        b[:, ~same] = breach.trend_breach_in_s(cur_m[:, ~same], load[:, ~same], limit_a[~same])
+    if prev is None:
+        d.cache["phase-forecast"] = (cur_m, load, b, limit_a.copy())
+    b = np.where(np.isfinite(cur_m), breach.beyond_horizon(b), np.nan)
+    feed.offer_series(am.HEADROOM_PDU_PHASE_TIME_TO_BREACH_P50_S, "pdu_phase", list(ph.ids), b)
 
 
 def _series(d: Recording, **paths: np.ndarray) -> dict[str, list[float]]:
@@ -581,7 +745,8 @@ def _pass(d: Recording, changes: list[Any], rules: Any) -> _Pass:
     new = _new_racks(d, changes, gpu["fleet_act"])
     elec = _electrical(d, changes, rack_s, new, judge, feed)
     cdu = _cdus(d, cool, rack_s, new, judge, feed)
-    link_util = _links(d, changes, gpu["fleet_act"], judge, cool.notes)
+    link_util = _links(d, changes, gpu["fleet_act"], judge, cool.notes, feed)
+    _fleet_underuse(d, gpu["fleet_act"], gpu["fleet_n"], feed)
     return _Pass(judge, cool, gpu, rack_s, elec, cdu, link_util, feed.evaluate(), new)
 
 

@@ -1,0 +1,335 @@
+"""Every limit covered twice (issue 16 item 2) and the same pages live and in replay (item 3).
+
+The shipped rule file pairs a forecast_breach rule with a breached-now threshold rule per limit;
+each inhibits the other on the same entity, so one fault pages once. The what-if replay
+computes the time-to-breach forecasts per minute and is evaluated by the same engine.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from twin.alerts import AlertEngine, Observation, Topology, load_rules
+from twin.alerts.metrics import METRICS
+from twin.replay import breach
+from twin.site import load_site
+
+from .conftest import REPO, SMALL_SITE
+
+RULES = REPO / "deploy" / "alert_rules.yaml"
+BUNDLE = REPO / "sample_telemetry" / "demo_bundle"
+T0 = datetime(2026, 11, 29, 14, 0, tzinfo=UTC)
+#: forecast rule -> its breached-now rule, per limit, in the shipped file
+PAIRS = {
+    "gpu_slowdown_forecast": "gpu_temp_high",
+    "pdu_phase_breach_1h": "pdu_phase_over_limit",
+    "rack_feed_breach_1h": "rack_feed_over_limit",
+    "cdu_heat_breach_1h": "cdu_capacity_low",
+    "cdu_flow_breach_1h": "cdu_flow_short",
+    "loop_return_breach_1h": "loop_return_high",
+    "link_breach_1h": "link_saturated",
+}
+
+
+@pytest.fixture(scope="module")
+def topo() -> Topology:
+    return Topology.from_site(load_site(SMALL_SITE))
+
+
+def _obs(metric: str, kind: str, sid: str, value: float, t_s: float) -> Observation:
+    ts = T0 + timedelta(seconds=t_s)
+    return Observation(metric=metric, entity_kind=kind, entity_id=sid, value=value, ts=ts)  # type: ignore[arg-type]
+
+
+def _run(engine: AlertEngine, minutes: list[list[Observation]]) -> list[tuple[int, str, str]]:
+    """Evaluate one list of observations per minute; (minute, status, rule) of each page."""
+    out = []
+    for i, obs in enumerate(minutes):
+        for n in engine.evaluate(obs, now=T0 + timedelta(seconds=60 * i)):
+            out.append((i, n.status, n.rule))
+    return out
+
+
+def test_every_limit_has_a_forecast_and_a_breached_now_rule_inhibiting_each_other() -> None:
+    rules = load_rules(RULES).by_name()
+    for fc, now in PAIRS.items():
+        assert rules[fc].type == "forecast_breach", fc
+        assert rules[fc].metric.endswith("time_to_breach_p50_s") or fc == "gpu_slowdown_forecast"
+        assert rules[now].type == "threshold", now
+        assert now in {i.rule for i in rules[fc].inhibits}, f"{fc} must mute {now}"
+        assert fc in {i.rule for i in rules[now].inhibits}, f"{now} must mute {fc}"
+        # a sudden step pages through the breached-now rule: it fires first
+        assert rules[now].for_s < rules[fc].for_s, (now, fc)
+        assert rules[fc].entity_kind == rules[now].entity_kind
+    watched = {(r.metric, r.entity_kind) for r in rules.values()}
+    for name, spec in METRICS.items():
+        if name.startswith("headroom."):  # every headroom metric is watched by some rule
+            assert any((name, k) in watched for k in spec.kinds), name
+
+
+def test_inhibition_covers_the_entity_itself_and_a_breaker_under_its_phase(topo) -> None:
+    phase, breaker = ("pdu_phase", "pdu-r01-a/L1"), ("pdu_phase", "pdu-r01-a/cb1")
+    assert topo.is_under(phase, phase, "power")  # X itself counts
+    assert topo.is_under(breaker, phase, "power")  # a breaker sits under its phase
+    assert not topo.is_under(phase, breaker, "power")
+    # phases and breakers of one PDU are one incident when a rule groups by pdu
+    assert topo.group_of(breaker, "pdu") == ("pdu", "pdu-r01-a")
+    assert topo.group_of(phase, "pdu") == ("pdu", "pdu-r01-a")
+    link = ("link", "lnk-r01-s1")
+    assert topo.is_under(link, link, "power") and topo.group_of(link, "none") == link
+
+
+def test_a_sudden_breach_pages_once_its_forecast_muted(topo) -> None:
+    """A step over the limit: breached-now pages; the forecast (0 s) fires later, muted."""
+    engine = AlertEngine(load_rules(RULES), topo)
+    ph = "pdu-r01-a/L1"
+    minutes = []
+    for i in range(12):
+        over = 3 <= i < 9
+        minutes.append(
+            [
+                _obs("headroom.pdu_phase.a_to_limit", "pdu_phase", ph, -4.0 if over else 8, 60 * i),
+                _obs(
+                    "headroom.pdu_phase.time_to_breach_p50_s",
+                    "pdu_phase",
+                    ph,
+                    0.0 if over else 7200.0,
+                    60 * i,
+                ),
+            ]
+        )
+    sent = _run(engine, minutes)
+    assert sent == [(4, "firing", "pdu_phase_over_limit"), (9, "resolved", "pdu_phase_over_limit")]
+
+
+def test_a_forecast_breach_pages_once_the_breach_it_foresaw_muted(topo) -> None:
+    """A creep: the forecast pages ahead of the crossing; the breach that follows is muted."""
+    engine = AlertEngine(load_rules(RULES), topo)
+    ph = "pdu-r01-a/L1"
+    minutes = []
+    for i in range(40):
+        a_left = 10.0 - i  # crosses the limit at minute 10, and stays over
+        ttb = 0.0 if a_left <= 0 else (600.0 - 60 * i if i < 10 else 0.0)
+        minutes.append(
+            [
+                _obs("headroom.pdu_phase.a_to_limit", "pdu_phase", ph, a_left, 60 * i),
+                _obs("headroom.pdu_phase.time_to_breach_p50_s", "pdu_phase", ph, ttb, 60 * i),
+            ]
+        )
+    sent = _run(engine, minutes)
+    assert sent == [(2, "firing", "pdu_phase_breach_1h")]  # 8 minutes before the crossing
+    active = {a["rule"] for a in engine.active()}
+    assert active == {"pdu_phase_breach_1h", "pdu_phase_over_limit"}  # both fire, one paged
+
+
+def test_phase_forecast_finds_a_creep_causally() -> None:
+    """The replay's phase forecast: a creeping current is forecast to cross before it does, and
+    no minute's forecast uses data after it."""
+    m = 120
+    t = np.arange(m, dtype=float)
+    cur = 60.0 + 0.5 * np.maximum(t - 30, 0)  # +0.5 A/min from minute 30; 100 A at minute 110
+    cur = (cur + np.random.default_rng(0).normal(0, 0.3, m))[:, None]
+    load = np.ones((m, 1))
+    b = breach.trend_breach_in_s(cur, load, np.array([100.0]))
+    first = int(np.flatnonzero(np.isfinite(b[:, 0]))[0])
+    # seen coming about an hour ahead (the horizon; noise on the slope), before the crossing
+    assert 110 - 70 <= first < 110 - 45
+    assert np.all(b[:30, 0] != b[:30, 0])  # flat before the creep: no forecast
+    cut = breach.trend_breach_in_s(cur[:80], load[:80], np.array([100.0]))
+    np.testing.assert_array_equal(cut, b[:80])  # causal: the future does not change the past
+
+
+def test_gpu_forecast_is_the_rc_model_crossing() -> None:
+    """Closed form against the chain's RC model stepped minute by minute."""
+    from twin.chain.thermal import model_path
+
+    r, c, ref, p, t0, tmax = np.array([0.02]), np.array([3000.0]), 40.0, 2400.0, 60.0, 87.0
+    b = breach.gpu_breach_in_s(
+        np.array([[t0]]), np.array([[ref]]), np.array([[p]]), r[None, :], c[None, :], tmax
+    )
+    path = model_path(
+        np.array([t0]), np.full((61, 1), ref), np.full((61, 1), p), np.full((61, 1), r), c, 60.0
+    )
+    k = int(np.argmax(path[:, 0] >= tmax))
+    assert path[k, 0] >= tmax > path[k - 1, 0]
+    assert b[0, 0] == k * 60.0
+
+
+@pytest.mark.slow  # the demo bundle's day through what-if: out of the fast tier
+def test_demo_day_replay_pages_the_pump_once_and_the_phase_before_its_crossing(
+    tmp_path: Path,
+) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from twin.cli import app
+
+    res = CliRunner().invoke(
+        app,
+        [
+            "whatif",
+            str(BUNDLE),
+            str(REPO / "sample_telemetry" / "scenarios" / "cdu-2-loses-a-pump.yaml"),
+            "--out",
+            str(tmp_path / "r"),
+            "--json",
+        ],
+    )
+    assert res.exit_code == 0, res.output
+    runs = json.loads(res.stdout[res.stdout.index("[") :])
+    base = next(r for r in runs if r["name"] == "baseline")
+    alerts = base["alerts"]
+    pump = [(a["status"], a["group"]) for a in alerts if a["rule"] == "cdu_pump_lost"]
+    assert pump == [("firing", "cdu cdu-2"), ("resolved", "cdu cdu-2")]
+    # nothing else pages for cdu-2: its capacity, flow and return rules are muted by the pump
+    assert {a["rule"] for a in alerts if a["group"] == "cdu cdu-2"} == {"cdu_pump_lost"}
+    phase = [a for a in alerts if a["group"] == "pdu pdu-d08-a"]
+    assert phase, "the phase creep on pdu-d08-a pages"
+    first = phase[0]
+    assert first["status"] == "firing" and first["rule"] == "pdu_phase_breach_1h"
+    assert first["at"] <= "2026-11-23T15:38:00+00:00"  # the crossing: lead time, not a late page
+    # fleet underuse is judged as live, on at least the rule's min_coverage_s (1 h) of data
+    fleet = [a for a in alerts if a["rule"] == "fleet_underused" and a["status"] == "firing"]
+    assert fleet and min(a["at"] for a in fleet) >= "2026-11-23T00:59:00+00:00"
+    # the forecast and the breached-now rule never stand paged at the same time
+    open_: set[str] = set()
+    for a in phase:
+        if a["status"] == "firing":
+            assert not open_, f"{a['rule']} paged while {open_} was open"
+            open_.add(a["rule"])
+        else:
+            open_.discard(a["rule"])
+
+
+def test_live_detector_emits_every_limit_now_and_its_time_to_breach() -> None:
+    """twin.detect.observations: each headroom row gives its metric now and its forecast;
+    no breach within the horizon is twice the horizon, labelled beyond_horizon."""
+    from twin.detect import Detection, observations
+    from twin.headroom import HeadroomReport, HeadroomRow
+    from twin.hotspots import HotSpotReport
+
+    def row(kind: str, rid: str, quantity: str, limit: float, now: float, b50, b90=None):
+        return HeadroomRow(
+            kind=kind,  # type: ignore[arg-type]
+            id=rid,
+            quantity=quantity,
+            unit="",
+            limit=limit,
+            value_now=now,
+            headroom_now=limit - now,
+            headroom_min_p50=None,
+            headroom_min_p90=None,
+            breach_in_s_p50=b50,
+            breach_in_s_p90=b90,
+        )
+
+    rows = [
+        row("gpu", "n1:0", "temp_c", 87.0, 80.0, None, 600.0),
+        row("pdu_phase", "pdu-a/cb1", "current_a", 100.0, 90.0, 1200.0),
+        row("rack", "r01", "power_kw", 40.0, 41.0, 0.0),
+        row("cdu", "cdu-1", "heat_kw", 500.0, 400.0, None),
+        row("cdu", "cdu-1", "flow_lpm", 900.0, 700.0, 1800.0),
+        row("loop", "cdu-1", "return_temp_c", 45.0, 40.0, None),
+        row("link", "lnk-1", "traffic_gbps", 400.0, 100.0, None),
+    ]
+    now = T0
+    d = Detection(
+        now=now,
+        headroom=HeadroomReport(
+            computed_at=now,
+            data_until=now,
+            horizon_s=3600.0,
+            step_s=60.0,
+            load_basis="persistence",
+            rows=rows,
+            problems=[],
+        ),
+        hotspots=HotSpotReport(
+            computed_at=now,
+            data_until=now,
+            k_sigma=3.0,
+            minutes=5,
+            hotspots=[],
+            residual_sigma={},
+            rack_inlet_c={},
+            problems=[],
+        ),
+        pumps=[],
+        fleets=None,
+    )
+    got = {(o.metric, o.entity_kind, o.entity_id): o for o in observations(d)}
+    want = {
+        ("headroom.gpu.time_to_breach_p90_s", "gpu", "n1:0"): 600.0,
+        ("headroom.pdu_phase.a_to_limit", "pdu_phase", "pdu-a/cb1"): 10.0,
+        ("headroom.pdu_phase.time_to_breach_p50_s", "pdu_phase", "pdu-a/cb1"): 1200.0,
+        ("headroom.rack.kw_to_limit", "rack", "r01"): -1.0,
+        ("headroom.rack.time_to_breach_p50_s", "rack", "r01"): 0.0,
+        ("headroom.cdu.capacity_free_fraction", "cdu", "cdu-1"): 0.2,
+        ("headroom.cdu.time_to_breach_p50_s", "cdu", "cdu-1"): 7200.0,
+        ("headroom.cdu.flow_lpm_to_limit", "cdu", "cdu-1"): 200.0,
+        ("headroom.cdu.flow_time_to_breach_p50_s", "cdu", "cdu-1"): 1800.0,
+        ("headroom.loop.k_to_return_limit", "cdu", "cdu-1"): 5.0,
+        ("headroom.loop.time_to_breach_p50_s", "cdu", "cdu-1"): 7200.0,
+        ("headroom.link.gbps_to_limit", "link", "lnk-1"): 300.0,
+        ("headroom.link.time_to_breach_p50_s", "link", "lnk-1"): 7200.0,
+    }
+    for key, value in want.items():
+        assert key in got, key
+        assert got[key].value == pytest.approx(value), key
+        beyond = got[key].labels.get("beyond_horizon") == "true"
+        assert beyond == (value == 7200.0), key
+    for o in got.values():
+        assert o.metric in METRICS and o.entity_kind in METRICS[o.metric].kinds
+
+
+def hook_for_test(d, chunk, feed) -> None:  # a stand-in hot-spot module's entry point
+    pass
+
+
+def test_replay_feed_takes_per_minute_series_and_finds_the_hotspot_hook(monkeypatch) -> None:
+    """offer_series: one row per evaluation minute, NaN for no observation, evaluated by the
+    engine like any metric; the hook is found by name, and its absence is no error."""
+    from types import SimpleNamespace
+
+    from twin.alerts import parse_rules
+    from twin.replay import alert_feed
+
+    site = load_site(SMALL_SITE)
+    n, dt = 60 * 6, 10.0  # an hour at 10 s
+    d = SimpleNamespace(
+        n=n, dt_s=dt, site=site, times=lambda: [T0 + timedelta(seconds=k * dt) for k in range(n)]
+    )
+    rules = parse_rules(
+        """
+rules:
+  - name: gpu_hotspot_residual
+    type: residual
+    metric: hotspot.gpu.residual_sigma
+    entity_kind: gpu
+    op: ">="
+    value: 4
+    clear_value: 2
+    for_s: 600
+    group_by: node
+"""
+    )
+    feed = alert_feed.AlertFeed(rules, d)
+    assert len(feed.rows) == 60 and feed.eval_times[1] == T0 + timedelta(minutes=1)
+    z = np.full((60, 2), np.nan)
+    z[20:40, 0] = 5.0  # 20 minutes over 4 sigma, then no report
+    z[:, 1] = 1.0
+    feed.offer_series("hotspot.gpu.residual_sigma", "gpu", ["trn-r01-n1:0", "trn-r01-n1:1"], z)
+    assert [w[2] for w in feed.watched] == ["trn-r01-n1:0"]  # the quiet GPU is not kept
+    sent = feed.evaluate()
+    assert [(a["status"], a["at"][11:16]) for a in sent] == [("firing", "14:30")]
+    with pytest.raises(ValueError, match="one row per evaluation minute"):
+        feed.offer_series("hotspot.gpu.residual_sigma", "gpu", ["x"], np.zeros((59, 1)))
+    monkeypatch.setattr(alert_feed, "GPU_CHUNK_HOOK", f"{__name__}:hook_for_test")
+    assert alert_feed.gpu_chunk_hook() is hook_for_test
+    monkeypatch.setattr(alert_feed, "GPU_CHUNK_HOOK", "twin.replay.no_such_module:f")
+    assert alert_feed.gpu_chunk_hook() is None

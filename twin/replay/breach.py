@@ -1,0 +1,168 @@
+"""Time-to-breach forecasts over a replay, one per evaluation minute, from the data up to it.
+
+The live service forecasts each limit in :func:`twin.headroom.compute_headroom` from the store;
+a replay has no store, so this module computes the same figures from the what-if arrays, every
+minute at once (vectorized over minutes and entities), each from the data up to that minute only:
+
+- load: the live headroom's persistence basis (``twin.headroom``: what the live service uses
+  until the store holds a day of node power, :data:`twin.forecast.forecast.MIN_RATIO_HISTORY_S`,
+  so on the demo day's recording it is what the live service would have used too): the p50
+  load is the present load, the p90 the last hour's 90th percentile of the rack's power over
+  its present power (at least 1);
+- PDU phases and breakers: the present current plus the trend the rack load does not explain,
+  fitted by the live headroom's own :func:`twin.headroom.unexplained_trend` over the same
+  :data:`twin.headroom.TREND_WINDOW_S`; the p50 path is ``current + slope * t``. Under
+  persistence a checkpoint dip is taken for the load to come, so the forecast clears for the
+  dip's minute, live as in replay: rules ride that out with the engine's ``keep_firing_for``;
+- GPUs (p90): the RC model of the chain at the p90 power (present power x the rack's p90 load
+  ratio, within the enforced cap), from the present temperature: the closed form of
+  :func:`twin.chain.thermal.model_path` for constant inputs, which is exact on its steps;
+- racks, CDU heat and flow, loop return, links: flat p50 paths under persistence, so the time to
+  breach is 0 when the limit is breached now and "never" otherwise.
+
+A breach is reported as the first path step (of ``step_s``) where the headroom is <= 0, as
+:func:`twin.headroom._breach_in_s` does; NaN when there is none within the horizon (the caller
+reports twice the horizon, labelled ``beyond_horizon``, as :func:`twin.detect.observations`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+from twin.headroom import NOW_WINDOW_S, PERSISTENCE_WINDOW_S, TREND_WINDOW_S, unexplained_trend
+
+__all__ = [
+    "HORIZON_S",
+    "STEP_S",
+    "beyond_horizon",
+    "flat_breach_in_s",
+    "gpu_breach_in_s",
+    "minute_means",
+    "p90_ratio",
+    "trend_breach_in_s",
+]
+
+#: The live headroom's horizon and step (``dctwin serve``: twin.detect.DetectionScheduler). [s]
+HORIZON_S = 3600.0
+STEP_S = 60.0
+
+
+def minute_means(x: np.ndarray, rows: np.ndarray, dt_s: float) -> np.ndarray:
+    """(M, N): per evaluation row, the mean of the samples of the last ``NOW_WINDOW_S`` up to and
+    including it (NaN ignored; NaN where all are): the live headroom's "now" values."""
+    w = max(1, round(NOW_WINDOW_S / dt_s))
+    x = np.asarray(x, dtype=float)
+    ok = np.isfinite(x)
+    cs = np.concatenate([np.zeros((1, x.shape[1])), np.cumsum(np.where(ok, x, 0.0), axis=0)])
+    cn = np.concatenate([np.zeros((1, x.shape[1])), np.cumsum(ok, axis=0)])
+    hi = rows + 1
+    lo = np.maximum(hi - w, 0)
+    s, c = cs[hi] - cs[lo], cn[hi] - cn[lo]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(c > 0, s / np.maximum(c, 1), np.nan)
+
+
+def _windows(x: np.ndarray, k: int) -> np.ndarray:
+    """(k, M, N): for each minute m, rows m-k+1..m of ``x`` (M, N), NaN before the start."""
+    pad = np.concatenate([np.full((k - 1, x.shape[1]), np.nan), x])
+    return np.moveaxis(sliding_window_view(pad, k, axis=0), -1, 0)
+
+
+def beyond_horizon(b: np.ndarray, horizon_s: float = HORIZON_S) -> np.ndarray:
+    """The observed value: twice the horizon where no breach is forecast (NaN)."""
+    return np.where(np.isfinite(b), b, 2.0 * horizon_s)
+
+
+def flat_breach_in_s(headroom: np.ndarray) -> np.ndarray:
+    """A flat path: breached now (0) or never within the horizon (NaN); NaN stays unknown."""
+    with np.errstate(invalid="ignore"):
+        return np.where(headroom <= 0, 0.0, np.nan)
+
+
+def _first_step(headroom: np.ndarray, rate: np.ndarray, horizon_s: float, step_s: float):
+    """First step k*step_s (k <= horizon/step) where ``headroom - rate * t <= 0``; NaN if none."""
+    n_last = round(horizon_s / step_s)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        k = np.ceil(headroom / np.where(rate > 0, rate * step_s, np.nan))
+        out = np.where(headroom <= 0, 0.0, np.where(k <= n_last, k * step_s, np.nan))
+    return out
+
+
+def trend_breach_in_s(
+    current_a: np.ndarray,
+    load: np.ndarray,
+    limit_a: np.ndarray,
+    ratio50: np.ndarray | None = None,
+    *,
+    horizon_s: float = HORIZON_S,
+    step_s: float = STEP_S,
+) -> np.ndarray:
+    """(M, P) p50 time to breach of phases and breakers: present current x the load ratio,
+    plus the unexplained trend.
+
+    ``current_a`` and ``load`` are (M, P) minute means (``load``: the power of the racks each
+    phase feeds); each minute's trend is fitted on the :data:`TREND_WINDOW_S` up to it, with the
+    load over its value at that minute, exactly as the live headroom does. ``ratio50`` (M, P):
+    the p50 load ratio of the racks each phase feeds (default 1: persistence).
+    """
+    m, p = current_a.shape
+    k = max(3, round(TREND_WINDOW_S / step_s))
+    cur_w = _windows(current_a, k).reshape(k, m * p)
+    load_w = _windows(load, k)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        now = load_w[-1]
+        load_w = np.where(now > 0, load_w / np.where(now > 0, now, 1.0), 1.0)
+    slope, _ = unexplained_trend(cur_w, load_w.reshape(k, m * p), step_s)
+    r = np.ones_like(current_a) if ratio50 is None else ratio50
+    headroom = limit_a[None, :] - current_a * r
+    return _first_step(headroom, slope.reshape(m, p), horizon_s, step_s)
+
+
+def p90_ratio(rack_w: np.ndarray, step_s: float = STEP_S) -> np.ndarray:
+    """(M, R): per minute, the last hour's 90th percentile of each rack's power over its present
+    power, at least 1 (1 where unknown): the live headroom's persistence p90 load ratio.
+
+    The quantile is numpy's default (linear) over the finite values of each window, as
+    ``np.nanquantile`` gives, from one sort of every window at once.
+    """
+    k = max(1, round(PERSISTENCE_WINDOW_S / step_s))
+    win = np.sort(_windows(rack_w, k), axis=0)  # (k, M, R), NaN last
+    n_ok = np.isfinite(win).sum(axis=0)
+    pos = 0.9 * np.maximum(n_ok - 1, 0)
+    lo = np.floor(pos).astype(np.int64)
+    hi = np.minimum(lo + 1, np.maximum(n_ok - 1, 0))
+    v_lo = np.take_along_axis(win, lo[None], axis=0)[0]
+    v_hi = np.take_along_axis(win, hi[None], axis=0)[0]
+    q90 = np.where(n_ok > 0, v_lo + (pos - lo) * (v_hi - v_lo), np.nan)
+    with np.errstate(all="ignore"):
+        r = np.where(rack_w > 0, np.maximum(q90 / rack_w, 1.0), 1.0)
+    return np.nan_to_num(r, nan=1.0)
+
+
+def gpu_breach_in_s(
+    temp_c: np.ndarray,
+    ref_c: np.ndarray,
+    power_w: np.ndarray,
+    r_k_per_w: np.ndarray,
+    c_j_per_k: np.ndarray,
+    max_temp_c: np.ndarray,
+    *,
+    horizon_s: float = HORIZON_S,
+    step_s: float = STEP_S,
+) -> np.ndarray:
+    """(M, G) time for the RC model at constant power to reach ``max_temp_c`` from ``temp_c``.
+
+    ``T(t) = T_ss + (T_0 - T_ss) exp(-t / (R C))`` with ``T_ss = ref + R P`` (the model of
+    :func:`twin.chain.thermal.model_path`); reported on the path's steps: 0 when at or over the
+    limit now, NaN when the steady state stays below it or the crossing is past the horizon.
+    """
+    n_last = round(horizon_s / step_s)
+    tss = ref_c + r_k_per_w * power_w
+    tau = r_k_per_w * c_j_per_k
+    with np.errstate(invalid="ignore", divide="ignore"):
+        frac = (tss - max_temp_c) / (tss - temp_c)  # exp(-t/tau) at the crossing, in (0, 1)
+        t = -tau * np.log(np.where((tss > max_temp_c) & (frac > 0), frac, np.nan))
+        k = np.ceil(t / step_s - 1e-9)
+        out = np.where(temp_c >= max_temp_c, 0.0, np.where(k <= n_last, k * step_s, np.nan))
+    return out
