@@ -46,11 +46,31 @@ MIN_SIGMA_K = 0.3
 RMSE_PER_MAE = math.sqrt(math.pi / 2.0)
 #: Extra minutes the model runs before the judged window, to forget its starting point.
 WARMUP_MIN = 3
+#: Minutes of the residual judged: the residual-sigma figure is the smallest of their minute
+#: residuals, so one transient minute (a checkpoint's step) cannot raise it. [min]
+RESIDUAL_MINUTES = 5
+#: The trailing window R is re-estimated over, every pass: long enough for a training fleet's
+#: checkpoint dips (every ~30 min) to leave 10 loaded minutes, short enough that a cold plate
+#: degrading over hours is seen within half of it. [min]
+DRIFT_WINDOW_MIN = 30
 #: How far back the cooling-change detector looks: a fall is seen by every pass for several
 #: minutes after it (it needs 2.5 min of context around it). [min]
 COOLING_LOOKBACK_MIN = 10
 
 Reason = Literal["over_limit", "above_model", "r_drift", "inlet_high", "cooling_changed"]
+
+
+def gpu_groups(idx: Any) -> np.ndarray:
+    """(G,) int: each GPU's drift group, its fleet (else its model class) and its cooling, as
+    the calibration's drift events group them (``twin.calibrate.calibrate._drift_events``)."""
+    codes: dict[tuple[str, bool], int] = {}
+    return np.array(
+        [
+            codes.setdefault((fleet or cls, bool(idx.gpu_cdu[g] >= 0)), len(codes))
+            for g, (fleet, cls) in enumerate(zip(idx.gpu_fleet, idx.gpu_class, strict=True))
+        ],
+        dtype=np.int64,
+    )
 
 
 class HotSpot(BaseModel):

@@ -1,0 +1,134 @@
+"""Watching GPUs against their thermal model, minute by minute: residual and R re-estimate.
+
+Both detectors of a degrading cold plate work on per-minute aggregates of each GPU (its mean
+temperature and power and its temperature's slope over the minute), vectorized over GPUs and
+minutes, so the live service (its last minutes) and a what-if replay (every minute of a day,
+causally) run the same arithmetic.
+
+The RC model ``C dT/dt = P - (T - T_ref - offset) / R`` averaged over a minute is exact in
+the minute means (docs/physics.md §2):
+
+.. math:: \\bar T - T_{ref} - \\mathrm{offset} = R\\,(\\bar P - C\\,\\overline{dT/dt}) = R\\,x
+
+so with ``x`` (the heat the cold plate carried away, W) the model's minute mean is
+``T_ref + offset + R x``, and ``R`` is re-estimated over a trailing window by least squares
+through the origin, ``R = sum(y x) / sum(x^2)`` with ``y = T - T_ref - offset``: no simulation
+and no per-second grid. A loop's flow changes R (``models.gpu_thermal.r_at_flow_k_per_w``) by a
+factor the same for every R; ``flow_factor`` divides it out, so the estimate is R at the flow
+the GPU was calibrated at, comparable across a fleet whose loops run at different flows.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.typing import NDArray
+
+F64 = NDArray[np.float64]
+
+#: Least heat through the cold plate, per minute, for that minute to count in the R estimate:
+#: below it the sensor's 1 K step is more than 5 % of R x (0.031 K/W x 150 W = 4.7 K for an
+#: H100 on a cold plate, docs/physics.md §9.2). An idle GPU says nothing about its R. [W]
+MIN_HEAT_W = 150.0
+#: Fewest such minutes in the window for an R estimate. [1]
+MIN_R_MINUTES = 10
+#: Fewest GPUs with an estimate for a group's median to be a fleet reference. [1]
+MIN_GROUP = 3
+
+
+def minute_aggregates(
+    temp_c: NDArray[np.floating], power_w: NDArray[np.floating], step_s: float
+) -> tuple[F64, F64, F64]:
+    """Per whole minute of a ``(T, N)`` grid sampled every ``step_s``: mean temperature [°C],
+    mean power [W] and the temperature's slope from its first to its last sample [K/s], each
+    ``(T // per_minute, N)``. A partial last minute is dropped; NaN samples are skipped."""
+    per = max(1, round(60.0 / step_s))
+    m = temp_c.shape[0] // per
+    n = temp_c.shape[1]
+    t = np.asarray(temp_c[: m * per], dtype=float).reshape(m, per, n)
+    p = np.asarray(power_w[: m * per], dtype=float).reshape(m, per, n)
+    with np.errstate(all="ignore"):
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            mean_t = np.nanmean(t, axis=1)
+            mean_p = np.nanmean(p, axis=1)
+    span_s = (per - 1) * step_s
+    slope = (t[:, -1, :] - t[:, 0, :]) / span_s if per > 1 else np.zeros((m, n))
+    return mean_t, mean_p, np.where(np.isfinite(slope), slope, 0.0)
+
+
+def heat_w(mean_power_w: F64, slope_k_per_s: F64, c_j_per_k: F64) -> F64:
+    """x = P - C dT/dt: the minute's mean heat through the cold plate. [W]"""
+    return mean_power_w - np.nan_to_num(c_j_per_k, nan=0.0) * slope_k_per_s
+
+
+def trailing_sum(a: F64, window: int) -> F64:
+    """``out[k] = sum(a[k - window + 1 : k + 1])`` along axis 0 (shorter at the start)."""
+    c = np.cumsum(a, axis=0)
+    out = c.copy()
+    if window < a.shape[0]:
+        out[window:] = c[window:] - c[:-window]
+    return out
+
+
+def trailing_min(a: F64, window: int) -> F64:
+    """``out[k] = min(a[k - window + 1 : k + 1])`` along axis 0; NaN until ``window`` minutes
+    are there, and NaN where any of them is NaN (a minute without data judges nothing)."""
+    m = a.shape[0]
+    out = np.full_like(a, np.nan)
+    if m < window:
+        return out
+    from numpy.lib.stride_tricks import sliding_window_view
+
+    out[window - 1 :] = sliding_window_view(a, window, axis=0).min(axis=-1)
+    return out
+
+
+def residual_k(
+    mean_temp_c: F64, ref_c: F64, offset_k: F64, r_k_per_w: F64, x_w: F64
+) -> tuple[F64, F64]:
+    """(measured - model, model) per minute [K, °C]; ``r_k_per_w`` at the minute's flow."""
+    model = ref_c + offset_k + r_k_per_w * x_w
+    return mean_temp_c - model, model
+
+
+def r_estimate(
+    mean_temp_c: F64,
+    ref_c: F64,
+    offset_k: F64,
+    x_w: F64,
+    flow_factor: F64,
+    window: int,
+    *,
+    min_heat_w: float = MIN_HEAT_W,
+    min_minutes: int = MIN_R_MINUTES,
+) -> F64:
+    """R at the calibration's flow, re-estimated over each trailing ``window`` of minutes
+    (``(M, N)``; NaN where fewer than ``min_minutes`` minutes carried ``min_heat_w``). [K/W]"""
+    fx = flow_factor * x_w
+    y = mean_temp_c - ref_c - offset_k
+    ok = np.isfinite(y) & np.isfinite(fx) & (x_w >= min_heat_w)
+    yx = trailing_sum(np.where(ok, y * fx, 0.0), window)
+    xx = trailing_sum(np.where(ok, fx * fx, 0.0), window)
+    cnt = trailing_sum(ok.astype(float), window)
+    with np.errstate(all="ignore"):
+        r = yx / xx
+    return np.where((cnt >= min_minutes) & (xx > 0), r, np.nan)
+
+
+def group_median(values: F64, group: NDArray[np.int64], min_group: int = MIN_GROUP) -> F64:
+    """``(M, N)``: each column's group's median over its finite members, minute by minute
+    (NaN where fewer than ``min_group`` members have a value). ``group``: ``(N,)`` codes."""
+    out = np.full_like(values, np.nan)
+    import warnings
+
+    for g in np.unique(group):
+        cols = np.flatnonzero(group == g)
+        v = values[:, cols]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            med = np.nanmedian(v, axis=1)
+        enough = np.isfinite(v).sum(axis=1) >= min_group
+        out[:, cols] = np.where(enough, med, np.nan)[:, None]
+    return out
