@@ -234,3 +234,30 @@ def test_demo_day_pages_the_cold_plate_from_its_model_before_the_threshold(tmp_p
         if a["rule"] in ("gpu_hotspot_residual", "gpu_r_drift") and DEMO_GPU not in a["summary"]
     ]
     assert unrelated == []
+
+
+@pytest.mark.slow  # the demo bundle loaded and its series computed twice: out of the fast tier
+def test_replay_series_see_only_the_past_and_say_what_they_saw() -> None:
+    import dataclasses
+
+    from twin.replay.bundle import Bundle
+    from twin.replay.hotspot_feed import hotspot_series, labels_at
+    from twin.replay.whatif import load
+
+    d = load(Bundle.load(BUNDLE))
+    residual, drift = hotspot_series(d)
+    j = residual.ids.index(DEMO_GPU)
+    at = 7 * 60 + 3  # 07:03, an evaluation minute (one per minute from 00:00)
+    lab = labels_at(drift, at, j)
+    r, fleet = float(lab["r_k_per_w"]), float(lab["fleet_r_k_per_w"])
+    assert r > 1.25 * fleet and drift.values[at, j] == pytest.approx(r / fleet - 1, abs=2e-3)
+    assert set(labels_at(residual, at, j)) == {"measured_c", "model_c", "sigma_k"}
+    # a change from 08:00 on moves nothing before 08:01 (minute 08:00's figure is the next row)
+    cut = 8 * 360  # samples at 10 s
+    temp = d.gpu_temp_c.copy()
+    temp[cut:] += 10.0
+    res2, drift2 = hotspot_series(dataclasses.replace(d, gpu_temp_c=temp, cache={}))
+    row = cut // 6
+    for a, b in ((residual.values, res2.values), (drift.values, drift2.values)):
+        assert np.array_equal(a[: row + 1], b[: row + 1], equal_nan=True)
+    assert np.nanmin(res2.values[row + 6 :, j] - residual.values[row + 6 :, j]) > 0
