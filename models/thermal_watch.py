@@ -31,6 +31,12 @@ F64 = NDArray[np.float64]
 MIN_HEAT_W = 150.0
 #: Fewest such minutes in the window for an R estimate. [1]
 MIN_R_MINUTES = 10
+#: Fewest loaded minutes among the judged ones for a residual figure. [1]
+MIN_RESIDUAL_MINUTES = 3
+#: A judged minute carries at least this share of the heat of its window's heaviest: the
+#: minutes of a checkpoint dip and of the climb back (a third of the load and less) are left
+#: out of the residual's minimum. [1]
+LOAD_FRACTION = 0.7
 #: Fewest GPUs with an estimate for a group's median to be a fleet reference. [1]
 MIN_GROUP = 3
 
@@ -72,16 +78,50 @@ def trailing_sum(a: F64, window: int) -> F64:
     return out
 
 
-def trailing_min(a: F64, window: int) -> F64:
-    """``out[k] = min(a[k - window + 1 : k + 1])`` along axis 0; NaN until ``window`` minutes
-    are there, and NaN where any of them is NaN (a minute without data judges nothing)."""
+def trailing_min(a: F64, window: int, min_valid: int | None = None) -> F64:
+    """``out[k] = min(a[k - window + 1 : k + 1])`` along axis 0 over the finite values; NaN
+    where fewer than ``min_valid`` (default: all ``window``) of them are finite, and before
+    ``window`` minutes are there."""
     m = a.shape[0]
     out = np.full_like(a, np.nan)
     if m < window:
         return out
     from numpy.lib.stride_tricks import sliding_window_view
 
-    out[window - 1 :] = sliding_window_view(a, window, axis=0).min(axis=-1)
+    need = window if min_valid is None else min_valid
+    win = sliding_window_view(a, window, axis=0)
+    valid = np.isfinite(win).sum(axis=-1)
+    low = np.where(np.isfinite(win), win, np.inf).min(axis=-1)
+    out[window - 1 :] = np.where(valid >= need, low, np.nan)
+    return out
+
+
+def loaded_min(
+    z: F64,
+    x_w: F64,
+    window: int,
+    min_valid: int,
+    *,
+    min_heat_w: float = MIN_HEAT_W,
+    load_fraction: float = LOAD_FRACTION,
+) -> F64:
+    """``out[k]``: the smallest ``z`` of the trailing ``window`` minutes that carried the
+    window's load: at least ``min_heat_w`` and ``load_fraction`` of the window's heaviest
+    minute. A degraded plate shows in proportion to its heat (``dR x``), so a checkpoint's dip
+    or the minute the GPU climbs back from it says little and must not clear a hot spot. NaN
+    where fewer than ``min_valid`` minutes qualify, and before ``window`` minutes are there."""
+    m = z.shape[0]
+    out = np.full_like(z, np.nan)
+    if m < window:
+        return out
+    from numpy.lib.stride_tricks import sliding_window_view
+
+    zw = sliding_window_view(z, window, axis=0)
+    xw = sliding_window_view(np.where(np.isfinite(x_w), x_w, -np.inf), window, axis=0)
+    heaviest = xw.max(axis=-1, keepdims=True)
+    ok = np.isfinite(zw) & (xw >= min_heat_w) & (xw >= load_fraction * heaviest)
+    low = np.where(ok, zw, np.inf).min(axis=-1)
+    out[window - 1 :] = np.where(ok.sum(axis=-1) >= min_valid, low, np.nan)
     return out
 
 

@@ -335,7 +335,9 @@ def _watch(
     x = tw.heat_w(p_m, slope, c[None, :])
     resid, model = tw.residual_k(t_m, ref, off[None, :], r[None, :] * factor, x)
     with np.errstate(all="ignore"):
-        z = tw.trailing_min(resid / sigma[None, :], minutes)[-1]
+        z = tw.loaded_min(
+            resid / sigma[None, :], x, minutes, min(minutes, tw.MIN_RESIDUAL_MINUTES)
+        )[-1]
     r_est = tw.r_estimate(t_m, ref, off[None, :], x, factor, DRIFT_WINDOW_MIN)[-1]
     fleet = tw.group_median(r_est[None, :], gpu_groups(idx))[0]
     with np.errstate(all="ignore"):
