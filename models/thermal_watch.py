@@ -102,13 +102,15 @@ def loaded_min(
     window: int,
     min_valid: int,
     *,
-    min_heat_w: float = MIN_HEAT_W,
+    min_heat_w: float = 0.0,
     load_fraction: float = LOAD_FRACTION,
 ) -> F64:
     """``out[k]``: the smallest ``z`` of the trailing ``window`` minutes that carried the
     window's load: at least ``min_heat_w`` and ``load_fraction`` of the window's heaviest
     minute. A degraded plate shows in proportion to its heat (``dR x``), so a checkpoint's dip
-    or the minute the GPU climbs back from it says little and must not clear a hot spot. NaN
+    or the minute the GPU climbs back from it says little and must not clear a hot spot; a GPU
+    steadily at low load is judged at its own level (6 K over the model at 120 W is a plate
+    gone bad, though R's estimate there is too coarse for the drift detector). NaN
     where fewer than ``min_valid`` minutes qualify, and before ``window`` minutes are there."""
     m = z.shape[0]
     out = np.full_like(z, np.nan)
