@@ -242,17 +242,17 @@ def test_partial_and_stale_telemetry_keeps_detecting_and_clears_the_missing_entr
 def test_a_failing_stage_is_reported_once_and_the_rules_still_run(
     minutes: list[Minute], service, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A store without the calibration events table (as an older store might be) breaks the
-    hot-spot stage only: headroom, pumps and fleets are still computed, the pump page still
-    goes out, health names the stage and its error, the error is logged once, and health
-    recovers once the table is back."""
+    """A store without the calibration quality table (only the hot-spot stage reads it: the
+    residual's sigma) breaks the hot-spot stage only: headroom, pumps and fleets are still
+    computed, the pump page still goes out, health names the stage and its error, the error
+    is logged once, and health recovers once the table is back."""
     svc = service()
 
     def break_and_mend(m: int) -> None:
         if m == CALIBRATE_AFTER_MIN - 1:  # just after the calibration run
-            svc.store.con.execute("ALTER TABLE calibration_events RENAME TO calibration_events_x")
+            svc.store.con.execute("ALTER TABLE calibration_quality RENAME TO calibration_quality_x")
         if m == 12:
-            svc.store.con.execute("ALTER TABLE calibration_events_x RENAME TO calibration_events")
+            svc.store.con.execute("ALTER TABLE calibration_quality_x RENAME TO calibration_quality")
 
     with caplog.at_level(logging.INFO, logger="twin.detect"):
         svc.run(minutes, lambda m, topic, payload: True, after=break_and_mend)
@@ -260,7 +260,7 @@ def test_a_failing_stage_is_reported_once_and_the_rules_still_run(
     det = svc.health.snapshot()["loops"]["detection"]
     assert det["errors_total"] == 12 - (CALIBRATE_AFTER_MIN - 1)  # the passes without it
     assert det["last_error"].startswith("hotspots: CatalogException: ")
-    assert "calibration_events" in det["last_error"]
+    assert "calibration_quality" in det["last_error"]
     assert not det["failing"]  # the last passes, with the table back, succeeded
     failed_logs = [r for r in caplog.records if "stage hotspots failed" in r.getMessage()]
     assert len(failed_logs) == 1 and failed_logs[0].exc_info is not None

@@ -24,9 +24,11 @@ metric                                      entity  value
 ``headroom.link.gbps_to_limit``             link    Gb/s left to capacity (busier direction)
 ``headroom.link.time_to_breach_p50_s``      link    s until the p50 traffic reaches it (*)
 ``hotspot.gpu.residual_sigma``              gpu     smallest minute residual over the model / σ
+                                                   (labels measured_c, model_c, sigma_k)
 ``hotspot.gpu.over_limit_k``                gpu     K over the catalog limit (only when over)
 ``hotspot.rack.inlet_c``                    rack    inlet air °C (every rack with a reading)
-``drift.gpu.r_k_per_w``                     gpu     R over its fleet's median - 1 (drift events)
+``drift.gpu.r_k_per_w``                     gpu     R of the last 30 min over its fleet's median
+                                                   - 1 (labels r_k_per_w, fleet_r_k_per_w)
 ``cooling.gpu.step_k``                      gpu     K the temperature fell below the model at
                                                    flat power (cooling changed, not the load)
 ``cdu.pumps_running``                       cdu     pumps not seen stopped (speed > 5 %) [#]_
@@ -293,13 +295,28 @@ def observations(d: Detection) -> list[Observation]:
         elif r.kind == "link":
             obs(HEADROOM_LINK_GBPS_TO_LIMIT, "link", r.id, r.headroom_now)
             breach(HEADROOM_LINK_TIME_TO_BREACH_P50_S, "link", r.id, r.breach_in_s_p50)
-    for gid, z in d.hotspots.residual_sigma.items():
-        obs(HOTSPOT_GPU_RESIDUAL_SIGMA, "gpu", gid, z)
+    hs = d.hotspots
+    for gid, z in hs.residual_sigma.items():
+        lab = {}
+        if gid in hs.measured_c:
+            lab = {
+                "measured_c": f"{hs.measured_c[gid]:.1f}",
+                "model_c": f"{hs.model_c[gid]:.1f}",
+                "sigma_k": f"{hs.sigma_k[gid]:.2f}",
+            }
+        obs(HOTSPOT_GPU_RESIDUAL_SIGMA, "gpu", gid, z, **lab)
+    for gid, v in hs.r_drift.items():
+        obs(
+            DRIFT_GPU_R,
+            "gpu",
+            gid,
+            v,
+            r_k_per_w=f"{hs.r_k_per_w[gid]:.4f}",
+            fleet_r_k_per_w=f"{hs.fleet_r_k_per_w[gid]:.4f}",
+        )
     for h in d.hotspots.hotspots:
         if h.reason == "over_limit":
             obs(HOTSPOT_GPU_OVER_LIMIT_K, "gpu", h.id, h.excess, detail=h.detail)
-        elif h.reason == "r_drift" and h.reference:
-            obs(DRIFT_GPU_R, "gpu", h.id, h.value / h.reference - 1.0, detail=h.detail)
         elif h.reason == "cooling_changed":
             at = h.at.isoformat() if h.at else ""
             obs(COOLING_GPU_STEP_K, "gpu", h.id, h.excess, detail=h.detail, at=at)

@@ -5,13 +5,20 @@ Five detectors, each on the store's newest data:
 - ``over_limit``: a GPU at or over its max operating temperature (where thermal slowdown
   starts) or its HBM at or over the HBM limit, from the catalog.
 - ``above_model``: a GPU measured above its calibrated RC model's prediction (given the measured
-  power and coolant) by ``k_sigma`` standard deviations in every one of the last ``minutes``
-  minutes. The model runs from the measured temperature at the start of a window a few
-  minutes longer than that, so its start is forgotten (tau is seconds to a minute) and what
-  remains is the gap between the GPU and its healthy self: a fouling cold plate or paste
-  pumping out shows here long before the GPU slows down. The standard deviation is the GPU's
-  own held-out error from its calibration (RMSE ~ 1.25 MAE), at least ``MIN_SIGMA_K``.
-- ``r_drift``: the calibration's drift events (a GPU's R over its fleet and its own history).
+  power, coolant and loop flow) by ``k_sigma`` standard deviations in every one of the last
+  ``minutes`` minutes. Both are minute means (``models.thermal_watch``: the RC model is exact
+  in minute means once the heat stored by the GPU's own warming is taken out), aggregated in
+  DuckDB, so 10,000 GPUs cost a GROUP BY, not a per-second simulation. The standard deviation
+  is the GPU's own held-out error from its calibration (RMSE ~ 1.25 MAE), at least
+  ``MIN_SIGMA_K``. The model's R is the lower of the latest run's and the median of the GPU's
+  own fits: a refit over a degrading cold plate would otherwise learn the fault and hide it
+  (a slow ramp is absorbed one refit at a time). What the GPU's figures were is in the report
+  (``measured_c``, ``model_c``, ``sigma_k``).
+- ``r_drift``: R re-estimated every pass over the last ``DRIFT_WINDOW_MIN`` minutes (least
+  squares of the minute means, at the calibration's flow) more than ``R_DRIFT_BAND`` over the
+  median of its fleet's same estimate (``r_k_per_w``, ``fleet_r_k_per_w``, ``r_drift``). It
+  needs no refit (a drift event of the calibration comes only with a refit, and only past
+  +50 %) and no calibration at all (without one, offset 0 and no heat-storage term).
 - ``inlet_high``: rack inlet air above the ASHRAE TC 9.9 recommended envelope's 27 °C.
 - ``cooling_changed``: a GPU's temperature fell by at least ``MIN_STEP_K`` over the model while
   its power stayed flat, in the last ``COOLING_LOOKBACK_MIN`` minutes
@@ -31,9 +38,10 @@ import numpy as np
 from pydantic import BaseModel
 
 from models import gpu_thermal
+from models import thermal_watch as tw
 from models.cooling_change import FLAT_FRACTION, cooling_steps
 from twin.calibrate.calibrate import gpu_flow_ratio, gpu_reference, index_site
-from twin.calibrate.windows import first_valid, hold_fill, load_window
+from twin.calibrate.windows import hold_fill, load_window
 from twin.coverage import newest_sample
 from twin.site import Site
 from twin.store import Store
@@ -44,13 +52,35 @@ ASHRAE_RECOMMENDED_MAX_C = 27.0
 MIN_SIGMA_K = 0.3
 #: sigma = RMSE; for normal errors RMSE = sqrt(pi / 2) * MAE.
 RMSE_PER_MAE = math.sqrt(math.pi / 2.0)
-#: Extra minutes the model runs before the judged window, to forget its starting point.
-WARMUP_MIN = 3
+#: A GPU whose R re-estimate is this far over its fleet's median is listed as an ``r_drift``
+#: hot spot: above healthy cold plates' +-15 % spread (docs/physics.md §9.2) with margin; the
+#: shipped gpu_r_drift rule pages at the same figure. [1]
+R_DRIFT_BAND = 0.25
+#: Minutes of the residual judged: the residual-sigma figure is the smallest of their minute
+#: residuals, so one transient minute (a checkpoint's step) cannot raise it. [min]
+RESIDUAL_MINUTES = 5
+#: The trailing window R is re-estimated over, every pass: long enough for a training fleet's
+#: checkpoint dips (every ~30 min) to leave 10 loaded minutes, short enough that a cold plate
+#: degrading over hours is seen within half of it. [min]
+DRIFT_WINDOW_MIN = 30
 #: How far back the cooling-change detector looks: a fall is seen by every pass for several
 #: minutes after it (it needs 2.5 min of context around it). [min]
 COOLING_LOOKBACK_MIN = 10
 
 Reason = Literal["over_limit", "above_model", "r_drift", "inlet_high", "cooling_changed"]
+
+
+def gpu_groups(idx: Any) -> np.ndarray:
+    """(G,) int: each GPU's drift group, its fleet (else its model class) and its cooling, as
+    the calibration's drift events group them (``twin.calibrate.calibrate._drift_events``)."""
+    codes: dict[tuple[str, bool], int] = {}
+    return np.array(
+        [
+            codes.setdefault((fleet or cls, bool(idx.gpu_cdu[g] >= 0)), len(codes))
+            for g, (fleet, cls) in enumerate(zip(idx.gpu_fleet, idx.gpu_class, strict=True))
+        ],
+        dtype=np.int64,
+    )
 
 
 class HotSpot(BaseModel):
@@ -74,6 +104,15 @@ class HotSpotReport(BaseModel):
     minutes: int
     hotspots: list[HotSpot]
     residual_sigma: dict[str, float]  # every GPU with a calibrated model: min minute residual/σ
+    # ... and for those GPUs, the last minute's mean measured and modelled temperature and σ
+    measured_c: dict[str, float] = {}
+    model_c: dict[str, float] = {}
+    sigma_k: dict[str, float] = {}
+    # every GPU loaded enough over the last DRIFT_WINDOW_MIN minutes: its R re-estimated there
+    # (at its calibration's flow), its fleet's median, and R over that median - 1
+    r_k_per_w: dict[str, float] = {}
+    fleet_r_k_per_w: dict[str, float] = {}
+    r_drift: dict[str, float] = {}
     rack_inlet_c: dict[str, float]  # every rack with an inlet reading: the last minute's warmest
     problems: list[str]
 
@@ -101,35 +140,19 @@ def find_hotspots(
     problems: list[str] = []
     out: list[HotSpot] = []
     end = now + timedelta(seconds=1)
-    span_s = 60.0 * (minutes + WARMUP_MIN)
-    start = end - timedelta(seconds=span_s)
+    start = end - timedelta(seconds=60.0)  # the last minute, on the samples' 1 s grid
     gpu = load_window(
-        store, "gpu", start, end, ids=idx.gpu_ids, quantities=["power_w", "temp_c", "mem_temp_c"]
-    )
-    cdu = load_window(
-        store, "cdu", start, end, ids=idx.cdu_names, quantities=["supply_temp_c", "flow_lpm"]
+        store, "gpu", start, end, ids=idx.gpu_ids, quantities=["temp_c", "mem_temp_c"]
     )
     node = load_window(store, "node", start, end, quantities=["inlet_temp_c"])
     pdu = load_window(store, "pdu", start, end, quantities=["inlet_temp_c"])
-    temp = gpu.values["temp_c"]
-    last_min = slice(-60, None)
+    out += _over_limit(idx, nodes, racks, gpu.values["temp_c"], gpu.values["mem_temp_c"])
 
-    out += _over_limit(idx, nodes, racks, temp[last_min], gpu.values["mem_temp_c"][last_min])
-    with np.errstate(all="ignore"), warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        t_now = np.nanmean(temp[last_min], axis=0)
-
-    # ---- above the calibrated model, and drift events of the latest run
+    # ---- above the calibrated model, and R drifting over its fleet (last minutes' aggregates)
     run = store.latest_calibration_run_id()
-    residual_sigma: dict[str, float] = {}
-    if run is None:
-        problems.append("no calibration run yet: the model-residual detector has nothing to use")
-    else:
-        found, residual_sigma, missing = _above_model(
-            store, run, idx, racks, (gpu, cdu, node, pdu), t_now, k_sigma, minutes
-        )
-        out += found + _drift_hotspots(store, run, idx, racks)
-        problems += missing
+    found, figures, missing = _watch(store, run, idx, racks, end, k_sigma, minutes)
+    out += found
+    problems += missing
     out += _cooling_changes(store, run, idx, nodes, racks, end)
 
     # ---- rack inlet air over the ASHRAE recommended envelope
@@ -141,7 +164,13 @@ def find_hotspots(
         k_sigma=k_sigma,
         minutes=minutes,
         hotspots=out,
-        residual_sigma=residual_sigma,
+        residual_sigma=figures["residual_sigma"],
+        measured_c=figures["measured_c"],
+        model_c=figures["model_c"],
+        sigma_k=figures["sigma_k"],
+        r_k_per_w=figures["r_k_per_w"],
+        fleet_r_k_per_w=figures["fleet_r_k_per_w"],
+        r_drift=figures["r_drift"],
         rack_inlet_c=inlet,
         problems=problems,
     )
@@ -189,119 +218,187 @@ def _over_limit(
     return out
 
 
-def _above_model(
+def _gpu_minutes(
+    store: Store, ids: list[str], start: datetime, n_min: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per GPU and minute of ``[start, start + n_min min)``: mean temperature, mean power and
+    the temperature's slope from the minute's first to its last sample [K/s], ``(n_min, G)``,
+    aggregated in DuckDB (one row per GPU and minute comes back, not one per sample)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    end = start + timedelta(minutes=n_min)
+    tab = store.con.sql(
+        "SELECT id, (epoch_us(ts) - epoch_us($1::TIMESTAMPTZ)) // 60000000 AS m,"
+        " avg(temp_c) AS t, avg(power_w) AS p, arg_min(temp_c, ts) AS t0,"
+        " arg_max(temp_c, ts) AS t1, (epoch_us(max(ts)) - epoch_us(min(ts))) / 1e6 AS span"
+        " FROM gpu WHERE ts >= $1 AND ts < $2 AND temp_c IS NOT NULL GROUP BY ALL",
+        params=[start, end],
+    ).to_arrow_table()
+    shape = (n_min, len(ids))
+    t_m, p_m, slope = np.full(shape, np.nan), np.full(shape, np.nan), np.zeros(shape)
+    if tab.num_rows == 0:
+        return t_m, p_m, slope
+    col = pc.index_in(tab.column("id"), value_set=pa.array(ids)).to_numpy(zero_copy_only=False)
+    col = np.nan_to_num(np.asarray(col, dtype=float), nan=-1).astype(np.int64)
+    row = tab.column("m").to_numpy().astype(np.int64)
+    ok = (col >= 0) & (row >= 0) & (row < n_min)
+    r, c = row[ok], col[ok]
+
+    def get(name: str) -> np.ndarray:
+        return tab.column(name).to_numpy(zero_copy_only=False).astype(float)[ok]
+
+    t_m[r, c], p_m[r, c] = get("t"), get("p")
+    span = get("span")
+    with np.errstate(all="ignore"):
+        sl = np.where(span > 0, (get("t1") - get("t0")) / span, 0.0)
+    slope[r, c] = np.where(np.isfinite(sl), sl, 0.0)
+    return t_m, p_m, slope
+
+
+def _minute_window(store: Store, kind: str, start: datetime, n_min: int, **kw: Any) -> Any:
+    """One sample per minute of ``[start, start + n_min min)``, held over missing minutes."""
+    w = load_window(store, kind, start, start + timedelta(minutes=n_min), step_s=60.0, **kw)
+    for q, v in w.values.items():
+        w.values[q] = hold_fill(v, backfill=True)
+    return w
+
+
+def _watch(
     store: Store,
-    run: int,
+    run: int | None,
     idx: Any,
     racks: list[Any],
-    windows: tuple[Any, Any, Any, Any],
-    t_now: Any,
+    end: datetime,
     k_sigma: float,
     minutes: int,
-) -> tuple[list[HotSpot], dict[str, float], list[str]]:
-    """GPUs above their calibrated model (of calibration run ``run``) by ``k_sigma`` in each
-    of the last ``minutes`` minutes; with every judged GPU's smallest minute residual in
-    sigma, and what could not be judged. ``windows``: the gpu, cdu, node and pdu windows."""
-    gpu, cdu, node, pdu = windows
-    temp = gpu.values["temp_c"]
-    last_min = slice(-60, None)
-    out: list[HotSpot] = []
+) -> tuple[list[HotSpot], dict[str, dict[str, float]], list[str]]:
+    """The model-residual and R-drift detectors on the last minutes' aggregates
+    (``models.thermal_watch``), vectorized over GPUs.
+
+    - residual: each minute's mean temperature against the calibrated model's (run ``run``)
+      for the minute's mean heat, coolant and loop flow; the figure is the smallest of the
+      last ``minutes`` minutes over sigma (the GPU's held-out fit error x sqrt(pi/2), at least
+      :data:`MIN_SIGMA_K`). The model's R is the lower of the run's and the median of the
+      GPU's own fits so far: a refit on a degrading cold plate must not teach the model the
+      fault and hide it.
+    - drift: R re-estimated over the last :data:`DRIFT_WINDOW_MIN` minutes (at the
+      calibration's flow) against its fleet's median of the same estimate.
+
+    Returns the hot spots, the figures per GPU (``residual_sigma``, ``measured_c``,
+    ``model_c``, ``sigma_k``, ``r_k_per_w``, ``fleet_r_k_per_w``, ``r_drift``: id -> value)
+    and what could not be judged."""
     problems: list[str] = []
-    residual_sigma: dict[str, float] = {}
-    params = {
-        (i_, p): v
-        for (_, i_, p), v in store.calibration_params(
-            run, kind="gpu", params=("r_k_per_w", "c_j_per_k", "offset_k", "flow_ref_lpm")
-        ).items()
-    }
-    flow_ref = {i_: v for (i_, p), v in params.items() if p == "flow_ref_lpm"}
-    mae = {
-        q["id"]: q["mae"]
-        for q in store.calibration_quality(run, kind="gpu")
-        if q["quantity"].startswith("temp_c@")
-    }
-    g = len(idx.gpu_ids)
-    r = np.array([params.get((gid, "r_k_per_w"), np.nan) for gid in idx.gpu_ids])
-    c = np.array([params.get((gid, "c_j_per_k"), np.nan) for gid in idx.gpu_ids])
-    off = np.array([params.get((gid, "offset_k"), 0.0) for gid in idx.gpu_ids])
-    sigma = np.array(
-        [
-            max(MIN_SIGMA_K, RMSE_PER_MAE * m) if (m := mae.get(gid)) is not None else np.nan
-            for gid in idx.gpu_ids
-        ]
+    n_min = max(minutes, DRIFT_WINDOW_MIN)
+    start = end - timedelta(minutes=n_min)  # the last minute ends with the newest second
+    ids = idx.gpu_ids
+    t_m, p_m, slope = _gpu_minutes(store, ids, start, n_min)
+    cdu = _minute_window(
+        store, "cdu", start, n_min, ids=idx.cdu_names, quantities=["supply_temp_c", "flow_lpm"]
     )
-    # R at the loop's flow over the window (it was fitted at the calibration's flow)
-    with np.errstate(all="ignore"), warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        flow_now = np.nanmean(cdu.values["flow_lpm"], axis=0)
-    r = gpu_thermal.r_at_flow_k_per_w(r, gpu_flow_ratio(idx, flow_ref, flow_now))
+    node = _minute_window(store, "node", start, n_min, quantities=["inlet_temp_c"])
+    pdu = _minute_window(store, "pdu", start, n_min, quantities=["inlet_temp_c"])
     ref = gpu_reference(idx, cdu, node, pdu)
-    power = hold_fill(gpu.values["power_w"], backfill=True)
-    ref = hold_fill(ref, backfill=True)
-    t0 = first_valid(temp)
+    params: dict[tuple[str, str], float] = {}
+    mae: dict[str, float] = {}
+    history: dict[str, float] = {}
+    if run is not None:
+        params = {
+            (i_, p): v
+            for (_, i_, p), v in store.calibration_params(
+                run, kind="gpu", params=("r_k_per_w", "c_j_per_k", "offset_k", "flow_ref_lpm")
+            ).items()
+            if v is not None
+        }
+        mae = {
+            q["id"]: q["mae"]
+            for q in store.calibration_quality(run, kind="gpu")
+            if q["quantity"].startswith("temp_c@") and q["mae"] is not None
+        }
+        history = store.calibration_param_medians("gpu", "r_k_per_w")
+
+    def per_gpu(name: str, default: float) -> np.ndarray:
+        return np.array([params.get((gid, name), default) for gid in ids], dtype=float)
+
+    r = per_gpu("r_k_per_w", np.nan)
+    hist = np.array([history.get(gid, np.nan) for gid in ids])
+    r = np.where(np.isfinite(hist), np.fmin(r, hist), r)
+    c, off = per_gpu("c_j_per_k", np.nan), per_gpu("offset_k", 0.0)
+    sigma = np.array(
+        [max(MIN_SIGMA_K, RMSE_PER_MAE * mae[gid]) if gid in mae else np.nan for gid in ids]
+    )
+    flow_ref = {i_: v for (i_, p), v in params.items() if p == "flow_ref_lpm"}
+    flow = cdu.values["flow_lpm"]
+    ratio = np.stack([gpu_flow_ratio(idx, flow_ref, flow[k]) for k in range(n_min)])
+    factor = gpu_thermal.r_at_flow_k_per_w(1.0, ratio)
+    factor = np.where((idx.gpu_cdu >= 0)[None, :], factor, 1.0)
+    x = tw.heat_w(p_m, slope, c[None, :])
+    resid, model = tw.residual_k(t_m, ref, off[None, :], r[None, :] * factor, x)
     with np.errstate(all="ignore"):
-        pred = gpu_thermal.predict_temp_c(t0, ref, power, r, c, 1.0, off)
-    resid = temp - pred
-    n_t = resid.shape[0]
-    judged = resid[max(n_t - 60 * minutes, 0) :]
-    usable = np.isfinite(r) & np.isfinite(c) & np.isfinite(sigma)
-    if judged.shape[0] >= 60 * minutes:
-        per_min = judged[: 60 * minutes].reshape(minutes, 60, g)
-        with np.errstate(all="ignore"), warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)
-            means = np.nanmean(per_min, axis=1)  # (minutes, g)
-            worst = np.nanmin(means, axis=0) / sigma
-            pred_now = np.nanmean(pred[last_min], axis=0)
-        judged_ok = np.flatnonzero(usable & np.isfinite(worst))
-        residual_sigma = dict(
-            zip([idx.gpu_ids[i] for i in judged_ok], worst[judged_ok].tolist(), strict=True)
-        )
-        for i in judged_ok[worst[judged_ok] >= k_sigma]:  # only the flagged GPUs
-            gid = idx.gpu_ids[i]
-            out.append(
-                HotSpot(
-                    kind="gpu",
-                    id=gid,
-                    reason="above_model",
-                    value=float(t_now[i]),
-                    reference=float(pred_now[i]),
-                    excess=float(t_now[i] - pred_now[i]),
-                    sigma=float(sigma[i]),
-                    residual_sigma=float(worst[i]),
-                    rack=racks[idx.gpu_rack[i]].name,
-                    detail=(
-                        f"{t_now[i] - pred_now[i]:.1f} K above its calibrated model "
-                        f"({worst[i]:.1f} sigma or more in each of the last {minutes} "
-                        f"min; sigma {sigma[i]:.2f} K)"
-                    ),
-                )
-            )
-    else:
-        problems.append(f"less than {minutes} min of GPU data: no model-residual check")
-    return out, residual_sigma, problems
+        z = tw.loaded_min(
+            resid / sigma[None, :], x, minutes, min(minutes, tw.MIN_RESIDUAL_MINUTES)
+        )[-1]
+    r_est = tw.r_estimate(t_m, ref, off[None, :], x, factor, DRIFT_WINDOW_MIN)[-1]
+    fleet = tw.group_median(r_est[None, :], gpu_groups(idx))[0]
+    with np.errstate(all="ignore"):
+        drift = r_est / fleet - 1.0
+    if run is None:
+        problems.append("no calibration run yet: the model-residual detector has nothing to use")
+    elif not np.isfinite(t_m[-minutes:]).any():
+        problems.append(f"no GPU data in the last {minutes} min: no model-residual check")
+    figures: dict[str, dict[str, float]] = {}
 
+    def keep(name: str, values: np.ndarray, where: np.ndarray) -> None:
+        j = np.flatnonzero(where)
+        figures[name] = dict(zip([ids[i] for i in j], values[j].tolist(), strict=True))
 
-def _drift_hotspots(store: Store, run: int, idx: Any, racks: list[Any]) -> list[HotSpot]:
-    """The GPU drift events of calibration run ``run``, as hot spots."""
+    judged = np.isfinite(z)
+    keep("residual_sigma", z, judged)
+    keep("measured_c", t_m[-1], judged)
+    keep("model_c", model[-1], judged)
+    keep("sigma_k", sigma, judged)
+    has_r = np.isfinite(drift)
+    keep("r_k_per_w", r_est, has_r)
+    keep("fleet_r_k_per_w", fleet, has_r)
+    keep("r_drift", drift, has_r)
     out: list[HotSpot] = []
-    pos = {gid: i for i, gid in enumerate(idx.gpu_ids)}
-    for ev in store.calibration_events(run, kind="gpu"):
-        gid, param, value, fleet = ev["id"], ev["param"], ev["value"], ev["fleet_median"]
-        detail = ev["detail"]
-        gi = pos.get(gid)
+    for i in np.flatnonzero(judged & (z >= k_sigma)):  # only the flagged GPUs
+        meas, mod = float(t_m[-1, i]), float(model[-1, i])
         out.append(
             HotSpot(
                 kind="gpu",
-                id=gid,
-                reason="r_drift",
-                value=float(value),
-                reference=None if fleet is None else float(fleet),
-                excess=float(value - fleet) if fleet is not None else 0.0,
-                rack=racks[idx.gpu_rack[gi]].name if gi is not None else None,
-                detail=f"{param}: {detail}",
+                id=ids[i],
+                reason="above_model",
+                value=meas,
+                reference=mod,
+                excess=meas - mod,
+                sigma=float(sigma[i]),
+                residual_sigma=float(z[i]),
+                rack=racks[idx.gpu_rack[i]].name,
+                detail=(
+                    f"{meas - mod:.1f} K above its calibrated model ({meas:.1f} °C measured, "
+                    f"{mod:.1f} °C modelled in the last minute; {z[i]:.1f} sigma or more in "
+                    f"each of the last {minutes} min; sigma {sigma[i]:.2f} K)"
+                ),
             )
         )
-    return out
+    for i in np.flatnonzero(has_r & (drift > R_DRIFT_BAND)):
+        out.append(
+            HotSpot(
+                kind="gpu",
+                id=ids[i],
+                reason="r_drift",
+                value=float(r_est[i]),
+                reference=float(fleet[i]),
+                excess=float(r_est[i] - fleet[i]),
+                rack=racks[idx.gpu_rack[i]].name,
+                detail=(
+                    f"R {r_est[i]:.4f} K/W over the last {DRIFT_WINDOW_MIN} min is "
+                    f"{drift[i]:+.0%} over its fleet's median {fleet[i]:.4f} K/W"
+                ),
+            )
+        )
+    return out, figures, problems
 
 
 def _cooling_changes(

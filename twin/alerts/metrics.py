@@ -174,7 +174,7 @@ _SPECS = (
         DRIFT_GPU_R,
         ("gpu",),
         "1",
-        "thermal resistance R over its fleet's median, minus 1 (reported only while drifting)",
+        "thermal resistance R (last 30 min) over its fleet's median, minus 1",
     ),
     MetricSpec(
         COOLING_GPU_STEP_K,

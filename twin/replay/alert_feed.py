@@ -189,6 +189,8 @@ class AlertFeed:
                         "severity": note.severity,
                         "group": f"{note.group.kind} {note.group.id}",
                         "summary": note.summary,
+                        "repeat": note.repeat,
+                        "flapping": note.flapping,
                     }
                 )
         return sent

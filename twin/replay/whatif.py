@@ -737,6 +737,7 @@ def _pass(d: Recording, changes: list[Any], rules: Any) -> _Pass:
     feed = AlertFeed(rules, d)
     cool = _cooling(d, changes)
     gpu = _gpus(d, changes, cool, judge, feed)
+    _offer_hotspots(d, changes, feed)
     base_in = np.where(np.isfinite(d.rack_in_w), d.rack_in_w, np.nan)
     rack_s = chain.rack_power_w(
         np.nan_to_num(base_in), gpu["rack_change_w"], d.params.rack_beta[None, :]
@@ -748,6 +749,20 @@ def _pass(d: Recording, changes: list[Any], rules: Any) -> _Pass:
     link_util = _links(d, changes, gpu["fleet_act"], judge, cool.notes, feed)
     _fleet_underuse(d, gpu["fleet_act"], gpu["fleet_n"], feed)
     return _Pass(judge, cool, gpu, rack_s, elec, cdu, link_util, feed.evaluate(), new)
+
+
+# ---- hot-spot detectors (issue 16 item 4) ---------------------------------------------------
+def _offer_hotspots(d: Recording, changes: list[Any], feed: AlertFeed) -> None:
+    """The residual and R-drift series (``twin.replay.hotspot_feed``) to the alert feed, for a
+    run whose GPUs are as recorded (the baseline, or a scenario that leaves them alone); the
+    recording's series are computed once and cached on ``d``."""
+    if feed.rules is None or any(isinstance(c, _GPU_CHANGES) for c in changes):
+        return
+    from twin.replay import hotspot_feed
+
+    if "hotspot-series" not in d.cache:
+        d.cache["hotspot-series"] = hotspot_feed.hotspot_series(d)
+    hotspot_feed.offer(feed, d.cache["hotspot-series"])
 
 
 def run(

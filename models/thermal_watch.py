@@ -1,0 +1,176 @@
+"""Watching GPUs against their thermal model, minute by minute: residual and R re-estimate.
+
+Both detectors of a degrading cold plate work on per-minute aggregates of each GPU (its mean
+temperature and power and its temperature's slope over the minute), vectorized over GPUs and
+minutes, so the live service (its last minutes) and a what-if replay (every minute of a day,
+causally) run the same arithmetic.
+
+The RC model ``C dT/dt = P - (T - T_ref - offset) / R`` averaged over a minute is exact in
+the minute means (docs/physics.md §2):
+
+.. math:: \\bar T - T_{ref} - \\mathrm{offset} = R\\,(\\bar P - C\\,\\overline{dT/dt}) = R\\,x
+
+so with ``x`` (the heat the cold plate carried away, W) the model's minute mean is
+``T_ref + offset + R x``, and ``R`` is re-estimated over a trailing window by least squares
+through the origin, ``R = sum(y x) / sum(x^2)`` with ``y = T - T_ref - offset``: no simulation
+and no per-second grid. A loop's flow changes R (``models.gpu_thermal.r_at_flow_k_per_w``) by a
+factor the same for every R; ``flow_factor`` divides it out, so the estimate is R at the flow
+the GPU was calibrated at, comparable across a fleet whose loops run at different flows.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.typing import NDArray
+
+F64 = NDArray[np.float64]
+
+#: Least heat through the cold plate, per minute, for that minute to count in the R estimate:
+#: below it the sensor's 1 K step is more than 5 % of R x (0.031 K/W x 150 W = 4.7 K for an
+#: H100 on a cold plate, docs/physics.md §9.2). An idle GPU says nothing about its R. [W]
+MIN_HEAT_W = 150.0
+#: Fewest such minutes in the window for an R estimate. [1]
+MIN_R_MINUTES = 10
+#: Fewest loaded minutes among the judged ones for a residual figure. [1]
+MIN_RESIDUAL_MINUTES = 3
+#: A judged minute carries at least this share of the heat of its window's heaviest: the
+#: minutes of a checkpoint dip and of the climb back (a third of the load and less) are left
+#: out of the residual's minimum. [1]
+LOAD_FRACTION = 0.7
+#: Fewest GPUs with an estimate for a group's median to be a fleet reference. [1]
+MIN_GROUP = 3
+
+
+def minute_aggregates(
+    temp_c: NDArray[np.floating], power_w: NDArray[np.floating], step_s: float
+) -> tuple[F64, F64, F64]:
+    """Per whole minute of a ``(T, N)`` grid sampled every ``step_s``: mean temperature [°C],
+    mean power [W] and the temperature's slope from its first to its last sample [K/s], each
+    ``(T // per_minute, N)``. A partial last minute is dropped; NaN samples are skipped."""
+    per = max(1, round(60.0 / step_s))
+    m = temp_c.shape[0] // per
+    n = temp_c.shape[1]
+    t = np.asarray(temp_c[: m * per], dtype=float).reshape(m, per, n)
+    p = np.asarray(power_w[: m * per], dtype=float).reshape(m, per, n)
+    with np.errstate(all="ignore"):
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            mean_t = np.nanmean(t, axis=1)
+            mean_p = np.nanmean(p, axis=1)
+    span_s = (per - 1) * step_s
+    slope = (t[:, -1, :] - t[:, 0, :]) / span_s if per > 1 else np.zeros((m, n))
+    return mean_t, mean_p, np.where(np.isfinite(slope), slope, 0.0)
+
+
+def heat_w(mean_power_w: F64, slope_k_per_s: F64, c_j_per_k: F64) -> F64:
+    """x = P - C dT/dt: the minute's mean heat through the cold plate. [W]"""
+    return mean_power_w - np.nan_to_num(c_j_per_k, nan=0.0) * slope_k_per_s
+
+
+def trailing_sum(a: F64, window: int) -> F64:
+    """``out[k] = sum(a[k - window + 1 : k + 1])`` along axis 0 (shorter at the start)."""
+    c = np.cumsum(a, axis=0)
+    out = c.copy()
+    if window < a.shape[0]:
+        out[window:] = c[window:] - c[:-window]
+    return out
+
+
+def trailing_min(a: F64, window: int, min_valid: int | None = None) -> F64:
+    """``out[k] = min(a[k - window + 1 : k + 1])`` along axis 0 over the finite values; NaN
+    where fewer than ``min_valid`` (default: all ``window``) of them are finite, and before
+    ``window`` minutes are there."""
+    m = a.shape[0]
+    out = np.full_like(a, np.nan)
+    if m < window:
+        return out
+    from numpy.lib.stride_tricks import sliding_window_view
+
+    need = window if min_valid is None else min_valid
+    win = sliding_window_view(a, window, axis=0)
+    valid = np.isfinite(win).sum(axis=-1)
+    low = np.where(np.isfinite(win), win, np.inf).min(axis=-1)
+    out[window - 1 :] = np.where(valid >= need, low, np.nan)
+    return out
+
+
+def loaded_min(
+    z: F64,
+    x_w: F64,
+    window: int,
+    min_valid: int,
+    *,
+    min_heat_w: float = 0.0,
+    load_fraction: float = LOAD_FRACTION,
+) -> F64:
+    """``out[k]``: the smallest ``z`` of the trailing ``window`` minutes that carried the
+    window's load: at least ``min_heat_w`` and ``load_fraction`` of the window's heaviest
+    minute. A degraded plate shows in proportion to its heat (``dR x``), so a checkpoint's dip
+    or the minute the GPU climbs back from it says little and must not clear a hot spot; a GPU
+    steadily at low load is judged at its own level (6 K over the model at 120 W is a plate
+    gone bad, though R's estimate there is too coarse for the drift detector). NaN
+    where fewer than ``min_valid`` minutes qualify, and before ``window`` minutes are there."""
+    m = z.shape[0]
+    out = np.full_like(z, np.nan)
+    if m < window:
+        return out
+    from numpy.lib.stride_tricks import sliding_window_view
+
+    zw = sliding_window_view(z, window, axis=0)
+    xw = sliding_window_view(np.where(np.isfinite(x_w), x_w, -np.inf), window, axis=0)
+    heaviest = xw.max(axis=-1, keepdims=True)
+    ok = np.isfinite(zw) & (xw >= min_heat_w) & (xw >= load_fraction * heaviest)
+    low = np.where(ok, zw, np.inf).min(axis=-1)
+    out[window - 1 :] = np.where(ok.sum(axis=-1) >= min_valid, low, np.nan)
+    return out
+
+
+def residual_k(
+    mean_temp_c: F64, ref_c: F64, offset_k: F64, r_k_per_w: F64, x_w: F64
+) -> tuple[F64, F64]:
+    """(measured - model, model) per minute [K, °C]; ``r_k_per_w`` at the minute's flow."""
+    model = ref_c + offset_k + r_k_per_w * x_w
+    return mean_temp_c - model, model
+
+
+def r_estimate(
+    mean_temp_c: F64,
+    ref_c: F64,
+    offset_k: F64,
+    x_w: F64,
+    flow_factor: F64,
+    window: int,
+    *,
+    min_heat_w: float = MIN_HEAT_W,
+    min_minutes: int = MIN_R_MINUTES,
+) -> F64:
+    """R at the calibration's flow, re-estimated over each trailing ``window`` of minutes
+    (``(M, N)``; NaN where fewer than ``min_minutes`` minutes carried ``min_heat_w``). [K/W]"""
+    fx = flow_factor * x_w
+    y = mean_temp_c - ref_c - offset_k
+    ok = np.isfinite(y) & np.isfinite(fx) & (x_w >= min_heat_w)
+    yx = trailing_sum(np.where(ok, y * fx, 0.0), window)
+    xx = trailing_sum(np.where(ok, fx * fx, 0.0), window)
+    cnt = trailing_sum(ok.astype(float), window)
+    with np.errstate(all="ignore"):
+        r = yx / xx
+    return np.where((cnt >= min_minutes) & (xx > 0), r, np.nan)
+
+
+def group_median(values: F64, group: NDArray[np.int64], min_group: int = MIN_GROUP) -> F64:
+    """``(M, N)``: each column's group's median over its finite members, minute by minute
+    (NaN where fewer than ``min_group`` members have a value). ``group``: ``(N,)`` codes."""
+    out = np.full_like(values, np.nan)
+    import warnings
+
+    for g in np.unique(group):
+        cols = np.flatnonzero(group == g)
+        v = values[:, cols]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            med = np.nanmedian(v, axis=1)
+        enough = np.isfinite(v).sum(axis=1) >= min_group
+        out[:, cols] = np.where(enough, med, np.nan)[:, None]
+    return out
