@@ -7,11 +7,15 @@ Per simulated day (each its own seed-derived simulation, starting on consecutive
    (``twin.simulator.faults.FAULT_KINDS``) at random times and targets, drawn from ``--seed``
    and the day (:func:`draw_faults`). Targets whose related entities (below) overlap are
    redrawn, so each page can be tied to one fault.
-2. **Simulate** the site in process (no broker) at ``--resolution-s`` (default 60 s: a 5-day run
-   takes minutes on 2 vCPUs; 10 s is the demo bundle's resolution and about 6x slower), ingest
-   it through the normal ingest path into a temporary store, calibrate on the first two hours
-   (before any fault starts), and record a bundle, as ``sample_telemetry/make_demo_bundle.py``
-   makes the demo bundle. The simulator's true (noise-free) state is kept at every tick.
+2. **Simulate** the site in process (no broker), stepping every ``--tick-s`` (default 10 s, as
+   the demo bundle was made; at 60 s steps the simulator's GPU thermal controller, which reads
+   the temperature once a step, swings between hardware slowdown and full power on a GPU at its
+   limit, since a cold plate's tau is 10-30 s), and hand the ingest every ``--resolution-s``
+   worth of ticks (default 60 s: what a poller reading every minute sees; a 5-day run takes
+   minutes on 2 vCPUs). Ingest through the normal ingest path into a temporary store,
+   calibrate on the first two hours (before any fault starts) and record a bundle, as
+   ``sample_telemetry/make_demo_bundle.py`` makes the demo bundle. The simulator's true
+   (noise-free) state is kept at every tick.
 3. **Replay** the bundle through the alert evaluation ``dctwin whatif`` uses
    (``twin.replay.whatif.run`` on the baseline, with ``--rules``, default
    ``deploy/alert_rules.yaml``): its ``alerts`` are the notifications the rules would have sent.
@@ -22,7 +26,7 @@ where the simulator's true values pass a limit of ``twin.chain.limits`` / the ca
 
 - ``cold_plate``, ``cold_plate_decay``: the GPU's true core temperature reaches its catalog
   ``max_operating_temp_c`` less 0.5 K, where the simulator's thermal controller starts to cap
-  its power (``twin.simulator.engine``), so the true temperature itself never passes the limit.
+  its power (``twin.simulator.engine``) and around which the true temperature then stays.
 - ``pump_failure``: any GPU the CDU cools as above, or the CDU's heat over its capacity at the
   flow (``twin.chain.cdu_capacity_kw``), its flow below the flow its heat needs to hold the
   return limit (``twin.chain.flow_needed_lpm``), or its return over ``return_limit_c``.
@@ -362,12 +366,23 @@ def _max_op_c(site: Site, gpu: str) -> float:
 # ---- pages, attribution, scoring ---------------------------------------------------------------
 
 
+def is_page(alert: dict[str, Any]) -> bool:
+    """A page is a ``firing`` notification that is not a reminder of an open incident (a
+    repeat-interval re-send, where the replay marks it ``reminder`` or ``repeat``)."""
+    if alert.get("status") != "firing":
+        return False
+    return not (alert.get("reminder") or alert.get("repeat"))
+
+
 def page_entities(alert: dict[str, Any], known: set[str]) -> set[Entity]:
     """The entities one notification names: its group, its members (where the replay lists
     them), and every known entity id its summary mentions (of any kind: matched by id)."""
     out: set[Entity] = set()
-    group = str(alert.get("group", ""))
-    kind, _, gid = group.partition(" ")
+    group = alert.get("group", "")
+    if isinstance(group, dict):  # {"kind", "id"}, as a Notification's GroupRef
+        kind, gid = str(group.get("kind", "")), str(group.get("id", ""))
+    else:
+        kind, _, gid = str(group).partition(" ")
     if gid:
         out.add((kind, gid))
     for m in alert.get("members") or ():
@@ -406,9 +421,9 @@ def attribute(
             if f.start_s <= t_s <= f.end_s + margin_s and _matches(ents, f.related):
                 hit = True
                 f.notifications += 1
-                if a.get("status") == "firing":
+                if is_page(a):
                     f.pages.append(t_s)
-        if not hit and a.get("status") == "firing":
+        if not hit and is_page(a):
             untied.append({**a, "t_s": t_s})
     return untied
 
@@ -499,11 +514,16 @@ def run_day(
     seed: int,
     hours: float,
     resolution_s: float,
+    tick_s: float,
     per_kind: int,
     margin_s: float,
     keep: Path | None,
 ) -> tuple[list[FaultCase], list[dict[str, Any]], dict[str, Any]]:
-    """Simulate, record, replay and attribute one day; returns its faults, untied pages, info."""
+    """Simulate, record, replay and attribute one day; returns its faults, untied pages, info.
+
+    The simulator steps every ``tick_s``; the ingest gets every ``resolution_s / tick_s``-th
+    tick's messages (a poller reading every ``resolution_s``); the truth is kept every tick.
+    """
     from twin.alerts import load_rules
     from twin.calibrate.calibrate import calibrate, save_run
     from twin.ingest import Ingester, IngestLimits
@@ -519,9 +539,10 @@ def run_day(
     cal_s = min(CALIBRATION_S, day_s / 4)
     faults = draw_faults(site, rng, day_s, per_kind, cal_s)
     sim_seed = int(rng.integers(2**31))
-    sim = SiteSimulator(site, seed=sim_seed, start=t0, rate_hz=1.0 / resolution_s, faults=faults)
+    sim = SiteSimulator(site, seed=sim_seed, start=t0, rate_hz=1.0 / tick_s, faults=faults)
     truth = TruthRecorder(site)
-    ticks = round(day_s / resolution_s)
+    ticks = round(day_s / tick_s)
+    every = max(1, round(resolution_s / tick_s))
     timing: dict[str, float] = {}
     c0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
@@ -530,8 +551,11 @@ def run_day(
             ing = Ingester(store, site, IngestLimits(max_past_s=0))
             batch: list[tuple[str, bytes]] = []
             for k in range(ticks):
-                batch.extend(sim.step())
-                truth.add(k * resolution_s, sim.true_state())
+                if k % every == 0:
+                    batch.extend(sim.step())
+                else:
+                    sim.advance()
+                truth.add(k * tick_s, sim.true_state())
                 if len(batch) >= 50_000:
                     ing.ingest(batch)
                     batch = []
@@ -548,7 +572,7 @@ def run_day(
                 print(f"day {day}: no calibration ({e})", file=sys.stderr)
             timing["calibrate_s"] = time.perf_counter() - c1
             c2 = time.perf_counter()
-            end = t0 + timedelta(seconds=ticks * resolution_s)
+            end = t0 + timedelta(seconds=ticks * tick_s)
             record(
                 store,
                 site_path,
@@ -583,7 +607,7 @@ def run_day(
         "start": t0.isoformat(),
         "sim_seed": sim_seed,
         "notifications": len(result.alerts),
-        "pages": sum(1 for a in result.alerts if a.get("status") == "firing"),
+        "pages": sum(1 for a in result.alerts if is_page(a)),
         "timing_s": {k: round(v, 1) for k, v in timing.items()},
     }
     return cases, untied, info
@@ -649,7 +673,8 @@ def table(res: dict[str, Any]) -> str:
         "targets:",
         *[f"  {'met   ' if ok else 'MISSED'} {name}" for name, ok in s["targets"].items()],
         "",
-        f"{res['days']} day(s) x {res['hours']} h at {res['resolution_s']:g} s, {res['gpus']} GPUs,"
+        f"{res['days']} day(s) x {res['hours']} h, simulated every {res['tick_s']:g} s, sampled"
+        f" every {res['resolution_s']:g} s, {res['gpus']} GPUs,"
         f" seed {res['seed']}, rules {res['rules']}; {res['wall_s']:.0f} s",
     ]
     return "\n".join(lines)
@@ -666,7 +691,13 @@ def main(argv: list[str] | None = None) -> int:
         "--resolution-s",
         type=float,
         default=60.0,
-        help="sampling interval [s] (default 60; 10: the demo bundle's)",
+        help="sampling interval of the recorded telemetry [s] (default 60; the demo bundle: 10)",
+    )
+    ap.add_argument(
+        "--tick-s",
+        type=float,
+        default=10.0,
+        help="simulator step [s] (default 10; the GPU thermal controller needs <= ~10 s)",
     )
     ap.add_argument(
         "--faults-per-kind", type=int, default=2, help="faults of each kind per day (default 2)"
@@ -694,6 +725,10 @@ def main(argv: list[str] | None = None) -> int:
         problems.append(f"--hours {args.hours}: must be in 1..168")
     if not (math.isfinite(args.resolution_s) and 1.0 <= args.resolution_s <= 300.0):
         problems.append(f"--resolution-s {args.resolution_s}: must be in 1..300")
+    elif not (math.isfinite(args.tick_s) and 0.1 <= args.tick_s <= args.resolution_s):
+        problems.append(f"--tick-s {args.tick_s}: must be in 0.1..--resolution-s")
+    elif abs(args.resolution_s / args.tick_s - round(args.resolution_s / args.tick_s)) > 1e-9:
+        problems.append(f"--resolution-s {args.resolution_s}: not a multiple of --tick-s")
     if args.faults_per_kind < 1:
         problems.append(f"--faults-per-kind {args.faults_per_kind}: must be at least 1")
     if args.margin_min < 0:
@@ -724,6 +759,7 @@ def main(argv: list[str] | None = None) -> int:
             args.seed,
             args.hours,
             args.resolution_s,
+            args.tick_s,
             args.faults_per_kind,
             args.margin_min * 60.0,
             args.keep,
@@ -738,6 +774,7 @@ def main(argv: list[str] | None = None) -> int:
         "hours": args.hours,
         "seed": args.seed,
         "resolution_s": args.resolution_s,
+        "tick_s": args.tick_s,
         "faults_per_kind": args.faults_per_kind,
         "margin_min": args.margin_min,
         "site": str(args.site),

@@ -119,6 +119,23 @@ def test_paged_after_crossing_and_incidents_over_two_pages(site) -> None:
     assert not s["targets"]["cold_plate_decay median lead to crossing >= 10 min"]
 
 
+def test_reminders_are_not_pages_and_members_name_entities(site) -> None:
+    """A repeat-interval reminder is not a new page; a notification's members (where the
+    replay lists them) and a group given as kind and id tie it like its group does."""
+    plate = _case(site, "cold_plate", "trn-a05-n1:3", 0, 7200)
+    known = ba._known_ids(site)
+    alerts = [
+        _alert(600, "gpu_temp_high", "site demo"),
+        {**_alert(1200, "gpu_temp_high", "site demo"), "reminder": True},
+        {**_alert(1800, "x", "site demo"), "members": [{"entity_kind": "gpu",
+                                                        "entity_id": "trn-a05-n1:3"}]},
+        {**_alert(2400, "y", "site demo"), "group": {"kind": "node", "id": "trn-a05-n1"}},
+    ]  # fmt: skip
+    untied = ba.attribute([plate], alerts, T0, known, margin_s=0)
+    assert plate.pages == [1800, 2400]
+    assert [u["t_s"] for u in untied] == [600]
+
+
 def test_crossing_from_true_series(site) -> None:
     """Limit crossings come from the true series: a GPU at its max operating temperature less
     the controller's margin, a PDU line over its derated limit; none outside the window."""
@@ -178,6 +195,15 @@ def test_true_state_tracks_the_measurements(site) -> None:
     assert measured["trn-a01-n1:0"] == pytest.approx(st["gpu_temp_c"][g], abs=1.5)
     assert len(st["phase_ids"]) == len(st["line_current_a"]) == 3 * len(site.pdus)
     assert len(st["breaker_ids"]) == len(st["breaker_current_a"])
+    # advance() is a step without its messages: the next step's messages are the same
+    other = SiteSimulator(site, seed=1, start=T0, rate_hz=1 / 60)
+    other.advance()
+
+    def samples(msgs):
+        return [(t, json.loads(p)["samples"]) for t, p in msgs]
+
+    assert samples(other.step()) == samples(sim.step())
+    assert other.true_state()["gpu_temp_c"].tolist() == sim.true_state()["gpu_temp_c"].tolist()
 
 
 @pytest.mark.slow  # about 10 s: simulate, ingest, calibrate, record and replay 3 hours

@@ -225,6 +225,12 @@ class SiteSimulator:
             self.published[kind] += len(samples)
         return out
 
+    def advance(self) -> None:
+        """Advance one tick as :meth:`step` does, without building its messages: a poller that
+        reads every n-th tick. The random stream, the state and the next step's messages are
+        the same as after a :meth:`step` (no draw happens while building messages)."""
+        self._advance()
+
     def true_state(self) -> dict[str, Any]:
         """The latest tick's true (noise-free) values, as copies, for benchmarks and tests.
 
