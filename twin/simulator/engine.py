@@ -225,6 +225,39 @@ class SiteSimulator:
             self.published[kind] += len(samples)
         return out
 
+    def advance(self) -> None:
+        """Advance one tick as :meth:`step` does, without building its messages: a poller that
+        reads every n-th tick. The random stream, the state and the next step's messages are
+        the same as after a :meth:`step` (no draw happens while building messages)."""
+        self._advance()
+
+    def true_state(self) -> dict[str, Any]:
+        """The latest tick's true (noise-free) values, as copies, for benchmarks and tests.
+
+        ``gpu_ids`` and ``gpu_temp_c`` [°C] (core), ``gpu_power_w`` [W]; ``phase_ids``
+        (``<pdu>/L1``..``L3`` per PDU in site order, three slots even for single-phase) and
+        ``line_current_a`` [A]; ``breaker_ids`` and ``breaker_current_a`` [A]; ``cdu_names``
+        with ``cdu_heat_kw`` [kW], ``cdu_flow_lpm`` [L/min], ``cdu_supply_c`` and
+        ``cdu_return_c`` [°C]. Empty before the first :meth:`step`.
+        """
+        st = getattr(self, "_state", None)
+        if st is None:
+            return {}
+        return {
+            "gpu_ids": list(self._gpu_ids),
+            "gpu_temp_c": self._temp.copy(),
+            "gpu_power_w": st["power"].copy(),
+            "phase_ids": [phase_id(p.name, k) for p in self._pdus for k in (1, 2, 3)],
+            "line_current_a": st["line_current"].copy(),
+            "breaker_ids": list(self._br_ids),
+            "breaker_current_a": np.asarray(st["breaker_current"], float).copy(),
+            "cdu_names": [c.name for c in self._cdus],
+            "cdu_heat_kw": st["cdu_heat_kw"].copy(),
+            "cdu_flow_lpm": st["cdu_flow"].copy(),
+            "cdu_supply_c": st["cdu_supply"].copy(),
+            "cdu_return_c": np.asarray(st["cdu_return"], float).copy(),
+        }
+
     def truth(self) -> dict[str, Any]:
         """The true parameters of every device, JSON-serializable (see README.md)."""
         return self._truth()
@@ -864,6 +897,7 @@ class SiteSimulator:
             "rack_power": rack_power,
             "circuit_power": circ_p,
             "line_current": line_i,
+            "breaker_current": el["br_i"],
             "cdu_heat_kw": heat_true,
             "cdu_supply": supply,
             "cdu_flow": flow,

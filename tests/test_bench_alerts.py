@@ -1,0 +1,227 @@
+"""The alert-quality benchmark (bench/bench_alerts.py): its scoring on hand-made faults and
+pages (attribution by topology and window, lead time, incidents with more than two pages, pages
+per day per 1,000 GPUs), its ground truth on hand-made true series, its fault plan, and one
+short run of the harness as a user runs it.
+
+The scoring lives in the benchmark script, so the script is loaded from its path.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from twin.simulator import SiteSimulator
+from twin.site import load_site
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "bench" / "bench_alerts.py"
+DEMO_SITE = REPO / "sample_telemetry" / "demo_site.yaml"
+T0 = datetime(2026, 11, 23, tzinfo=UTC)
+
+
+def _module():
+    spec = importlib.util.spec_from_file_location("bench_alerts", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["bench_alerts"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+ba = _module()
+
+
+@pytest.fixture(scope="module")
+def site():
+    return load_site(DEMO_SITE)
+
+
+def _case(site, kind, target, start_s, end_s, crossing_s=None):
+    c = ba.FaultCase(0, kind, target, start_s, end_s, f"{kind}:{target}")
+    c.related = ba.related_entities(site, kind, target)
+    c.crossing_s = crossing_s
+    return c
+
+
+def _alert(t_s, rule, group, summary="", status="firing"):
+    at = (T0 + timedelta(seconds=t_s)).isoformat()
+    return {"at": at, "status": status, "rule": rule, "severity": "warning", "group": group,
+            "summary": summary}  # fmt: skip
+
+
+def test_attribution_by_topology_and_window(site) -> None:
+    """A page is tied to a fault only when it names a related entity inside the fault's
+    window plus the margin; the others are untied, and resolves are never pages."""
+    plate = _case(site, "cold_plate", "trn-a03-n2:5", 3600, 7200, crossing_s=5400)
+    pump = _case(site, "pump_failure", "cdu-2/pump1", 10_000, 11_000)
+    phase = _case(site, "phase_creep", "pdu-d08-a/L1", 20_000, 86_400, crossing_s=30_000)
+    faults = [plate, pump, phase]
+    known = ba._known_ids(site)
+    alerts = [
+        _alert(3000, "gpu_temp_high", "rack a03", "GPU trn-a03-n2:5 4 K"),  # before the start
+        _alert(4800, "gpu_temp_high", "rack a03", "GPU trn-a03-n2:5 4 K"),  # tied (group)
+        _alert(5000, "gpu_temp_high", "rack a03", status="resolved"),  # tied, not a page
+        _alert(7200 + 1700, "gpu_hotspot_residual", "node trn-a03-n2"),  # within the margin
+        _alert(7200 + 1900, "gpu_hotspot_residual", "node trn-a03-n2"),  # past the margin
+        _alert(5000, "gpu_temp_high", "rack c01", "GPU inf-c01-n1:0"),  # another rack
+        # a pump failure's page names a GPU it cools (rack grouping of another kind)
+        _alert(10_200, "cdu_pump_lost", "cdu cdu-2"),
+        _alert(10_500, "gpu_temp_high", "site demo", "GPU trn-b01-n1:0 4 K"),  # by summary id
+        _alert(25_000, "pdu_phase_breach_1h", "pdu pdu-d08-a", "PDU phase pdu-d08-a/L1 ..."),
+    ]
+    untied = ba.attribute(faults, alerts, T0, known, margin_s=1800)
+    assert plate.pages == [4800, 8900]
+    assert plate.notifications == 3
+    assert pump.pages == [10_200, 10_500]
+    assert phase.pages == [25_000]
+    assert sorted(u["t_s"] for u in untied) == [3000, 5000, 9100]
+    s = ba.score(faults, untied, days=1.0, gpus=880)
+    k = s["kinds"]
+    # lead: crossing (or start, with no crossing) minus the first tied page, in minutes
+    assert k["cold_plate"]["lead_min"]["median"] == pytest.approx((5400 - 4800) / 60, abs=0.01)
+    assert k["pump_failure"]["lead_min"]["min"] == pytest.approx((10_000 - 10_200) / 60, abs=0.01)
+    assert k["phase_creep"]["lead_to_crossing_min"]["median"] == pytest.approx(5000 / 60, abs=0.01)
+    assert k["pump_failure"]["lead_to_crossing_min"]["median"] is None
+    assert s["crossed"] == 2 and s["paged_before_crossing"] == 2
+    assert s["untied_pages"] == 3
+    assert s["untied_pages_per_day_per_1000_gpus"] == pytest.approx(3 / 0.88, abs=1e-3)
+    assert s["incidents_over_2_pages"] == 0
+    assert s["targets"]["paged_before_crossing_share >= 0.95"]
+    assert not s["targets"]["untied pages/day/1000 GPUs <= 1"]
+
+
+def test_paged_after_crossing_and_incidents_over_two_pages(site) -> None:
+    """A fault paged after its crossing has a negative lead and misses; a fault with three
+    pages, and three untied pages of one rule and group, are incidents with > 2 pages."""
+    late = _case(site, "cold_plate_decay", "trn-a01-n1:0", 0, 86_400, crossing_s=6000)
+    never = _case(site, "phase_overload", "pdu-a02-a/L2", 1000, 2000, crossing_s=1000)
+    known = ba._known_ids(site)
+    alerts = [_alert(t, "gpu_temp_high", "rack a01") for t in (6600, 9000, 12_000)]
+    alerts += [_alert(t, "gpu_temp_high", "rack c03") for t in (100, 200, 300)]
+    untied = ba.attribute([late, never], alerts, T0, known, margin_s=0)
+    s = ba.score([late, never], untied, days=2.0, gpus=1000)
+    decay = s["kinds"]["cold_plate_decay"]
+    assert decay["lead_to_crossing_min"] == {"median": -10.0, "min": -10.0}
+    assert decay["paged_before_crossing"] == 0 and decay["faults_over_2_pages"] == 1
+    assert s["kinds"]["phase_overload"]["paged"] == 0
+    assert s["paged_before_crossing_share"] == 0.0
+    assert s["untied_keys_over_2_pages"] == {"gpu_temp_high rack c03": 3}
+    assert s["incidents_over_2_pages"] == 2
+    assert s["untied_pages_per_day_per_1000_gpus"] == pytest.approx(1.5)
+    assert not s["targets"]["no incident with > 2 pages"]
+    assert not s["targets"]["cold_plate_decay median lead to crossing >= 10 min"]
+
+
+def test_reminders_are_not_pages_and_members_name_entities(site) -> None:
+    """A repeat-interval reminder is not a new page; a notification's members (where the
+    replay lists them) and a group given as kind and id tie it like its group does."""
+    plate = _case(site, "cold_plate", "trn-a05-n1:3", 0, 7200)
+    known = ba._known_ids(site)
+    alerts = [
+        _alert(600, "gpu_temp_high", "site demo"),
+        {**_alert(1200, "gpu_temp_high", "site demo"), "reminder": True},
+        {**_alert(1800, "x", "site demo"), "members": [{"entity_kind": "gpu",
+                                                        "entity_id": "trn-a05-n1:3"}]},
+        {**_alert(2400, "y", "site demo"), "group": {"kind": "node", "id": "trn-a05-n1"}},
+    ]  # fmt: skip
+    untied = ba.attribute([plate], alerts, T0, known, margin_s=0)
+    assert plate.pages == [1800, 2400]
+    assert [u["t_s"] for u in untied] == [600]
+
+
+def test_crossing_from_true_series(site) -> None:
+    """Limit crossings come from the true series: a GPU at its max operating temperature less
+    the controller's margin, a PDU line over its derated limit; none outside the window."""
+    from twin.chain import phase_table
+
+    ph = phase_table(site)
+    t = np.arange(0, 7200, 60.0)
+    gpus = ["trn-a01-n1:0", "trn-a01-n1:1"]
+    temp = np.full((len(t), 2), 60.0, np.float32)
+    temp[t >= 3000, 0] = 86.6  # H200: 87 °C max operating
+    cur = np.full((len(t), len(ph.ids)), 10.0, np.float32)
+    j = ph.ids.index("pdu-a01-a/L2")
+    cur[t >= 4200, j] = ph.limit_a[j] + 0.5
+    cdu = {k: np.full((len(t), len(site.cdus)), 1.0) for k in ("heat_kw", "supply_c")}
+    cdu["flow_lpm"] = np.full((len(t), len(site.cdus)), 500.0)
+    cdu["return_c"] = np.full((len(t), len(site.cdus)), 35.0)
+    truth = ba.Truth(t, gpus, temp, list(ph.ids), cur, [c.name for c in site.cdus], cdu)
+    plate = _case(site, "cold_plate", "trn-a01-n1:0", 600, 3600)
+    assert ba.crossing(site, truth, plate, margin_s=0)[0] == 3000
+    other = _case(site, "cold_plate", "trn-a01-n1:1", 600, 3600)
+    assert ba.crossing(site, truth, other, margin_s=0) == (None, "")
+    early = _case(site, "cold_plate", "trn-a01-n1:0", 600, 2000)
+    assert ba.crossing(site, truth, early, margin_s=600)[0] is None
+    creep = _case(site, "phase_creep", "pdu-a01-a/L1", 1000, 7200)  # delta/neighbour lines too
+    at, what = ba.crossing(site, truth, creep, margin_s=0)
+    assert at == 4200 and "pdu-a01-a/L2" in what
+    pump = _case(site, "pump_failure", "cdu-1/pump1", 0, 7200)
+    assert ba.crossing(site, truth, pump, margin_s=0)[0] == 3000  # trn-a01 is on cdu-1
+
+
+def test_fault_plan_deterministic_every_kind_distinct(site) -> None:
+    """The same seed draws the same faults: every kind, targets the simulator accepts, no two
+    faults sharing a related entity."""
+    from twin.simulator.faults import FAULT_KINDS
+
+    a = ba.draw_faults(site, np.random.default_rng([3, 0]), 86_400, 2, 7200)
+    b = ba.draw_faults(site, np.random.default_rng([3, 0]), 86_400, 2, 7200)
+    c = ba.draw_faults(site, np.random.default_rng([4, 0]), 86_400, 2, 7200)
+    assert [str(f) for f in a] == [str(f) for f in b] != [str(f) for f in c]
+    assert sorted({f.kind for f in a}) == sorted(FAULT_KINDS)
+    assert all(f.start_s >= 7200 for f in a)
+    rel = [ba.related_entities(site, f.kind, f.target) for f in a]
+    assert all(not (rel[i] & rel[j]) for i in range(len(a)) for j in range(i))
+    SiteSimulator(site, seed=0, start=T0, rate_hz=1 / 60, faults=a)  # targets check out
+
+
+def test_true_state_tracks_the_measurements(site) -> None:
+    """The simulator's true_state is the noise-free value behind its messages."""
+    sim = SiteSimulator(site, seed=1, start=T0, rate_hz=1 / 60)
+    assert sim.true_state() == {}
+    msgs = sim.step()
+    st = sim.true_state()
+    assert len(st["gpu_ids"]) == len(st["gpu_temp_c"]) == 880
+    sample = json.loads(next(p for t, p in msgs if t.endswith("/gpu/trn-a01-n1")))
+    measured = {s["id"]: s["temp_c"] for s in sample["samples"]}
+    g = st["gpu_ids"].index("trn-a01-n1:0")
+    assert measured["trn-a01-n1:0"] == pytest.approx(st["gpu_temp_c"][g], abs=1.5)
+    assert len(st["phase_ids"]) == len(st["line_current_a"]) == 3 * len(site.pdus)
+    assert len(st["breaker_ids"]) == len(st["breaker_current_a"])
+    # advance() is a step without its messages: the next step's messages are the same
+    other = SiteSimulator(site, seed=1, start=T0, rate_hz=1 / 60)
+    other.advance()
+
+    def samples(msgs):
+        return [(t, json.loads(p)["samples"]) for t, p in msgs]
+
+    assert samples(other.step()) == samples(sim.step())
+    assert other.true_state()["gpu_temp_c"].tolist() == sim.true_state()["gpu_temp_c"].tolist()
+
+
+@pytest.mark.slow  # about 10 s: simulate, ingest, calibrate, record and replay 3 hours
+def test_harness_short_day(tmp_path) -> None:
+    """The harness on one 3-hour day: exit 0, the table and the JSON, every kind scored, the
+    overloads (taken to 95 % of their rating) crossing their 80 % limit; bad input exits 1."""
+    out = tmp_path / "r.json"
+    cmd = [sys.executable, str(SCRIPT), "--days", "1", "--hours", "3", "--seed", "5"]
+    p = subprocess.run([*cmd, "--json", str(out)], capture_output=True, text=True, cwd=REPO)
+    assert p.returncode == 0, p.stderr
+    assert "targets:" in p.stdout and "| phase_creep |" in p.stdout
+    r = json.loads(out.read_text())
+    s = r["score"]
+    assert s["faults"] == 12 and len(r["faults"]) == 12
+    assert all(s["kinds"][k]["faults"] == 2 for k in s["kinds"])
+    over = [f for f in r["faults"] if f["kind"] == "phase_overload"]
+    assert all(f["crossing_s"] is not None and f["crossing_s"] >= f["start_s"] for f in over)
+    assert r["per_day"][0]["notifications"] >= r["per_day"][0]["pages"] > 0
+    assert set(s["targets"]) >= {"no incident with > 2 pages", "untied pages/day/1000 GPUs <= 1"}
+    bad = subprocess.run([*cmd[:2], "--days", "0"], capture_output=True, text=True, cwd=REPO)
+    assert bad.returncode == 1 and "--days 0" in bad.stderr and "Traceback" not in bad.stderr
