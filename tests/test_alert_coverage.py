@@ -88,7 +88,7 @@ def test_a_sudden_breach_pages_once_its_forecast_muted(topo) -> None:
     engine = AlertEngine(load_rules(RULES), topo)
     ph = "pdu-r01-a/L1"
     minutes = []
-    for i in range(12):
+    for i in range(30):
         over = 3 <= i < 9
         minutes.append(
             [
@@ -103,7 +103,12 @@ def test_a_sudden_breach_pages_once_its_forecast_muted(topo) -> None:
             ]
         )
     sent = _run(engine, minutes)
-    assert sent == [(4, "firing", "pdu_phase_over_limit"), (9, "resolved", "pdu_phase_over_limit")]
+    # resolved once clear for the rule's keep_firing_for_s (900 s) after minute 9, not at once
+    keep_min = load_rules(RULES).by_name()["pdu_phase_over_limit"].keep_firing_for_s / 60
+    assert sent == [
+        (4, "firing", "pdu_phase_over_limit"),
+        (9 + keep_min, "resolved", "pdu_phase_over_limit"),
+    ]
 
 
 def test_a_forecast_breach_pages_once_the_breach_it_foresaw_muted(topo) -> None:
@@ -160,7 +165,7 @@ def test_gpu_forecast_is_the_rc_model_crossing() -> None:
 
 
 @pytest.mark.slow  # the demo bundle's day through what-if: out of the fast tier
-def test_demo_day_replay_pages_the_pump_once_and_the_phase_before_its_crossing(
+def test_demo_day_replay_pages_each_fault_as_one_incident_before_its_crossing(
     tmp_path: Path,
 ) -> None:
     import json
@@ -193,6 +198,28 @@ def test_demo_day_replay_pages_the_pump_once_and_the_phase_before_its_crossing(
     first = phase[0]
     assert first["status"] == "firing" and first["rule"] == "pdu_phase_breach_1h"
     assert first["at"] <= "2026-11-23T15:38:00+00:00"  # the crossing: lead time, not a late page
+    # one incident for the phase fault: one page, one resolve (keep_firing_for, flap detection)
+    assert [(a["status"], a["rule"]) for a in phase] == [
+        ("firing", "pdu_phase_breach_1h"),
+        ("resolved", "pdu_phase_breach_1h"),
+    ]
+    # the degrading cold plate (trn-a03-n2:5, from 06:00) is one incident, first paged by the
+    # model-based detectors (residual or R drift), not by the temperature threshold
+    plate = [a for a in alerts if "trn-a03-n2" in a["group"] or "a03" in a["group"]]
+    pages = [a for a in plate if a["status"] == "firing" and not a.get("repeat")]
+    assert len(pages) == 1, pages
+    assert pages[0]["rule"] in {"gpu_hotspot_residual", "gpu_r_drift"}
+    assert pages[0]["at"] >= "2026-11-23T06:00:00+00:00"  # not before the fault began
+    assert "trn-a03-n2:5" in pages[0]["summary"] and "measured" in pages[0]["summary"]
+    # every page is one of the four faults (no page not tied to a fault, reminders aside)
+    firing = {a["group"] for a in alerts if a["status"] == "firing"}
+    assert firing <= {
+        "cdu cdu-2",
+        "pdu pdu-d08-a",
+        "node trn-a03-n2",
+        "fleet infer-chat",
+        "fleet infer-embed",
+    }, firing
     # fleet underuse is judged as live, on at least the rule's min_coverage_s (1 h) of data
     fleet = [a for a in alerts if a["rule"] == "fleet_underused" and a["status"] == "firing"]
     assert fleet and min(a["at"] for a in fleet) >= "2026-11-23T00:59:00+00:00"

@@ -145,7 +145,6 @@ def test_a_self_inhibiting_rule_says_why(tmp_path: Path) -> None:
     assert r.exit_code == 1 and "a rule cannot inhibit itself" in r.stderr
 
 
-@pytest.mark.xfail(strict=False, reason="shipped rules extended in wt-rules")
 def test_the_shipped_rule_file_covers_every_limit() -> None:
     r = CliRunner().invoke(app, ["rules", "check", str(REPO / "deploy" / "alert_rules.yaml")])
     assert r.exit_code == 0, r.output

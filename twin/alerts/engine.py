@@ -13,7 +13,9 @@ One evaluation (:meth:`AlertEngine.evaluate`) does, in order:
    for that long is cleared (event-like detectors report only while the event holds).
    With ``keep_firing_for_s``, a firing alert whose value goes past ``clear_value`` (or absent)
    stays firing that long; an observation back on the alert side of ``clear_value`` within it
-   continues the same alert, and the first observation past it clears it.
+   continues the same alert, and the first observation past it clears it. A kept alert
+   holds an incident already paged open; it never starts a page (one muted until its
+   condition cleared is not paged when the mute ends).
 2. **Groups**: firing alerts of one rule under the same ``group_by`` ancestor (from
    :class:`~twin.alerts.topology.Topology`) are one incident with one dedup key,
    ``dctwin/<site>/<rule>/<group kind>/<group id>`` (over 255 characters: a readable head and
@@ -642,7 +644,11 @@ class AlertEngine:
                     self._dirty.add(gkey)
                 continue
             waited = (now - group.first_fired_at).total_seconds() >= rule.group_wait_s
-            if live and waited:
+            # a new page needs a member whose condition holds now: one kept firing over a clear
+            # (keep_firing_for) only holds an open page, it never starts one (else a forecast
+            # muted by its breach would page once the breach resolved, for what is over)
+            breached = [m for m in live if m.clearing_since is None]
+            if breached and waited:
                 out.append(self._fire(rule, group, live, now, flapping))
                 self._dirty.add(gkey)
         return out

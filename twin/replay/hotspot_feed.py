@@ -187,6 +187,24 @@ def hotspot_series(
     ]
 
 
+def causal_r_scale(d: Recording) -> np.ndarray:
+    """(M, G) per evaluation minute, the factor (<= 1) that takes each GPU's calibrated R to
+    the R a model may use at that minute: never more than HISTORY_MARGIN over the mean of the
+    GPU's own re-estimates so far (as the residual does, :func:`_model_r`). A bundle's
+    calibration may have been fitted after a fault (the demo's was, at 22:00-24:00); a replay
+    minute must not know that R yet, or a forecast pages the fault before it began."""
+    if "hotspot-series" not in d.cache:
+        d.cache["hotspot-series"] = hotspot_series(d)
+    if "r-scale" not in d.cache:
+        drift = next(s for s in d.cache["hotspot-series"] if s.metric == DRIFT_GPU_R)
+        r_cal = np.asarray(d.params.gpu.r_k_per_w, dtype=float)
+        model = _model_r(r_cal, np.asarray(drift.labels["r_k_per_w"], dtype=float))
+        with np.errstate(all="ignore"):
+            scale = np.where(r_cal[None, :] > 0, model / r_cal[None, :], 1.0)
+        d.cache["r-scale"] = np.where(np.isfinite(scale), np.fmin(scale, 1.0), 1.0)
+    return d.cache["r-scale"]
+
+
 def offer(feed: object, series: list[HotspotSeries]) -> None:
     """Hand ``series`` (already on the feed's evaluation minutes) to a
     :class:`twin.replay.alert_feed.AlertFeed` as its ``offer`` does for (T, N) paths: only the

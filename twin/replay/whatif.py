@@ -39,7 +39,7 @@ from twin.alerts import metrics as am
 from twin.chain import gpu_temperatures, rack_capacity_kw
 from twin.chain import propagate as chain
 from twin.chain.thermal import ThermalResult, model_path
-from twin.replay import breach
+from twin.replay import breach, hotspot_feed
 from twin.replay.alert_feed import (
     M_CDU_FREE,
     M_GPU_K,
@@ -352,12 +352,14 @@ def _gpus_run(
             # the live headroom's p90 path: present power x the rack's p90 ratio, within the
             # enforced cap, through the RC model from the present temperature (minute means)
             p_now = breach.minute_means(res.power_w, rows, d.dt_s)
+            r_scale = hotspot_feed.causal_r_scale(d)
             cap_w = np.fmin(d.gpu_power_limit_w[sl], cap[sl])[None, :]
             b90 = breach.gpu_breach_in_s(
                 res.temp_c[rows],
                 breach.minute_means(ref_s, rows, d.dt_s),
                 np.minimum(np.nan_to_num(p_now) * ratio90[:, rack], cap_w),
-                np.asarray(r_s, dtype=float)[rows] if np.ndim(r_s) == 2 else r_s,
+                (np.asarray(r_s, dtype=float)[rows] if np.ndim(r_s) == 2 else r_s)
+                * r_scale[:, sl],  # causal: no R the recording had not shown yet
                 gp.c_j_per_k[sl][None, :],
                 gp.max_temp_c[sl][None, :],
             )
@@ -758,8 +760,6 @@ def _offer_hotspots(d: Recording, changes: list[Any], feed: AlertFeed) -> None:
     recording's series are computed once and cached on ``d``."""
     if feed.rules is None or any(isinstance(c, _GPU_CHANGES) for c in changes):
         return
-    from twin.replay import hotspot_feed
-
     if "hotspot-series" not in d.cache:
         d.cache["hotspot-series"] = hotspot_feed.hotspot_series(d)
     hotspot_feed.offer(feed, d.cache["hotspot-series"])
