@@ -7,7 +7,8 @@ cold plate before the 5 K threshold does, and say what they saw.
   shipped rules: the first residual or drift page comes before ``headroom.gpu.k_to_slowdown``
   reaches 5 K, and its summary names the measured and the modelled figures.
 - The shipped demo bundle through ``dctwin whatif --json``: the degrading cold plate's first
-  page is a residual or drift page, strictly before the first ``gpu_temp_high``, and no healthy
+  page is a residual or drift page, an hour or more before ``gpu_temp_high`` would page (which it
+  then mutes), and no healthy
   GPU gets a residual or drift page all day.
 """
 
@@ -196,7 +197,9 @@ def test_a_30_percent_r_ramp_pages_before_5_k_from_slowdown(tmp_path: Path) -> N
         m = re.search(r"R ([\d.]+) K/W, fleet median ([\d.]+) K/W", text)
         assert m, text
         assert float(m[1]) > 1.25 * float(m[2]) and abs(float(m[2]) - R0) < 0.1 * R0
-    assert "gpu_temp_high" in first_page and first_page["gpu_temp_high"][0] > at
+    # the threshold page is muted while the model page that names the GPU is open (shipped
+    # rules: gpu_hotspot_residual and gpu_r_drift inhibit gpu_temp_high): one incident
+    assert "gpu_temp_high" not in first_page, first_page
     assert healthy_pages == []
 
 
@@ -219,13 +222,14 @@ def test_demo_day_pages_the_cold_plate_from_its_model_before_the_threshold(tmp_p
     mine = [a for a in alerts if a["status"] == "firing" and DEMO_GPU in a["summary"]]
     assert mine, alerts
     first = mine[0]
-    threshold = next(a for a in mine if a["rule"] == "gpu_temp_high")
-    print(f"first model page {first['rule']} at {first['at']}, gpu_temp_high at {threshold['at']}")
+    print(f"first model page {first['rule']} at {first['at']}")
     assert first["rule"] in ("gpu_hotspot_residual", "gpu_r_drift")
-    lead_min = (
-        datetime.fromisoformat(threshold["at"]) - datetime.fromisoformat(first["at"])
-    ).total_seconds() / 60.0
-    assert lead_min > 0
+    # one incident: the threshold page (09:19 on the demo day without the model pages) is
+    # muted by the open model page, so it never pages; the model page came well before it
+    assert [a["rule"] for a in mine] == [first["rule"]], mine
+    threshold_at = datetime(2026, 11, 23, 9, 19, tzinfo=UTC)
+    lead_min = (threshold_at - datetime.fromisoformat(first["at"])).total_seconds() / 60.0
+    assert lead_min >= 60
     # the fault starts at 06:00 (manifest: cold_plate_decay@6h+4h): nothing before it
     assert datetime.fromisoformat(first["at"]) >= datetime(2026, 11, 23, 6, 0, tzinfo=UTC)
     unrelated = [
