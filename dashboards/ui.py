@@ -58,8 +58,43 @@ def unit_of(name: str) -> str:
     return ""
 
 
+#: Seconds a GET's answer is shared between page runs and sessions (``DCTWIN_CONSOLE_CACHE_S``;
+#: 0 turns it off): an operator opening three pages, or three operators, ask the API once. Well
+#: under :data:`REFRESH_S`, and every write (acknowledge, silence, what-if) clears it.
+CACHE_S = float(os.environ.get("DCTWIN_CONSOLE_CACHE_S", "5"))
+
+
+class ConsoleApi(Api):
+    """The API client whose writes forget every cached answer (the next read sees them)."""
+
+    def post(self, path: str, json: Any = None) -> Any:
+        try:
+            return super().post(path, json=json)
+        finally:
+            _cached_get.clear()
+
+    def delete(self, path: str) -> Any:
+        try:
+            return super().delete(path)
+        finally:
+            _cached_get.clear()
+
+
 def api() -> Api:
-    return Api()
+    return ConsoleApi()
+
+
+@st.cache_data(ttl=max(CACHE_S, 0.001), show_spinner=False, max_entries=256)
+def _cached_get(base_url: str, path: str, params: tuple[tuple[str, Any], ...]) -> Any:
+    return Api(base_url).get(path, **dict(params))
+
+
+def get(path: str, **params: Any) -> Any:
+    """GET ``path`` through the short cache (:data:`CACHE_S`); raises :class:`ApiError`."""
+    a = api()
+    if CACHE_S <= 0:
+        return a.get(path, **params)
+    return _cached_get(a.base_url, path, tuple(sorted(params.items())))
 
 
 def page(title: str, icon: str = "") -> None:
@@ -92,7 +127,7 @@ def error_box(e: ApiError) -> None:
 def fetch(path: str, **params: Any) -> Any:
     """GET ``path``; on failure show the error box and return None."""
     try:
-        return api().get(path, **params)
+        return get(path, **params)
     except ApiError as e:
         error_box(e)
         return None

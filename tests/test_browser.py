@@ -3,8 +3,12 @@
 The service (the demo site, six simulated minutes with a CDU pump failing, so an alert fires)
 runs in-process with its API; the console runs as `streamlit run dashboards/app.py`, exactly
 as `dctwin demo` starts it. Every page must open without an exception or error box, the floor
-map must show every rack, and an alert must be acknowledged from the Alerts page. Screenshots
-go to ``$DCTWIN_TEST_ARTIFACTS`` (default ``tests/artifacts/``).
+map must show every rack, and an alert must be acknowledged from the Alerts page. What an operator
+must see is asserted on the drawn page: the critical pump alert listed first and in the critical
+colour, no "None", no truncated number, the rack deep link on the right rack. A screenshot per page
+and each page's load time (navigation to its last change drawn, :mod:`dashboards.pageload`;
+recorded, never asserted) go to ``$DCTWIN_ARTIFACTS`` when set, else a folder under pytest's
+tmp path; the run prints where.
 
 Needs Debian's ``chromium`` (``apt-get install chromium``; `.ci/run` installs it) and the
 ``playwright`` package; Playwright's own browser downloads are never used.
@@ -12,7 +16,9 @@ Needs Debian's ``chromium`` (``apt-get install chromium``; `.ci/run` installs it
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -24,6 +30,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from dashboards import pageload
 from twin.service import Service
 
 from .conftest import API_TOKEN as TOKEN
@@ -41,7 +48,6 @@ playwright_sync = pytest.importorskip(
     "playwright.sync_api", reason="the playwright package is not installed"
 )
 
-ARTIFACTS = Path(os.environ.get("DCTWIN_TEST_ARTIFACTS", REPO / "tests" / "artifacts"))
 DEMO_SITE = REPO / "sample_telemetry" / "demo_site.yaml"
 PUMP_KEY = "dctwin/demo/cdu_pump_lost/cdu/cdu-1"
 PAGES = {
@@ -103,6 +109,8 @@ def console(svc: Service, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
             str(port),
             "--browser.gatherUsageStats",
             "false",
+            "--client.toolbarMode",
+            "minimal",  # as `dctwin demo` and `dctwin console` start it
         ],
         env=env,
         stdout=log.open("wb"),
@@ -139,24 +147,47 @@ def browser() -> Iterator[object]:
         b.close()
 
 
+@pytest.fixture(scope="module")
+def artifacts(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[Path]:
+    """Where screenshots and ``page_load.json`` go (printed at the start and the end)."""
+    env = os.environ.get("DCTWIN_ARTIFACTS")
+    where = Path(env) if env else tmp_path_factory.mktemp("console-artifacts")
+    where.mkdir(parents=True, exist_ok=True)
+    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(f"console screenshots and page_load.json: {where}")
+    yield where
+    if LOAD_S:
+        (where / "page_load.json").write_text(
+            json.dumps(
+                {"unit": "s", "definition": pageload.__doc__.split("\n\n")[1], "pages": LOAD_S},
+                indent=2,
+            )
+            + "\n"
+        )
+        if reporter is not None:
+            reporter.write_line(f"page load [s] {LOAD_S} -> {where / 'page_load.json'}")
+
+
+#: Page -> seconds from navigation to the last change drawn (written to page_load.json).
+LOAD_S: dict[str, float] = {}
+
+
 @pytest.fixture
 def page(browser) -> Iterator[object]:  # type: ignore[no-untyped-def]
     ctx = browser.new_context(viewport={"width": 1440, "height": 1000})
+    pageload.install(ctx)
     pg = ctx.new_page()
     yield pg
     ctx.close()
 
 
 def settle(page, title: str) -> None:  # type: ignore[no-untyped-def]
-    """Wait until the page's title shows and Streamlit has finished running the script."""
+    """Wait until the page's title shows and its main area has stopped changing."""
     page.get_by_role("heading", name=title).first.wait_for(timeout=60_000)
-    page.wait_for_function(
-        "() => !document.querySelector('[data-testid=\"stStatusWidget\"]')"
-        " || !document.querySelector('[data-testid=\"stStatusWidget\"]').innerText"
-        ".includes('Running')",
-        timeout=60_000,
-    )
-    page.wait_for_timeout(1500)  # charts draw after the script ends
+    pageload.wait_drawn(page)
 
 
 def problems(page) -> list[str]:  # type: ignore[no-untyped-def]
@@ -165,28 +196,89 @@ def problems(page) -> list[str]:  # type: ignore[no-untyped-def]
     return found
 
 
-def shot(page, name: str) -> None:  # type: ignore[no-untyped-def]
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(ARTIFACTS / f"console-{name}.png"), full_page=True)
+#: Text in the main area an operator must never see: a raw None/nan, or an ellipsis cutting a
+#: number or unit ("423.1 L/…").
+BAD_TEXT = re.compile(r"\b(None|nan|NaN)\b|\d\s?\S*…")
+
+#: Elements of the main area whose text is cut by CSS (text-overflow: ellipsis shows "…" on
+#: screen while innerText keeps the whole text): metric values and labels, table cells.
+CLIPPED = """() => [...document.querySelectorAll(
+    '[data-testid="stMain"] [data-testid="stMetricValue"] *,'
+    + '[data-testid="stMain"] [data-testid="stMetricLabel"] *,'
+    + '[data-testid="stMain"] [data-testid="stTable"] td,'
+    + '[data-testid="stMain"] [data-testid="stTable"] th')]
+  .filter(e => e.scrollWidth > e.clientWidth + 1 && e.innerText.trim())
+  .map(e => e.innerText.trim())"""
+
+
+def shown_text(page) -> str:  # type: ignore[no-untyped-def]
+    return page.locator('[data-testid="stMain"]').inner_text()
+
+
+def shot(page, artifacts: Path, name: str) -> None:  # type: ignore[no-untyped-def]
+    page.screenshot(path=str(artifacts / f"console-{name}.png"), full_page=True)
+
+
+def rgb(css: str) -> tuple[float, float, float]:
+    r, g, b = (float(x) for x in re.findall(r"[\d.]+", css)[:3])
+    return r, g, b
 
 
 @pytest.mark.parametrize("path", list(PAGES), ids=lambda p: p.split("?")[0] or "overview")
-def test_every_page_opens_without_an_error(  # type: ignore[no-untyped-def]
-    console: str, page, path: str
+def test_every_page_opens_without_an_error_none_or_cut_number(  # type: ignore[no-untyped-def]
+    console: str, page, artifacts: Path, path: str
 ) -> None:
+    name = path.split("?")[0] or "overview"
+    LOAD_S[name] = round(pageload.load_s(page, f"{console}/{path}"), 3)
+    page.get_by_role("heading", name=PAGES[path]).first.wait_for(timeout=10_000)
+    shot(page, artifacts, name)
+    assert problems(page) == []
+    text = shown_text(page)
+    assert not BAD_TEXT.search(text), BAD_TEXT.search(text)
+    assert page.evaluate(CLIPPED) == [], name
+    if path in ("floor", "rack?rack=a01", "power", "cooling", "fleets"):
+        assert page.locator(".js-plotly-plot .main-svg").count() >= 1, path
+
+
+@pytest.mark.parametrize("path", ["", "alerts"], ids=["overview", "alerts"])
+def test_the_pump_failure_is_listed_first_in_the_critical_colour(  # type: ignore[no-untyped-def]
+    console: str, page, artifacts: Path, path: str
+) -> None:
+    """After the injected pump failure, the first alert an operator reads is the critical
+    cdu_pump_lost, on a red badge, naming its CDU and the racks it cools."""
     page.goto(f"{console}/{path}")
     settle(page, PAGES[path])
-    charts = path in ("floor", "rack?rack=a01", "power", "cooling", "fleets")
-    if charts:  # plotly draws after the script ends: slower when the machine is busy
-        page.locator(".js-plotly-plot").first.wait_for(timeout=30_000)
-    shot(page, path.split("?")[0] or "overview")
+    lines = page.locator('[data-testid="stMarkdownContainer"]').filter(
+        has_text=re.compile(r"^\W*(CRITICAL|WARNING|INFO)\b")
+    )
+    assert lines.count() >= 1
+    first = lines.first
+    assert "cdu_pump_lost" in first.inner_text() and "cdu-1" in first.inner_text()
+    assert "a01" in first.inner_text()  # the racks the CDU cools, not "members: cdu-1"
+    badge = first.get_by_text("CRITICAL", exact=True).first
+    r, g, b = rgb(badge.evaluate("e => getComputedStyle(e).color"))
+    assert r > 1.5 * g and r > 1.5 * b, (r, g, b)  # red, the critical colour
+    assert lines.filter(has_text="CRITICAL").count() >= 1
+    shot(page, artifacts, f"{path or 'overview'}-critical-first")
+
+
+def test_the_rack_deep_link_opens_that_rack(  # type: ignore[no-untyped-def]
+    console: str, page, artifacts: Path
+) -> None:
+    page.goto(f"{console}/rack?rack=b03")
+    settle(page, "Rack")
+    picked = page.locator('[data-testid="stSelectbox"]').first.evaluate(
+        "e => e.textContent + ' ' + [...e.querySelectorAll('input')].map(i => i.value).join(' ')"
+    )
+    assert "b03" in picked and "a01" not in picked, picked
+    assert page.url.endswith("rack=b03")
+    assert "CDU cdu-2" in shown_text(page)  # b03's own CDU, not a01's
     assert problems(page) == []
-    if charts:
-        assert page.locator(".js-plotly-plot").count() >= 1, path
+    shot(page, artifacts, "rack-b03")
 
 
 def test_floor_map_shows_every_rack(  # type: ignore[no-untyped-def]
-    console: str, page, svc: Service
+    console: str, page, svc: Service, artifacts: Path
 ) -> None:
     page.goto(f"{console}/floor")
     settle(page, "Floor")
@@ -197,12 +289,13 @@ def test_floor_map_shows_every_rack(  # type: ignore[no-untyped-def]
     racks = {r.name for r in svc.site.racks}
     shown = {name for name in racks if any((t or "").startswith(name) for t in labels)}
     assert len(labels) == len(racks) == 32 and shown == racks
-    shot(page, "floor-map")
+    shot(page, artifacts, "floor-map")
 
 
 def test_an_alert_is_acknowledged_from_the_alerts_page(  # type: ignore[no-untyped-def]
-    console: str, page, svc: Service
+    console: str, page, svc: Service, artifacts: Path
 ) -> None:
+    """Last: it acknowledges the pump alert the tests above read."""
     page.goto(f"{console}/alerts")
     settle(page, "Alerts")
     assert page.get_by_text(PUMP_KEY).count() >= 1
@@ -216,7 +309,7 @@ def test_an_alert_is_acknowledged_from_the_alerts_page(  # type: ignore[no-untyp
     assert page.get_by_role("button", name="Acknowledge").count() == before - 1
     assert page.get_by_text("Acknowledged by console").count() >= 1
     assert problems(page) == []
-    shot(page, "alerts-acknowledged")
+    shot(page, artifacts, "alerts-acknowledged")
     active = httpx.get(f"{svc.url}/api/v1/alerts", timeout=10).json()["active"]
     pump = next(a for a in active if a["dedup_key"] == PUMP_KEY)
     assert pump["acknowledged"]["acked_by"] == "console"

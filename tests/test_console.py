@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import streamlit as st
 from streamlit.testing.v1 import AppTest
 
 from twin.service import Service
@@ -33,6 +34,7 @@ def svc(
 def env(svc: Service, monkeypatch: pytest.MonkeyPatch) -> Service:
     monkeypatch.setenv("DCTWIN_API_URL", svc.url)
     monkeypatch.setenv("DCTWIN_CONSOLE_TOKEN", TOKEN)
+    st.cache_data.clear()  # the console shares API answers for a few seconds
     return svc
 
 
