@@ -387,10 +387,25 @@ class Store(CalibrationTables):
         ).fetchall()
 
     def apply_retention(self, raw_days: float, now: datetime | None = None) -> dict[str, int]:
-        """Delete raw samples (and ingest-log rows) older than ``raw_days``; rollups stay."""
+        """Delete raw samples (and ingest-log rows) older than ``raw_days``; rollups stay.
+
+        Once the store has exported hours as Parquet (``history_exports``, twin/store/history.py),
+        a kind's raw rows are deleted only in hours exported (to any destination)."""
         cutoff = (now or datetime.now(UTC)) - timedelta(days=raw_days)
+        exporting = bool(
+            self.con.execute(
+                "SELECT count(*) FROM duckdb_tables() WHERE table_name = 'history_exports'"
+            ).fetchone()[0]
+        )
         deleted = {}
         for table in (*KINDS, "extra_readings"):
+            if exporting and table in KINDS:
+                sql = (
+                    f"DELETE FROM {table} WHERE ts < ? AND date_trunc('hour', ts) IN"
+                    " (SELECT hour FROM history_exports WHERE kind = ?)"
+                )
+                deleted[table] = self.con.execute(sql, [cutoff, table]).fetchall()[0][0]
+                continue
             deleted[table] = self.con.execute(
                 f"DELETE FROM {table} WHERE ts < ?", [cutoff]
             ).fetchall()[0][0]
