@@ -149,3 +149,13 @@ def test_bad_kind_shard_and_range_are_one_clear_error(tmp_path):
         ],
     )
     assert r.exit_code == 2 and "kind 'nope'" in r.output
+
+
+def test_service_retention_with_export_configured_keeps_unexported_hours(tmp_path):
+    # `dctwin serve --export-to` passes exported_only=True: before any export, nothing goes
+    a = _store(tmp_path / "a.duckdb", "trn-r01-n1", 1.0)
+    with Store(a) as s:
+        s.apply_retention(raw_days=1, now=T0 + timedelta(days=30), exported_only=True)
+        assert s.con.execute("SELECT count(*) FROM gpu").fetchone()[0] == 190 * 2
+        s.apply_retention(raw_days=1, now=T0 + timedelta(days=30), exported_only=False)
+        assert s.con.execute("SELECT count(*) FROM gpu").fetchone()[0] == 0
