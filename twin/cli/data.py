@@ -99,7 +99,7 @@ def export(
         typer.Option(
             "--to",
             help="History mode: export every closed hour not yet exported, as"
-            " kind=/day=/hour=/shard=/part-0.parquet, to this directory or fsspec URL (s3://...)."
+            " kind=/day=/hour=/shard=/part-0.parquet, to this directory or URL (s3://...)."
             " Idempotent; ignores --out, --start and --end.",
         ),
     ] = None,

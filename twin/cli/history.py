@@ -23,7 +23,7 @@ def series(
         str | None, typer.Argument(metavar="[ID]", help="Component id; all when omitted.")
     ] = None,
     source: Annotated[
-        str, typer.Option("--from", help="History root: a directory or fsspec URL.")
+        str, typer.Option("--from", help="History root: a directory or URL (s3://...).")
     ] = "history",
     start: Annotated[str, typer.Option(help="ISO 8601 start (inclusive).")] = "",
     end: Annotated[str, typer.Option(help="ISO 8601 end (exclusive).")] = "",

@@ -53,7 +53,7 @@ ExportToOpt = Annotated[
     str | None,
     typer.Option(
         help="Export closed hours as Parquet (kind=/day=/hour=/shard=) to this directory or"
-        " fsspec URL; --retention-days then deletes exported hours only."
+        " URL (s3://..., pyarrow.fs); --retention-days then deletes exported hours only."
     ),
 ]
 ExportEveryOpt = Annotated[

@@ -62,7 +62,8 @@ class ServiceOptions:
     rollup_interval_s: float = 60.0
     retention_days: float | None = None
     #: History off the box (twin/store/history.py): export closed hours as Parquet to this
-    #: directory or fsspec URL every ``export_every_s``; retention then deletes exported hours only.
+    #: directory or URL (pyarrow.fs) every ``export_every_s``; retention then deletes exported
+    #: hours only.
     export_to: str | None = None
     export_every_s: float = 300.0
     export_shard: str = "main"

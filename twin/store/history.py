@@ -3,7 +3,7 @@
 Layout (docs/history.md): ``ROOT/kind=<kind>/day=YYYY-MM-DD/hour=HH/shard=<name>/part-0.parquet``,
 one file per kind, hour and shard. An hour is *closed* when the newest sample of the store is past
 the hour's end plus a grace period. A file is written whole to a temporary name and renamed (a
-local directory) or put in one request under its final key (an object store through fsspec), so
+local directory) or uploaded under its final key (an object store, through pyarrow.fs), so
 an hour is complete or absent; rows are ordered by ``ts, source, id`` and written with fixed
 options, so exporting an hour again gives the same bytes. Exported hours are recorded in the
 store's ``history_exports`` table; raw retention then deletes exported hours only.
@@ -74,19 +74,18 @@ def hour_dir(kind: str, hour: datetime, shard: str) -> str:
 
 
 class _Dest:
-    """A local directory or an fsspec URL; writes are whole-file-or-nothing."""
+    """A local directory or a URL pyarrow.fs opens (``s3://bucket/prefix``, ``gs://...``);
+    writes are whole-file-or-nothing."""
 
     def __init__(self, dest: str):
         self.dest = dest
         if is_url(dest):
+            from pyarrow import fs as pafs
+
             try:
-                import fsspec
-            except ModuleNotFoundError:
-                raise HistoryError(
-                    f"{dest}: an object-store destination needs fsspec (and s3fs for s3://):"
-                    " pip install 'dctwin[history]'"
-                ) from None
-            self.fs, self.root = fsspec.core.url_to_fs(dest)
+                self.fs, self.root = pafs.FileSystem.from_uri(dest)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError) as e:
+                raise HistoryError(f"{dest}: not a destination pyarrow can open: {e}") from None
         else:
             self.fs = None
             self.root = str(Path(dest.removeprefix("file://")))
@@ -94,7 +93,10 @@ class _Dest:
     def exists(self, rel: str) -> bool:
         if self.fs is None:
             return os.path.exists(os.path.join(self.root, rel))
-        return bool(self.fs.exists(f"{self.root}/{rel}"))
+        from pyarrow import fs as pafs
+
+        info = self.fs.get_file_info(f"{self.root.rstrip('/')}/{rel}")
+        return info.type != pafs.FileType.NotFound
 
     def put(self, rel: str, data: bytes) -> None:
         if self.fs is None:
@@ -107,8 +109,9 @@ class _Dest:
                 os.fsync(f.fileno())
             os.replace(tmp, final)  # atomic on one filesystem: the hour appears whole
         else:
-            # one PUT of the whole object: an object store shows the final key complete or not
-            self.fs.pipe_file(f"{self.root}/{rel}", data)
+            # an object store makes the key visible only when the upload completes
+            with self.fs.open_output_stream(f"{self.root.rstrip('/')}/{rel}") as f:
+                f.write(data)
 
 
 @dataclass
@@ -218,8 +221,7 @@ def query_series(
     con = duckdb.connect()
     con.execute("SET TimeZone = 'UTC'")
     if is_url(source):
-        con.register_filesystem(_Dest(source).fs)
-        root = source
+        root = source  # DuckDB reads s3:// etc. itself (its httpfs extension)
     else:
         root = str(Path(source.removeprefix("file://")))
         if not Path(root).is_dir():
