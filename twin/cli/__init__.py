@@ -23,6 +23,7 @@ from typer.core import TyperGroup
 from twin.cli import analysis, data, demo, replay, serve, sim
 from twin.cli.collect import collect_app
 from twin.cli.common import missing_extra
+from twin.cli.history import query_app
 from twin.cli.imports import import_app
 from twin.cli.rules import rules_app
 from twin.procs import exit_with_parent
@@ -85,6 +86,7 @@ for command in (
 app.add_typer(collect_app, name="collect", cls=_ExtrasGroup)
 app.add_typer(import_app, name="import", cls=_ExtrasGroup)
 app.add_typer(rules_app, name="rules", cls=_ExtrasGroup)
+app.add_typer(query_app, name="query", cls=_ExtrasGroup)
 for command in (replay.record, replay.replay, replay.whatif):
     app.command()(command)
 

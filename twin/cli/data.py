@@ -94,12 +94,32 @@ def _nothing_stored(file: Path, counters: dict) -> str:
 def export(
     db: DbOpt = Path("dctwin.duckdb"),
     out: Annotated[Path, typer.Option("--out", help="Output directory.")] = Path("export"),
+    to: Annotated[
+        str | None,
+        typer.Option(
+            "--to",
+            help="History mode: export every closed hour not yet exported, as"
+            " kind=/day=/hour=/shard=/part-0.parquet, to this directory or URL (s3://...)."
+            " Idempotent; ignores --out, --start and --end.",
+        ),
+    ] = None,
+    shard: Annotated[
+        str, typer.Option("--shard", help="Shard name in the history tree (with --to).")
+    ] = "main",
+    grace_s: Annotated[
+        float,
+        typer.Option("--grace-s", min=0, help="An hour is closed this long after its end (--to)."),
+    ] = 300.0,
     start: Annotated[str | None, typer.Option(help="ISO 8601 start (default: oldest).")] = None,
     end: Annotated[str | None, typer.Option(help="ISO 8601 end, exclusive (default: newest).")] = (
         None
     ),
 ) -> None:
-    """Export raw samples of a time range to Parquet, partitioned by kind and day."""
+    """Export raw samples of a time range to Parquet, partitioned by kind and day; with --to,
+    the closed hours of the history tree (docs/history.md)."""
+    if to is not None:
+        _export_history(db, to, shard, grace_s)
+        return
     with open_store(db, read_only=True) as store:
         status = store.status()
         if status["time_range"] is None:
@@ -118,6 +138,30 @@ def export(
     typer.echo(
         json.dumps(
             {"out": str(out), "start": t0.isoformat(), "end": t1.isoformat(), "samples": exported}
+        )
+    )
+
+
+def _export_history(db: Path, to: str, shard: str, grace_s: float) -> None:
+    from twin.store.history import HistoryError, export_closed_hours
+
+    if not db.exists():
+        raise fail(f"--db {db}: no such store")
+    with open_store(db) as store:
+        try:
+            r = export_closed_hours(store.con, to, shard=shard, grace_s=grace_s)
+        except HistoryError as e:
+            raise fail(str(e)) from None
+    typer.echo(
+        json.dumps(
+            {
+                "to": to,
+                "shard": shard,
+                "hours": r.hours,
+                "rows": r.rows,
+                "bytes": r.bytes,
+                "skipped": r.skipped,
+            }
         )
     )
 

@@ -6,7 +6,7 @@ import json
 import signal
 import threading
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -49,6 +49,31 @@ WhatifReportsOpt = Annotated[
 ]
 
 
+ExportToOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="Export closed hours as Parquet (kind=/day=/hour=/shard=) to this directory or"
+        " URL (s3://..., pyarrow.fs); --retention-days then deletes exported hours only."
+    ),
+]
+ExportEveryOpt = Annotated[
+    float, typer.Option(min=1, help="Seconds between history exports (--export-to).")
+]
+ExportShardOpt = Annotated[str, typer.Option(help="Shard name in the history tree (--export-to).")]
+
+
+def _export_options(export_to: str | None, every_s: float, shard: str) -> dict[str, Any]:
+    """The history export's ServiceOptions fields, the shard name checked."""
+    if export_to is not None:
+        from twin.store.history import HistoryError, check_shard
+
+        try:
+            check_shard(shard)
+        except HistoryError as e:
+            raise fail(f"--export-shard: {e}") from None
+    return {"export_to": export_to, "export_every_s": every_s, "export_shard": shard}
+
+
 def serve(
     broker: BrokerOpt = None,
     db: DbOpt = Path("dctwin.duckdb"),
@@ -63,6 +88,9 @@ def serve(
     retention_days: Annotated[
         float | None, typer.Option(help="Delete raw samples older than this many days.")
     ] = None,
+    export_to: ExportToOpt = None,
+    export_every: ExportEveryOpt = 300.0,
+    export_shard: ExportShardOpt = "main",
     max_future: MaxFutureOpt = 300.0,
     max_past: MaxPastOpt = 30 * 86400.0,
     stall_after: Annotated[
@@ -153,6 +181,7 @@ def serve(
             share_group=share_group,
             flush_interval_s=flush_interval,
             retention_days=retention_days,
+            **_export_options(export_to, export_every, export_shard),
         ),
         max_future_s=max_future,
         max_past_s=max_past,

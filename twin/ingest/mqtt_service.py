@@ -61,6 +61,13 @@ class ServiceOptions:
     max_batch_messages: int = 20_000
     rollup_interval_s: float = 60.0
     retention_days: float | None = None
+    #: History off the box (twin/store/history.py): export closed hours as Parquet to this
+    #: directory or URL (pyarrow.fs) every ``export_every_s``; retention then deletes exported
+    #: hours only.
+    export_to: str | None = None
+    export_every_s: float = 300.0
+    export_shard: str = "main"
+    export_grace_s: float = 300.0
     stats_interval_s: float = 10.0
     #: Receive in a child process (default) or in a paho thread of this process.
     receiver_process: bool = True
@@ -463,6 +470,7 @@ class MqttIngestService:
         opts = self.options
         next_rollup = time.monotonic() + opts.rollup_interval_s
         next_stats = time.monotonic() + opts.stats_interval_s
+        next_export = time.monotonic() + min(opts.export_every_s, 10.0)
         retry_backoff = opts.flush_interval_s
         while not self._stop.is_set():
             deadline = time.monotonic() + opts.flush_interval_s
@@ -480,17 +488,44 @@ class MqttIngestService:
             if now >= next_rollup:
                 next_rollup = now + opts.rollup_interval_s
                 self._maintain()
+            if opts.export_to and now >= next_export:
+                next_export = now + opts.export_every_s
+                self._export()
             if now >= next_stats:
                 next_stats = now + opts.stats_interval_s
                 log.info("ingest: %s", self.ingester.counters.as_dict())
         self.flush()
         self._maintain()
 
+    def _export(self) -> None:
+        """Export closed hours (in the writer thread, which owns the store's connection)."""
+        from twin.store.history import export_closed_hours
+
+        opts = self.options
+        assert opts.export_to is not None
+        try:
+            r = export_closed_hours(
+                self.ingester.store.con,
+                opts.export_to,
+                shard=opts.export_shard,
+                grace_s=opts.export_grace_s,
+            )
+        except Exception as e:
+            log.error("history export to %s failed: %s", opts.export_to, e)
+            self.health.error("export", f"{type(e).__name__}: {e}")
+        else:
+            if r.hours:
+                log.info("exported %d hours (%d rows, %d bytes)", r.hours, r.rows, r.bytes)
+            self.health.ok("export")
+
     def _maintain(self) -> None:
         try:
             self.ingester.store.rollup()
             if self.options.retention_days:
-                self.ingester.store.apply_retention(self.options.retention_days)
+                self.ingester.store.apply_retention(
+                    self.options.retention_days,
+                    exported_only=True if self.options.export_to else None,
+                )
             pruned = self.ingester.store.prune()
             if any(pruned.values()):
                 log.info("pruned %s", pruned)

@@ -182,3 +182,12 @@ def ddl() -> list[str]:
 
 
 META = {"schema_version": str(SCHEMA_VERSION), "contract_version": str(CONTRACT_VERSION)}
+
+#: Hours exported as Parquet (twin/store/history.py): one row per kind, hour, shard and
+#: destination, with the file's size and SHA-256; raw retention deletes only these hours.
+HISTORY_DDL: tuple[str, ...] = (
+    "CREATE TABLE IF NOT EXISTS history_exports (kind VARCHAR NOT NULL,"
+    " hour TIMESTAMPTZ NOT NULL, shard VARCHAR NOT NULL, dest VARCHAR NOT NULL,"
+    " rows BIGINT NOT NULL, bytes BIGINT NOT NULL, sha256 VARCHAR NOT NULL,"
+    " exported_at TIMESTAMPTZ NOT NULL, PRIMARY KEY (kind, hour, shard, dest))",
+)

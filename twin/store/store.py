@@ -23,6 +23,7 @@ from twin.store.calibration import CalibrationTables
 from twin.store.schema import (
     DEAD_SCHEMA,
     EXTRA_SCHEMA,
+    HISTORY_DDL,
     LOG_SCHEMA,
     META,
     ROLLUPS,
@@ -386,11 +387,33 @@ class Store(CalibrationTables):
             [limit],
         ).fetchall()
 
-    def apply_retention(self, raw_days: float, now: datetime | None = None) -> dict[str, int]:
-        """Delete raw samples (and ingest-log rows) older than ``raw_days``; rollups stay."""
+    def apply_retention(
+        self, raw_days: float, now: datetime | None = None, *, exported_only: bool | None = None
+    ) -> dict[str, int]:
+        """Delete raw samples (and ingest-log rows) older than ``raw_days``; rollups stay.
+
+        With ``exported_only`` (default: once the store has exported hours as Parquet, its
+        ``history_exports`` table, twin/store/history.py), a kind's raw rows are deleted only in
+        hours exported (to any destination)."""
         cutoff = (now or datetime.now(UTC)) - timedelta(days=raw_days)
+        for stmt in HISTORY_DDL if exported_only else ():
+            self.con.execute(stmt)
+        exporting = exported_only
+        if exporting is None:
+            exporting = bool(
+                self.con.execute(
+                    "SELECT count(*) FROM duckdb_tables() WHERE table_name = 'history_exports'"
+                ).fetchone()[0]
+            )
         deleted = {}
         for table in (*KINDS, "extra_readings"):
+            if exporting and table in KINDS:
+                sql = (
+                    f"DELETE FROM {table} WHERE ts < ? AND date_trunc('hour', ts) IN"
+                    " (SELECT hour FROM history_exports WHERE kind = ?)"
+                )
+                deleted[table] = self.con.execute(sql, [cutoff, table]).fetchall()[0][0]
+                continue
             deleted[table] = self.con.execute(
                 f"DELETE FROM {table} WHERE ts < ?", [cutoff]
             ).fetchall()[0][0]
