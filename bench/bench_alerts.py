@@ -48,7 +48,7 @@ before the crossing; the lead time of the first tied page to the crossing (or, f
 crosses none, to its first physical effect, its start: the simulator applies every fault from its
 start), median and min (negative: the page came after); pages per fault. Over the run: pages tied
 to no fault (and per day per 1,000 GPUs) and incidents with more than two pages (a fault's tied
-pages are one incident; untied pages are one incident per rule and group).
+pages are one incident; untied pages are one incident per day, rule and group).
 
     PYTHONPATH=. .venv/bin/python bench/bench_alerts.py --days 5 --seed 0 --json /tmp/alerts.json
     PYTHONPATH=. .venv/bin/python bench/bench_alerts.py --days 1 --hours 4   # a quick look
@@ -467,11 +467,14 @@ def score(
         }
     crossed = [f for f in faults if f.crossing_s is not None]
     before = [f for f in crossed if f.pages and min(f.pages) <= f.crossing_s]  # type: ignore[operator]
-    keys: dict[tuple[str, str], int] = {}
+    # an incident lives within one day's replay (each day is its own run): key by day too
+    keys: dict[tuple[str, str, str], int] = {}
     for a in untied:
-        k = (str(a.get("rule")), str(a.get("group")))
+        k = (str(a.get("day", "")), str(a.get("rule")), str(a.get("group")))
         keys[k] = keys.get(k, 0) + 1
-    untied_over_2 = {f"{r} {g}": n for (r, g), n in keys.items() if n > 2}
+    untied_over_2 = {
+        (f"day {d}: " if d else "") + f"{r} {g}": n for (d, r, g), n in keys.items() if n > 2
+    }
     by_rule: dict[str, int] = {}
     for a in untied:
         by_rule[str(a.get("rule"))] = by_rule.get(str(a.get("rule")), 0) + 1

@@ -119,6 +119,21 @@ def test_paged_after_crossing_and_incidents_over_two_pages(site) -> None:
     assert not s["targets"]["cold_plate_decay median lead to crossing >= 10 min"]
 
 
+def test_untied_incidents_are_counted_within_one_day(site) -> None:
+    """Each day is its own replay: the same rule and group paging once on each of three days
+    is three incidents of one page, not one incident of three."""
+    known = ba._known_ids(site)
+    untied = []
+    for day in range(3):
+        for a in ba.attribute(
+            [], [_alert(100, "fleet_underused", "fleet infer-chat")], T0, known, 0
+        ):
+            untied.append({**a, "day": day})
+    s = ba.score([], untied, days=3.0, gpus=1000)
+    assert s["untied_pages"] == 3 and s["untied_keys_over_2_pages"] == {}
+    assert s["incidents_over_2_pages"] == 0
+
+
 def test_reminders_are_not_pages_and_members_name_entities(site) -> None:
     """A repeat-interval reminder is not a new page; a notification's members (where the
     replay lists them) and a group given as kind and id tie it like its group does."""
