@@ -8,7 +8,6 @@ The scoring lives in the benchmark script, so the script is loaded from its path
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -18,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from twin.replay import fault_score as ba
 from twin.simulator import SiteSimulator
 from twin.site import load_site
 
@@ -25,17 +25,6 @@ REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "bench" / "bench_alerts.py"
 DEMO_SITE = REPO / "sample_telemetry" / "demo_site.yaml"
 T0 = datetime(2026, 11, 23, tzinfo=UTC)
-
-
-def _module():
-    spec = importlib.util.spec_from_file_location("bench_alerts", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["bench_alerts"] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-ba = _module()
 
 
 @pytest.fixture(scope="module")
