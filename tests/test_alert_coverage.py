@@ -314,13 +314,9 @@ def test_live_detector_emits_every_limit_now_and_its_time_to_breach() -> None:
         assert o.metric in METRICS and o.entity_kind in METRICS[o.metric].kinds
 
 
-def hook_for_test(d, chunk, feed) -> None:  # a stand-in hot-spot module's entry point
-    pass
-
-
-def test_replay_feed_takes_per_minute_series_and_finds_the_hotspot_hook(monkeypatch) -> None:
+def test_replay_feed_takes_per_minute_series() -> None:
     """offer_series: one row per evaluation minute, NaN for no observation, evaluated by the
-    engine like any metric; the hook is found by name, and its absence is no error."""
+    engine like any metric."""
     from types import SimpleNamespace
 
     from twin.alerts import parse_rules
@@ -356,7 +352,3 @@ rules:
     assert [(a["status"], a["at"][11:16]) for a in sent] == [("firing", "14:30")]
     with pytest.raises(ValueError, match="one row per evaluation minute"):
         feed.offer_series("hotspot.gpu.residual_sigma", "gpu", ["x"], np.zeros((59, 1)))
-    monkeypatch.setattr(alert_feed, "GPU_CHUNK_HOOK", f"{__name__}:hook_for_test")
-    assert alert_feed.gpu_chunk_hook() is hook_for_test
-    monkeypatch.setattr(alert_feed, "GPU_CHUNK_HOOK", "twin.replay.no_such_module:f")
-    assert alert_feed.gpu_chunk_hook() is None

@@ -3,8 +3,8 @@
 The replay offers every metric the live detector (:func:`twin.detect.observations`) emits that
 a rule watches: the headroom now of every limit, its time-to-breach forecast
 (:mod:`twin.replay.breach`, computed per minute from the data up to it), running pumps, and
-whatever :mod:`twin.replay.hotspot_feed` offers (residuals, drift) through the
-:data:`GPU_CHUNK_HOOK` hook. The same :class:`twin.alerts.AlertEngine` evaluates them minute by
+the residuals and drift :mod:`twin.replay.hotspot_feed` computes. The same
+:class:`twin.alerts.AlertEngine` evaluates them minute by
 minute, so the pages listed are the pages the service would have sent.
 
 An entity whose value never meets any rule's condition on its metric can neither fire nor need
@@ -19,19 +19,10 @@ Offering values::
                                                       # (feed.rows / feed.eval_times); NaN: no
                                                       # observation that minute
     feed.wants(metric, kind)                          # some rule watches it: worth computing
-
-The GPU hook: a module ``twin.replay.hotspot_feed`` defining
-``offer_gpu_chunk(d: Recording, chunk: GpuChunk, feed: AlertFeed) -> None`` is called once per
-GPU chunk of every run (baseline and scenarios) with the chunk's arrays (:class:`GpuChunk`); it
-offers ``hotspot.gpu.residual_sigma`` and ``drift.gpu.r_k_per_w`` with
-:meth:`AlertFeed.offer_series`, each minute computed from the data up to that minute.
 """
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -52,46 +43,12 @@ from twin.alerts.metrics import (
 from twin.replay.recording import Recording
 
 __all__ = [
-    "GPU_CHUNK_HOOK",
     "M_CDU_FREE",
     "M_GPU_K",
     "M_PHASE_A",
     "M_PUMPS",
     "AlertFeed",
-    "GpuChunk",
-    "gpu_chunk_hook",
 ]
-
-#: ``module:function`` called per GPU chunk when the module exists (see the module docstring).
-GPU_CHUNK_HOOK = "twin.replay.hotspot_feed:offer_gpu_chunk"
-
-
-@dataclass(frozen=True)
-class GpuChunk:
-    """One block of GPUs of a run, as the hot-spot hook sees it; arrays are (T, g) per step."""
-
-    ids: list[str]  # the chunk's GPU ids, in site order
-    cols: slice  # their columns in the recording's (T, G) arrays (d.gpu_temp_c, d.params.gpu)
-    temp_c: np.ndarray  # the run's temperatures (the recording's, or the scenario's)
-    power_w: np.ndarray  # the run's power
-    ref_c: np.ndarray  # the model's reference: coolant supply (or inlet air) + offset [°C]
-    r_k_per_w: np.ndarray  # thermal resistance at the flow the GPU gets [K/W]
-    model_c: np.ndarray  # the calibrated model's temperatures for the recording's inputs [°C]
-
-
-HookFn = Callable[[Recording, GpuChunk, "AlertFeed"], None]
-
-
-def gpu_chunk_hook() -> HookFn | None:
-    """The hot-spot hook's function, or None while ``twin.replay.hotspot_feed`` is absent."""
-    mod_name, fn_name = GPU_CHUNK_HOOK.split(":")
-    try:
-        mod = importlib.import_module(mod_name)
-    except ModuleNotFoundError as e:
-        if e.name != mod_name:
-            raise  # the module exists but one of its imports is missing: say so
-        return None
-    return getattr(mod, fn_name, None)
 
 
 class AlertFeed:

@@ -22,8 +22,9 @@ calibration's residual error cancels and a neutral scenario reproduces the recor
 
 The verdict is relative to the recording (``twin.replay.verdict``). With a rule file, every
 metric a rule watches is offered to :class:`twin.replay.alert_feed.AlertFeed` (headroom now,
-time-to-breach forecasts per minute from :mod:`twin.replay.breach`, pumps, and the hot-spot
-hook's residuals and drift) and the live service's engine evaluates them minute by minute.
+time-to-breach forecasts per minute from :mod:`twin.replay.breach`, pumps, and the residuals and
+drift of :mod:`twin.replay.hotspot_feed`) and the live service's engine evaluates them
+minute by minute.
 """
 
 from __future__ import annotations
@@ -46,8 +47,6 @@ from twin.replay.alert_feed import (
     M_PHASE_A,
     M_PUMPS,
     AlertFeed,
-    GpuChunk,
-    gpu_chunk_hook,
 )
 from twin.replay.bundle import Bundle
 from twin.replay.recording import Recording
@@ -296,7 +295,6 @@ def _gpus_run(
     held_n = np.zeros(n)
     mean_t = np.empty(g)
     throttled = undelivered = 0.0
-    hook = gpu_chunk_hook() if feed.rules is not None else None
     forecast = feed.wants(am.HEADROOM_GPU_TIME_TO_BREACH_P90_S, "gpu")
     if forecast:  # the rack's p90 load ratio per minute (the live headroom's persistence p90)
         rows = feed.rows
@@ -365,8 +363,6 @@ def _gpus_run(
             )
             b90 = np.where(np.isfinite(res.temp_c[rows]), breach.beyond_horizon(b90), np.nan)
             feed.offer_series(am.HEADROOM_GPU_TIME_TO_BREACH_P90_S, "gpu", idx.gpu_ids[sl], b90)
-        if hook is not None:
-            hook(d, GpuChunk(idx.gpu_ids[sl], sl, res.temp_c, res.power_w, ref_s, r_s, tb), feed)
         np.add.at(rack_change.T, rack, (res.power_w - p_meas).T)
         for f in set(idx.gpu_fleet[sl]):
             m = np.array(idx.gpu_fleet[sl]) == f
