@@ -62,7 +62,9 @@ class ServiceConfig:
     ``broker`` None: no MQTT ingest (feed :attr:`Service.ingester` directly). ``site`` None:
     ingest only, no calibration, detection or alerts. ``rules`` None: no alert engine, and
     the API's what-if jobs list no alerts. ``whatif_bundles`` None: no what-if routes.
-    ``whatif_reports`` None: ``<db>.whatif`` beside the store.
+    ``whatif_reports`` None: ``<db>.whatif`` beside the store. ``seed_calibration``: a
+    bundle of the same site whose calibration a store without one starts from
+    (:mod:`twin.calibrate.seed`; needs ``site``).
     """
 
     db: Path
@@ -86,6 +88,7 @@ class ServiceConfig:
     whatif_bundles: Path | None = None
     whatif_scenarios: Path | None = None
     whatif_reports: Path | None = None
+    seed_calibration: Path | None = None
 
 
 class Service:
@@ -114,13 +117,39 @@ class Service:
         self._reloader: AlertReloader | None = None
         self._started: list[Any] = []
         self._stopped = False
+        #: the run seeded from ``config.seed_calibration`` (None: none was, or it had one)
+        self.seeded = None
         try:
+            self._seed()
             self._build()
         except BaseException:
             self.store.close()
             raise
 
     # ---- building --------------------------------------------------------------------------
+
+    def _seed(self) -> None:
+        """Seed a store without a calibration from ``config.seed_calibration``."""
+        path = self.config.seed_calibration
+        if path is None:
+            return
+        if self.site is None:
+            raise ServiceError("--seed-calibration needs --site (the bundle's site is checked)")
+        from twin.calibrate.seed import SeedError, seed_from_bundle
+
+        try:
+            self.seeded = seed_from_bundle(self.store, self.site, path)
+        except SeedError as e:
+            raise ServiceError(f"--seed-calibration {e}") from None
+        if self.seeded is not None:
+            log.info(
+                "calibration run %d seeded from %s (%d parameters, fitted %s) until the first"
+                " fit on live data",
+                self.seeded.run_id,
+                path,
+                self.seeded.params,
+                self.seeded.fitted_at.isoformat(),
+            )
 
     def _build(self) -> None:
         cfg, site = self.config, self.site

@@ -156,6 +156,14 @@ def serve(
     whatif_bundles: WhatifBundlesOpt = REPO / "sample_telemetry",
     whatif_scenarios: WhatifScenariosOpt = REPO / "sample_telemetry" / "scenarios",
     whatif_reports: WhatifReportsOpt = None,
+    seed_calibration: Annotated[
+        Path | None,
+        typer.Option(
+            help="A recorded bundle of the same site (e.g. sample_telemetry/demo_bundle): a"
+            " store without a calibration starts from the bundle's, marked seeded, until the"
+            " first fit on live data (needs --site)."
+        ),
+    ] = None,
     verbose: bool = False,
 ) -> None:
     """Run the twin service: ingest MQTT telemetry into the DuckDB store, refit the model and
@@ -200,6 +208,7 @@ def serve(
         whatif_bundles=whatif_bundles,
         whatif_scenarios=whatif_scenarios,
         whatif_reports=whatif_reports,
+        seed_calibration=seed_calibration,
     )
     try:
         service = Service(config).start()
@@ -211,6 +220,12 @@ def serve(
         err.print(
             f"api: {service.url} (OpenAPI at {service.url}/docs, Prometheus at"
             f" {service.url}/metrics; writes: {writes})",
+            highlight=False,
+        )
+    if service.seeded is not None:
+        err.print(
+            f"calibration: run {service.seeded.run_id} seeded from {seed_calibration}"
+            f" ({service.seeded.params} parameters) until the first fit on live data",
             highlight=False,
         )
     # SIGTERM (systemd, docker stop, a script's background job) and SIGINT stop alike.

@@ -1,0 +1,208 @@
+"""A first calibration seeded from a recorded bundle (`dctwin serve --seed-calibration`, the
+demo): marked seeded in the store and the API, with the time the first fit on live data is
+due, until that fit replaces it; refused for another site's bundle with one line."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import httpx
+import pytest
+
+from collectors.mqtt import wait_until
+from twin.calibrate.calibrate import calibrate, save_run
+from twin.calibrate.schedule import FIRST_WINDOW_S, CalibrationScheduler
+from twin.cli.common import DEMO_BUNDLE, DEMO_SITE, free_port
+from twin.replay.bundle import record
+from twin.service import Service, ServiceConfig
+from twin.simulator import SiteSimulator
+from twin.site import load_site
+from twin.store import Store
+
+from .conftest import SMALL_SITE
+
+DCTWIN = [sys.executable, "-m", "twin.cli"]
+HHMM = r"\d\d:\d\d UTC"
+
+
+def _serve_fails(*args: str) -> str:
+    r = subprocess.run(
+        [*DCTWIN, "serve", "--broker", "127.0.0.1:1", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    return r.stderr
+
+
+@pytest.mark.slow  # three CLI starts, about 3 s each
+def test_serve_refuses_a_seed_of_another_site_or_no_bundle(tmp_path: Path) -> None:
+    db = str(tmp_path / "s.duckdb")
+    seed = ("--seed-calibration", str(DEMO_BUNDLE))
+    out = _serve_fails("--db", db, "--site", str(SMALL_SITE), *seed)
+    assert "demo_bundle: recorded on site 'demo', not 'small'" in out
+    out = _serve_fails("--db", db, "--site", str(SMALL_SITE), "--seed-calibration", str(tmp_path))
+    assert f"{tmp_path}: not a dctwin bundle (no manifest.json)" in out
+    out = _serve_fails("--db", db, *seed)
+    assert "--seed-calibration needs --site" in out
+    with Store(tmp_path / "s.duckdb") as store:  # nothing was stored by the refusals
+        assert store.calibration_runs() == []
+
+
+def test_first_fit_expected_at_the_pass_after_ten_minutes_of_telemetry(tmp_path: Path) -> None:
+    with Store(tmp_path / "e.duckdb") as store:
+        sched = CalibrationScheduler(store, load_site(SMALL_SITE), interval_s=3600.0)
+        now = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+        sched.next_pass_at = now + timedelta(seconds=20)
+        # no telemetry: 600 s from now, at the first 60 s pass from the next one
+        assert sched.expected_first_fit_at(0.0, now) == now + timedelta(seconds=620)
+        assert sched.expected_first_fit_at(590.0, now) == now + timedelta(seconds=20)
+        assert sched.expected_first_fit_at(FIRST_WINDOW_S, now) == now + timedelta(seconds=20)
+        sched.stop()
+
+
+def _calibration(url: str) -> dict:
+    r = httpx.get(f"{url}/api/v1/calibration", timeout=30)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+@pytest.mark.mqtt
+@pytest.mark.slow  # starts `dctwin serve` on the 880-GPU demo site
+def test_serve_seeds_the_demo_calibration_and_says_when_the_first_fit_is_due(
+    broker, tmp_path: Path
+) -> None:
+    db = tmp_path / "demo.duckdb"
+    port = free_port(0)
+    log = tmp_path / "serve.log"
+    args = [
+        *DCTWIN,
+        "serve",
+        *("--broker", broker.address, "--db", str(db), "--site", str(DEMO_SITE)),
+        *("--seed-calibration", str(DEMO_BUNDLE), "--api-port", str(port)),
+    ]
+    url = f"http://127.0.0.1:{port}"
+
+    def answers() -> bool:
+        try:
+            return httpx.get(f"{url}/healthz", timeout=2).status_code in (200, 503)
+        except httpx.HTTPError:
+            return False
+
+    for attempt in range(2):  # the second start finds the store seeded: nothing is re-seeded
+        with log.open("w") as out:
+            p = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=os.environ)
+        try:
+            assert wait_until(answers, 90), log.read_text()
+            started = datetime.now(UTC)
+            cal = _calibration(url)
+        finally:
+            p.send_signal(signal.SIGTERM)
+            assert p.wait(60) == 0, log.read_text()
+        text = log.read_text()
+        assert ("seeded from" in text) == (attempt == 0), text
+        run = cal["run"]
+        assert cal["runs"] == 1 and cal["fits"] == 0
+        assert run["source"] == "seed" and run["seeded_from"] == str(DEMO_BUNDLE)
+        assert run["gpus"] == 880 and run["fitted_at"].startswith("2026-11-29T22:23:19")
+        assert run["holdout_start"].startswith("2026-11-23T23:40")
+        assert {c["device_class"] for c in cal["classes"]} >= {"rack", "cdu"}
+        due = datetime.fromisoformat(cal["first_fit_expected_at"])
+        # an empty store: 10 min of GPU telemetry to come, at the next pass of the loop
+        assert started + timedelta(minutes=9) < due < started + timedelta(minutes=12), due
+        m = re.fullmatch(
+            rf"seeded from the demo bundle \({re.escape(str(DEMO_BUNDLE))}\) at ({HHMM});"
+            rf" first fit on live data expected at ({HHMM})",
+            cal["note"],
+        )
+        assert m, cal["note"]
+        assert m[2] == due.strftime("%H:%M UTC")
+        if attempt == 0:
+            seeded_at = run["seeded_at"]
+        else:
+            assert run["seeded_at"] == seeded_at
+
+
+def _simulate(service: Service, site_path: Path, minutes: int) -> None:
+    site = load_site(site_path)
+    start = (datetime.now(UTC) - timedelta(minutes=minutes)).replace(microsecond=0)
+    sim = SiteSimulator(site, seed=5, start=start)
+    for _ in range(minutes):
+        batch: list[tuple[str, bytes]] = []
+        for _ in range(60):
+            batch.extend(sim.step())
+        service.ingester.ingest(batch)
+
+
+@pytest.mark.slow  # simulates and fits the small site twice, about 20 s
+def test_a_recorded_bundle_seeds_a_store_until_the_first_live_fit_replaces_it(
+    tmp_path: Path,
+) -> None:
+    site = load_site(SMALL_SITE)
+    # a day recorded on the small site: telemetry and its calibration, as `dctwin record` makes
+    rec_config = ServiceConfig(
+        db=tmp_path / "rec.duckdb", site=site, api=False, calibrate_every_s=0, detect_every_s=0
+    )
+    with Service(rec_config) as rec:
+        _simulate(rec, SMALL_SITE, 12)
+        save_run(rec.store, calibrate(rec.store, site, window_s=720.0, holdout_s=120.0))
+        now = datetime.now(UTC)
+        record(rec.store, SMALL_SITE, tmp_path / "bundle", now - timedelta(hours=1), now)
+    config = ServiceConfig(
+        db=tmp_path / "live.duckdb",
+        site=site,
+        api_port=0,
+        calibrate_every_s=3600.0,
+        detect_every_s=0,
+        seed_calibration=tmp_path / "bundle",
+    )
+    with Service(config) as svc:
+        assert svc.seeded is not None and svc.url is not None
+        cal = _calibration(svc.url)
+        assert cal["run"]["source"] == "seed" and cal["fits"] == 0
+        assert cal["run"]["seeded_from"] == str(tmp_path / "bundle")
+        assert re.fullmatch(
+            rf"seeded from bundle {re.escape(str(tmp_path / 'bundle'))} at {HHMM};"
+            rf" first fit on live data expected at {HHMM}",
+            cal["note"],
+        ), cal["note"]
+        _simulate(svc, SMALL_SITE, 11)
+        assert svc.calibrator is not None
+        assert svc.calibrator.run_once() == 2  # the first fit on live data
+        cal = _calibration(svc.url)
+        assert cal["run"]["run_id"] == 2 and cal["run"]["source"] == "fit"
+        assert cal["runs"] == 2 and cal["fits"] == 1 and cal["first_fit_expected_at"] is None
+        assert cal["run"]["seeded_from"] is None and cal["run"]["seeded_at"] is None
+        assert re.fullmatch(
+            rf"fitted on live data at {HHMM}; next refit expected at {HHMM}", cal["note"]
+        ), cal["note"]
+    # restarted on the same store, the service keeps its fit: no new seed
+    with Service(config) as svc:
+        assert svc.seeded is None and _calibration(svc.url)["runs"] == 2
+
+
+def test_no_calibration_yet_names_the_time_of_the_first_fit(tmp_path: Path) -> None:
+    config = ServiceConfig(
+        db=tmp_path / "fresh.duckdb", site=load_site(SMALL_SITE), api_port=0, detect_every_s=0
+    )
+    with Service(config) as svc:
+        assert svc.url is not None
+        t0 = time.time()
+        cal = _calibration(svc.url)
+        assert cal["run"] is None and cal["runs"] == 0
+        due = datetime.fromisoformat(cal["first_fit_expected_at"])
+        assert 9 * 60 < due.timestamp() - t0 < 12 * 60
+        assert cal["note"] == (
+            f"no calibration yet: first fit expected at {due.strftime('%H:%M UTC')}, once the"
+            " store holds 10 minutes of GPU telemetry"
+        )
+        assert "--" not in cal["note"]
