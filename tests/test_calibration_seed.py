@@ -206,3 +206,55 @@ def test_no_calibration_yet_names_the_time_of_the_first_fit(tmp_path: Path) -> N
             " store holds 10 minutes of GPU telemetry"
         )
         assert "--" not in cal["note"]
+
+
+@pytest.mark.mqtt
+@pytest.mark.slow  # the demo on its 880-GPU site, until its "ready" line
+def test_demo_is_ready_with_the_seeded_calibration_and_keeps_its_files_in_the_data_dir(
+    tmp_path: Path,
+) -> None:
+    work, data = tmp_path / "work", tmp_path / "data"
+    work.mkdir()
+    log = tmp_path / "demo.log"
+    args = [*DCTWIN, "demo", "--no-console", "--data-dir", str(data), "--detect-every", "5"]
+    with log.open("w") as out:
+        p = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, cwd=work)
+    try:
+        assert wait_until(lambda: "ready (+" in log.read_text(), 240), log.read_text()
+        text = log.read_text()
+        env = dict(ln.split("=", 1) for ln in (data / "demo.env").read_text().splitlines())
+        cal = _calibration(env["DCTWIN_API_URL"])
+        job = httpx.post(
+            f"{env['DCTWIN_API_URL']}/api/v1/whatif",
+            json={"bundle": "demo_bundle", "scenarios": ["gpu-power-cap-500w"]},
+            headers={"Authorization": f"Bearer {env['DCTWIN_API_TOKEN']}"},
+            timeout=30,
+        )
+        assert job.status_code == 202, job.text
+        url = f"{env['DCTWIN_API_URL']}/api/v1/whatif/{job.json()['job']}"
+
+        def finished() -> bool:
+            return httpx.get(url, timeout=30).json()["state"] in ("done", "failed")
+
+        assert wait_until(finished, 240)
+        assert httpx.get(url, timeout=30).json()["state"] == "done"
+    finally:
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(90) == 0, log.read_text()
+    ready = next(ln for ln in text.splitlines() if ln.startswith("ready (+"))
+    assert re.fullmatch(
+        r"ready \(\+\d+ s\): first detection pass done; headroom and alerts are live;"
+        rf" calibration seeded from the demo bundle \({re.escape(str(DEMO_BUNDLE))}\) at"
+        rf" {HHMM}; first fit on live data expected at {HHMM}\.",
+        ready,
+    ), ready
+    assert "detecting (+" not in text  # the seed was there before the first pass
+    assert cal["run"]["source"] == "seed" and cal["fits"] == 0
+    assert "calibrate  a store without a calibration is seeded from the demo bundle's" in text
+    # the broker on 1883 and the API on 8420 unless taken (then the printed ports)
+    port = env["DCTWIN_MQTT_PORT"]
+    assert (port == "1883") == ("(1883 is taken)" not in text), text
+    # the store, demo.env and the what-if job's outputs in the data directory, none in cwd
+    assert list(work.iterdir()) == []
+    assert (data / "demo.duckdb").is_file()
+    assert [p.name for p in (data / "whatif").rglob("report.html")], list(data.rglob("*"))
