@@ -19,7 +19,7 @@ import pytest
 from collectors.mqtt import wait_until
 from twin.calibrate.calibrate import calibrate, save_run
 from twin.calibrate.schedule import FIRST_WINDOW_S, CalibrationScheduler
-from twin.cli.common import DEMO_BUNDLE, DEMO_SITE, free_port
+from twin.cli.common import DEMO_BUNDLE, DEMO_SITE, REPO, free_port
 from twin.replay.bundle import record
 from twin.service import Service, ServiceConfig
 from twin.simulator import SiteSimulator
@@ -258,3 +258,46 @@ def test_demo_is_ready_with_the_seeded_calibration_and_keeps_its_files_in_the_da
     assert list(work.iterdir()) == []
     assert (data / "demo.duckdb").is_file()
     assert [p.name for p in (data / "whatif").rglob("report.html")], list(data.rglob("*"))
+
+
+def _calibration_page_text(url: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    import streamlit as st
+    from streamlit.testing.v1 import AppTest
+
+    monkeypatch.setenv("DCTWIN_API_URL", url)
+    st.cache_data.clear()  # the console shares API answers for a few seconds
+    at = AppTest.from_file(
+        str(REPO / "dashboards" / "pages" / "calibration.py"), default_timeout=60
+    )
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    # an empty store has no hot spots to show yet: that section says so in its error box
+    assert all("hotspots" in str(e.value) for e in at.error), [e.value for e in at.error]
+    return "\n".join(str(e.value) for e in (*at.info, *at.caption, *at.markdown))
+
+
+@pytest.mark.slow  # the console page against two services, about 5 s
+def test_the_calibration_page_says_seeded_and_names_the_time_of_the_first_fit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    site = load_site(DEMO_SITE)
+    seeded = ServiceConfig(
+        db=tmp_path / "seeded.duckdb",
+        site=site,
+        api_port=0,
+        detect_every_s=0,
+        seed_calibration=DEMO_BUNDLE,
+    )
+    with Service(seeded) as svc:
+        text = _calibration_page_text(str(svc.url), monkeypatch)
+    assert re.search(
+        rf"Calibration seeded from the demo bundle \({re.escape(str(DEMO_BUNDLE))}\) at {HHMM};"
+        rf" first fit on live data expected at {HHMM}\.",
+        text,
+    ), text
+    assert "run 1 of 1" in text
+    fresh = ServiceConfig(db=tmp_path / "fresh.duckdb", site=site, api_port=0, detect_every_s=0)
+    with Service(fresh) as svc:
+        text = _calibration_page_text(str(svc.url), monkeypatch)
+    assert re.search(rf"No calibration yet: first fit expected at {HHMM}, once the store", text)
+    assert "--calibrate-every" not in text
