@@ -404,8 +404,8 @@ class _Readiness:
             else:
                 self.calibrated = True
                 err.print(
-                    f"[bold green]ready[/] ({took}): {live}; first calibration fitted on live"
-                    f" data (run {run['run_id']}).",
+                    f"[bold green]ready[/] ({took}): {live}; calibration {note}"
+                    f" (run {run['run_id']}).",
                     highlight=False,
                 )
                 return
