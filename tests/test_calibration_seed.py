@@ -4,9 +4,11 @@ due, until that fit replaces it; refused for another site's bundle with one line
 
 from __future__ import annotations
 
+import inspect
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -216,7 +218,12 @@ def test_demo_is_ready_with_the_seeded_calibration_and_keeps_its_files_in_the_da
     work, data = tmp_path / "work", tmp_path / "data"
     work.mkdir()
     log = tmp_path / "demo.log"
+    taken = socket.socket()  # an API port in use: the demo takes another and says which
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    taken_port = taken.getsockname()[1]
     args = [*DCTWIN, "demo", "--no-console", "--data-dir", str(data), "--detect-every", "5"]
+    args += ["--api-port", str(taken_port)]
     with log.open("w") as out:
         p = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, cwd=work)
     try:
@@ -241,6 +248,9 @@ def test_demo_is_ready_with_the_seeded_calibration_and_keeps_its_files_in_the_da
     finally:
         p.send_signal(signal.SIGTERM)
         assert p.wait(90) == 0, log.read_text()
+        taken.close()
+    api_port = int(env["DCTWIN_API_URL"].rsplit(":", 1)[1])
+    assert api_port != taken_port and f"api        {env['DCTWIN_API_URL']} " in text
     ready = next(ln for ln in text.splitlines() if ln.startswith("ready (+"))
     assert re.fullmatch(
         r"ready \(\+\d+ s\): first detection pass done; headroom and alerts are live;"
@@ -301,3 +311,17 @@ def test_the_calibration_page_says_seeded_and_names_the_time_of_the_first_fit(
         text = _calibration_page_text(str(svc.url), monkeypatch)
     assert re.search(rf"No calibration yet: first fit expected at {HHMM}, once the store", text)
     assert "--calibrate-every" not in text
+
+
+def test_the_demo_takes_its_documented_ports_when_free_else_another() -> None:
+    from twin.cli.demo import DEMO_BROKER_PORT, demo
+
+    defaults = {p.name: p.default for p in inspect.signature(demo).parameters.values()}
+    assert (DEMO_BROKER_PORT, defaults["api_port"], defaults["console_port"]) == (1883, 8420, 8501)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        busy = s.getsockname()[1]
+        other = free_port(busy)
+        assert other != busy
+    assert free_port(busy) == busy  # free again: taken as asked
