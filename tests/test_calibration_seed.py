@@ -21,6 +21,7 @@ import pytest
 from collectors.mqtt import wait_until
 from twin.calibrate.calibrate import calibrate, save_run
 from twin.calibrate.schedule import FIRST_WINDOW_S, CalibrationScheduler
+from twin.calibrate.seed import seed_from_bundle
 from twin.cli.common import DEMO_BUNDLE, DEMO_SITE, REPO, free_port
 from twin.replay.bundle import record
 from twin.service import Service, ServiceConfig
@@ -325,3 +326,26 @@ def test_the_demo_takes_its_documented_ports_when_free_else_another() -> None:
         other = free_port(busy)
         assert other != busy
     assert free_port(busy) == busy  # free again: taken as asked
+
+
+def test_a_store_made_before_seeds_reads_its_runs_as_fits(tmp_path: Path) -> None:
+    import duckdb
+
+    path = tmp_path / "old.duckdb"
+    con = duckdb.connect(str(path))  # calibration_runs as stores had it before seeding
+    con.execute(
+        "CREATE TABLE calibration_runs (run_id BIGINT PRIMARY KEY, fitted_at TIMESTAMPTZ NOT"
+        " NULL, window_start TIMESTAMPTZ NOT NULL, window_end TIMESTAMPTZ NOT NULL,"
+        " holdout_start TIMESTAMPTZ NOT NULL, gpus INTEGER NOT NULL, seconds DOUBLE NOT NULL)"
+    )
+    con.execute(
+        "INSERT INTO calibration_runs VALUES (1, '2026-11-01 10:00:00+00',"
+        " '2026-11-01 08:00:00+00', '2026-11-01 10:00:00+00', '2026-11-01 09:40:00+00', 24, 3.5)"
+    )
+    con.close()
+    with Store(path) as store:
+        [run] = store.calibration_runs()
+        assert (run["source"], run["seeded_from"], run["seeded_at"]) == ("fit", None, None)
+        # and a seed is refused on a store that has a calibration: nothing is added
+        assert seed_from_bundle(store, load_site(DEMO_SITE), DEMO_BUNDLE) is None
+        assert len(store.calibration_runs()) == 1

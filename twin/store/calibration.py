@@ -73,14 +73,6 @@ class CalibrationTables:
         ).fetchall()
         return [dict(zip(RUN_COLUMNS, r, strict=True)) for r in rows]
 
-    def calibration_fit_count(self) -> int:
-        """How many runs are fits on this store's telemetry (not seeded)."""
-        return int(
-            self.con.execute(
-                "SELECT count(*) FROM calibration_runs WHERE source = 'fit'"
-            ).fetchall()[0][0]
-        )
-
     def latest_calibration_run_id(self) -> int | None:
         """The newest run's id; None before the first calibration."""
         run_id = self.con.execute("SELECT max(run_id) FROM calibration_runs").fetchall()[0][0]
