@@ -10,7 +10,9 @@ first fit on live data is a newer run and replaces it everywhere the newest run 
 
 Only a store without any calibration run is seeded, and only from a bundle of the same site
 (same name and the same GPU ids): parameters of another site's devices would be wrong
-silently.
+silently. A seeded run is a run like any other for its readers: headroom and hot spots use
+its parameters, and its thermal resistances join each GPU's own history (the drift rule's
+reference), as the recorded day's calibration they are.
 """
 
 from __future__ import annotations
