@@ -267,7 +267,9 @@ def test_the_console_runs_against_the_site_view(
     assert metric["IT power"].endswith("kW")
 
 
-def test_a_killed_shard_is_stale_with_its_age_and_the_rest_is_served(view: SiteView) -> None:
+def test_a_killed_shard_is_stale_with_its_age_and_the_rest_is_served(
+    view: SiteView, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # runs last: it kills hall-b
     alive = _get(view.shards["hall-a"], "/api/v1/overview")
     view.procs["hall-b"].p.send_signal(signal.SIGKILL)
@@ -301,3 +303,14 @@ def test_a_killed_shard_is_stale_with_its_age_and_the_rest_is_served(view: SiteV
         if f.name == "dctwin_ingest_messages_received"
     }
     assert received == {"hall-a"}
+    # the console says so, on every page, and still shows the shard that answers
+    monkeypatch.setenv("DCTWIN_API_URL", view.url)
+    st.cache_data.clear()
+    for page in ("overview.py", "floor.py"):
+        at = AppTest.from_file(str(REPO / "dashboards" / "pages" / page), default_timeout=60)
+        at.run()
+        assert not at.exception and not at.error, page
+        [warning] = [w.value for w in at.warning if "hall-b" in w.value]
+        assert "Shard **hall-b** is stale (no answer for" in warning and "cannot reach" in warning
+        if page == "overview.py":  # hall-a's figures, still there
+            assert {m.label: m.value for m in at.metric}["IT power"].endswith("kW")
