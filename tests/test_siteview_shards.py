@@ -5,15 +5,21 @@ shard's own 4xx, and `--site FILE` finds the shards' addresses in the site file.
 
 from __future__ import annotations
 
+import re
+import signal
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 import yaml
 from fastapi.testclient import TestClient
 
+from collectors.mqtt import wait_until
 from twin.api import ApiContext, ApiServer
 from twin.site import load_site
 from twin.siteview import create_siteview_app, parse_shards, shards_from_site_file
@@ -87,3 +93,24 @@ def test_no_shard_answering_is_503_naming_each(silent: str) -> None:
         assert r.json()["detail"] == f"no shard answered: quiet: no answer within {TIMEOUT_S:g} s"
         assert c.get("/healthz", headers=LOCAL).status_code == 503
         assert c.get("/api/v1", headers=LOCAL).status_code == 200  # the view's own index
+
+
+def test_the_command_serves_until_sigterm_and_exits_0(tmp_path: Path, silent: str) -> None:
+    log = tmp_path / "view.log"
+    p = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "twin.cli", "site-view", "--shards", f"quiet={silent}"),
+            *("--port", "0", "--timeout-s", str(TIMEOUT_S)),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=log.open("wb"),
+    )
+    try:
+        assert wait_until(lambda: b"serving:" in log.read_bytes() or p.poll() is not None, 30)
+        url = re.search(r"site view on (http://127\.0\.0\.1:\d+)", log.read_text()).group(1)  # type: ignore[union-attr]
+        r = httpx.get(url + "/api/v1/overview", timeout=10)
+        assert r.status_code == 503 and r.json()["shards"][0]["status"] == "stale"
+    finally:
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(20) == 0, log.read_text()
+    assert log.read_text().splitlines()[-1] == "stopped"

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
+import threading
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from twin.cli.common import err, fail, setup_logging
+from twin.procs import on_stop_signals
 
 
 def site_view(
@@ -88,6 +91,22 @@ def site_view(
         " (Ctrl-C or SIGTERM stops)",
         highlight=False,
     )
-    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on")
-    uvicorn.Server(config).run(sockets=[sock])
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app, log_level="warning", access_log=False, lifespan="on", timeout_graceful_shutdown=5
+        )
+    )
+    # uvicorn in a thread, the signals here: SIGTERM and Ctrl-C stop it and exit 0
+    stopping = threading.Event()
+    on_stop_signals(stopping, hup=False)
+    thread = threading.Thread(
+        target=lambda: asyncio.run(server.serve(sockets=[sock])), name="site-view", daemon=True
+    )
+    thread.start()
+    while not stopping.wait(0.5):
+        if not thread.is_alive():
+            raise fail("the site view's server stopped")
+    server.should_exit = True
+    thread.join(10)
+    sock.close()
     err.print("stopped", highlight=False)
