@@ -147,7 +147,7 @@ def _health(answers: list[Answer], report: list[dict[str, Any]]) -> JSONResponse
     body = {
         "status": status,
         "reason": "; ".join(why) or None,
-        "site": merge._names([a.body for a in answers if isinstance(a.body, dict)]),
+        "site": merge.names([a.body for a in answers if isinstance(a.body, dict)]),
         "shards": report,
         "shard_health": {
             a.shard.name: a.body for a in answers if a.status is not None and a.body is not None

@@ -55,7 +55,7 @@ def _concat(bodies: list[Body], key: str) -> list[Any]:
     return [item for b in bodies for item in (b.get(key) or [])]
 
 
-def _names(bodies: list[Body], key: str = "site") -> str | None:
+def names(bodies: list[Body], key: str = "site") -> str | None:
     """One name when every shard says the same, else the names joined with '+'."""
     seen: list[str] = []
     for b in bodies:
@@ -137,7 +137,7 @@ def overview(bodies: list[Body], alerts: Body | None) -> Body:
             "unacknowledged": sum(a.get("unacknowledged", 0) for a in per),
         }
     return {
-        "site": _names(bodies),
+        "site": names(bodies),
         "data_until": _max(b.get("data_until") for b in bodies),
         "it_power_kw": _sum(b.get("it_power_kw") for b in bodies),
         "nodes_reporting": sum(b.get("nodes_reporting") or 0 for b in bodies),
@@ -263,14 +263,14 @@ def state(bodies: list[Body]) -> Body:
     first = bodies[0]
     return {
         "kind": first.get("kind"),
-        "units": _sum_dicts_first(b.get("units") for b in bodies),
+        "units": _first_per_key(b.get("units") for b in bodies),
         "newest": _max(b.get("newest") for b in bodies),
         "max_age_s": first.get("max_age_s"),
         "devices": _concat(bodies, "devices"),
     }
 
 
-def _sum_dicts_first(dicts: Iterable[dict[str, Any] | None]) -> dict[str, Any]:
+def _first_per_key(dicts: Iterable[dict[str, Any] | None]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for d in dicts:
         for k, v in (d or {}).items():
@@ -280,7 +280,7 @@ def _sum_dicts_first(dicts: Iterable[dict[str, Any] | None]) -> dict[str, Any]:
 
 def fleets(bodies: list[Body]) -> Body:
     out = dict(bodies[0])
-    out["site"] = _names(bodies)
+    out["site"] = names(bodies)
     out["fleets"] = _concat(bodies, "fleets")
     out["window_start"] = _min(b.get("window_start") for b in bodies)
     out["window_end"] = _max(b.get("window_end") for b in bodies)
@@ -289,7 +289,7 @@ def fleets(bodies: list[Body]) -> Body:
 
 def forecast(bodies: list[Body]) -> Body:
     out = dict(bodies[0])
-    out["site"] = _names(bodies)
+    out["site"] = names(bodies)
     out["entities"] = _concat(bodies, "entities")
     out["nodes_without_data"] = _concat(bodies, "nodes_without_data")
     out["calibration_origins"] = _min(b.get("calibration_origins") for b in bodies)
@@ -303,7 +303,7 @@ def hotspots(bodies: list[Body]) -> Body:
     out["hotspots"] = _concat(bodies, "hotspots")
     for k, v in bodies[0].items():
         if isinstance(v, dict):
-            out[k] = _sum_dicts_first(b.get(k) for b in bodies)
+            out[k] = _first_per_key(b.get(k) for b in bodies)
     return out
 
 
@@ -321,7 +321,7 @@ def site(bodies: list[Body]) -> Body:
     """The site: counts summed; ``site`` the first shard's model (each shard's model in
     ``sites``)."""
     return {
-        "name": _names(bodies, "name"),
+        "name": names(bodies, "name"),
         "counts": _sum_dicts(b.get("counts") for b in bodies),
         "site": bodies[0].get("site"),
         "sites": [b.get("site") for b in bodies],
