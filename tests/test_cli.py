@@ -229,7 +229,7 @@ def test_every_command_has_help():
     commands = [
         *("sim", "serve", "ingest", "export", "status", "calibrate", "maintain", "broker"),
         *("demo", "headroom", "hotspots", "fleets", "forecast", "record", "replay", "whatif"),
-        "console",
+        *("console", "site-view"),
         *("collect nvml", "collect dcgm", "collect redfish", "collect snmp"),
     ]
     for cmd in commands:
