@@ -379,3 +379,23 @@ def test_a_shard_killed_mid_stream_and_restarted_loses_and_doubles_nothing(broke
         assert gpus[0] == gpus[1] == 8 * 2 * 60  # two 8-GPU nodes, 60 ticks
     finally:
         shard.stop(signal.SIGKILL)
+
+
+def test_one_hall_split_by_rows(tmp_path):
+    data = yaml.safe_load(THREE_HALLS.read_text())
+    hall_a = data["halls"][0]
+    a02 = hall_a["rows"][0]["racks"].pop()
+    hall_a["rows"].append({"name": "row-2", "racks": [a02]})
+    data["shards"] = [
+        {"name": "x", "rows": ["hall-a/row-1"], "owns": ["loop-ac", "lnk-a-s1"]},
+        {"name": "y", "rows": ["hall-a/row-2"], "halls": ["hall-b", "hall-c"], "owns": ["spine-1"]},
+    ]
+    path = tmp_path / "rows.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    site = load_site(path)
+    x, y = shard_view(site, "x"), shard_view(site, "y")
+    assert x.rows == ["hall-a/row-1"] and x.racks == ["a01"] and x.halls == ["hall-a"]
+    assert y.rows == ["hall-a/row-2", "hall-b/row-1", "hall-c/row-1"]
+    assert [w.name for h in y.site.halls for w in h.rows] == ["row-2", "row-1", "row-1"]
+    assert "cdu-ab" in y.cdus and "cdu-c" in x.cdus  # loop-ac's owner has both its CDUs
+    assert ("gpu", "inf-c01-n1") in x.reads and ("pdu", "pdu-ab-b") in y.sources
