@@ -191,10 +191,8 @@ def test_a_store_remembers_its_shard_and_refuses_another(tmp_path):
     assert f"{db} is the store of shard 'hall-a', not of shard 'hall-b'" in r.output
     r = cli("serve", "--site", THREE_HALLS, "--db", db, "--no-api")  # the whole site is "main"
     assert r.exit_code == 2 and "not of shard 'main'" in r.output
-    with Store(db, read_only=True) as s:
-        assert s.con.execute("SELECT value FROM meta WHERE key = 'shard'").fetchall() == [
-            ("hall-a",)
-        ]
+    r = cli("status", "--db", db, "--json")
+    assert r.exit_code == 0 and json.loads(r.output)["shard"] == "hall-a"
 
 
 def test_serve_help_names_the_shard_option():
