@@ -342,12 +342,17 @@ def test_shards_on_one_broker_store_each_sample_once_in_its_own_shard(broker, tm
     )
     assert r.exit_code == 0 and mine.exit_code == 0, r.output
     rows = json.loads(r.output)["rows"]
-    spanning = [x for x in rows if x["kind"] in ("cdu", "loop") and x["id"] in ("cdu-ab", "cdu-c")]
-    assert len(spanning) == 6  # heat, flow and return of both
+
+    def spans(x: dict) -> bool:  # the spanning CDUs' rows, and the spanning PDU's phases
+        return (x["kind"] in ("cdu", "loop") and x["id"] in ("cdu-ab", "cdu-c")) or (
+            x["kind"] == "pdu_phase" and x["id"].startswith("pdu-ab-b/")
+        )
+
+    spanning = [x for x in rows if spans(x)]
+    assert len([x for x in spanning if x["kind"] != "pdu_phase"]) == 6  # heat, flow, return
+    assert len(spanning) > 6
     assert all(x["value_now"] is not None and x["headroom_now"] is not None for x in spanning)
-    assert spanning == [
-        x for x in ref if x["kind"] in ("cdu", "loop") and x["id"] in ("cdu-ab", "cdu-c")
-    ]
+    assert spanning == [x for x in ref if spans(x)]
     assert all(owner.owns_entity(x["kind"], x["id"]) for x in rows)
 
 
@@ -366,6 +371,8 @@ def test_a_shard_killed_mid_stream_and_restarted_loses_and_doubles_nothing(broke
         publisher.start()
         time.sleep(1.0)  # mid-stream
         shard.stop(signal.SIGKILL)  # a crash: no flush, no acks
+        before = len(shard.logged())
+        assert 0 < before < len(mine)  # killed mid-stream
         time.sleep(0.5)  # the broker keeps what arrives meanwhile for the persistent session
         shard.start().wait_serving()  # same store, same (derived) client id
         publisher.join(120)
