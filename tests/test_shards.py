@@ -404,3 +404,21 @@ def test_one_hall_split_by_rows(tmp_path):
     assert [w.name for h in y.site.halls for w in h.rows] == ["row-2", "row-1", "row-1"]
     assert "cdu-ab" in y.cdus and "cdu-c" in x.cdus  # loop-ac's owner has both its CDUs
     assert ("gpu", "inf-c01-n1") in x.reads and ("pdu", "pdu-ab-b") in y.sources
+
+
+@pytest.mark.slow  # a store and a simulated site: just over 1 s under load
+def test_the_ingest_of_a_shard_counts_other_shards_messages_and_stores_none():
+    from twin.ingest import Ingester
+
+    site = load_site(THREE_HALLS)
+    view = shard_view(site, "hall-c")
+    items = sim_messages(THREE_HALLS, ticks=3)
+    bad = ("dctwin/v1/tri/gpu", b"{}")  # not a contract topic: dead-lettered, not foreign
+    with Store(":memory:") as store:
+        ing = Ingester(store, site, accept=view.accepted)
+        ing.ingest([*items, bad])
+        logged = store.con.execute("SELECT kind, source, seq FROM ingest_log").fetchall()
+    mine = [k for k in keys_of(items) if k[:2] in view.accepted]
+    assert sorted(logged) == sorted(mine) and mine
+    assert ing.counters.foreign == len(items) - len(mine) > 0
+    assert dict(ing.counters.dead_letters) == {"bad_topic": 1}

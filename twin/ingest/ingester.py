@@ -332,8 +332,9 @@ class Ingester:
         now = received_at or datetime.now(UTC)
         return self._ingest(self._own(items), now)
 
-    def _own(self, items: list[tuple[str, bytes]]) -> list[tuple[str, bytes]]:
-        """``items`` less the messages of sources outside :attr:`accept` (counted ``foreign``).
+    def _own(self, items: list[tuple[str, bytes]], count: bool = True) -> list[tuple[str, bytes]]:
+        """``items`` less the messages of sources outside :attr:`accept` (counted ``foreign``
+        when ``count``).
 
         Only a topic that is this site's ``dctwin/v1/<site>/<kind>/<source>`` with a contract
         kind can be foreign; any other topic goes on to validation (and its dead letter)."""
@@ -351,7 +352,7 @@ class Ingester:
                 and parts[3] in KINDS
                 and (parts[3], parts[4]) not in accept
             ):
-                self.counters.foreign += 1
+                self.counters.foreign += count
                 continue
             kept.append(item)
         return kept
@@ -378,9 +379,11 @@ class Ingester:
     ) -> None:
         """Ingest ``items`` one by one; a message on which the ingest itself fails (a bug, never
         a bad message: those are dead-lettered by reason) is dead-lettered as ``ingest_error``
-        instead of stopping the rest. Raises StoreUnavailable like :meth:`ingest`."""
+        instead of stopping the rest. Raises StoreUnavailable like :meth:`ingest`. Messages of
+        other shards are left out uncounted: this runs after :meth:`ingest` failed on the same
+        items, which counted them."""
         now = received_at or datetime.now(UTC)
-        for item in self._own(items):
+        for item in self._own(items, count=False):
             try:
                 self._ingest([item], now)
             except StoreUnavailable:
