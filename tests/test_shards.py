@@ -13,6 +13,7 @@ import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import httpx
 import orjson
 import pytest
 import yaml
@@ -105,6 +106,8 @@ def test_the_owner_of_a_spanning_cdu_reads_the_racks_it_serves():
     # ... but reports only its own: a read GPU or rack is hall-b's
     assert a.owns_entity("loop", "cdu-ab") and a.owns_entity("pdu_phase", "pdu-ab-b/L1")
     assert not a.owns_entity("gpu", "trn-b01-n1:0") and not a.owns_entity("rack", "b01")
+    assert [r.name for r in a.site.racks] == ["a01", "a02", "b01", "c01"]  # modelled
+    assert [r.name for r in a.own_site.racks] == ["a01", "a02"]  # shown by its API
     b = shard_view(site, "hall-b")
     assert (
         b.reads == []
@@ -193,6 +196,13 @@ def test_a_store_remembers_its_shard_and_refuses_another(tmp_path):
     assert r.exit_code == 2 and "not of shard 'main'" in r.output
     r = cli("status", "--db", db, "--json")
     assert r.exit_code == 0 and json.loads(r.output)["shard"] == "hall-a"
+    # its API shows its own racks, not those it reads for cdu-ab and loop-ac
+    cfg = ServiceConfig(db=db, site=site, shard="hall-a", api_port=0, detect_every_s=0)
+    with Service(cfg) as svc:
+        racks = httpx.get(f"{svc.url}/api/v1/racks", timeout=30).json()
+        status = httpx.get(f"{svc.url}/api/v1/status", timeout=30).json()
+    assert sorted(r["name"] for r in racks["racks"]) == ["a01", "a02"]
+    assert status["shard"] == "hall-a"
 
 
 def test_serve_help_names_the_shard_option():

@@ -235,7 +235,7 @@ class Service:
         cfg = self.config
         self.ctx = ApiContext(
             self.store,
-            site=self.site,
+            site=self.shard.own_site if self.shard is not None else self.site,
             ingester=self.ingester,
             detector=self.detector,
             calibrator=self.calibrator,

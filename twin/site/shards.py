@@ -320,7 +320,9 @@ class ShardView:
     home of exactly one shard). ``reads``: sources of other shards that its owned spanning
     components need (stored here too). ``topic_filters``: the exact MQTT topics of both.
     ``site``: a valid Site of this shard's racks, nodes, PDUs, CDUs, switches, links and fleets
-    (members within the shard), plus the racks it reads, and no ``shards:``.
+    (members within the shard), plus the racks it reads, and no ``shards:``: what calibration,
+    forecast and detection model. ``own_site``: the same without the racks it reads (and the
+    links to their nodes): what its API shows.
     """
 
     name: str
@@ -339,6 +341,8 @@ class ShardView:
     reads: list[tuple[str, str]]
     topic_filters: list[str]
     site: Site
+    #: the sub-site without the racks it reads: what its API shows (floor map, hot spots)
+    own_site: Site
     api_url: str | None = None
 
     @cached_property
@@ -437,6 +441,11 @@ def shard_view(site: Site, name: str) -> ShardView:
             reads[link_source(lk)] = None
 
     sub = _sub_site(site, rack_names | read_racks, own_pdus, own_cdus, set(links), set(nodes))
+    own = (
+        sub
+        if not read_racks
+        else _sub_site(site, rack_names, own_pdus, own_cdus, set(links), set(nodes))
+    )
     fleets = {f.name: list(f.members) for f in sub.fleets}
     halls = [
         h.name for h in site.halls if any(r.name in rack_names for w in h.rows for r in w.racks)
@@ -460,6 +469,7 @@ def shard_view(site: Site, name: str) -> ShardView:
         reads=list(reads),
         topic_filters=[topic_for(site.name, k, s) for k, s in every],
         site=sub,
+        own_site=own,
         api_url=spec.api_url if spec is not None else None,
     )
 
@@ -489,7 +499,14 @@ def _sub_site(
     kept_racks = [r for h in halls for w in h["rows"] for r in w["racks"]]
     pdus = pdus | {p for r in kept_racks for p in r["pdus"]}
     cdus = cdus | {r["cdu"] for r in kept_racks if r["cdu"] is not None}
-    kept_links = [lk for lk in data["links"] if lk["name"] in links]
+    node_names = {n["name"] for r in kept_racks for n in r["nodes"]}
+    switch_names = {sw["name"] for sw in data["switches"]}
+    kept_links = [
+        lk
+        for lk in data["links"]
+        if lk["name"] in links
+        and all(e in node_names or e in switch_names for e in (lk["a"], lk["b"]))
+    ]
     ends = {e for lk in kept_links for e in (lk["a"], lk["b"])}
     switches = []
     for sw in data["switches"]:
