@@ -552,6 +552,9 @@ class StatusResponse(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     db: str
+    shard: str | None = Field(
+        default=None, description="the shard whose store this is (`dctwin serve --shard`)"
+    )
     samples: dict[str, int]
     readings: dict[str, int]
     time_range: dict[str, str] | None
