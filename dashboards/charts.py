@@ -22,13 +22,20 @@ LIMIT_COLOUR = "#d62728"
 DAY_S = 86400.0
 
 
+#: A time axis spans at least this long [s]: a few minutes of data are not stretched into
+#: ticks a second apart.
+MIN_SPAN_S = 600.0
+
+
 def time_axis(span_s: float) -> dict[str, Any]:
-    """A UTC time axis: ``%H:%M``, with the date when the span is longer than a day."""
+    """A UTC time axis: ``%H:%M``, with the date when the span is longer than a day; ticks
+    at least a minute apart."""
     return {
         "title": "time [UTC]",
         "format": "%b %d %H:%M" if span_s > DAY_S else "%H:%M",
         "formatType": "utc",
         "tickCount": TIME_TICKS,
+        "tickMinStep": 60_000,
         "labelAngle": 0,
         "labelOverlap": True,
         "grid": True,
@@ -39,6 +46,22 @@ def span_s(t: pd.Series) -> float:
     if t.empty:
         return 0.0
     return float((t.max() - t.min()).total_seconds())
+
+
+def time_scale(t: pd.Series) -> dict[str, Any]:
+    """A UTC scale over ``t``, widened back from its newest point to :data:`MIN_SPAN_S`."""
+    scale: dict[str, Any] = {"type": "utc"}
+    if not t.empty and span_s(t) < MIN_SPAN_S:
+        end = epoch_ms(pd.Series([t.max()]))[0]
+        scale["domain"] = [int(end - MIN_SPAN_S * 1000), int(end)]
+    return scale
+
+
+def epoch_ms(t: pd.Series) -> list[int]:
+    """UTC times as milliseconds since the epoch (what Vega-Lite reads as a time, with no
+    time zone left to the browser)."""
+    ts = pd.to_datetime(t, utc=True)
+    return [int(x) for x in (ts - pd.Timestamp(0, tz="UTC")) // pd.Timedelta(milliseconds=1)]
 
 
 def complete_buckets(
@@ -70,7 +93,7 @@ def _tooltip_time() -> dict[str, Any]:
 
 def line_spec(
     y_title: str,
-    span: float,
+    t: pd.Series,
     *,
     color: str | None = None,
     color_title: str = "",
@@ -79,11 +102,17 @@ def line_spec(
     limit_label: str = "limit",
     height: int = 260,
     title: str | None = None,
-    y_format: str = ",.1f",
+    y_format: str = ",~f",
 ) -> dict[str, Any]:
-    """Lines of ``value`` over ``t`` (one per ``color`` value), with an optional limit line."""
+    """Lines of ``value`` over the times ``t`` (one per ``color`` value), with an optional
+    limit line."""
     enc: dict[str, Any] = {
-        "x": {"field": "t", "type": "temporal", "scale": {"type": "utc"}, "axis": time_axis(span)},
+        "x": {
+            "field": "t",
+            "type": "temporal",
+            "scale": time_scale(t),
+            "axis": time_axis(span_s(t)),
+        },
         "y": {
             "field": "value",
             "type": "quantitative",
@@ -92,7 +121,7 @@ def line_spec(
         },
         "tooltip": [
             _tooltip_time(),
-            {"field": "value", "type": "quantitative", "title": y_title, "format": y_format},
+            {"field": "value", "type": "quantitative", "title": y_title, "format": ",.1f"},
         ],
     }
     if color:
@@ -100,7 +129,7 @@ def line_spec(
             "field": color,
             "type": "nominal",
             "title": color_title or None,
-            "legend": {"orient": "bottom"},
+            "legend": {"orient": "bottom", "columns": 3},
         }
         enc["tooltip"].insert(0, {"field": color, "type": "nominal", "title": color_title or color})
     if dash:
@@ -175,7 +204,7 @@ def bar_spec(
             "field": color,
             "type": "nominal",
             "title": color_title or None,
-            "legend": {"orient": "bottom"},
+            "legend": {"orient": "bottom", "columns": 3},
         }
     if offset:
         enc["xOffset"] = {"field": offset, "type": "nominal"}
@@ -228,7 +257,11 @@ def bars_with_marks(
 
 
 def draw(data: pd.DataFrame, spec: dict[str, Any], key: str) -> None:
-    """Draw a spec over ``data`` across the column's width."""
+    """Draw a spec over ``data`` across the column's width (times as epoch milliseconds)."""
+    data = data.copy()
+    for col in data.columns:
+        if pd.api.types.is_datetime64_any_dtype(data[col]):
+            data[col] = epoch_ms(data[col])
     st.vega_lite_chart(data, spec, width="stretch", key=key)
 
 
@@ -304,7 +337,8 @@ def floor_svg(
         x, y = (c - c0) * (TILE_PX + GAP_PX), (r - r0) * (TILE_PX + GAP_PX)
         n, lab = html.escape(name), html.escape(label)
         parts.append(
-            f'<a href="/rack?rack={n}" target="_self"><g class="rack" data-rack="{n}">'
+            f'<a href="/rack?rack={n}" target="_self" style="text-decoration:none">'
+            f'<g class="rack" data-rack="{n}">'
             f"<title>{n}: {lab}</title>"
             f'<rect x="{x}" y="{y}" width="{TILE_PX}" height="{TILE_PX}" rx="4" fill="{fill}"'
             f' stroke="#444" stroke-width="1"/>'

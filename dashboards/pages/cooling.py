@@ -91,7 +91,7 @@ def body() -> None:
         st.markdown("**Loop temperatures, last hour**")
         spec = charts.line_spec(
             "temperature [°C]",
-            charts.span_s(df["t"]),
+            df["t"],
             color="line",
             color_title="CDU and side",
             dash="side",

@@ -92,7 +92,7 @@ def body() -> None:
         st.markdown("**Load forecast per fleet** (solid p50, dashed p90)")
         spec = charts.line_spec(
             "fleet power [kW]",
-            charts.span_s(fdf["t"]),
+            fdf["t"],
             color="fleet",
             color_title="fleet",
             dash="band",

@@ -30,7 +30,7 @@ def trends(ov: dict) -> None:
             s = power["series"][0]
             df = charts.complete_buckets(s["t"], s["value"], s.get("devices"))
             df["value"] = df["value"] / 1000.0
-            charts.draw(df, charts.line_spec("IT power [kW]", charts.span_s(df["t"])), "ov_power")
+            charts.draw(df, charts.line_spec("IT power [kW]", df["t"]), "ov_power")
         elif power is not None:
             st.caption("no complete minute of node power yet")
     cool = ui.fetch("/api/v1/series", kind="cdu", quantity="heat_kw", agg="sum", **window)
@@ -42,7 +42,7 @@ def trends(ov: dict) -> None:
             cap = ov["cooling_capacity_kw"]
             spec = charts.line_spec(
                 "heat removed by the CDUs [kW]",
-                charts.span_s(df["t"]),
+                df["t"],
                 limit=cap,
                 limit_label=f"CDU capacity {ui.fmt(cap, 'kW', 0)}",
             )
@@ -64,7 +64,7 @@ def trends(ov: dict) -> None:
             df["t"] = pd.to_datetime(df["t"], utc=True)
             spec = charts.line_spec(
                 "limit used [%]",
-                charts.span_s(df["t"]),
+                df["t"],
                 color="kind",
                 color_title="kind",
                 limit=100.0,

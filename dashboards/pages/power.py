@@ -36,7 +36,7 @@ def body() -> None:
             df = charts.complete_buckets(item["t"], item["value"], item.get("devices"))
             df["value"] = df["value"] / 1000.0
             st.markdown(f"**Site IT power ({s['resolution']} means, complete buckets)**")
-            spec = charts.line_spec("IT power [kW]", charts.span_s(df["t"]), height=280)
+            spec = charts.line_spec("IT power [kW]", df["t"], height=280)
             charts.draw(df, spec, "site_power")
         elif s is not None:
             st.info("No rolled-up node power yet (rollups cover complete minutes).")
