@@ -22,18 +22,14 @@ LIMIT_COLOUR = "#d62728"
 DAY_S = 86400.0
 
 
-#: A time axis spans at least this long [s]: a few minutes of data are not stretched into
-#: ticks a second apart.
-MIN_SPAN_S = 600.0
-
-
 def time_axis(span_s: float) -> dict[str, Any]:
     """A UTC time axis: ``%H:%M``, with the date when the span is longer than a day; ticks
-    at least a minute apart."""
+    at least a minute apart. The labels are a ``utcFormat`` expression: Streamlit's chart
+    config replaces an axis ``format`` of ``formatType: utc`` with its own 12-hour labels."""
+    fmt = "%b %d %H:%M" if span_s > DAY_S else "%H:%M"
     return {
         "title": "time [UTC]",
-        "format": "%b %d %H:%M" if span_s > DAY_S else "%H:%M",
-        "formatType": "utc",
+        "labelExpr": f"utcFormat(datum.value, '{fmt}')",
         "tickCount": TIME_TICKS,
         "tickMinStep": 60_000,
         "labelAngle": 0,
@@ -48,20 +44,12 @@ def span_s(t: pd.Series) -> float:
     return float((t.max() - t.min()).total_seconds())
 
 
-def time_scale(t: pd.Series) -> dict[str, Any]:
-    """A UTC scale over ``t``, widened back from its newest point to :data:`MIN_SPAN_S`."""
-    scale: dict[str, Any] = {"type": "utc"}
-    if not t.empty and span_s(t) < MIN_SPAN_S:
-        end = epoch_ms(pd.Series([t.max()]))[0]
-        scale["domain"] = [int(end - MIN_SPAN_S * 1000), int(end)]
-    return scale
-
-
-def epoch_ms(t: pd.Series) -> list[int]:
+def epoch_ms(t: pd.Series) -> list[float]:
     """UTC times as milliseconds since the epoch (what Vega-Lite reads as a time, with no
     time zone left to the browser)."""
     ts = pd.to_datetime(t, utc=True)
-    return [int(x) for x in (ts - pd.Timestamp(0, tz="UTC")) // pd.Timedelta(milliseconds=1)]
+    # floats: Arrow's int64 reaches the browser as BigInt, which Vega does not read as a time
+    return [float(x) for x in (ts - pd.Timestamp(0, tz="UTC")) // pd.Timedelta(milliseconds=1)]
 
 
 def complete_buckets(
@@ -81,14 +69,12 @@ def complete_buckets(
     return df.iloc[first:last].reset_index(drop=True)
 
 
+#: The column :func:`draw` adds beside each time column: the time as text, "... UTC".
+UTC_TEXT = "{}_utc"
+
+
 def _tooltip_time() -> dict[str, Any]:
-    return {
-        "field": "t",
-        "type": "temporal",
-        "title": "UTC",
-        "format": "%Y-%m-%d %H:%M",
-        "formatType": "utc",
-    }
+    return {"field": UTC_TEXT.format("t"), "type": "nominal", "title": "time"}
 
 
 def line_spec(
@@ -110,7 +96,7 @@ def line_spec(
         "x": {
             "field": "t",
             "type": "temporal",
-            "scale": time_scale(t),
+            "scale": {"type": "utc"},
             "axis": time_axis(span_s(t)),
         },
         "y": {
@@ -259,9 +245,11 @@ def bars_with_marks(
 def draw(data: pd.DataFrame, spec: dict[str, Any], key: str) -> None:
     """Draw a spec over ``data`` across the column's width (times as epoch milliseconds)."""
     data = data.copy()
-    for col in data.columns:
+    for col in list(data.columns):
         if pd.api.types.is_datetime64_any_dtype(data[col]):
-            data[col] = epoch_ms(data[col])
+            ts = pd.to_datetime(data[col], utc=True)
+            data[UTC_TEXT.format(col)] = ts.dt.strftime("%Y-%m-%d %H:%M:%S UTC")
+            data[col] = epoch_ms(ts)
     st.vega_lite_chart(data, spec, width="stretch", key=key)
 
 

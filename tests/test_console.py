@@ -122,7 +122,10 @@ def test_overview(env: Service) -> None:
     assert y_titles == ["IT power [kW]", "heat removed by the CDUs [kW]", "limit used [%]"]
     for spec, df in drawn:
         x = layers(spec)[0]["encoding"]["x"]
-        assert x["axis"]["formatType"] == "utc" and x["axis"]["format"] == "%H:%M"
+        assert (
+            x["scale"]["type"] == "utc"
+            and "utcFormat(datum.value, '%H:%M')" in x["axis"]["labelExpr"]
+        )
         assert x["axis"]["title"] == "time [UTC]" and not df.empty
     cooling_rule = layers(drawn[1][0])[1]
     assert cooling_rule["data"]["values"][0]["y"] == env.site.cdus[0].capacity_kw
@@ -178,6 +181,20 @@ def test_floor_shows_every_rack_coloured_by_the_chosen_metric(env: Service) -> N
     assert_no_plotly(at)
 
 
+def test_time_axes_and_complete_buckets() -> None:
+    """Time labels in UTC, with the date past a day; a sum's first and last buckets that fewer
+    devices reached are left out (no false drop at the edges)."""
+    from dashboards import charts as ch
+
+    assert "'%H:%M'" in ch.time_axis(3600)["labelExpr"]
+    assert "'%b %d %H:%M'" in ch.time_axis(3 * 86400)["labelExpr"]
+    t = [f"2026-01-01T00:0{i}:00+00:00" for i in range(5)]
+    df = ch.complete_buckets(t, [50.0, 100.0, 101.0, 99.0, 60.0], [2, 4, 4, 4, 3])
+    assert list(df["value"]) == [100.0, 101.0, 99.0]
+    assert str(df["t"].iloc[0]) == "2026-01-01 00:01:00+00:00"
+    assert ch.epoch_ms(df["t"])[0] == 1767225660000.0
+
+
 def test_floor_tiles_keep_their_labels_readable() -> None:
     """The name and value on a tile are black on light tiles and white on dark ones."""
     from dashboards import charts as ch
@@ -212,7 +229,7 @@ def test_power(env: Service) -> None:
     (trend, tdf), (phases, pdf) = charts(at)
     assert set(pdf["id"]) and pdf["used_pct"].notna().all()
     assert layers(trend)[0]["encoding"]["y"]["title"] == "IT power [kW]"
-    assert layers(trend)[0]["encoding"]["x"]["axis"]["format"] == "%H:%M"
+    assert "'%H:%M'" in layers(trend)[0]["encoding"]["x"]["axis"]["labelExpr"]
     # complete buckets only: no bucket fewer nodes reached than the others (a false drop)
     assert not tdf.empty and tdf["value"].min() > 0.5 * tdf["value"].median()
     assert layers(phases)[0]["encoding"]["y"]["title"] == "derated limit used [%]"
