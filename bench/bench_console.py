@@ -4,7 +4,8 @@ Starts everything itself: the demo site (``sample_telemetry/demo_site.yaml``) si
 ``--minutes`` minutes with cdu-1's pump failing halfway, fed through a twin service's ingest,
 calibrated and passed through two detection passes with ``deploy/alert_rules.yaml`` (so the
 critical ``cdu_pump_lost`` fires), the service's API on a free port; then the console as
-``dctwin console`` starts it (``streamlit run dashboards/app.py``, minimal toolbar) and Debian's
+``dctwin console`` starts it (``streamlit run dashboards/app.py`` with
+``twin.cli.demo.CONSOLE_STREAMLIT_OPTIONS``) and Debian's
 ``chromium`` through Playwright (never a downloaded browser), one at a time.
 
 Each page is opened ``--runs`` times, each in a fresh browser context (a new Streamlit session,
@@ -14,7 +15,8 @@ in the page's main area. Beside it: when the HTML's DOMContentLoaded fired (the 
 bundle), when the page's title appeared (the websocket session is up and the script started),
 the JavaScript fetched (count, kB), and every API call the page's script made, timed by the
 console's client (``DCTWIN_CONSOLE_API_TIMINGS``). An empty Streamlit page (a title only) is
-timed the same way: the floor under which no page of ours can go.
+timed the same way: the floor under which no page of ours can go, once with Streamlit's
+defaults (headless) and once with the console's options.
 
 Target (issue 15): every page <= 1.5 s median.
 
@@ -47,6 +49,7 @@ sys.path.insert(0, str(REPO))
 
 from dashboards import pageload  # noqa: E402
 from twin.calibrate.calibrate import calibrate, save_run  # noqa: E402
+from twin.cli.demo import CONSOLE_STREAMLIT_OPTIONS  # noqa: E402
 from twin.service import Service, ServiceConfig  # noqa: E402
 from twin.simulator import SiteSimulator, parse_fault  # noqa: E402
 from twin.site import load_site  # noqa: E402
@@ -64,6 +67,8 @@ PAGES = {
     "whatif": "whatif",
 }
 EMPTY_PAGE = 'import streamlit as st\n\nst.set_page_config(layout="wide")\nst.title("Empty")\n'
+#: Streamlit's defaults but headless (the empty page under these against the console's options).
+BARE_OPTIONS = ("--server.headless", "true", "--browser.gatherUsageStats", "false")
 TARGET_S = 1.5  # issue 15
 
 
@@ -106,7 +111,9 @@ def start_service(db: Path, minutes: int) -> Service:
 
 
 @contextmanager
-def streamlit(script: Path, api_url: str, timings: Path) -> Iterator[str]:
+def streamlit(
+    script: Path, api_url: str, timings: Path, options: tuple[str, ...] = CONSOLE_STREAMLIT_OPTIONS
+) -> Iterator[str]:
     port = free_port()
     env = {
         **os.environ,
@@ -115,9 +122,8 @@ def streamlit(script: Path, api_url: str, timings: Path) -> Iterator[str]:
         "DCTWIN_CONSOLE_API_TIMINGS": str(timings),
     }
     env.pop("DCTWIN_API_TOKEN", None)
-    cmd = [sys.executable, "-m", "streamlit", "run", str(script), "--server.headless", "true"]
-    cmd += ["--server.address", "127.0.0.1", "--server.port", str(port)]
-    cmd += ["--browser.gatherUsageStats", "false", "--client.toolbarMode", "minimal"]
+    cmd = [sys.executable, "-m", "streamlit", "run", str(script)]
+    cmd += [*options, "--server.address", "127.0.0.1", "--server.port", str(port)]
     cmd += ["--logger.level", "warning"]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
@@ -216,6 +222,10 @@ def main() -> None:
             )
             empty = tmp / "empty.py"
             empty.write_text(EMPTY_PAGE)
+            with streamlit(empty, svc.url, timings, BARE_OPTIONS) as url:
+                result["empty_page_streamlit_defaults"] = time_page(b, url, args.runs, timings)
+                r = result["empty_page_streamlit_defaults"]
+                print(f"{'empty page (Streamlit defaults)':12s} {r['median_s']:.2f} s")
             with streamlit(empty, svc.url, timings) as url:
                 result["empty_page"] = time_page(b, url, args.runs, timings)
                 print(f"{'empty page':12s} {result['empty_page']['median_s']:.2f} s")

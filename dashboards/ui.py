@@ -8,6 +8,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
+import pandas as pd
 import streamlit as st
 from streamlit.errors import StreamlitAPIException
 
@@ -190,6 +191,58 @@ def fmt(value: Any, unit: str = "", digits: int | None = None) -> str:
     if text.startswith("-") and float(text.replace(",", "")) == 0:
         text = text[1:]  # no "-0.0"
     return f"{text} {unit}".strip()
+
+
+def _missing(v: Any) -> bool:
+    if v is None:
+        return True
+    try:
+        return isinstance(v, float) and not math.isfinite(v)
+    except TypeError:
+        return False
+
+
+def _cell(v: Any) -> str:
+    if _missing(v):
+        return MISSING
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, list | tuple):
+        return ", ".join(str(x) for x in v) or MISSING
+    if isinstance(v, float | int):
+        return fmt(v)
+    return str(v)
+
+
+def table(
+    df: pd.DataFrame,
+    names: dict[str, str] | None = None,
+    missing_why: str = "no value: not reported or not applicable",
+    key: str | None = None,
+    **kw: Any,
+) -> None:
+    """An interactive table with the console's number format: columns renamed by ``names``
+    (titles carry the unit: "power [W]"), numbers at :func:`fmt`'s precision, and a missing
+    value a dash (never "None"), the column's help saying why (``missing_why``)."""
+    names = names or {}
+    out = pd.DataFrame(index=df.index)
+    config: dict[str, Any] = {}
+    for col in df.columns:
+        title = names.get(col, col)
+        s = df[col]
+        has_missing = bool(s.map(_missing).any())
+        numeric = pd.api.types.is_numeric_dtype(s) and not pd.api.types.is_bool_dtype(s)
+        if numeric and not has_missing:
+            med = float(s.abs().median()) if len(s) else 0.0
+            d = 0 if pd.api.types.is_integer_dtype(s) else _digits(med)
+            out[title] = s
+            form = "localized" if med >= 1000 else f"%.{d}f"  # thousands separators
+            config[title] = st.column_config.NumberColumn(title, format=form)
+        else:
+            out[title] = [_cell(v) for v in s]
+            if has_missing:
+                config[title] = st.column_config.TextColumn(title, help=f"{MISSING} {missing_why}")
+    st.dataframe(out, hide_index=True, column_config=config, key=key, **kw)
 
 
 def stat(col: Any, label: str, value: str, note: str | None = None) -> None:

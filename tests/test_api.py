@@ -71,6 +71,7 @@ def test_health_index_and_openapi_document_every_endpoint(client: httpx.Client) 
         "/api/v1/cooling",
         "/api/v1/network",
         "/api/v1/headroom",
+        "/api/v1/headroom/history",
         "/api/v1/forecast",
         "/api/v1/hotspots",
         "/api/v1/fleets",
@@ -215,6 +216,26 @@ def test_series_json_picks_the_resolution_by_range(client: httpx.Client) -> None
     t_last = total["series"][0]["t"][-1]
     summed = sum(s["value"][s["t"].index(t_last)] for s in per_node.values())
     assert total["series"][0]["value"][-1] == pytest.approx(summed)
+    # each bucket says how many devices it sums: all three nodes in a complete minute
+    devices = total["series"][0]["devices"]
+    assert len(devices) == len(total["series"][0]["t"]) and max(devices) == 3
+    assert forced["series"][0].get("devices") is None  # per device: no count
+
+
+def test_headroom_history_is_the_tightest_limit_per_kind(client: httpx.Client) -> None:
+    """GET /api/v1/headroom/history: per kind, each stored report's tightest limit as the share
+    of its limit used, the same ranking as the overview's ten tightest."""
+    hist = ok(client.get("/api/v1/headroom/history", params={"hours": 24}))
+    kinds = {k["kind"]: k for k in hist["kinds"]}
+    assert {"gpu", "pdu_phase", "rack", "cdu", "loop", "link"} <= set(kinds)
+    rows = ok(client.get("/api/v1/headroom"))["rows"]
+    for kind, k in kinds.items():
+        assert len(k["t"]) == len(k["used_pct"]) >= 1 and k["t"] == sorted(k["t"])
+        mine = [r for r in rows if r["kind"] == kind and r["headroom_now"] is not None]
+        used = max(100 * (1 - r["headroom_now"] / abs(r["limit"])) for r in mine if r["limit"])
+        assert k["used_pct"][-1] == pytest.approx(used), kind
+    assert client.get("/api/v1/headroom/history", params={"hours": 0}).status_code == 422
+    assert ok(client.get("/api/v1/headroom/history", params={"hours": 1e-6}))["kinds"] == []
 
 
 def test_series_arrow_ipc_decodes_and_matches_json(client: httpx.Client) -> None:

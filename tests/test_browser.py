@@ -31,6 +31,7 @@ import httpx
 import pytest
 
 from dashboards import pageload
+from twin.cli.demo import CONSOLE_STREAMLIT_OPTIONS
 from twin.service import Service
 
 from .conftest import API_TOKEN as TOKEN
@@ -101,16 +102,11 @@ def console(svc: Service, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
             "streamlit",
             "run",
             str(REPO / "dashboards" / "app.py"),
-            "--server.headless",
-            "true",
+            *CONSOLE_STREAMLIT_OPTIONS,  # as `dctwin demo` and `dctwin console` start it
             "--server.address",
             "127.0.0.1",
             "--server.port",
             str(port),
-            "--browser.gatherUsageStats",
-            "false",
-            "--client.toolbarMode",
-            "minimal",  # as `dctwin demo` and `dctwin console` start it
         ],
         env=env,
         stdout=log.open("wb"),
@@ -211,6 +207,16 @@ CLIPPED = """() => [...document.querySelectorAll(
   .map(e => e.innerText.trim())"""
 
 
+#: A Vega-Lite chart Streamlit has drawn (its canvas, or an SVG with the svg renderer).
+VEGA_DRAWN = (
+    '[data-testid="stMain"] [data-testid="stVegaLiteChart"] canvas,'
+    ' [data-testid="stMain"] [data-testid="stVegaLiteChart"] svg'
+)
+#: The JavaScript files of plotly the page fetched.
+PLOTLY_JS = """() => performance.getEntriesByType('resource')
+  .map(r => r.name).filter(n => /plotly/i.test(n))"""
+
+
 def shown_text(page) -> str:  # type: ignore[no-untyped-def]
     return page.locator('[data-testid="stMain"]').inner_text()
 
@@ -236,8 +242,12 @@ def test_every_page_opens_without_an_error_none_or_cut_number(  # type: ignore[n
     text = shown_text(page)
     assert not BAD_TEXT.search(text), BAD_TEXT.search(text)
     assert page.evaluate(CLIPPED) == [], name
-    if path in ("floor", "rack?rack=a01", "power", "cooling", "fleets"):
-        assert page.locator(".js-plotly-plot .main-svg").count() >= 1, path
+    if path in ("", "rack?rack=a01", "power", "cooling", "network", "fleets", "calibration"):
+        assert page.locator(VEGA_DRAWN).count() >= 1, path
+    if path == "floor":
+        assert page.locator("svg.dctwin-floor g.rack").count() == 32
+    # the console's charts are Vega-Lite and SVG: plotly's 4.7 MB bundle is never fetched
+    assert page.evaluate(PLOTLY_JS) == [], name
 
 
 @pytest.mark.parametrize("path", ["", "alerts"], ids=["overview", "alerts"])
@@ -262,6 +272,24 @@ def test_the_pump_failure_is_listed_first_in_the_critical_colour(  # type: ignor
     shot(page, artifacts, f"{path or 'overview'}-critical-first")
 
 
+def test_the_overview_draws_its_24_h_trends(  # type: ignore[no-untyped-def]
+    console: str, page, artifacts: Path
+) -> None:
+    """IT power, cooling load against capacity and the tightest limit per kind: three
+    Vega-Lite charts drawn with something on them, their UTC time axes readable."""
+    page.goto(console)
+    settle(page, "Overview")
+    for title in ("IT power, last 24 h", "Cooling load against capacity", "Tightest limit"):
+        assert page.get_by_text(title).count() >= 1, title
+    drawn = page.locator(VEGA_DRAWN)
+    assert drawn.count() == 3
+    for i in range(3):
+        box = drawn.nth(i).bounding_box()
+        assert box is not None and box["width"] > 150 and box["height"] > 100, box
+    assert page.evaluate(PLOTLY_JS) == []
+    shot(page, artifacts, "overview-trends")
+
+
 def test_the_rack_deep_link_opens_that_rack(  # type: ignore[no-untyped-def]
     console: str, page, artifacts: Path
 ) -> None:
@@ -282,13 +310,17 @@ def test_floor_map_shows_every_rack(  # type: ignore[no-untyped-def]
 ) -> None:
     page.goto(f"{console}/floor")
     settle(page, "Floor")
-    plot = page.locator(".js-plotly-plot").first
+    plot = page.locator("svg.dctwin-floor").first
     plot.wait_for()
-    labels = plot.locator("g.textpoint text").evaluate_all("els => els.map(e => e.textContent)")
-    # each label is the rack's name over its value ("a01" then "32.4 kW")
+    tiles = plot.locator("g.rack").evaluate_all(
+        "els => els.map(e => [...e.querySelectorAll('text')].map(t => t.textContent))"
+    )
+    # each tile is the rack's name over its value ("a01" then "32.4 kW")
     racks = {r.name for r in svc.site.racks}
-    shown = {name for name in racks if any((t or "").startswith(name) for t in labels)}
-    assert len(labels) == len(racks) == 32 and shown == racks
+    assert len(tiles) == len(racks) == 32 and {t[0] for t in tiles} == racks
+    assert all(re.fullmatch(r"[\d,.]+ kW|–", t[1]) for t in tiles), tiles
+    # a tile opens its rack
+    assert plot.locator('a[href="/rack?rack=a01"]').count() == 1
     shot(page, artifacts, "floor-map")
 
 

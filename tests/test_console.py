@@ -8,6 +8,9 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import pandas as pd
+import pyarrow as pa
+import pyarrow.ipc
 import pytest
 import streamlit as st
 from streamlit.testing.v1 import AppTest
@@ -52,8 +55,22 @@ def metrics(at: AppTest) -> dict[str, str]:
     return {m.label: m.value for m in at.metric}
 
 
-def plotly_json(at: AppTest) -> list[dict]:
-    return [json.loads(p.proto.spec) for p in at.get("plotly_chart")]
+def charts(at: AppTest) -> list[tuple[dict, pd.DataFrame]]:
+    """Every Vega-Lite chart the page drew: its spec and the data it was given."""
+    out = []
+    for el in at.get("vega_lite_chart"):
+        raw = el.proto.data.data
+        df = pa.ipc.open_stream(raw).read_all().to_pandas() if raw else pd.DataFrame()
+        out.append((json.loads(el.proto.spec), df))
+    return out
+
+
+def layers(spec: dict) -> list[dict]:
+    return spec.get("layer", [spec])
+
+
+def assert_no_plotly(at: AppTest) -> None:
+    assert not at.get("plotly_chart")
 
 
 def text(at: AppTest) -> str:
@@ -97,6 +114,22 @@ def test_overview(env: Service) -> None:
     tight = at.dataframe[0].value  # the ten limits closest to breach, with bars
     assert len(tight) == 10 and tight["limit used"].between(0, 100).all()
     assert len(at.dataframe) == 1 and len(at.table) == 2  # headroom summary, ingest
+    # 24 h trends: IT power, cooling load against capacity, the tightest limit per kind
+    drawn = charts(at)
+    assert len(drawn) == 3
+    assert_no_plotly(at)
+    y_titles = [layers(spec)[0]["encoding"]["y"]["title"] for spec, _ in drawn]
+    assert y_titles == ["IT power [kW]", "heat removed by the CDUs [kW]", "limit used [%]"]
+    for spec, df in drawn:
+        x = layers(spec)[0]["encoding"]["x"]
+        assert (
+            x["scale"]["type"] == "utc"
+            and "utcFormat(datum.value, '%H:%M')" in x["axis"]["labelExpr"]
+        )
+        assert x["axis"]["title"] == "time [UTC]" and not df.empty
+    cooling_rule = layers(drawn[1][0])[1]
+    assert cooling_rule["data"]["values"][0]["y"] == env.site.cdus[0].capacity_kw
+    assert set(drawn[2][1]["kind"]) >= {"gpu", "rack"}
 
 
 @pytest.mark.slow  # eight pages, 1 s or more each: out of the fast tier
@@ -134,14 +167,43 @@ def test_number_formatter() -> None:
 
 def test_floor_shows_every_rack_coloured_by_the_chosen_metric(env: Service) -> None:
     at = run(DASH / "pages" / "floor.py")
-    fig = plotly_json(at)[0]
-    names = {n for n in fig["data"][0]["customdata"]}
-    assert names == {r.name for r in env.site.racks}
-    assert "IT power" in fig["layout"]["title"]["text"]
+    svg = next(md.value for md in at.markdown if "dctwin-floor" in md.value)
+    assert set(re.findall(r'data-rack="([^"]+)"', svg)) == {r.name for r in env.site.racks}
+    assert 'href="/rack?rack=r01"' in svg  # each tile opens its rack
+    assert "IT power [kW]" in svg and "None" not in svg
+    assert "IT power" in text(at)
     at.selectbox(key="floor_metric").set_value("gpu_headroom_min_k").run()
     assert not at.exception
-    assert "GPU headroom" in plotly_json(at)[0]["layout"]["title"]["text"]
+    assert "GPU headroom to slowdown [K]" in next(
+        md.value for md in at.markdown if "dctwin-floor" in md.value
+    )
     assert at.selectbox(key="floor_rack").options == ["r01", "r02"]
+    assert_no_plotly(at)
+
+
+def test_time_axes_and_complete_buckets() -> None:
+    """Time labels in UTC, with the date past a day; a sum's first and last buckets that fewer
+    devices reached are left out (no false drop at the edges)."""
+    from dashboards import charts as ch
+
+    assert "'%H:%M'" in ch.time_axis(3600)["labelExpr"]
+    assert "'%b %d %H:%M'" in ch.time_axis(3 * 86400)["labelExpr"]
+    t = [f"2026-01-01T00:0{i}:00+00:00" for i in range(5)]
+    df = ch.complete_buckets(t, [50.0, 100.0, 101.0, 99.0, 60.0], [2, 4, 4, 4, 3])
+    assert list(df["value"]) == [100.0, 101.0, 99.0]
+    assert str(df["t"].iloc[0]) == "2026-01-01 00:01:00+00:00"
+    assert ch.epoch_ms(df["t"])[0] == 1767225660000.0
+
+
+def test_floor_tiles_keep_their_labels_readable() -> None:
+    """The name and value on a tile are black on light tiles and white on dark ones."""
+    from dashboards import charts as ch
+
+    assert ch.text_colour(ch.scale_colour("YlOrRd", 1.0)) == "#ffffff"  # dark red
+    assert ch.text_colour(ch.scale_colour("YlOrRd", 0.0)) == "#000000"  # pale yellow
+    assert (
+        ch.scale_colour("RdYlGn", 0.0) == "#d73027" and ch.scale_colour("RdYlGn", 1.0) == "#1a9850"
+    )
 
 
 def test_rack(env: Service) -> None:
@@ -150,7 +212,13 @@ def test_rack(env: Service) -> None:
     m = metrics(at)
     assert m["IT power"].endswith("kW") and m["Pumps running"] == "1 / 2"
     assert m["Supply"].endswith("°C") and m["Flow"].endswith("L/min")
-    assert len(plotly_json(at)) == 2  # GPU temperatures, PDU phases
+    drawn = charts(at)
+    assert len(drawn) == 2  # GPU temperatures against their maximum, PDU phases
+    assert [layers(sp)[0]["encoding"]["y"]["title"] for sp, _ in drawn] == [
+        "temperature [°C]",
+        "current [A]",
+    ]
+    assert_no_plotly(at)
     at.selectbox(key="rack_pick").set_value("r02").run()
     assert not at.exception
     assert "Air-cooled" in text(at)
@@ -158,28 +226,39 @@ def test_rack(env: Service) -> None:
 
 def test_power(env: Service) -> None:
     at = run(DASH / "pages" / "power.py")
-    figs = plotly_json(at)
-    assert any("IT power" in f["layout"]["title"]["text"] for f in figs if "title" in f["layout"])
+    (trend, tdf), (phases, pdf) = charts(at)
+    assert set(pdf["id"]) and pdf["used_pct"].notna().all()
+    assert layers(trend)[0]["encoding"]["y"]["title"] == "IT power [kW]"
+    assert "'%H:%M'" in layers(trend)[0]["encoding"]["x"]["axis"]["labelExpr"]
+    # complete buckets only: no bucket fewer nodes reached than the others (a false drop)
+    assert not tdf.empty and tdf["value"].min() > 0.5 * tdf["value"].median()
+    assert layers(phases)[0]["encoding"]["y"]["title"] == "derated limit used [%]"
+    assert layers(phases)[1]["data"]["values"][0]["y"] == 100.0
     assert at.dataframe
+    assert_no_plotly(at)
 
 
 def test_cooling(env: Service) -> None:
     at = run(DASH / "pages" / "cooling.py")
     m = metrics(at)
     assert m["Pumps running"] == "1 / 2" and m["Capacity used"].endswith("%")
-    fig = plotly_json(at)[0]
-    assert {d["name"] for d in fig["data"]} == {"cdu-1 supply", "cdu-1 return"}
+    (spec, df), *_ = charts(at)
+    assert set(df["line"]) == {"cdu-1 supply", "cdu-1 return"}
+    assert layers(spec)[0]["encoding"]["y"]["title"] == "temperature [°C]"
+    assert_no_plotly(at)
 
 
 def test_network(env: Service) -> None:
     at = run(DASH / "pages" / "network.py")
-    assert metrics(at)["Links"] == "2" and plotly_json(at)
+    assert metrics(at)["Links"] == "2" and charts(at)
+    assert_no_plotly(at)
 
 
 def test_fleets(env: Service) -> None:
     at = run(DASH / "pages" / "fleets.py")
     assert "Underused fleets" in metrics(at) and metrics(at)["Power freed"].endswith("kW")
-    assert len(plotly_json(at)) == 2  # activity and forecast
+    assert len(charts(at)) == 2  # activity and forecast
+    assert_no_plotly(at)
     # the store holds 20 minutes: the page says so, not "over 24 h"
     assert re.search(r"fleets over 2\d min of data \(of a 24 h window\)", text(at)), text(at)
 
@@ -209,7 +288,8 @@ def test_alerts_without_a_token_say_so(env: Service, monkeypatch) -> None:
 def test_calibration(env: Service) -> None:
     at = run(DASH / "pages" / "calibration.py")
     assert "run 1 of 1" in text(at)
-    assert plotly_json(at) and at.dataframe
+    assert charts(at) and at.dataframe
+    assert_no_plotly(at)
 
 
 def test_whatif_offers_the_bundles_and_scenarios(env: Service) -> None:
@@ -237,17 +317,35 @@ def test_whatif_shows_the_reports_figures(env: Service) -> None:
     assert state["state"] == "done", state["error"]
     served = httpx.get(f"{env.url}/api/v1/whatif/{job['job']}/figures", timeout=10).json()
     at = run(DASH / "pages" / "whatif.py")
-    charts = plotly_json(at)
-    assert len(charts) == len(served) >= 5
-    for chart, fig in zip(charts, served, strict=True):
-        assert chart["layout"]["title"]["text"] == fig["title"]
-        drawn = {t["name"]: (t["line"]["color"], t["line"]["dash"]) for t in chart["data"]}
-        sent = {t["name"]: (t["line"]["color"], t["line"]["dash"]) for t in fig["figure"]["data"]}
-        assert drawn == sent
-        assert drawn["baseline"][1] == "dash"
-        assert drawn["gpu-power-cap-500w"][0] != drawn["cdu-1-fails"][0]
+    drawn = charts(at)
+    assert_no_plotly(at)
+    assert len(drawn) == len(served) >= 5
+    for (spec, df), fig in zip(drawn, served, strict=True):
+        assert spec["title"] == fig["title"]
+        scale = spec["encoding"]["color"]["scale"]
+        dash = dict(
+            zip(
+                spec["encoding"]["strokeDash"]["scale"]["domain"],
+                spec["encoding"]["strokeDash"]["scale"]["range"],
+                strict=True,
+            )
+        )
+        drawn_colours = dict(zip(scale["domain"], scale["range"], strict=True))
+        sent = {t["name"]: t["line"]["color"] for t in fig["figure"]["data"]}
+        assert drawn_colours == sent and set(df["name"]) <= set(sent)
+        assert dash["baseline"] == [8, 4]  # the baseline dashed
+        assert drawn_colours["gpu-power-cap-500w"] != drawn_colours["cdu-1-fails"]
     for name in body["scenarios"]:  # one colour per scenario across every figure
-        seen = {t["line"]["color"] for ch in charts for t in ch["data"] if t["name"] == name}
+        seen = {
+            dict(
+                zip(
+                    sp["encoding"]["color"]["scale"]["domain"],
+                    sp["encoding"]["color"]["scale"]["range"],
+                    strict=True,
+                )
+            )[name]
+            for sp, _ in drawn
+        }
         assert len(seen) == 1, (name, seen)
 
 

@@ -173,7 +173,8 @@ def test_the_base_has_nothing_heavy_and_dev_installs_everything():
     service, console = extra("service"), extra("console")
     assert {"duckdb", "fastapi", "uvicorn", "polars", "pandas", "pyarrow", "scipy"} <= service
     assert "polars" in service  # twin/ingest/nvidia_smi.py
-    assert {"streamlit", "plotly"} <= console
+    assert {"streamlit", "pandas"} <= console
+    assert "plotly" not in console  # the console's charts are Streamlit's own Vega-Lite
     assert extra("all") == extra("collector") | service | console
     assert extra("all") <= extra("dev"), "dev must pull dctwin[all]"
     assert {"pytest", "ruff", "hypothesis"} <= extra("dev")

@@ -91,9 +91,9 @@ def active() -> None:
             " a hook; acknowledgements always)."
         )
     else:
-        st.dataframe(
+        ui.table(
             hist[["at", "status", "rule", "severity", "summary", "dedup_key", "by"]],
-            hide_index=True,
+            missing_why="(by) the service itself, not a person",
         )
 
 

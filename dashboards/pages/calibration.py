@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import pandas as pd
-import plotly.express as px
 import streamlit as st
 
-from dashboards import ui
+from dashboards import charts, ui
 
 ui.page("Calibration", "📐")
 
@@ -45,23 +44,24 @@ def body() -> None:
     if qdf.empty:
         st.info("No fit quality stored for this run.")
     else:
-        fig = px.bar(
-            qdf,
-            x="class",
-            y="CV(RMSE) [%]",
+        st.markdown("**CV(RMSE) per class and quantity**")
+        spec = charts.bar_spec(
+            "class",
+            "CV(RMSE) [%]",
+            "CV(RMSE) [%]",
             color="quantity",
-            barmode="group",
-            title="CV(RMSE) per class and quantity [%]",
+            color_title="quantity",
+            offset="quantity",
+            height=300,
         )
-        fig.update_layout(height=320, margin={"t": 40, "b": 10})
-        st.plotly_chart(fig, key="cv_rmse")
-        st.dataframe(qdf, hide_index=True)
+        charts.draw(qdf.dropna(subset=["CV(RMSE) [%]"]), spec, "cv_rmse")
+        ui.table(qdf, missing_why="not computed: too few held-out samples")
     st.subheader("Parameters")
     prow = []
     for c in cal["classes"]:
         for p in c["params"]:
             prow.append({"class": c["device_class"], "usable": f"{c['usable_fraction']:.0%}", **p})
-    st.dataframe(pd.DataFrame(prow), hide_index=True)
+    ui.table(pd.DataFrame(prow), missing_why="not fitted for this class")
     reasons = {
         c["device_class"]: c["unusable_reasons"] for c in cal["classes"] if c["unusable_reasons"]
     }
@@ -73,7 +73,7 @@ def body() -> None:
     if ev.empty:
         st.success("No drift events in this run.")
     else:
-        st.dataframe(ev, hide_index=True)
+        ui.table(ev)
     hot = ui.fetch("/api/v1/hotspots")
     if hot is not None:
         st.subheader("Hot spots")
@@ -81,9 +81,9 @@ def body() -> None:
         if hs.empty:
             st.success("No hot spots.")
         else:
-            st.dataframe(
+            ui.table(
                 hs[["kind", "id", "reason", "value", "reference", "excess", "detail"]],
-                hide_index=True,
+                missing_why="not applicable to this reason",
             )
 
 

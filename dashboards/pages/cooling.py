@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import pandas as pd
-import plotly.graph_objects as go
 import streamlit as st
 
-from dashboards import ui
+from dashboards import charts, ui
 
 ui.page("Cooling", "💧")
 
@@ -66,10 +65,11 @@ def body() -> None:
             f"{running} / {len(cdu['pumps'])}",
             None if running == len(cdu["pumps"]) else ":red[pump down]",
         )
-        pumps = pd.DataFrame(cdu["pumps"]).rename(
-            columns={"speed_pct": "speed [%]", "power_w": "power [W]"}
+        ui.table(
+            pd.DataFrame(cdu["pumps"]),
+            {"speed_pct": "speed [%]", "power_w": "power [W]"},
+            missing_why="no reading from this pump",
         )
-        st.dataframe(pumps, hide_index=True)
     series = {}
     for q in ("supply_temp_c", "return_temp_c"):
         s = ui.fetch(
@@ -78,23 +78,26 @@ def body() -> None:
         if s is None:
             return
         series[q] = s
-    fig = go.Figure()
-    for q, s in series.items():
-        for item in s["series"]:
-            fig.add_scatter(
-                x=item["t"],
-                y=item["value"],
-                mode="lines",
-                name=f"{item['id']} {q.replace('_temp_c', '')}",
-            )
-    fig.update_layout(
-        title="Loop temperatures, last hour [°C]",
-        height=340,
-        margin={"t": 40, "b": 10},
-        yaxis_title="°C",
-        xaxis_title="UTC",
-    )
-    st.plotly_chart(fig, key="loop_temps")
+    rows = [
+        {"t": t, "value": v, "CDU": item["id"], "side": q.replace("_temp_c", "")}
+        for q, s in series.items()
+        for item in s["series"]
+        for t, v in zip(item["t"], item["value"], strict=True)
+    ]
+    if rows:
+        df = pd.DataFrame(rows)
+        df["t"] = pd.to_datetime(df["t"], utc=True)
+        df["line"] = df["CDU"] + " " + df["side"]
+        st.markdown("**Loop temperatures, last hour**")
+        spec = charts.line_spec(
+            "temperature [°C]",
+            df["t"],
+            color="line",
+            color_title="CDU and side",
+            dash="side",
+            height=320,
+        )
+        charts.draw(df, spec, "loop_temps")
 
 
 ui.live(body)

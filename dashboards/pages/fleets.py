@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import pandas as pd
-import plotly.express as px
-import plotly.graph_objects as go
 import streamlit as st
 
-from dashboards import ui
+from dashboards import charts, ui
 
 ui.page("Fleets", "📦")
 
@@ -40,18 +38,26 @@ def body() -> None:
         c[2].metric("Power freed", ui.fmt(float(flagged["kw_freed"].fillna(0).sum()), "kW"))
         df["activity p50 [%]"] = 100 * df["activity_p50"]
         df["activity p95 [%]"] = 100 * df["activity_p95"]
-        fig = px.bar(
-            df,
-            x="fleet",
-            y=["activity p50 [%]", "activity p95 [%]"],
-            barmode="group",
-            labels={"value": "SM activity [%]", "fleet": ""},
-            title="Fleet activity",
+        act = df.melt(
+            id_vars=["fleet"],
+            value_vars=["activity p50 [%]", "activity p95 [%]"],
+            var_name="statistic",
+            value_name="value",
         )
-        fig.add_hline(y=100 * data["threshold"], line_dash="dash", line_color="red")
-        fig.update_layout(height=320, margin={"t": 40, "b": 10})
-        st.plotly_chart(fig, key="fleet_activity")
-        st.dataframe(
+        act["statistic"] = act["statistic"].str.replace(" [%]", "", regex=False)
+        st.markdown("**Fleet activity** (dashed: the underuse threshold)")
+        spec = charts.bar_spec(
+            "fleet",
+            "value",
+            "SM activity [%]",
+            color="statistic",
+            offset="statistic",
+            limit=100 * data["threshold"],
+            limit_label="underuse threshold",
+            height=300,
+        )
+        charts.draw(act, spec, "fleet_activity")
+        ui.table(
             df[
                 [
                     "fleet",
@@ -66,30 +72,33 @@ def body() -> None:
                     "flagged",
                     "reason",
                 ]
-            ].rename(columns={"gpu_power_mean_w": "GPU power mean [W]", "kw_freed": "freed [kW]"}),
-            hide_index=True,
+            ],
+            {"gpu_power_mean_w": "GPU power mean [W]", "kw_freed": "freed [kW]"},
+            missing_why="not computed: no data for this fleet, or not flagged",
         )
     fc = ui.fetch("/api/v1/forecast")
     if fc is None:
         return
     fleets = [e for e in fc["entities"] if e["entity"] == "fleet"]
-    if fleets:
-        fig = go.Figure()
-        for e in fleets:
-            p50 = [None if v is None else v / 1000 for v in e["p50_w"]]
-            p90 = [None if v is None else v / 1000 for v in e["p90_w"]]
-            fig.add_scatter(x=e["t"], y=p50, mode="lines", name=f"{e['id']} p50")
-            fig.add_scatter(
-                x=e["t"], y=p90, mode="lines", line={"dash": "dot"}, name=f"{e['id']} p90"
-            )
-        fig.update_layout(
-            title="Load forecast per fleet [kW]",
-            height=340,
-            margin={"t": 40, "b": 10},
-            yaxis_title="kW",
-            xaxis_title="UTC",
+    rows = [
+        {"t": t, "value": None if v is None else v / 1000, "fleet": e["id"], "band": band}
+        for e in fleets
+        for band, key in (("p50", "p50_w"), ("p90", "p90_w"))
+        for t, v in zip(e["t"], e[key], strict=True)
+    ]
+    if rows:
+        fdf = pd.DataFrame(rows)
+        fdf["t"] = pd.to_datetime(fdf["t"], utc=True)
+        st.markdown("**Load forecast per fleet** (solid p50, dashed p90)")
+        spec = charts.line_spec(
+            "fleet power [kW]",
+            fdf["t"],
+            color="fleet",
+            color_title="fleet",
+            dash="band",
+            height=320,
         )
-        st.plotly_chart(fig, key="fleet_forecast")
+        charts.draw(fdf, spec, "fleet_forecast")
 
 
 ui.live(body)

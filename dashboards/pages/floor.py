@@ -1,12 +1,12 @@
-"""Floor: the hall's racks on their grid, coloured by a chosen metric or headroom."""
+"""Floor: the hall's racks on their grid, coloured by a chosen metric or headroom (an SVG map:
+each tile links to its rack)."""
 
 from __future__ import annotations
 
 import pandas as pd
-import plotly.graph_objects as go
 import streamlit as st
 
-from dashboards import ui
+from dashboards import charts, ui
 
 ui.page("Floor", "🗺️")
 
@@ -29,44 +29,26 @@ metric = st.selectbox(
 )
 
 
-def floor_figure(df: pd.DataFrame, hall: str) -> go.Figure:
+def floor_map(df: pd.DataFrame, hall: str) -> str:
+    """One hall's racks as an SVG grid coloured by the chosen metric."""
     label, unit, scale = METRICS[metric]
-    values = df[metric]
-    text = [
-        f"<b>{n}</b><br>{ui.fmt(v, unit, 1) if pd.notna(v) else '–'}"
-        for n, v in zip(df["name"], values, strict=True)
-    ]
-    fig = go.Figure(
-        go.Scatter(
-            x=df["grid_col"],
-            y=df["grid_row"],
-            mode="markers+text",
-            text=text,
-            textposition="middle center",
-            textfont={"size": 11},
-            customdata=df["name"],
-            marker={
-                "symbol": "square",
-                "size": 62,
-                "color": values.fillna(0) if bool(values.notna().any()) else None,
-                "colorscale": scale,
-                "showscale": bool(values.notna().any()),
-                "colorbar": {"title": f"{label} [{unit}]" if unit else label},
-                "line": {"width": 1, "color": "#444"},
-            },
-            hovertemplate="%{customdata}<extra></extra>",
-        )
+    values = [None if pd.isna(v) else float(v) for v in df[metric]]
+    shown = [v for v in values if v is not None]
+    digits = 0 if metric == "alerts" else 1
+    title = f"{label} [{unit}]" if unit else label
+    low = ui.fmt(min(shown), unit, digits) if shown else ui.MISSING
+    high = ui.fmt(max(shown), unit, digits) if shown else ui.MISSING
+    return charts.floor_svg(
+        list(df["name"]),
+        [int(c) for c in df["grid_col"]],
+        [int(r) for r in df["grid_row"]],
+        values,
+        [ui.fmt(v, unit, digits) for v in values],
+        scale,
+        f"{title} (grey: no value)",
+        low,
+        high,
     )
-    rows = sorted(df["grid_row"].unique())
-    fig.update_layout(
-        title=f"{hall}: {label}",
-        height=max(260, 90 * len(rows) + 120),
-        margin={"l": 10, "r": 10, "t": 50, "b": 10},
-        xaxis={"visible": False, "range": [df["grid_col"].min() - 0.7, df["grid_col"].max() + 0.7]},
-        yaxis={"visible": False, "autorange": "reversed"},
-        plot_bgcolor="#f4f4f4",
-    )
-    return fig
 
 
 def body() -> None:
@@ -79,9 +61,11 @@ def body() -> None:
         return
     ui.freshness(data["data_until"])
     for hall, part in df.groupby("hall", sort=False):
-        st.plotly_chart(floor_figure(part, str(hall)), key=f"floor_{hall}")
+        label = METRICS[metric][0]
+        st.markdown(f"**{hall}: {label}**")
+        st.markdown(floor_map(part, str(hall)), unsafe_allow_html=True)
     with st.expander("All racks as a table"):
-        st.dataframe(
+        ui.table(
             df[
                 [
                     "name",
@@ -97,7 +81,15 @@ def body() -> None:
                     "alerts",
                 ]
             ],
-            hide_index=True,
+            {
+                "power_kw": "power [kW]",
+                "headroom_kw": "headroom [kW]",
+                "gpu_temp_max_c": "hottest GPU [°C]",
+                "gpu_headroom_min_k": "GPU headroom [K]",
+                "pdu_headroom_min_a": "PDU headroom [A]",
+                "inlet_temp_c": "inlet [°C]",
+            },
+            missing_why="no reading or no headroom report for this rack yet",
         )
     st.session_state["floor_racks"] = list(df["name"])
 

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import pandas as pd
-import plotly.express as px
 import streamlit as st
 
-from dashboards import ui
+from dashboards import charts, ui
 
 ui.page("Network", "🔗")
+
+#: Links drawn in the bar chart (the busiest; the table below lists every one).
+BARS = 40
 
 
 def body() -> None:
@@ -24,27 +26,34 @@ def body() -> None:
     c[0].metric("Links", len(df))
     c[1].metric("Busiest", ui.fmt(df["utilization_pct"].max(), "%"))
     c[2].metric("Links with errors", int((df["errors"].fillna(0) > 0).sum()))
-    fig = px.bar(
-        df.sort_values("utilization_pct", ascending=False).head(80),
-        x="name",
-        y="utilization_pct",
-        hover_data={"tx_gbps": ":.2f", "rx_gbps": ":.2f", "capacity_gbps": True},
-        labels={"utilization_pct": "busier direction / capacity [%]", "name": ""},
-        title="Link utilization",
-    )
-    fig.update_layout(height=340, margin={"t": 40, "b": 10})
-    st.plotly_chart(fig, key="links")
-    st.dataframe(
-        df.rename(
-            columns={
-                "capacity_gbps": "capacity [Gb/s]",
-                "tx_gbps": "tx [Gb/s]",
-                "rx_gbps": "rx [Gb/s]",
-                "utilization_pct": "utilization [%]",
-                "headroom_gbps": "headroom [Gb/s]",
-            }
+    st.markdown("**Link utilization** (the busier direction against capacity)")
+    if len(df) > BARS:
+        st.caption(f"the {BARS} busiest of {len(df):,} links; all in the table")
+    spec = charts.bar_spec(
+        "name",
+        "utilization_pct",
+        "busier direction / capacity [%]",
+        limit=100.0,
+        limit_label="capacity (100 %)",
+        tooltip=(
+            ("tx_gbps", "tx [Gb/s]", ",.2f"),
+            ("rx_gbps", "rx [Gb/s]", ",.2f"),
+            ("capacity_gbps", "capacity [Gb/s]", ",.0f"),
         ),
-        hide_index=True,
+        height=320,
+        sort="-y",
+    )
+    charts.draw(df.sort_values("utilization_pct", ascending=False).head(BARS), spec, "links")
+    ui.table(
+        df,
+        {
+            "capacity_gbps": "capacity [Gb/s]",
+            "tx_gbps": "tx [Gb/s]",
+            "rx_gbps": "rx [Gb/s]",
+            "utilization_pct": "utilization [%]",
+            "headroom_gbps": "headroom [Gb/s]",
+        },
+        missing_why="no reading from this link yet",
     )
 
 

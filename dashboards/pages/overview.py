@@ -1,13 +1,80 @@
-"""Overview: IT power, cooling load, headroom summary, active alerts, ingest health."""
+"""Overview: IT power, cooling load, headroom summary, 24 h trends, active alerts, ingest
+health."""
 
 from __future__ import annotations
 
 import pandas as pd
 import streamlit as st
 
-from dashboards import ui
+from dashboards import charts, ui
 
 ui.page("Overview", "🏠")
+
+#: The trends' window [h] (issue 15: the operator's day).
+TREND_H = 24
+
+
+def trends(ov: dict) -> None:
+    """24 h of IT power, cooling load against capacity and the tightest limit per kind."""
+    end = ov["data_until"]
+    if not end:
+        return
+    t1 = pd.Timestamp(end) + pd.Timedelta(seconds=1)
+    t0 = t1 - pd.Timedelta(hours=TREND_H)
+    window = {"start": t0.isoformat(), "end": t1.isoformat(), "resolution": "1m"}
+    cols = st.columns(3)
+    power = ui.fetch("/api/v1/series", kind="node", quantity="power_w", agg="sum", **window)
+    with cols[0]:
+        st.markdown(f"**IT power, last {TREND_H} h**")
+        if power is not None and power["series"]:
+            s = power["series"][0]
+            df = charts.complete_buckets(s["t"], s["value"], s.get("devices"))
+            df["value"] = df["value"] / 1000.0
+            charts.draw(df, charts.line_spec("IT power [kW]", df["t"]), "ov_power")
+        elif power is not None:
+            st.caption("no complete minute of node power yet")
+    cool = ui.fetch("/api/v1/series", kind="cdu", quantity="heat_kw", agg="sum", **window)
+    with cols[1]:
+        st.markdown(f"**Cooling load against capacity, last {TREND_H} h**")
+        if cool is not None and cool["series"]:
+            s = cool["series"][0]
+            df = charts.complete_buckets(s["t"], s["value"], s.get("devices"))
+            cap = ov["cooling_capacity_kw"]
+            spec = charts.line_spec(
+                "heat removed by the CDUs [kW]",
+                df["t"],
+                limit=cap,
+                limit_label=f"CDU capacity {ui.fmt(cap, 'kW', 0)}",
+            )
+            charts.draw(df, spec, "ov_cooling")
+            if cap:
+                st.caption(f"dashed: the CDUs' rated capacity, {ui.fmt(cap, 'kW', 0)}")
+        elif cool is not None:
+            st.caption("no complete minute of CDU heat yet")
+    hist = ui.fetch("/api/v1/headroom/history", hours=TREND_H)
+    with cols[2]:
+        st.markdown(f"**Tightest limit per kind, last {TREND_H} h**")
+        rows = [
+            {"t": t, "value": v, "kind": k["kind"]}
+            for k in (hist or {}).get("kinds", [])
+            for t, v in zip(k["t"], k["used_pct"], strict=True)
+        ]
+        if rows:
+            df = pd.DataFrame(rows)
+            df["t"] = pd.to_datetime(df["t"], utc=True)
+            spec = charts.line_spec(
+                "limit used [%]",
+                df["t"],
+                color="kind",
+                color_title="kind",
+                limit=100.0,
+                limit_label="limit (100 %)",
+                y_format=".0f",
+            )
+            spec["layer"][0]["mark"]["point"] = len(df) < 200  # a few reports: show each one
+            charts.draw(df, spec, "ov_headroom")
+        elif hist is not None:
+            st.caption("no headroom report yet")
 
 
 def body() -> None:
@@ -34,6 +101,7 @@ def body() -> None:
     lag = max((v for v in ov["ingest"]["lag_s"].values() if v is not None), default=None)
     c[4].metric("Data age", ui.fmt(lag, "s", 0))
     c[4].caption(ui.plural(ov["gpus_reporting"], "GPU") + " reporting")
+    trends(ov)
 
     left, right = st.columns([3, 2])
     with left:
@@ -43,6 +111,7 @@ def body() -> None:
         else:
             st.caption(f"report of {ui.ago(ov['headroom_computed_at'])}")
             df = pd.DataFrame(ov["headroom"])
+            df["min_id"] = [ui.MISSING if v is None else v for v in df["min_id"]]
             df["smallest headroom"] = [
                 ui.fmt(v, u) for v, u in zip(df["min_headroom"], df["unit"], strict=True)
             ]
@@ -70,7 +139,7 @@ def body() -> None:
             tight = pd.DataFrame(ov["tightest"])
             if not tight.empty:
                 # bars drawn by the table itself: no chart library to load on the first page
-                st.markdown("**Closest to their limits**")
+                st.markdown("**Closest to their limits** (the ten tightest)")
                 tight["limit used"] = 100 * (1 - tight["headroom_now"] / tight["limit"].abs())
                 tight["headroom"] = [
                     ui.fmt(h, u) for h, u in zip(tight["headroom_now"], tight["unit"], strict=True)
@@ -81,10 +150,13 @@ def body() -> None:
                 st.dataframe(
                     tight[["kind", "id", "quantity", "limit used", "headroom", "limit"]],
                     hide_index=True,
+                    width="stretch",
                     column_config={
                         "limit used": st.column_config.ProgressColumn(
                             "limit used [%]", min_value=0, max_value=100, format="%.0f %%"
-                        )
+                        ),
+                        "headroom": st.column_config.TextColumn("headroom", width="small"),
+                        "limit": st.column_config.TextColumn("limit", width="small"),
                     },
                 )
     with right:

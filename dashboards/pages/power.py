@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import pandas as pd
-import plotly.express as px
 import streamlit as st
 
-from dashboards import ui
+from dashboards import charts, ui
 
 ui.page("Power", "⚡")
 
 hours = st.select_slider("History", options=[1, 6, 24, 72], value=6, format_func=lambda h: f"{h} h")
+
+#: Phases drawn in the bar chart (the most loaded; the table below lists every one).
+BARS = 40
 
 
 def body() -> None:
@@ -30,11 +32,12 @@ def body() -> None:
             end=(pd.Timestamp(end) + pd.Timedelta(seconds=1)).isoformat(),
         )
         if s is not None and s["series"]:
-            df = pd.DataFrame({"t": s["series"][0]["t"], "kW": s["series"][0]["value"]})
-            df["kW"] = df["kW"] / 1000.0
-            fig = px.line(df, x="t", y="kW", title=f"Site IT power ({s['resolution']} means) [kW]")
-            fig.update_layout(height=300, margin={"t": 40, "b": 10}, xaxis_title="UTC")
-            st.plotly_chart(fig, key="site_power")
+            item = s["series"][0]
+            df = charts.complete_buckets(item["t"], item["value"], item.get("devices"))
+            df["value"] = df["value"] / 1000.0
+            st.markdown(f"**Site IT power ({s['resolution']} means, complete buckets)**")
+            spec = charts.line_spec("IT power [kW]", df["t"], height=280)
+            charts.draw(df, spec, "site_power")
         elif s is not None:
             st.info("No rolled-up node power yet (rollups cover complete minutes).")
     data = ui.fetch("/api/v1/power")
@@ -46,31 +49,35 @@ def body() -> None:
         return
     df["used_pct"] = 100 * df["current_a"] / df["limit_a"]
     st.subheader("PDU phases and breakers against 80 % of their rating")
-    fig = px.bar(
-        df.sort_values("used_pct", ascending=False).head(60),
-        x="id",
-        y="used_pct",
+    top = df.sort_values("used_pct", ascending=False).head(BARS)
+    if len(df) > BARS:
+        st.caption(f"the {BARS} most loaded of {len(df):,} phases and breakers; all in the table")
+    spec = charts.bar_spec(
+        "id",
+        "used_pct",
+        "derated limit used [%]",
         color="feed",
-        labels={"used_pct": "derated limit used [%]", "id": ""},
-        hover_data={"current_a": ":.1f", "limit_a": ":.1f"},
+        color_title="feed",
+        limit=100.0,
+        limit_label="derated limit (100 %)",
+        tooltip=(("current_a", "current [A]", ",.1f"), ("limit_a", "limit [A]", ",.1f")),
+        height=340,
+        sort="-y",
     )
-    fig.add_hline(y=100, line_dash="dash", line_color="red")
-    fig.update_layout(height=360, margin={"t": 20, "b": 10})
-    st.plotly_chart(fig, key="phases")
-    st.dataframe(
-        df.rename(
-            columns={
-                "current_a": "current [A]",
-                "voltage_v": "voltage [V]",
-                "power_w": "power [W]",
-                "rated_a": "rated [A]",
-                "limit_a": "limit [A]",
-                "headroom_a": "headroom [A]",
-                "breach_in_s_p50": "breach in (p50) [s]",
-                "used_pct": "used [%]",
-            }
-        ),
-        hide_index=True,
+    charts.draw(top, spec, "phases")
+    ui.table(
+        df,
+        {
+            "current_a": "current [A]",
+            "voltage_v": "voltage [V]",
+            "power_w": "power [W]",
+            "rated_a": "rated [A]",
+            "limit_a": "limit [A]",
+            "headroom_a": "headroom [A]",
+            "breach_in_s_p50": "breach in (p50) [s]",
+            "used_pct": "used [%]",
+        },
+        missing_why="no reading, or (breach in) no breach forecast within the horizon",
     )
 
 

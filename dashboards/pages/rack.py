@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import pandas as pd
-import plotly.graph_objects as go
 import streamlit as st
 
-from dashboards import ui
+from dashboards import charts, ui
 
 ui.page("Rack", "🗄️")
 
@@ -62,55 +61,47 @@ def body() -> None:
             rows.append({"node": n["name"], **g})
     gdf = pd.DataFrame(rows)
     if not gdf.empty:
-        fig = go.Figure()
-        fig.add_bar(x=gdf["id"], y=gdf["temp_c"], name="GPU temperature [°C]")
-        fig.add_scatter(
-            x=gdf["id"],
-            y=gdf["temp_c"] + gdf["headroom_k"],
-            mode="markers",
-            marker={"symbol": "line-ew-open", "size": 14, "color": "red"},
-            name="max operating temperature [°C]",
+        gdf["max_c"] = pd.to_numeric(gdf["temp_c"], errors="coerce") + pd.to_numeric(
+            gdf["headroom_k"], errors="coerce"
         )
-        fig.update_layout(height=320, margin={"t": 30, "b": 10}, yaxis_title="°C")
-        st.plotly_chart(fig, key="rack_gpus")
-    ndf = pd.DataFrame([{k: v for k, v in n.items() if k != "gpus"} for n in d["nodes"]]).rename(
-        columns={
+        st.caption("bars: GPU temperature; red ticks: its maximum operating temperature")
+        spec = charts.bars_with_marks(
+            "id", "temp_c", "max_c", "temperature [°C]", "GPU [°C]", "max operating [°C]"
+        )
+        charts.draw(gdf, spec, "rack_gpus")
+    ndf = pd.DataFrame([{k: v for k, v in n.items() if k != "gpus"} for n in d["nodes"]])
+    ui.table(
+        ndf,
+        {
             "power_w": "power [W]",
             "inlet_temp_c": "inlet [°C]",
             "outlet_temp_c": "outlet [°C]",
             "fan_speed_pct": "fans [%]",
-        }
+        },
+        missing_why="no reading from this node",
     )
-    st.dataframe(ndf, hide_index=True)
     if not gdf.empty:
-        st.dataframe(
-            gdf.rename(
-                columns={
-                    "power_w": "power [W]",
-                    "temp_c": "temp [°C]",
-                    "mem_temp_c": "HBM [°C]",
-                    "util_pct": "util [%]",
-                    "power_limit_w": "limit [W]",
-                    "headroom_k": "headroom [K]",
-                }
-            ),
-            hide_index=True,
+        ui.table(
+            gdf.drop(columns=["max_c"]),
+            {
+                "power_w": "power [W]",
+                "temp_c": "temp [°C]",
+                "mem_temp_c": "HBM [°C]",
+                "util_pct": "util [%]",
+                "power_limit_w": "limit [W]",
+                "headroom_k": "headroom [K]",
+            },
+            missing_why="no reading from this GPU",
         )
 
     st.subheader("PDU phases")
     pdf = pd.DataFrame(d["phases"])
     if not pdf.empty:
-        fig = go.Figure()
-        fig.add_bar(x=pdf["id"], y=pdf["current_a"], name="current [A]")
-        fig.add_scatter(
-            x=pdf["id"],
-            y=pdf["limit_a"],
-            mode="markers",
-            name="80 % derated limit [A]",
-            marker={"symbol": "line-ew-open", "size": 18, "color": "red"},
+        st.caption("bars: current; red ticks: the 80 % derated limit")
+        spec = charts.bars_with_marks(
+            "id", "current_a", "limit_a", "current [A]", "current [A]", "derated limit [A]"
         )
-        fig.update_layout(height=300, margin={"t": 30, "b": 10}, yaxis_title="A")
-        st.plotly_chart(fig, key="rack_phases")
+        charts.draw(pdf, spec, "rack_phases")
 
     st.subheader("Cooling loop")
     cdu = d["cdu"]

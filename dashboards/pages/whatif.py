@@ -4,10 +4,9 @@ baseline (verdict, minimum headroom per component, first breach, energy, paths).
 from __future__ import annotations
 
 import pandas as pd
-import plotly.graph_objects as go
 import streamlit as st
 
-from dashboards import ui
+from dashboards import charts, ui
 from dashboards.client import ApiError
 
 ui.page("What-if", "🧪")
@@ -85,7 +84,7 @@ def jobs() -> None:
         }
         for r in reports
     ]
-    st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
+    ui.table(pd.DataFrame(rows), width="stretch")
     done = [r["job"] for r in reports if r["state"] == "done"]
     if not done:
         return
@@ -101,9 +100,8 @@ def jobs() -> None:
         st.caption(r["description"])
         for reason in r["reasons"]:
             st.markdown(f"- {reason}")
-        st.dataframe(
+        ui.table(
             pd.DataFrame([kind_row(k, b_kinds.get(k["kind"])) for k in r["kinds"]]),
-            hide_index=True,
             width="stretch",
         )
         c1, c2, c3, c4 = st.columns(4)
@@ -118,15 +116,16 @@ def jobs() -> None:
         recorded = r.get("recorded_breaches") or base.get("recorded_breaches") or []
         if recorded:
             st.markdown("**Already breaching in the recording**")
-            st.dataframe(pd.DataFrame(recorded), hide_index=True, width="stretch")
+            ui.table(pd.DataFrame(recorded), width="stretch")
         if r.get("changes"):
             st.markdown("**What the scenario changes**")
-            st.dataframe(pd.DataFrame(r["changes"]), hide_index=True, width="stretch")
+            ui.table(pd.DataFrame(r["changes"]), width="stretch")
     # the report's own figures (twin.replay.report.figures, served by the API): one per
     # quantity, each scenario in one colour throughout, the baseline dashed
     figs = ui.fetch(f"/api/v1/whatif/{pick}/figures")
     for f in figs or []:
-        st.plotly_chart(go.Figure(f["figure"]), width="stretch", theme=None, key=f"fig-{f['key']}")
+        data, spec = charts.plotly_lines(f["figure"])
+        charts.draw(data, spec, f"fig-{f['key']}")
     st.caption(f"Full report: {api.base_url}/api/v1/whatif/{pick}/report.html")
 
 

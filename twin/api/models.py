@@ -152,6 +152,10 @@ class Series(BaseModel):
     value: list[float | None] = Field(description="raw value, or the bucket mean for rollups")
     min: list[float | None] | None = Field(default=None, description="bucket minimum (rollups)")
     max: list[float | None] | None = Field(default=None, description="bucket maximum (rollups)")
+    devices: list[int] | None = Field(
+        default=None,
+        description="with agg: devices in each bucket (fewer in a partial first or last minute)",
+    )
 
 
 class SeriesResponse(BaseModel):
@@ -199,6 +203,22 @@ class HeadroomResponse(BaseModel):
     computed_at: datetime | None = Field(description="None: no report stored yet")
     data_until: datetime | None
     rows: list[HeadroomRowOut]
+
+
+class HeadroomKindHistory(BaseModel):
+    kind: str
+    t: list[datetime] = Field(description="when each stored report was computed")
+    used_pct: list[float | None] = Field(
+        description="share of its limit the tightest limit of this kind used [%]"
+    )
+
+
+class HeadroomHistoryResponse(BaseModel):
+    """The tightest limit per kind over the stored headroom reports (one per detection pass,
+    the newest 1,440 kept: 24 h at the default 60 s)."""
+
+    start: datetime
+    kinds: list[HeadroomKindHistory]
 
 
 class HeadroomKindSummary(BaseModel):

@@ -8,6 +8,7 @@ not be left with an unfinished result on a cursor.
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -182,7 +183,8 @@ def series(
     time, or (``ordered=False``: sorting millions of rows costs far more than reading them)
     in storage order; ``value`` is the raw sample or the bucket mean. With ``agg`` (a key of
     :data:`AGGREGATES`), one series (id = ``agg``) of that aggregate across the devices per
-    rollup bucket (of the bucket means: ``sum`` is the site's mean power in the bucket)."""
+    rollup bucket (of the bucket means: ``sum`` is the site's mean power in the bucket) and
+    ``devices``, how many devices the bucket holds (a partial first minute holds fewer)."""
     table, tcol, vcol = _series_source(kind, quantity, resolution)
     where, params = _series_where(tcol, vcol, ids, start, end)
     if agg is not None:
@@ -190,7 +192,8 @@ def series(
             raise ValueError("agg= needs a rollup resolution (1m or 1h): devices poll apart")
         fn = AGGREGATES[agg]
         sql = (
-            f"SELECT {tcol} AS ts, ? AS id, CAST({fn}({vcol}) AS DOUBLE) AS value FROM {table}"
+            f"SELECT {tcol} AS ts, ? AS id, CAST({fn}({vcol}) AS DOUBLE) AS value,"
+            f" CAST(count(*) AS BIGINT) AS devices FROM {table}"
             f" WHERE {where} GROUP BY {tcol} ORDER BY {tcol}"
         )
         return db.con.sql(sql, params=[agg, *params]).to_arrow_table()
@@ -280,6 +283,23 @@ def headroom_summary(db: Store) -> tuple[datetime | None, list[dict[str, Any]], 
         [latest_at],
     ).fetchall()
     return latest_at, summary, [_headroom_row(r) for r in tight]
+
+
+def headroom_history(db: Store, since: datetime) -> list[dict[str, Any]]:
+    """Per kind of limit, over the stored reports computed since ``since``: the time of each
+    report and the share of its limit that the tightest limit of that kind used [%]
+    (``100 * (1 - headroom_now / |limit|)``, the ranking of :func:`headroom_summary`)."""
+    rows = db.con.execute(
+        "SELECT kind, computed_at, max(100 * (1 - headroom_now / nullif(abs(limit_value), 0)))"
+        " FROM headroom WHERE computed_at >= ? AND headroom_now IS NOT NULL"
+        " GROUP BY kind, computed_at ORDER BY kind, computed_at",
+        [since],
+    ).fetchall()
+    out: list[dict[str, Any]] = []
+    for kind, grp in itertools.groupby(rows, key=lambda r: r[0]):
+        g = list(grp)
+        out.append({"kind": kind, "t": [r[1] for r in g], "used_pct": [_f(r[2]) for r in g]})
+    return out
 
 
 # ---- calibration -----------------------------------------------------------------------------

@@ -127,7 +127,7 @@ EXTRA_MODULES = frozenset(
 
 #: What each extra brings, by import name (without amqtt, needed only for the embedded broker).
 SERVICE_MODULES = ("numpy", "scipy", "pandas", "polars", "pyarrow", "duckdb", "fastapi", "uvicorn")
-CONSOLE_MODULES = ("streamlit", "plotly", "pandas")
+CONSOLE_MODULES = ("streamlit", "pandas")
 
 #: The extra a top-level command needs beyond the base; every other command but ``collect``
 #: and ``--help`` needs ``service``.

@@ -440,6 +440,19 @@ def _demo_stop(procs: list[tuple[str, subprocess.Popen[bytes]]], b) -> None:
         b.stop()
 
 
+#: How the console's Streamlit starts (this launcher, tests/test_browser.py and
+#: bench/bench_console.py): headless, no usage statistics, a minimal toolbar (no Deploy button:
+#: this is an operations console), and no file watcher nor rerun on save (an installed
+#: console's files do not change; the watcher is a thread over the package's tree).
+CONSOLE_STREAMLIT_OPTIONS = (
+    *("--server.headless", "true"),
+    *("--browser.gatherUsageStats", "false"),
+    *("--client.toolbarMode", "minimal"),
+    *("--server.fileWatcherType", "none"),
+    *("--server.runOnSave", "false"),
+)
+
+
 def console(
     host: Annotated[
         str, typer.Option(help="Address to listen on (default: this machine only).")
@@ -504,11 +517,9 @@ def console(
         "streamlit",
         "run",
         str(DASHBOARDS / "app.py"),
-        *("--server.headless", "true"),
+        *CONSOLE_STREAMLIT_OPTIONS,
         *("--server.address", host),
         *("--server.port", str(port)),
-        *("--browser.gatherUsageStats", "false"),
-        *("--client.toolbarMode", "minimal"),  # no Deploy button: this is an operations console
         *("--logger.level", "info" if verbose else "warning"),
     ]
     try:

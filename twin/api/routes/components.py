@@ -44,6 +44,23 @@ def headroom(
     )
 
 
+@router.get(
+    "/api/v1/headroom/history",
+    response_model=m.HeadroomHistoryResponse,
+    responses=BAD,
+    tags=["twin"],
+)
+def headroom_history(
+    api: Api,
+    hours: Annotated[float, Query(gt=0, le=168, description="hours back from now")] = 24.0,
+) -> m.HeadroomHistoryResponse:
+    """Per kind of limit, the share of its limit that the tightest one used in each stored
+    headroom report of the last ``hours`` (the Overview's trend)."""
+    start = datetime.now(UTC) - timedelta(hours=hours)
+    kinds = queries.headroom_history(api.ctx.db(), start)
+    return m.HeadroomHistoryResponse(start=start, kinds=[m.HeadroomKindHistory(**k) for k in kinds])
+
+
 @router.get("/api/v1/overview", response_model=m.Overview, tags=["twin"])
 def overview(api: Api) -> m.Overview:
     """One call for the console's first page: IT power, cooling load, headroom summary,

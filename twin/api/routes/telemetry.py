@@ -310,6 +310,8 @@ def _series_answer(
         if "min" in cols:
             item["min"] = cols["min"][pos : pos + k]
             item["max"] = cols["max"][pos : pos + k]
+        if "devices" in cols:
+            item["devices"] = cols["devices"][pos : pos + k]
         out.append(item)
         pos += k
     body = {
