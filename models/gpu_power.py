@@ -206,7 +206,7 @@ class _Bins:
         self.has = n_pair > 0
         self.starts = (np.cumsum(n_pair) - n_pair)[self.has]
         self.wp = w * p_m
-        self.sw, self.sp, self.spp = self.seg(np.stack([w, self.wp, self.wp * p_m]))
+        self.sw, self.sp, self.spp = self.seg([w, self.wp, self.wp * p_m])
 
     def subset(self, sel: NDArray[np.bool_]) -> _Bins:
         """The pairs of the GPUs where ``sel`` is True, renumbered 0..sel.sum()-1."""
@@ -216,8 +216,15 @@ class _Bins:
             new_id[self.gpu[keep]], self.w[keep], self.ln_a[keep], self.p_m[keep], int(sel.sum())
         )
 
-    def seg(self, v: F64) -> F64:
-        """Per-GPU sums over the last axis of ``v`` (pairs), shape ``v.shape[:-1] + (N,)``."""
+    def seg(self, v: F64 | list[F64]) -> F64:
+        """Per-GPU sums over the last axis of ``v`` (pairs), shape ``v.shape[:-1] + (N,)``;
+        a list of per-pair arrays is summed one by one (no stacked copy of them)."""
+        if isinstance(v, list):
+            out = np.zeros((len(v), self.n_gpu))
+            if self.starts.size:
+                for i, row in enumerate(v):
+                    out[i, self.has] = np.add.reduceat(row, self.starts)
+            return out
         out = np.zeros((*v.shape[:-1], self.n_gpu))
         if self.starts.size:
             out[..., self.has] = np.add.reduceat(v, self.starts, axis=-1)
@@ -577,7 +584,7 @@ def _hc1_stderr(
 
     def gram_of(weight: F64, sum_weight: F64) -> F64:
         wx, wlx = weight * x, weight * lx
-        s = bins.seg(np.stack([wx, wlx, wx * x, wx * lx, wlx * lx]))
+        s = bins.seg([wx, wlx, wx * x, wx * lx, wlx * lx])
         g = np.empty((n_gpu, 3, 3))
         g[:, 0, 0] = sum_weight
         g[:, 0, 1] = g[:, 1, 0] = s[0]
