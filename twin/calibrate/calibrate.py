@@ -441,7 +441,7 @@ def _fit_gpu_group(
     no_sm = np.isnan(activity).all(axis=0)
     activity[:, no_sm] = gpu.values["util_pct"][:, no_sm] / 100.0
     fit, hold = slice(0, split), slice(split, None)
-    # 1. and 2.: GPU power curve, GPU and HBM temperature (fitted side by side)
+    # 1. and 2.: GPU power curve, GPU and HBM temperature (fitted in turn)
     temps = {
         q: gpu.values[q][fit] for q in ("temp_c", "mem_temp_c") if not np.isnan(gpu.values[q]).all()
     }
