@@ -25,8 +25,9 @@ What one run does:
    ``load_window`` of ``gpu`` (power_w, temp_c, mem_temp_c, sm_active) and of ``cdu``
    (supply_temp_c), ``load_max`` of the enforced power limit per GPU, the per-GPU reference
    as ``twin.calibrate.calibrate`` builds them, then its GPU fits, ``fit_gpu_links``: the power
-   curve in one thread beside ``fit_rc_many`` on temp_c and mem_temp_c in another
-   (``--threads 1``: in turn, each part timed). The figure against the target is read + prep +
+   curve and ``fit_rc_many`` on temp_c and mem_temp_c in turn, in one thread, as calibrate()
+   runs them (at 1 Hz each part timed; ``--threads 2``: the power curve in a thread beside the
+   RC fits). The figure against the target is read + prep +
    all three fits. Accuracy against the true parameters is reported so that speed is not
    bought with wrong answers.
 3. Floor: the one-step linear regression T[k+1] = a T[k] + b P[k] + c T_ref[k] + d per GPU,
@@ -367,7 +368,7 @@ def site_index(n: int) -> SiteIndex:
 
 
 def timed_calibration_at_step(
-    path: str, n: int, n_t: int, step: int, threads: int | None = None
+    path: str, n: int, n_t: int, step: int, threads: int = 1
 ) -> tuple[dict[str, float], dict[str, Any]]:
     """What ``calibrate()`` does for the GPU links of data recorded every ``step`` s: the newest
     sample, the step groups (each GPU's median interval, one query, then the CDUs' step:
@@ -415,12 +416,12 @@ def timed_calibration_at_step(
 
 
 def timed_calibration(
-    path: str, n: int, n_t: int, threads: int | None = None
+    path: str, n: int, n_t: int, threads: int = 1
 ) -> tuple[dict[str, float], dict[str, Any]]:
     """Read and fit as twin.calibrate.calibrate does for the GPU links; returns timings, fits.
 
-    The fits are ``fit_gpu_links`` (the power curve in one thread, the RC fits of temp_c and
-    mem_temp_c in another); with ``threads=1`` they run in turn and each part is timed.
+    The fits are ``fit_gpu_links``'s: with ``threads=1`` (calibrate()'s) in turn, each part
+    timed; with 2 the power curve in a thread beside the RC fits of temp_c and mem_temp_c.
     """
     ids, _, cdus = names(n)
     gpu_cdu = np.arange(n) // GPUS_PER_CDU
@@ -601,7 +602,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             "Calibration benchmark: build a DuckDB store of N GPUs x T s of synthetic 1 Hz GPU"
             " telemetry (models/ physics, written with Store.write); then time load_window +"
             " the GPU fits of calibrate() (fit_power_curve, fit_rc on temp_c and on"
-            " mem_temp_c, side by side in threads), check the fits against the true"
+            " mem_temp_c, in turn), check the fits against the true"
             " parameters, and time a per-GPU numpy.linalg.lstsq loop on the same data as the"
             " floor."
             f" Target: 10,000 GPUs x 3,600 s read and fitted in <= {TARGET_S:g} s."
@@ -654,10 +655,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--threads",
         type=int,
-        default=None,
+        default=1,
         metavar="N",
-        help="1: run the fits in one thread and time each part (default: as calibrate(),"
-        " the power curve beside the RC fits)",
+        help="1 (default, as calibrate()): the fits in turn in one thread (at 1 Hz each part"
+        " timed); 2: the power curve in a thread beside the RC fits",
     )
     p.add_argument("--json", metavar="PATH", help="write the results as JSON to PATH")
     args = p.parse_args(argv)
@@ -665,7 +666,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("need --gpus >= 1, --seconds >= 400 (fit_rc needs 300 samples), --repeat >= 1")
     if not 1 <= args.step_s <= 60 or args.seconds // args.step_s < 40:
         p.error("--step-s must be 1..60 s with at least 40 samples in --seconds")
-    if args.threads is not None and args.threads < 1:
+    if args.threads < 1:
         p.error("--threads must be >= 1")
     if args.reuse and not args.db:
         p.error("--reuse needs --db")
@@ -827,7 +828,7 @@ def main(argv: list[str] | None = None) -> int:
     if "step_s" in med:
         print(f"    of which step groups           {med['step_s']:7.2f} s  {result['step_groups']}")
     print(f"  prep (reference, power limit)    {med['prep_s']:7.2f} s")
-    threads = "one after the other" if args.threads == 1 else "side by side"
+    threads = "one after the other" if args.threads == 1 else "power curve beside RC"
     print(f"  fits ({threads})          {med['fit_s']:7.2f} s")
     for key, label in (
         ("fit_power_s", "fit_power_curve"),

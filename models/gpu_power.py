@@ -6,6 +6,7 @@ scalar or a numpy array; arrays broadcast against each other.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -205,7 +206,7 @@ class _Bins:
         self.has = n_pair > 0
         self.starts = (np.cumsum(n_pair) - n_pair)[self.has]
         self.wp = w * p_m
-        self.sw, self.sp, self.spp = self.seg(np.stack([w, self.wp, self.wp * p_m]))
+        self.sw, self.sp, self.spp = self.seg([w, self.wp, self.wp * p_m])
 
     def subset(self, sel: NDArray[np.bool_]) -> _Bins:
         """The pairs of the GPUs where ``sel`` is True, renumbered 0..sel.sum()-1."""
@@ -215,23 +216,33 @@ class _Bins:
             new_id[self.gpu[keep]], self.w[keep], self.ln_a[keep], self.p_m[keep], int(sel.sum())
         )
 
-    def seg(self, v: F64) -> F64:
-        """Per-GPU sums over the last axis of ``v`` (pairs), shape ``v.shape[:-1] + (N,)``."""
+    def seg(self, v: F64 | list[F64]) -> F64:
+        """Per-GPU sums over the last axis of ``v`` (pairs), shape ``v.shape[:-1] + (N,)``;
+        a list of per-pair arrays is summed one by one (no stacked copy of them)."""
+        if isinstance(v, list):
+            out = np.zeros((len(v), self.n_gpu))
+            if self.starts.size:
+                for i, row in enumerate(v):
+                    out[i, self.has] = np.add.reduceat(row, self.starts)
+            return out
         out = np.zeros((*v.shape[:-1], self.n_gpu))
         if self.starts.size:
             out[..., self.has] = np.add.reduceat(v, self.starts, axis=-1)
         return out
 
-    def ls(self, gamma: F64 | float) -> tuple[F64, F64, F64]:
+    def ls(self, gamma: F64 | float, x: F64 | None = None) -> tuple[F64, F64, F64]:
         """Weighted LS of bin-mean power on [1, a^gamma] per GPU: (idle, span, between SSE).
 
-        ``gamma`` is a scalar (one candidate for every GPU) or one value per GPU.
+        ``gamma`` is a scalar (one candidate for every GPU) or one value per GPU; ``x``, if
+        given, is ``a^gamma`` per pair already (:meth:`powers`) and ``gamma`` is not used.
         """
-        g = gamma if np.ndim(gamma) == 0 else np.asarray(gamma)[self.gpu]
-        buf = np.empty((4, self.w.size))
-        x, wx = buf[3], buf[0]
-        np.multiply(g, self.ln_a, out=x)
-        np.exp(x, out=x)  # a^gamma; a = 0 gives exp(-inf) = 0
+        buf = np.empty((3 if x is not None else 4, self.w.size))
+        wx = buf[0]
+        if x is None:
+            g = gamma if np.ndim(gamma) == 0 else np.asarray(gamma)[self.gpu]
+            x = buf[3]
+            np.multiply(g, self.ln_a, out=x)
+            np.exp(x, out=x)  # a^gamma; a = 0 gives exp(-inf) = 0
         np.multiply(self.w, x, out=wx)
         np.multiply(wx, x, out=buf[1])
         np.multiply(wx, self.p_m, out=buf[2])
@@ -243,6 +254,33 @@ class _Bins:
             idle = (sp - span * sx) / sw
         sse = spp - idle * sp - span * sxp
         return idle, span, np.where(np.isfinite(sse), np.maximum(sse, 0.0), np.inf)
+
+
+def _grid_powers(bins: _Bins, cand: F64) -> Iterator[F64]:
+    """``a^gamma`` per pair for each row of the candidate grid ``cand`` (K, N) in turn.
+
+    Where a GPU's candidates are evenly spaced (all but those clipped at the edge of the
+    gamma range), ``a^(g + h) = a^g a^h``: one multiplication per pair and candidate instead
+    of an exponential (the grid search's largest cost, bench/README.md); the rest are
+    exponentiated exactly. Equal to ``exp(gamma ln a)`` to a few ulp. The yielded array is
+    updated in place for the next candidate."""
+    gpu, ln_a = bins.gpu, bins.ln_a
+    with np.errstate(invalid="ignore"):  # a = 0: ln a = -inf, and a^g = 0 for every g
+        x = np.exp(cand[0][gpu] * ln_a)
+        if cand.shape[0] < 2:
+            yield x
+            return
+        d = np.diff(cand, axis=0)
+        even = np.all(np.abs(d - d[0]) <= 1e-12, axis=0)
+        odd = np.flatnonzero(~even[gpu])  # pairs of the GPUs stepped unevenly
+        f = np.exp(np.where(even, d[0], 0.0)[gpu] * ln_a)
+        f[ln_a == -np.inf] = 0.0
+        yield x
+        for k in range(1, cand.shape[0]):
+            x *= f
+            if odd.size:
+                x[odd] = np.exp(cand[k][gpu[odd]] * ln_a[odd])
+            yield x
 
 
 def _parabola_best(cand: F64, sse: F64) -> tuple[F64, NDArray[np.intp]]:
@@ -272,19 +310,22 @@ def _fit_on_bins(bins: _Bins) -> tuple[F64, F64, F64]:
     are searched again over the full grid.
     """
     grid_g = np.arange(_GAMMA_RANGE[0], _GAMMA_RANGE[1] + 1e-9, 0.05)
-    sse = np.stack([bins.ls(g)[2] for g in grid_g])
-    best, _ = _parabola_best(np.broadcast_to(grid_g[:, None], sse.shape), sse)
+    coarse = np.broadcast_to(grid_g[:, None], (grid_g.size, bins.n_gpu))
+
+    def sse_of(b: _Bins, cand: F64) -> F64:
+        return np.stack([b.ls(0.0, x)[2] for x in _grid_powers(b, cand)])
+
+    best, _ = _parabola_best(coarse, sse_of(bins, coarse))
     step = 0.005
     offs = np.arange(-3, 4) * step
     cand = np.clip(best[None, :] + offs[:, None], *_GAMMA_RANGE)
-    sse = np.stack([bins.ls(c)[2] for c in cand])
-    fine, k = _parabola_best(cand, sse)
+    fine, k = _parabola_best(cand, sse_of(bins, cand))
     wide = (k == 0) | (k == offs.size - 1)
     if wide.any():
         sub = bins.subset(wide)
         offs = np.arange(-10, 11) * step
         cand = np.clip(best[None, wide] + offs[:, None], *_GAMMA_RANGE)
-        fine[wide] = _parabola_best(cand, np.stack([sub.ls(c)[2] for c in cand]))[0]
+        fine[wide] = _parabola_best(cand, sse_of(sub, cand))[0]
     idle, span, _ = bins.ls(fine)
     return idle, span, fine
 
@@ -422,7 +463,7 @@ def fit_power_curve(
     total = np.bincount(gpu, weights=w, minlength=n_gpu)
     n_used = np.rint(total).astype(np.int64)
 
-    levels, cum, q01, spread = _excitation(gpu, w, a_m, total, n_gpu)
+    levels, near_idle, q01, spread = _excitation(gpu, w, a_m, total, n_gpu, idle_reach)
     _excitation_reasons(reasons, n_used, spread, levels, min_samples, min_range, min_levels)
 
     bins = _Bins(gpu, w, ln_a, p_m, n_gpu)
@@ -435,7 +476,6 @@ def fit_power_curve(
     limit_eff = idle + span
 
     se_idle, se_lim, se_g = _hc1_stderr(bins, a_m, p_m, wss, idle, span, gamma, total)
-    near_idle = cum[:, round(idle_reach * _ACT_BINS)]  # samples at activity <= reach
     scored, idle_ok, limit_ok = _judge(
         reasons,
         idle,
@@ -490,28 +530,34 @@ def _input_problems(
 
 
 def _excitation(
-    gpu: NDArray[np.int64], w: F64, a_m: F64, total: F64, n_gpu: int
+    gpu: NDArray[np.int64], w: F64, a_m: F64, total: F64, n_gpu: int, idle_reach: float
 ) -> tuple[NDArray[np.int64], F64, F64, F64]:
     """Per GPU: distinct 0.05-wide activity levels (holding at least 1 % of its samples), the
-    cumulative sample count over the activity bins, and the 1st percentile and the 1st-99th
-    percentile spread of its activity."""
+    samples at activity <= ``idle_reach``, and the 1st percentile and the 1st-99th
+    percentile spread of its activity (on the 0.001 grid of the bins).
+
+    The pairs come sorted by GPU, then activity bin (:func:`_bin_stats`), so a percentile is
+    the bin of the first pair whose running count reaches it: one cumulative sum over the
+    pairs and a binary search per GPU, instead of a cumulative count over every GPU's 1,001
+    bins (an (N, 1001) array, 80 MB at 10,000 GPUs). The counts are whole numbers, so the sums
+    are exact either way."""
     lvl = np.bincount(
         gpu * 21 + np.rint(a_m * 20).astype(np.int64), weights=w, minlength=21 * n_gpu
     ).reshape(n_gpu, 21)
     levels = (lvl >= np.maximum(3.0, 0.01 * total)[:, None]).sum(axis=1)
-    cum = np.cumsum(
-        np.bincount(
-            gpu * (_ACT_BINS + 1) + np.rint(a_m * _ACT_BINS).astype(np.int64),
-            weights=w,
-            minlength=(_ACT_BINS + 1) * n_gpu,
-        ).reshape(n_gpu, -1),
-        axis=1,
-    )
-    grid = np.arange(_ACT_BINS + 1) / _ACT_BINS
-    q01 = grid[np.argmax(cum >= 0.01 * total[:, None], axis=1)]
-    q99 = grid[np.argmax(cum >= 0.99 * total[:, None], axis=1)]
+    act_bin = np.rint(a_m * _ACT_BINS).astype(np.int64)
+    at_idle = act_bin <= round(idle_reach * _ACT_BINS)
+    near_idle = np.bincount(gpu, weights=np.where(at_idle, w, 0.0), minlength=n_gpu)
+    running = np.cumsum(w)
+    before = np.cumsum(total) - total  # samples of the GPUs before each one
+    q = []
+    for frac in (0.01, 0.99):
+        first = np.searchsorted(running, before + frac * total, side="left")
+        b = act_bin[np.minimum(first, max(act_bin.size - 1, 0))] if act_bin.size else first
+        q.append(np.where(total > 0, b / _ACT_BINS, 0.0))
+    q01, q99 = q
     spread = np.where(total > 0, q99 - q01, 0.0)
-    return levels, cum, q01, spread
+    return levels, near_idle, q01, spread
 
 
 def _hc1_stderr(
@@ -538,7 +584,7 @@ def _hc1_stderr(
 
     def gram_of(weight: F64, sum_weight: F64) -> F64:
         wx, wlx = weight * x, weight * lx
-        s = bins.seg(np.stack([wx, wlx, wx * x, wx * lx, wlx * lx]))
+        s = bins.seg([wx, wlx, wx * x, wx * lx, wlx * lx])
         g = np.empty((n_gpu, 3, 3))
         g[:, 0, 0] = sum_weight
         g[:, 0, 1] = g[:, 1, 0] = s[0]

@@ -541,6 +541,7 @@ def _oe_pass(
     theta: F64,
     dt_s: float | F64,
     work: _Work | None = None,
+    huber_thr: F64 | None = None,
 ) -> dict[str, F64]:
     """Simulate the RC model and its forward sensitivities over the whole window, per GPU.
 
@@ -563,6 +564,13 @@ def _oe_pass(
     default); block sums are added up in float64. ``dt_s`` is a scalar or one step per
     sample (``(T,)``, :func:`_interval_steps`): then ``a`` is ``exp(-dt_k/tau)`` per interval,
     the exact zero-order hold of each.
+
+    ``huber_thr`` (per GPU, K): the Huber loss instead of least squares, ``valid`` then a mask
+    (or None). Each residual's weight ``min(1, thr / |e|)`` is taken from the residual of this
+    very pass, so the normal equations are those of an IRLS step at ``theta`` (Newton's step
+    for the Huber loss with the curvature of its quadratic part) and no separate simulation
+    is needed for the weights; ``loss`` is then the Huber loss
+    ``sum(|e| <= thr ? e^2 / 2 : thr |e| - thr^2 / 2)``, else the sum of squares.
     """
     dtype = temp.dtype
     n_t, n = temp.shape
@@ -585,8 +593,9 @@ def _oe_pass(
     state[0] = t0
     state[3] = 1.0
     keys = ("rr", "ra", "aa", "r0", "a0", "00", "re", "ae", "0e", "ee", "r", "a", "0", "e", "w")
-    keys += ("cnt",)
+    keys += ("cnt", "rho")
     acc = {k: np.zeros(n) for k in keys}
+    thr_d = None if huber_thr is None else np.asarray(huber_thr).astype(dtype)
     sae = np.zeros(n)
     lag = np.zeros(n)
     prev_e: F64 | None = None
@@ -625,13 +634,26 @@ def _oe_pass(
         state = buf[nb].copy()
         x, sr, sa, s0 = buf[:nb, 0], buf[:nb, 1], buf[:nb, 2], buf[:nb, 3]
         np.subtract(temp[k0:k1], x, out=e)
-        if valid is None:
+        if valid is None and thr_d is None:
             acc["w"] += nb
             acc["cnt"] += nb
             sae += np.abs(e).sum(axis=0)
             w = None
         else:  # boolean mask, or square roots of robust weights (0 where missing)
-            w = valid[k0:k1]
+            if thr_d is not None:  # Huber: weights from this pass's own residuals
+                ae = np.abs(e)
+                if valid is not None:
+                    ae *= valid[k0:k1]
+                m = np.minimum(ae, thr_d)
+                acc["rho"] += np.einsum("tn,tn->n", m, ae - 0.5 * m)
+                with np.errstate(divide="ignore"):
+                    w = np.divide(thr_d, ae)
+                np.minimum(w, 1.0, out=w)
+                np.sqrt(w, out=w)
+                if valid is not None:
+                    w *= valid[k0:k1]
+            else:
+                w = valid[k0:k1]
             sae += np.abs(e * (w > 0)).sum(axis=0)
             acc["cnt"] += (w > 0).sum(axis=0)
             e *= w
@@ -677,6 +699,7 @@ def _oe_pass(
     return {
         "gram": g,
         "grad": grad,
+        "loss": acc["ee"] if thr_d is None else acc["rho"],
         "sse": acc["ee"],
         "sae": sae,
         "lag": lag,
@@ -710,10 +733,12 @@ def _solve_damped(gram: F64, grad: F64, lam: F64) -> F64:
 #: sqrt(pi/2) = 1.253 for Gaussian noise, 1.155 for uniform rounding error; artifacts that put
 #: a few samples far out raise it.
 _HEAVY_TAIL_RATIO = 1.3
-_IRLS_ROUNDS = 3  # Huber reweighting rounds after the unweighted fit (each an LM run to converge)
-#: IRLS stops for a GPU once a round moves R and tau by less than this (relative): 0.1 %, a
-#: tenth of the smallest standard error calibration accepts as identified
-_IRLS_TOL = 1e-3
+#: Huber fits per GPU, each to convergence with the robust scale taken at the parameters of
+#: the one before (the first at the least-squares fit's) [1]
+_HUBER_ROUNDS = 3
+#: ... a GPU takes the next round only if this one moved R or tau by more than this
+#: (relative): 0.1 %, a tenth of the smallest standard error calibration accepts as identified
+_HUBER_TOL = 1e-3
 #: Huber threshold in robust standard deviations (1.4826 MAD): 95 % efficiency under Gaussian
 #: noise (Huber 1964; the usual tuning constant).
 _HUBER_K = 1.345
@@ -722,6 +747,10 @@ _HUBER_K = 1.345
 _TAU_SEED_DT = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0)
 #: Catalog R for a last-resort seed: the liquid cold plate of docs/physics.md §9.2 [K/W].
 _R_CATALOG_K_PER_W = 0.03
+#: Levenberg-Marquardt's starting damping (Marquardt 1963 starts small, near Gauss-Newton);
+#: also the most the Huber fit carries over from the least-squares run before it, so a GPU
+#: whose run ended at a large damping (no step lowered its sum) is not frozen by it [1].
+_LAM_START = 1e-3
 
 
 def _levenberg_marquardt(
@@ -735,16 +764,23 @@ def _levenberg_marquardt(
     iterations: int,
     bounds: tuple[float, float],
     dtype: type[np.floating],
-) -> tuple[F64, dict[str, F64], NDArray[np.bool_]]:
+    lam0: F64 | None = None,
+    huber_thr: F64 | None = None,
+) -> tuple[F64, dict[str, F64], NDArray[np.bool_], F64]:
     """Output-error Levenberg-Marquardt from ``theta`` for every GPU at once, until each has
     converged or ``iterations`` passes are spent. Returns the parameters, the pass at them
-    (:func:`_oe_pass`) and which GPUs converged (``iterations`` 0: all, the seed as asked)."""
+    (:func:`_oe_pass`), which GPUs converged (``iterations`` 0: all, the seed as asked) and
+    the damping each GPU ended with. ``lam0``: the damping to start from per GPU (a warm
+    start, e.g. the least-squares run's before a robust refit; at most :data:`_LAM_START`), else
+    :data:`_LAM_START`. ``huber_thr``: minimize the Huber loss with these thresholds per GPU
+    instead of the sum of squares (:func:`_oe_pass`)."""
     lo, hi = bounds
     theta = theta.copy()
     n = theta.shape[1]
     work = _Work(n, dtype)
-    cur = _oe_pass(t_w, ref_w, p_w, valid, theta, dt_pass, work)
-    lam = np.full(n, 1e-3)
+    thr = huber_thr
+    cur = _oe_pass(t_w, ref_w, p_w, valid, theta, dt_pass, work, thr)
+    lam = np.full(n, _LAM_START) if lam0 is None else np.minimum(lam0, _LAM_START)
     converged = np.full(n, iterations == 0)
     act = np.arange(n)  # GPUs still iterating: the columns of t_w, p_w, ...
     for _ in range(iterations):
@@ -764,18 +800,19 @@ def _levenberg_marquardt(
             t_w, p_w = t_w[:, left], p_w[:, left]
             ref_w = ref_w if ref_w.shape[1] == 1 else ref_w[:, left]
             valid = None if valid is None else valid[:, left]
+            thr = None if thr is None else thr[left]
             work = _Work(act.size, dtype)
         trial = theta[:, act] + step
         trial[1] = np.clip(trial[1], lo, hi)
         trial[0] = np.maximum(trial[0], 1e-6)
-        new = _oe_pass(t_w, ref_w, p_w, valid, trial, dt_pass, work)
-        better = new["sse"] < cur["sse"][act]
+        new = _oe_pass(t_w, ref_w, p_w, valid, trial, dt_pass, work, thr)
+        better = new["loss"] < cur["loss"][act]
         theta[:, act] = np.where(better, trial, theta[:, act])
         for k in cur:
             keep = better.reshape((-1,) + (1,) * (cur[k].ndim - 1))
             cur[k][act] = np.where(keep, new[k], cur[k][act])
         lam[act] = np.where(better, lam[act] * 0.2, lam[act] * 10.0)
-    return theta, cur, converged
+    return theta, cur, converged, lam
 
 
 def _physical_seed(
@@ -831,32 +868,45 @@ def _huber_refit(
     converged: NDArray[np.bool_],
     dt_pass: float | F64,
     lm: dict,
+    lam: F64 | None = None,
 ) -> None:
-    """Huber IRLS rounds, in place on ``theta``, ``cur`` and ``converged``, for the GPUs whose
+    """The Huber fit, in place on ``theta``, ``cur`` and ``converged``, for the GPUs whose
     least-squares residuals are heavier-tailed than Gaussian noise (or a sensor's rounding):
-    elsewhere the Huber weights would all be about 1 and the refit would change nothing."""
+    elsewhere the Huber weights would all be about 1 and the refit would change nothing.
+
+    Each round takes the robust scale (1.4826 x the median absolute residual) at the current
+    parameters (the first at the least-squares fit's), then Levenberg-Marquardt minimizes the
+    Huber loss with that threshold to convergence, warm-started from the parameters and the
+    damping the run before ended with (``lam`` for the first). :func:`_oe_pass` weights each
+    residual of each pass by its own size, so every pass is an IRLS step and no separate
+    simulation is run for the weights. Later rounds (:data:`_HUBER_ROUNDS`) re-estimate
+    the scale, on the GPUs whose R or time constant the round before moved by more than
+    :data:`_HUBER_TOL`: the least-squares scale is inflated by the very artifacts the loss is
+    to discount (tests/test_model_fits_robust.py). Before, each round also simulated the
+    trajectory in float64 for the weights and ran LM on weights held fixed (bench/README.md:
+    10 % more passes, and the weights cost a third of the robust fit)."""
     rms = np.sqrt(cur["sse"] / np.maximum(cur["n"], 1.0))
     mean_abs = cur["sae"] / np.maximum(cur["n"], 1.0)
     heavy = np.flatnonzero(rms > _HEAVY_TAIL_RATIO * mean_abs)
     if not heavy.size:
         return
-    for _ in range(_IRLS_ROUNDS):  # iteratively reweighted: Huber weights, refit
+    lam_h = np.full(heavy.size, _LAM_START) if lam is None else lam[heavy]
+    for _ in range(_HUBER_ROUNDS):
         t_h, p_h = t_w[:, heavy], p_w[:, heavy]
         ref_h = ref_w if ref_w.shape[1] == 1 else ref_w[:, heavy]
         v_h = None if valid is None else valid[:, heavy]
         before = theta[:, heavy]
-        wts = _huber_sqrt_weights(t_h, ref_h, p_h, v_h, before, dt_pass)
-        th, cur_h, conv_h = _levenberg_marquardt(t_h, ref_h, p_h, wts, before, dt_pass, **lm)
+        thr = _HUBER_K * _robust_scale(t_h, ref_h, p_h, v_h, before, dt_pass)
+        th, cur_h, conv_h, lam_h = _levenberg_marquardt(
+            t_h, ref_h, p_h, v_h, before, dt_pass, lam0=lam_h, huber_thr=thr, **lm
+        )
         theta[:, heavy], converged[heavy] = th, conv_h
         for k in cur:
             cur[k][heavy] = cur_h[k]
-        # IRLS has converged for a GPU whose R and time constant moved less than
-        # _IRLS_TOL (relative) in this round: its weights would not change; the next
-        # round refits only the others
-        moved = (np.abs(th[0] / before[0] - 1.0) > _IRLS_TOL) | (
-            np.abs(th[1] - before[1]) > _IRLS_TOL
+        moved = (np.abs(th[0] / before[0] - 1.0) > _HUBER_TOL) | (
+            np.abs(th[1] - before[1]) > _HUBER_TOL
         )
-        heavy = heavy[moved]
+        heavy, lam_h = heavy[moved], lam_h[moved]
         if not heavy.size:
             return
 
@@ -875,27 +925,67 @@ def _column_nanmedian(a: NDArray[np.floating]) -> NDArray[np.floating]:
     return np.where(n > 0, med, np.nan).astype(a.dtype, copy=False)
 
 
-def _huber_sqrt_weights(
+def _trajectory(
+    ref_w: NDArray[np.floating],
+    p_w: NDArray[np.floating],
+    theta: F64,
+    dt_pass: float | F64,
+    dtype: type[np.floating],
+) -> NDArray[np.floating]:
+    """The simulated temperature ``(T, N)`` at ``theta`` in ``dtype``: the state row of
+    :func:`_oe_pass`'s recursion alone (``x[k+1] = a x[k] + (1 - a) U[k]``, the same float32
+    arithmetic), two vector operations per sample. :func:`rc_simulate` gives the same
+    trajectory in float64 from float64 copies of the inputs, 2-3x the time at 10,000 GPUs x
+    720 samples (bench/README.md)."""
+    n_t = p_w.shape[0]
+    r, ln_tau, off, t0 = theta
+    tau = np.exp(ln_tau)
+    x = np.empty((n_t, r.size), dtype=dtype)
+    x[0] = t0
+    per_step = np.ndim(dt_pass) > 0
+    if per_step:
+        dt_v = np.asarray(dt_pass, dtype=float)[:, None]
+    else:
+        a64 = np.exp(-float(dt_pass) / tau)  # type: ignore[arg-type]
+        a_k = a64.astype(dtype)
+        c1 = (1.0 - a64).astype(dtype)
+    r_d, off_d = r.astype(dtype), off.astype(dtype)
+    cu = np.empty((_OE_BLOCK, r.size), dtype=dtype)
+    for k0, k1 in _row_blocks(n_t - 1):
+        nb = k1 - k0
+        cu_b = cu[:nb]
+        np.multiply(p_w[k0:k1], r_d, out=cu_b)
+        cu_b += ref_w[k0:k1]
+        cu_b += off_d
+        if per_step:
+            a_b64 = np.exp(-dt_v[k0:k1] / tau)
+            a_b = a_b64.astype(dtype)
+            cu_b *= (1.0 - a_b64).astype(dtype)
+        else:
+            cu_b *= c1
+        for kk in range(nb):
+            k = k0 + kk
+            np.multiply(a_b[kk] if per_step else a_k, x[k], out=x[k + 1])
+            x[k + 1] += cu_b[kk]
+    return x
+
+
+def _robust_scale(
     t_w: NDArray[np.floating],
     ref_w: NDArray[np.floating],
     p_w: NDArray[np.floating],
     valid: NDArray[np.bool_] | None,
     theta: F64,
     dt_pass: float | F64,
-) -> NDArray[np.floating]:
-    """Square roots of the Huber weights of every sample at ``theta`` (0 where missing):
-    ``min(1, k s / |e|)`` with ``s`` = 1.4826 x the median absolute residual per GPU."""
-    r, ln_tau, off, t0 = theta
-    x = rc_simulate(t0, ref_w + off, p_w, r, np.exp(ln_tau) / r, dt_pass)
-    e = np.abs(t_w - x)
+) -> F64:
+    """Per GPU, 1.4826 x the median absolute output error at ``theta`` (a robust standard
+    deviation of the residuals; missing samples left out), at least 1e-6 K."""
+    e = _trajectory(ref_w, p_w, theta, dt_pass, t_w.dtype.type)
+    np.subtract(t_w, e, out=e)
+    np.abs(e, out=e)
     if valid is not None:
-        e = np.where(valid, e, np.nan)
-    scale = 1.4826 * _column_nanmedian(e)
-    thr = _HUBER_K * np.maximum(scale, 1e-6)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        w = np.minimum(1.0, thr / e)
-    w = np.where(np.isfinite(w), w, 0.0 if valid is not None else 1.0)
-    return np.sqrt(w).astype(t_w.dtype)
+        e[~valid] = np.nan
+    return np.maximum(1.4826 * _column_nanmedian(e).astype(float), 1e-6)
 
 
 def fit_rc(
@@ -933,8 +1023,8 @@ def fit_rc(
         checks and the bounds of tau. [s]
     iterations : int, default 50
         Most Levenberg-Marquardt passes of the output-error refinement, per run (the Huber
-        loss adds a few reweighted runs); each GPU stops when it has converged (the next step
-        would lower the sum of squares by less than 1 % of the noise variance). A GPU that
+        loss adds one run on the Huber objective); each GPU stops when it has converged (the
+        next step would lower the sum of squares by less than 1 % of the noise variance). A GPU that
         reaches the cap unconverged is refused with that reason (8 passes left R 89 % low on
         short windows of 1 °C readings). 0 returns the one-step linear least-squares seed
         (biased: C comes out low under sensor noise).
@@ -952,8 +1042,8 @@ def fit_rc(
         Largest relative standard error of R and of C for a usable fit: a GPU whose power
         barely moves leaves R tangled with the offset and C unseen. [1]
     loss : {"huber", "linear"}, default "huber"
-        ``"huber"``: after the least-squares fit, iteratively reweighted with Huber weights
-        (threshold 1.345 robust standard deviations of the residuals), so sensor artifacts
+        ``"huber"``: after the least-squares fit, the Huber loss (threshold 1.345 robust
+        standard deviations of its residuals) minimized from there, so sensor artifacts
         (a reading that dips a few K on every power dip) do not drag R and C; ``"linear"``:
         plain least squares.
     dtype : numpy float type, default numpy.float32
@@ -1240,9 +1330,11 @@ def _fit_rc_one(
                 dt_pass, (lo, hi), dtype,
             )  # fmt: skip
         lm = {"iterations": iterations, "bounds": (lo, hi), "dtype": dtype}
-        theta, cur, converged = _levenberg_marquardt(t_w, ref_w, p_w, valid, theta, dt_pass, **lm)
+        theta, cur, converged, lam = _levenberg_marquardt(
+            t_w, ref_w, p_w, valid, theta, dt_pass, **lm
+        )
         if loss == "huber" and iterations > 0:
-            _huber_refit(t_w, ref_w, p_w, valid, theta, cur, converged, dt_pass, lm)
+            _huber_refit(t_w, ref_w, p_w, valid, theta, cur, converged, dt_pass, lm, lam)
         r, ln_tau, off, t0 = theta
         tau = np.exp(ln_tau)
         c = tau / r

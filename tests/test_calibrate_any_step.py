@@ -160,6 +160,16 @@ def test_interval_mean_input_of_a_first_order_system() -> None:
     assert interval_mean_weight(np.array([1e6, np.nan]), 1.0) == pytest.approx([0.5, 0.5])
 
 
+def test_interval_power_holds_the_sample_where_the_next_is_missing() -> None:
+    # per GPU weight; a missing next sample leaves P_k alone, a missing P_k stays missing
+    p = np.array([[100.0, 200.0], [300.0, np.nan], [np.nan, 400.0], [500.0, 600.0]])
+    w = np.array([0.5, 0.75])
+    got = interval_power_w(p, w)
+    want = np.array([[200.0, 200.0], [300.0, np.nan], [np.nan, 550.0], [500.0, 600.0]])
+    np.testing.assert_allclose(got, want)
+    np.testing.assert_allclose(interval_power_w(p[:, 0], 0.25), [150.0, 300.0, np.nan, 500.0])
+
+
 @pytest.mark.slow  # 12 simulated minutes at 1 Hz and two calibrations: ~5 s
 def test_the_service_fits_within_15_minutes_with_honest_standard_errors(tmp_path):
     from twin.calibrate.schedule import FIRST_WINDOW_S, CalibrationScheduler
