@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import math
 import os
-import time
 from datetime import UTC, datetime
 from typing import Any
 
@@ -131,15 +130,12 @@ def test_fit_rc_handles_gaps_in_temperature_and_inputs() -> None:
 @pytest.mark.skipif(
     os.environ.get("DCTWIN_SLOW_TESTS") != "1", reason="10,000 GPUs: set DCTWIN_SLOW_TESTS=1"
 )
-def test_fit_rc_ten_thousand_gpus_timing() -> None:
+def test_fit_rc_ten_thousand_gpus_accuracy() -> None:
+    # accuracy at fleet scale; its speed is bench/bench_calibrate.py's, never a timed assert
     data, true = synthetic_rc(seed=3, n=10_000)
-    t0 = time.perf_counter()
     fit = gpu_thermal.fit_rc(data["temp"], data["ref"], data["power"], 1.0)
-    elapsed = time.perf_counter() - t0
-    print(f"fit_rc 10,000 GPUs x 3,600 samples: {elapsed:.1f} s")
     assert fit.usable.mean() > 0.99
     assert np.nanmax(np.abs(fit.c_j_per_k / true["c"] - 1)) < 0.15
-    assert elapsed < 60.0
 
 
 def test_predict_and_time_to_temp() -> None:
