@@ -1101,26 +1101,42 @@ def _drop_rows(
     return cols, ext
 
 
-def _plain(payload: bytes, lines: int = 1) -> bool:
-    """Whether the Arrow path may parse ``payload`` (``lines`` payloads joined by newlines):
-    one JSON object per line, ASCII (Arrow's parser does not check UTF-8), no escapes, no NUL
-    and no whitespace after a quote. Without a backslash every quote delimits a string, and
-    without whitespace after a quote each key is directly followed by its colon: so a payload
-    holds at least as many ``":`` as key occurrences, at least as many as distinct keys with a
-    value, which _ArrowPart compares with the keys that Arrow parsed (a repeated key, or a key
+def _plain(payload: bytes) -> bool:
+    """Whether the Arrow path may parse ``payload``: one JSON object on one line, ASCII (Arrow's
+    parser does not check UTF-8), no backslash and no NUL. Without a backslash every quote
+    delimits a string, so the payload holds two quotes per key and per string value, which
+    _ArrowPart compares with the keys and strings that Arrow parsed (a repeated key, or a key
     whose value is null, sends the message to the other path)."""
     return (
         payload[:1] == b"{"
         and payload[-1:] == b"}"
-        and payload.count(b"\n") == lines - 1
-        and (lines == 1 or payload.count(b"}\n{") == lines - 1)
         and payload.isascii()
+        and b"\n" not in payload
         and b"\\" not in payload
         and b"\r" not in payload
         and b"\0" not in payload
-        and b'" ' not in payload
-        and b'"\t' not in payload
     )
+
+
+def _plain_joined(buf: bytes, payloads: list[bytes]) -> bool:
+    """``all(map(_plain, payloads))`` for ``buf``, the payloads joined by newlines (a few
+    single-byte scans of the whole buffer, and the first and last byte of each payload)."""
+    import numpy as np
+
+    if not (
+        buf.isascii()
+        and b"\\" not in buf
+        and b"\r" not in buf
+        and b"\0" not in buf
+        and buf.count(b"\n") == len(payloads) - 1
+    ):
+        return False
+    lens = np.fromiter(map(len, payloads), dtype=np.int64, count=len(payloads))
+    if not (lens > 0).all():
+        return False
+    ends = np.cumsum(lens + 1) - 1  # where each payload's newline is (or would be)
+    raw = np.frombuffer(buf, dtype=np.uint8)
+    return bool((raw[ends - lens] == ord("{")).all() and (raw[ends - 1] == ord("}")).all())
 
 
 _ARROW_SCHEMAS: dict[str, Any] = {}
@@ -1212,7 +1228,7 @@ class _ArrowPart:
         payloads = [items[i][1] for i in idx]
         buf = b"\n".join(payloads)
         rest: list[int] = []
-        if not _plain(buf, len(payloads)):  # some are not: take the others
+        if not _plain_joined(buf, payloads):  # some are not: take the others
             plain = [_plain(p) for p in payloads]
             rest = list(itertools.compress(idx, (not x for x in plain)))
             idx = list(itertools.compress(idx, plain))
@@ -1288,14 +1304,16 @@ class _ArrowPart:
                 with np.errstate(invalid="ignore"):  # NaN: a null, or a NaN token
                     row_bad |= (valid & np.isnan(vals)) | (vals < q.lower) | (vals > q.bound)
             cols[name] = arr
-        keys += n_id > 0
+        keys += 2 * (n_id > 0)  # the id: a key and a string
+        # strings (keys and string values) that Arrow parsed with a value, per message
         per_msg = np.bincount(row_pos, weights=keys, minlength=m).astype(np.int64)
         for name in _HEADER_KEYS:
-            per_msg += np.asarray(col(name).is_valid().to_numpy(zero_copy_only=False), bool)
-        # each message has at least per_msg ``":`` (see _plain): equal sums, equal counts
-        if buf.count(b'":') != int(per_msg.sum()):
-            found = np.fromiter((p.count(b'":') for p in payloads), dtype=np.int64, count=m)
-            ok &= per_msg == found
+            valid = np.asarray(col(name).is_valid().to_numpy(zero_copy_only=False), bool)
+            per_msg += valid * (2 if name in ("collector", "source", "ts") else 1)
+        # each payload has at least 2 * per_msg quotes (see _plain): equal sums, equal counts
+        if buf.count(b'"') != 2 * int(per_msg.sum()):
+            found = np.fromiter((p.count(b'"') for p in payloads), dtype=np.int64, count=m)
+            ok &= 2 * per_msg == found
         if row_bad.any():
             ok &= np.bincount(row_pos, weights=row_bad, minlength=m) == 0
         idx_arr = np.asarray(idx, dtype=np.int64)

@@ -58,6 +58,15 @@ SHAPES: dict[str, bytes] = {
     "v_text": raw(7, v="1"),
     "dup_header": good_text().replace(b'"v":1,', b'"v":2,"v":1,'),
     "dup_sample": good_text().replace(b'"power_w":100.25,', b'"power_w":1.0,"power_w":100.25,', 1),
+    "dup_null_first": good_text().replace(
+        b'"power_w":100.25,', b'"power_w":null,"power_w":100.25,', 1
+    ),
+    "dup_spaced": good_text().replace(
+        b'"power_w":100.25,', b'"power_w" : 1.0, "power_w":100.25,', 1
+    ),
+    "dup_samples": good_text()[:-1] + b',"samples":[]}',
+    "dup_id": good_text().replace(b'{"id":', b'{"id":"x","id":', 1),
+    "collector_spaced": raw(7, collector="nvml exporter"),
     "lower_z": raw(7, ts=TS[:-1] + "z"),
     "lower_t": raw(7, ts=TS.replace("T", "t")),
     "offset_seconds": raw(7, ts=TS[:-1] + "+00:00:00"),
