@@ -713,11 +713,15 @@ _ONE_US = timedelta(microseconds=1)
 class BatchDecoder:
     """Validates many messages at once, column by column, by the rules of :func:`decode`.
 
-    Per message only the header is checked in Python; the samples of all messages of one kind
-    are checked together (value types with one pass of ``map(type, ...)``, bounds with numpy).
-    A message that fails any check is handed to :func:`decode`, which names the reason, so the
-    two share one set of rules. ``window_us``: (earliest, latest) timestamp accepted [us since the
-    epoch], for the ingest's max-past/max-future limits (``ts_past``/``ts_future``).
+    Plain payloads (one ASCII line without escapes: what dctwin's collectors send) of one kind
+    are parsed together by pyarrow.json against the kind's schema and checked as columns
+    (:class:`_ArrowPart`: no Python object per value); the others have only their header
+    checked in Python, and the samples of all of them of one kind are checked together (value
+    types with one pass of ``map(type, ...)``, bounds with numpy). A message that fails any
+    check is handed to :func:`decode`, which names the reason, so the paths share one set of
+    rules (tests/test_batch_arrow.py holds them to it). ``window_us``: (earliest, latest)
+    timestamp accepted [us since the epoch], for the ingest's max-past/max-future limits
+    (``ts_past``/``ts_future``).
     """
 
     def __init__(self, site: str | None = None):
