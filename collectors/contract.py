@@ -713,11 +713,15 @@ _ONE_US = timedelta(microseconds=1)
 class BatchDecoder:
     """Validates many messages at once, column by column, by the rules of :func:`decode`.
 
-    Per message only the header is checked in Python; the samples of all messages of one kind
-    are checked together (value types with one pass of ``map(type, ...)``, bounds with numpy).
-    A message that fails any check is handed to :func:`decode`, which names the reason, so the
-    two share one set of rules. ``window_us``: (earliest, latest) timestamp accepted [us since the
-    epoch], for the ingest's max-past/max-future limits (``ts_past``/``ts_future``).
+    Plain payloads (one ASCII line without escapes: what dctwin's collectors send) of one kind
+    are parsed together by pyarrow.json against the kind's schema and checked as columns
+    (:class:`_ArrowPart`: no Python object per value); the others have only their header
+    checked in Python, and the samples of all of them of one kind are checked together (value
+    types with one pass of ``map(type, ...)``, bounds with numpy). A message that fails any
+    check is handed to :func:`decode`, which names the reason, so the paths share one set of
+    rules (tests/test_batch_arrow.py holds them to it). ``window_us``: (earliest, latest)
+    timestamp accepted [us since the epoch], for the ingest's max-past/max-future limits
+    (``ts_past``/``ts_future``).
     """
 
     def __init__(self, site: str | None = None):
@@ -772,7 +776,35 @@ class BatchDecoder:
         ts_cache = self._str_ts
         loads, dumps = orjson.loads, orjson.dumps
         version = CONTRACT_VERSION
+        # Plain payloads (see _plain) of a known topic are parsed and checked a whole kind at
+        # a time in Arrow (_ArrowPart); what that cannot take goes through the loop below.
+        fast: dict[str, tuple[list[int], list[str]]] = {}
+        slow: list[int] = []
         for i, (topic, payload) in enumerate(items):
+            t = topics.get(topic)
+            if t is None:
+                try:
+                    t = self._topic(topic)
+                except ContractError:
+                    t = False
+            if type(t) is tuple and type(payload) is bytes and len(payload) <= MAX_PAYLOAD_BYTES:
+                idx_src = fast.get(t[1])
+                if idx_src is None:
+                    idx_src = fast[t[1]] = ([], [])
+                idx_src[0].append(i)
+                idx_src[1].append(t[2])
+            else:
+                slow.append(i)
+        fast_parts: dict[str, list[_ArrowPart]] = {}
+        if fast:
+            for kind, (idx, srcs) in fast.items():
+                parts, rest = _ArrowPart.split(self, kind, items, idx, srcs, lo_, hi_)
+                if parts:
+                    fast_parts[kind] = parts
+                slow.extend(rest)
+            slow.sort()
+        for i in slow:
+            topic, payload = items[i]
             # the common case, inline: a topic of a known shape, canonical JSON, a valid
             # header; anything else goes to decode(), which names the reason (or accepts it)
             t = topics.get(topic)
@@ -832,31 +864,52 @@ class BatchDecoder:
         extras: dict[str, list[Any]] = {
             n: [] for n in ("ts", "kind", "source", "id", "quantity", "value")
         }
-        for kind, msgs in per_kind.items():
+        for kind in {**per_kind, **fast_parts}:
+            msgs = per_kind.get(kind, [])
+            checked = None
             while msgs:
                 result = self._kind_columns(kind, msgs, lo, hi)
                 if isinstance(result, tuple):
-                    cols, ext, row_msg, ext_msg = result
-                    dups = set()
-                    if is_new is not None:
-                        dups = {m[0] for m in msgs if not is_new(kind, m[2], m[4], m[5])}
-                    if dups:  # valid, but stored before (or earlier in this batch)
-                        duplicates.extend(sorted(dups))
-                        msgs = [m for m in msgs if m[0] not in dups]
-                        cols, ext = _drop_rows(cols, ext, row_msg, ext_msg, dups)
-                    if msgs:
-                        columns[kind] = cols
-                        for k, vals in ext.items():
-                            extras[k].extend(vals)
-                    messages.extend(
-                        BatchMessage(m[0], kind, m[2], m[3], m[4], m[5], len(m[6])) for m in msgs
-                    )
+                    checked = result
                     break
                 # some messages failed a column check: refuse them, check the rest again
                 for m in msgs:
                     if m[0] in result:
                         refused.append((m[0], self._why(items[m[0]], result[m[0]])))
                 msgs = [m for m in msgs if m[0] not in result]
+            parts = fast_parts.get(kind, [])
+            dups: set[int] = set()
+            if is_new is not None:
+                keys: Any = [(m[0], m[2], m[4], m[5]) for m in msgs]
+                for part in parts:
+                    keys = keys + part.keys() if keys else part.keys()
+                if len(parts) + bool(msgs) > 1:
+                    keys.sort()
+                dups = {k[0] for k in keys if not is_new(kind, k[1], k[2], k[3])}
+            if dups:  # valid, but stored before (or earlier in this batch)
+                duplicates.extend(sorted(dups))
+            kind_cols = []
+            if checked is not None:
+                cols, ext, row_msg, ext_msg = checked
+                if dups:
+                    msgs = [m for m in msgs if m[0] not in dups]
+                    cols, ext = _drop_rows(cols, ext, row_msg, ext_msg, dups)
+                    row_msg = [r for r in row_msg if r not in dups]
+                if msgs:
+                    kind_cols.append((cols, row_msg))
+                    for k, vals in ext.items():
+                        extras[k].extend(vals)
+                messages.extend(
+                    BatchMessage(m[0], kind, m[2], m[3], m[4], m[5], len(m[6])) for m in msgs
+                )
+            for part in parts:
+                if dups:
+                    part = part.without(dups)
+                if part.index:
+                    kind_cols.append((part.cols, part.row_msg))
+                    messages.extend(part.messages(kind))
+            if kind_cols:
+                columns[kind] = _concat_columns(kind_cols)
         messages.sort(key=lambda m: m.index)
         return DecodedBatch(messages, columns, extras, refused, duplicates)
 
@@ -1050,6 +1103,306 @@ def _drop_rows(
         idx = [j for j, m in enumerate(ext_msg) if m not in drop]
         ext = {k: [vals[j] for j in idx] for k, vals in ext.items()}
     return cols, ext
+
+
+def _plain(payload: bytes) -> bool:
+    """Whether the Arrow path may parse ``payload``: one JSON object on one line, ASCII (Arrow's
+    parser does not check UTF-8), no backslash and no NUL. Without a backslash every quote
+    delimits a string, so the payload holds two quotes per key and per string value, which
+    _ArrowPart compares with the keys and strings that Arrow parsed (a repeated key, or a key
+    whose value is null, sends the message to the other path)."""
+    return (
+        payload[:1] == b"{"
+        and payload[-1:] == b"}"
+        and payload.isascii()
+        and b"\n" not in payload
+        and b"\\" not in payload
+        and b"\r" not in payload
+        and b"\0" not in payload
+    )
+
+
+def _plain_joined(buf: bytes, payloads: list[bytes]) -> bool:
+    """``all(map(_plain, payloads))`` for ``buf``, the payloads joined by newlines (a few
+    single-byte scans of the whole buffer, and the first and last byte of each payload)."""
+    import numpy as np
+
+    if not (
+        buf.isascii()
+        and b"\\" not in buf
+        and b"\r" not in buf
+        and b"\0" not in buf
+        and buf.count(b"\n") == len(payloads) - 1
+    ):
+        return False
+    lens = np.fromiter(map(len, payloads), dtype=np.int64, count=len(payloads))
+    if not (lens > 0).all():
+        return False
+    ends = np.cumsum(lens + 1) - 1  # where each payload's newline is (or would be)
+    raw = np.frombuffer(buf, dtype=np.uint8)
+    return bool((raw[ends - lens] == ord("{")).all() and (raw[ends - 1] == ord("}")).all())
+
+
+_ARROW_SCHEMAS: dict[str, Any] = {}
+
+
+def _arrow_parse_options(kind: str) -> Any:
+    """pyarrow.json options that take exactly the contract's fields of ``kind`` and fail on any
+    other field, on a value of another JSON type, or on an integer field written as a float."""
+    opts = _ARROW_SCHEMAS.get(kind)
+    if opts is None:
+        import pyarrow as pa
+        import pyarrow.json as pj
+
+        fields = [pa.field("id", pa.string())] + [
+            pa.field(name, pa.int64() if q.integer else pa.float64())
+            for name, q in QUANTITIES[kind].items()
+        ]
+        schema = pa.schema(
+            [
+                ("v", pa.int64()),
+                ("collector", pa.string()),
+                ("source", pa.string()),
+                ("seq", pa.int64()),
+                ("ts", pa.string()),
+                ("samples", pa.list_(pa.struct(fields))),
+            ]
+        )
+        opts = _ARROW_SCHEMAS[kind] = pj.ParseOptions(
+            explicit_schema=schema, unexpected_field_behavior="error"
+        )
+    return opts
+
+
+class _ArrowPart:
+    """The messages of one kind that pyarrow.json parsed and the contract's checks accepted,
+    as columns: no Python object per value. :meth:`build` sends every message it cannot vouch
+    for (a parse error anywhere in the kind: all of them) to the per-message path, which names
+    the reason or accepts it; so this path only ever accepts what that path accepts."""
+
+    __slots__ = ("collector", "cols", "index", "n", "row_msg", "seq", "source", "ts_us")
+
+    def __init__(self, **kw: Any):
+        for k, v in kw.items():
+            setattr(self, k, v)
+
+    #: A run of messages that Arrow cannot parse is split in halves down to this size (one
+    #: bad message costs about two parses of the rest), then left to the per-message path.
+    SPLIT_MIN = 64
+
+    @classmethod
+    def split(
+        cls,
+        decoder: BatchDecoder,
+        kind: str,
+        items: list[tuple[str, bytes]],
+        idx: list[int],
+        srcs: list[str],
+        lo: int,
+        hi: int,
+    ) -> tuple[list[_ArrowPart], list[int]]:
+        """The accepted parts of the messages ``idx`` (topic sources ``srcs``), in item order,
+        and the item indices left to the per-message path."""
+        part, rest, parsed = cls.build(decoder, kind, items, idx, srcs, lo, hi)
+        if parsed or len(idx) < 2 * cls.SPLIT_MIN:
+            return ([part] if part is not None else []), rest
+        h = len(idx) // 2
+        a, rest_a = cls.split(decoder, kind, items, idx[:h], srcs[:h], lo, hi)
+        b, rest_b = cls.split(decoder, kind, items, idx[h:], srcs[h:], lo, hi)
+        return a + b, rest_a + rest_b
+
+    @classmethod
+    def build(
+        cls,
+        decoder: BatchDecoder,
+        kind: str,
+        items: list[tuple[str, bytes]],
+        idx: list[int],
+        srcs: list[str],
+        lo: int,
+        hi: int,
+    ) -> tuple[_ArrowPart | None, list[int], bool]:
+        """(the accepted part or None, the item indices left to the per-message path, whether
+        Arrow parsed the messages at all)."""
+        import numpy as np
+        import pyarrow as pa
+        import pyarrow.compute as pc
+        import pyarrow.json as pj
+
+        payloads = [items[i][1] for i in idx]
+        buf = b"\n".join(payloads)
+        rest: list[int] = []
+        if not _plain_joined(buf, payloads):  # some are not: take the others
+            plain = [_plain(p) for p in payloads]
+            rest = list(itertools.compress(idx, (not x for x in plain)))
+            idx = list(itertools.compress(idx, plain))
+            srcs = list(itertools.compress(srcs, plain))
+            payloads = list(itertools.compress(payloads, plain))
+            if not idx:
+                return None, rest, True
+            buf = b"\n".join(payloads)
+        try:
+            table = pj.read_json(
+                pa.BufferReader(buf),
+                read_options=pj.ReadOptions(use_threads=False, block_size=len(buf) + 1),
+                parse_options=_arrow_parse_options(kind),
+            )
+        except (pa.ArrowException, ValueError, OverflowError):
+            return None, rest + idx, False
+        m = len(idx)
+        if table.num_rows != m:  # cannot be (one object per line), but if it were
+            return None, rest + idx, False
+
+        def col(name: str) -> Any:
+            return table.column(name).combine_chunks()
+
+        def true(arr: Any) -> Any:
+            return np.asarray(arr.fill_null(False).to_numpy(zero_copy_only=False), dtype=bool)
+
+        ok = true(pc.equal(col("v"), CONTRACT_VERSION))
+        n_coll = pc.utf8_length(col("collector")).fill_null(0).to_numpy(zero_copy_only=False)
+        ok &= (n_coll >= 1) & (n_coll <= 64)
+        want_src = pa.array(srcs, pa.string())
+        source = col("source")
+        ok &= true(pc.equal(source, want_src))
+        seq = col("seq")
+        ok &= true(pc.greater_equal(seq, 0))
+        # message timestamps: each distinct text parsed once (and remembered by the decoder)
+        ts_text = col("ts").dictionary_encode()
+        words = ts_text.dictionary.to_pylist()
+        us = np.zeros(len(words) + 1, dtype=np.int64)
+        good = np.zeros(len(words) + 1, dtype=bool)
+        for j, w in enumerate(words):
+            with contextlib.suppress(TimestampError):
+                us[j] = decoder._ts_us(w)
+                good[j] = lo <= us[j] <= hi
+        codes = ts_text.indices.fill_null(len(words)).to_numpy(zero_copy_only=False)
+        ts_us = us[codes]
+        ok &= good[codes]
+        samples = col("samples")
+        lengths = pc.list_value_length(samples).fill_null(0).to_numpy(zero_copy_only=False)
+        ok &= lengths >= 1
+        rows = samples.flatten()
+        n = len(rows)
+        if n != int(lengths.sum()):
+            return None, rest + idx, True
+        row_pos = np.repeat(np.arange(m), lengths)
+        row_bad = ~np.asarray(rows.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
+        ids = rows.field("id")
+        n_id = pc.utf8_length(ids).fill_null(0).to_numpy(zero_copy_only=False)
+        row_bad |= (n_id < 1) | (n_id > 256)
+        keys = np.zeros(n, dtype=np.int64)  # keys with a value in each sample
+        cols: dict[str, Any] = {}
+        for name, q in QUANTITIES[kind].items():
+            arr = rows.field(name)
+            if arr.null_count == n:
+                cols[name] = arr
+                continue
+            valid = np.asarray(arr.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
+            keys += valid
+            vals = arr.to_numpy(zero_copy_only=False)
+            if q.integer:
+                if q.nonnegative:
+                    row_bad |= valid & (vals < 0)
+            else:
+                with np.errstate(invalid="ignore"):  # NaN: a null, or a NaN token
+                    row_bad |= (valid & np.isnan(vals)) | (vals < q.lower) | (vals > q.bound)
+            cols[name] = arr
+        keys += 2 * (n_id > 0)  # the id: a key and a string
+        # strings (keys and string values) that Arrow parsed with a value, per message
+        per_msg = np.bincount(row_pos, weights=keys, minlength=m).astype(np.int64)
+        for name in _HEADER_KEYS:
+            valid = np.asarray(col(name).is_valid().to_numpy(zero_copy_only=False), bool)
+            per_msg += valid * (2 if name in ("collector", "source", "ts") else 1)
+        # each payload has at least 2 * per_msg quotes (see _plain): equal sums, equal counts
+        if buf.count(b'"') != 2 * int(per_msg.sum()):
+            found = np.fromiter((p.count(b'"') for p in payloads), dtype=np.int64, count=m)
+            ok &= 2 * per_msg == found
+        if row_bad.any():
+            ok &= np.bincount(row_pos, weights=row_bad, minlength=m) == 0
+        idx_arr = np.asarray(idx, dtype=np.int64)
+        rest += idx_arr[~ok].tolist()
+        if not ok.any():
+            return None, rest, True
+        row_msg = idx_arr[row_pos]
+        if not ok.all():
+            keep_rows = ok[row_pos]
+            mask = pa.array(keep_rows)
+            cols = {k: v.filter(mask) for k, v in cols.items()}
+            ids = ids.filter(mask)
+            row_msg = row_msg[keep_rows]
+            row_pos = row_pos[keep_rows]
+        sources = want_src if ok.all() else want_src.filter(pa.array(ok))
+        keep = np.flatnonzero(ok)
+        part = cls(
+            index=idx_arr[keep].tolist(),
+            source=sources.to_pylist(),
+            collector=col("collector").take(pa.array(keep)).to_pylist(),
+            seq=seq.take(pa.array(keep)).to_pylist(),
+            ts_us=ts_us[keep].tolist(),
+            n=lengths[keep].tolist(),
+            row_msg=row_msg,
+            cols={
+                "ts": pa.array(ts_us[row_pos], type=pa.timestamp("us", tz="UTC")),
+                "source": want_src.take(pa.array(row_pos)),
+                "id": ids,
+                **cols,
+            },
+        )
+        return part, rest, True
+
+    def keys(self) -> list[tuple[int, str, int, int]]:
+        """(item index, source, seq, ts [us]) of each message, for the dedup."""
+        return list(zip(self.index, self.source, self.seq, self.ts_us, strict=True))
+
+    def messages(self, kind: str) -> list[BatchMessage]:
+        return list(
+            map(
+                BatchMessage,
+                self.index,
+                itertools.repeat(kind),
+                self.source,
+                self.collector,
+                self.seq,
+                self.ts_us,
+                self.n,
+            )
+        )
+
+    def without(self, drop: set[int]) -> _ArrowPart:
+        """This part less the messages of the item indices ``drop``."""
+        import numpy as np
+        import pyarrow as pa
+
+        keep = [j for j, i in enumerate(self.index) if i not in drop]
+        keep_rows = ~np.isin(self.row_msg, np.fromiter(drop, dtype=np.int64))
+        mask = pa.array(keep_rows)
+        return _ArrowPart(
+            index=[self.index[j] for j in keep],
+            source=[self.source[j] for j in keep],
+            collector=[self.collector[j] for j in keep],
+            seq=[self.seq[j] for j in keep],
+            ts_us=[self.ts_us[j] for j in keep],
+            n=[self.n[j] for j in keep],
+            row_msg=self.row_msg[keep_rows],
+            cols={k: v.filter(mask) for k, v in self.cols.items()},
+        )
+
+
+def _concat_columns(parts: list[tuple[dict[str, Any], Any]]) -> dict[str, Any]:
+    """The columns of one kind from both paths, rows in the order of their messages' items."""
+    if len(parts) == 1:
+        return parts[0][0]
+    import numpy as np
+    import pyarrow as pa
+
+    names = list(parts[0][0])
+    cols = {k: pa.concat_arrays([p[0][k].cast(parts[0][0][k].type) for p in parts]) for k in names}
+    order = np.argsort(
+        np.concatenate([np.asarray(p[1], dtype=np.int64) for p in parts]), kind="stable"
+    )
+    take = pa.array(order)
+    return {k: v.take(take) for k, v in cols.items()}
 
 
 def _uniform_columns(kind: str, rows: list[dict], keys: set[str], n: int) -> dict[str, Any] | None:

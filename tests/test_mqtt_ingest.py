@@ -68,6 +68,29 @@ def test_publish_and_land(broker, tmp_path, receiver_process):
     assert (svc.svc.receiver_pid is None) != receiver_process
 
 
+@pytest.mark.slow
+def test_acknowledgements_sent_in_bulk_reach_the_broker(broker, tmp_path):
+    """The child writes a frame's PUBACKs as one packet-queue write: after a clean stop the
+    broker holds nothing of them for the persistent session (nothing is redelivered), and the
+    session goes on taking messages."""
+    db = tmp_path / "s.duckdb"
+    svc = Service(broker, db, client_id="bulk-acks")
+    try:
+        publish_all(broker, [message(i) for i in range(3000)])
+        assert wait_until(lambda: svc.count() == 6000, 60), svc.ingester.counters.as_dict()
+    finally:
+        svc.stop()
+    svc = Service(broker, db, client_id="bulk-acks")
+    try:
+        publish_all(broker, [message(5000)])
+        assert wait_until(lambda: svc.count() == 2, 20), svc.ingester.counters.as_dict()
+        time.sleep(1.0)
+        c = svc.ingester.counters
+        assert (c.received, c.duplicates) == (1, 0), c.as_dict()
+    finally:
+        svc.stop()
+
+
 @pytest.mark.skipif(not has_mosquitto_pub(), reason="mosquitto_pub not installed")
 def test_mosquitto_pub_hand_written_message_lands(broker, tmp_path):
     svc = Service(broker, tmp_path / "s.duckdb")

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
 import logging
 import pickle
 import signal
@@ -54,6 +55,9 @@ QUIT = b"Q"
 _LEVEL = struct.Struct("<H")
 _CUT = struct.Struct("<Q32s")  # an oversized payload's size and SHA-256
 _OVERSIZED = 0x80
+#: An MQTT PUBACK for QoS 1 with reason Success: type 0x40, remaining length 2, packet id
+#: (MQTT 3.1.1 section 3.4; MQTT 5 section 3.4.2.1 lets v5 omit the reason code 0x00).
+_PUBACK = struct.Struct("!BBH")
 
 
 def cut_oversized(payload: bytes) -> bytes:
@@ -104,6 +108,34 @@ def decode_acks(frame: bytes) -> list[tuple[int, int]]:
     n = (len(frame) - 1) // 3
     mids = struct.unpack_from(f"<{n}H", frame, 1)
     return list(zip(mids, frame[1 + 2 * n :], strict=True))
+
+
+def apply_acks(client: Any, frame: bytes) -> None:
+    """Acknowledge the messages of an ``A`` frame through ``client`` (paho, manual acks).
+
+    paho's ``ack()`` queues one packet per message, wakes its network thread and writes each
+    with its own ``send``; the QoS 1 acknowledgements of a frame here go as one queued write of
+    all their PUBACKs (the bytes paho itself sends for each), through paho's own packet queue.
+    QoS 2, or a paho without that queue, take ``ack()`` one by one.
+    """
+    n = (len(frame) - 1) // 3
+    mids = struct.unpack_from(f"<{n}H", frame, 1)
+    qoses = frame[1 + 2 * n :]
+    queue = getattr(client, "_packet_queue", None)
+    if queue is None or not getattr(client, "_manual_ack", False):
+        for mid, qos in zip(mids, qoses, strict=True):
+            client.ack(mid, qos)
+        return
+    if qoses.count(1) == n:
+        q1 = mids
+    else:
+        q1 = [mid for mid, qos in zip(mids, qoses, strict=True) if qos == 1]
+        for mid, qos in zip(mids, qoses, strict=True):
+            if qos != 1:
+                client.ack(mid, qos)
+    if q1:
+        blob = b"".join(map(_PUBACK.pack, itertools.repeat(0x40), itertools.repeat(2), q1))
+        queue(0x40, blob, 0, 0)
 
 
 def encode_log(level: int, name: str, text: str) -> bytes:
@@ -255,9 +287,7 @@ def _relay(
             frame = conn.recv_bytes()
             kind = frame[:1]
             if kind == ACKS:
-                ack = client.ack
-                for mid, qos in decode_acks(frame):
-                    ack(mid, qos)
+                apply_acks(client, frame)
             elif kind == DRAIN:
                 forward()
                 link.send(DRAINED)
