@@ -73,7 +73,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from twin.replay.fault_score import FaultCase, run_day, score  # noqa: E402
+from twin.replay.fault_score import STEP_KINDS, FaultCase, run_day, score  # noqa: E402
 from twin.site import load_site  # noqa: E402
 
 DEMO_SITE = ROOT / "sample_telemetry" / "demo_site.yaml"
@@ -115,7 +115,10 @@ def table(res: dict[str, Any]) -> str:
     lines += [
         "",
         f"faults {s['faults']}, crossing a limit {s['crossed']}, paged before the crossing"
-        f" {s['paged_before_crossing']} ({_fmt(s['paged_before_crossing_share'], True)})",
+        f" {s['paged_before_crossing']} ({_fmt(s['paged_before_crossing_share'], True)});"
+        f" faults with a ramp (not {', '.join(STEP_KINDS)}): {s['ramped_paged_before_crossing']}"
+        f" of {s['ramped_crossed']} ({_fmt(s['ramped_paged_before_crossing_share'], True)})",
+        f"tickets (severity info, not paged): {res['tickets']}, by rule: {res['tickets_by_rule']}",
         f"pages tied to no fault: {s['untied_pages']} ({s['untied_pages_per_day_per_1000_gpus']}"
         f" per day per 1,000 GPUs); by rule: {s['untied_pages_by_rule']}",
         f"incidents with > 2 pages: {s['incidents_over_2_pages']}"
@@ -232,6 +235,11 @@ def main(argv: list[str] | None = None) -> int:
         "rules": str(args.rules),
         "gpus": gpus,
         "score": score(cases, untied, args.days * args.hours / 24.0, gpus),
+        "tickets": sum(i["tickets"] for i in days_info),
+        "tickets_by_rule": {
+            r: sum(i["tickets_by_rule"].get(r, 0) for i in days_info)
+            for r in sorted({r for i in days_info for r in i["tickets_by_rule"]})
+        },
         "faults": [
             {
                 **{k: v for k, v in asdict(f).items() if k != "related"},
