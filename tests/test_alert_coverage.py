@@ -362,3 +362,21 @@ rules:
     assert [(a["status"], a["at"][11:16]) for a in sent] == [("firing", "14:30")]
     with pytest.raises(ValueError, match="one row per evaluation minute"):
         feed.offer_series("hotspot.gpu.residual_sigma", "gpu", ["x"], np.zeros((59, 1)))
+    # labels per column, (M, N) arrays formatted per name, rendered for the kept columns only
+    feed2 = alert_feed.AlertFeed(rules, d)
+    measured = np.full((60, 2), 80.04)
+    measured[:, 1] = np.nan
+    feed2.offer_series(
+        "hotspot.gpu.residual_sigma",
+        "gpu",
+        ["trn-r01-n1:0", "trn-r01-n1:1"],
+        z,
+        {"measured_c": measured, "basis": ["x"] * 60},
+        {"measured_c": ".1f"},
+    )
+    assert len(feed2.watched) == 1
+    assert feed2.labels[0]["measured_c"][25] == "80.0" and feed2.labels[0]["basis"][0] == "x"
+    with pytest.raises(ValueError, match="label 'measured_c' of shape"):
+        feed2.offer_series(
+            "hotspot.gpu.residual_sigma", "gpu", ["a", "b"], z, {"measured_c": measured[:, :1]}
+        )

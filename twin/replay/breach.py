@@ -40,6 +40,7 @@ __all__ = [
     "gpu_breach_in_s",
     "minute_means",
     "p90_ratio",
+    "trailing_quantile",
     "trend_breach_in_s",
 ]
 
@@ -61,6 +62,27 @@ def minute_means(x: np.ndarray, rows: np.ndarray, dt_s: float) -> np.ndarray:
     s, c = cs[hi] - cs[lo], cn[hi] - cn[lo]
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(c > 0, s / np.maximum(c, 1), np.nan)
+
+
+def trailing_quantile(a: np.ndarray, k: int, q: float) -> np.ndarray:
+    """(M,): at each m, the ``q`` quantile (linear, as ``np.quantile``) of the finite values of
+    ``a[m-k+1 .. m]`` (fewer at the start; NaN where none is finite). One sort of the
+    (M, min(k, M)) windows, no loop over minutes."""
+    a = np.asarray(a, dtype=float)
+    m = a.shape[0]
+    k = max(1, min(k, m))
+    if m == 0:
+        return np.zeros(0)
+    pad = np.concatenate([np.full(k - 1, np.nan), a])
+    win = np.sort(sliding_window_view(pad, k), axis=1)  # NaN sort last
+    n = np.isfinite(win).sum(axis=1)
+    pos = q * np.maximum(n - 1, 0)
+    lo = np.floor(pos).astype(np.int64)
+    hi = np.minimum(lo + 1, np.maximum(n - 1, 0))
+    r = np.arange(m)
+    frac = pos - lo
+    out = win[r, lo] + (win[r, hi] - win[r, lo]) * frac
+    return np.where(n > 0, out, np.nan)
 
 
 def _windows(x: np.ndarray, k: int) -> np.ndarray:

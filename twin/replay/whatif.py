@@ -364,7 +364,10 @@ def _gpus_run(
             )
             b90 = np.where(np.isfinite(res.temp_c[rows]), breach.beyond_horizon(b90), np.nan)
             feed.offer_series(am.HEADROOM_GPU_TIME_TO_BREACH_P90_S, "gpu", idx.gpu_ids[sl], b90)
-        np.add.at(rack_change.T, rack, (res.power_w - p_meas).T)
+        # each GPU's power change summed into its rack, a rack at a time (np.add.at is slow)
+        diff = res.power_w - p_meas
+        for r in np.unique(rack):
+            rack_change[:, r] += diff[:, rack == r].sum(axis=1)
         for f in set(idx.gpu_fleet[sl]):
             m = np.array(idx.gpu_fleet[sl]) == f
             act_sum[f][0] += act[:, m].sum(axis=1)
@@ -658,12 +661,7 @@ def _fleet_underuse(
         if f.role != "inference" or f.name not in fleet_act or not fleet_n.get(f.name):
             continue
         a = breach.minute_means(np.asarray(fleet_act[f.name][1])[:, None], rows, d.dt_s)[:, 0]
-        p95 = np.full(len(rows), np.nan)
-        for i in range(len(rows)):
-            w = a[max(0, i - k + 1) : i + 1]
-            w = w[np.isfinite(w)]
-            if w.size:
-                p95[i] = np.quantile(w, 0.95)
+        p95 = breach.trailing_quantile(a, k, 0.95)
         # mean board power per GPU over the window up to each minute
         pw = breach.minute_means(np.asarray(fleet_gpu_w[f.name])[:, None], rows, d.dt_s)[:, 0]
         cs = np.concatenate([[0.0], np.cumsum(np.nan_to_num(pw))])
@@ -806,7 +804,8 @@ def _offer_hotspots(d: Recording, changes: list[Any], feed: AlertFeed) -> None:
         return
     if "hotspot-series" not in d.cache:
         d.cache["hotspot-series"] = hotspot_feed.hotspot_series(d)
-    hotspot_feed.offer(feed, d.cache["hotspot-series"])
+    for s in d.cache["hotspot-series"]:  # the GPUs some rule could fire on, with their labels
+        feed.offer_series(s.metric, s.kind, s.ids, s.values, s.labels, hotspot_feed.LABEL_FORMAT)
 
 
 def run(
