@@ -148,6 +148,29 @@ def test_phase_forecast_finds_a_creep_causally() -> None:
     np.testing.assert_array_equal(cut, b[:80])  # causal: the future does not change the past
 
 
+def test_phase_climbing_back_to_its_level_is_not_a_creep() -> None:
+    """A phase that held 34 A, dipped to 9 A for 5 minutes (the other feed's fault ending, in
+    bench_alerts) and climbs back is recovering: no breach forecast of its 48 A limit, though
+    the climb alone is steep; the same climb to new highs is a creep and is forecast."""
+    rng = np.random.default_rng(1)
+    m = 120
+    cur = np.full(m, 34.4) + rng.normal(0, 0.2, m)
+    cur[70:75] = 9.4
+    cur[75:85] = np.linspace(9.4, 34.4, 10)  # back within 10 minutes
+    load = np.ones((m, 1))
+    limit = np.array([48.0])
+    b = breach.trend_breach_in_s(cur[:, None], load, limit)
+    seen = np.isfinite(b[:, 0])
+    # at most a lone minute where noise tops the hour's high: never the two minutes the
+    # shipped pdu_phase_breach_1h holds (for_s 120) before it pages
+    assert not (seen[1:] & seen[:-1]).any(), np.flatnonzero(seen)
+    assert seen.sum() <= 2
+    creep = np.full(m, 20.0) + rng.normal(0, 0.2, m)
+    creep[70:] = np.linspace(20.0, 45.0, 50)  # new highs, towards the limit
+    b = breach.trend_breach_in_s(creep[:, None], load, limit)
+    assert np.isfinite(b[80:, 0]).any()
+
+
 def test_gpu_forecast_is_the_rc_model_crossing() -> None:
     """Closed form against the chain's RC model stepped minute by minute."""
     from twin.chain.thermal import model_path

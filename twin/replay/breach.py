@@ -27,10 +27,18 @@ reports twice the horizon, labelled ``beyond_horizon``, as :func:`twin.detect.ob
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from twin.headroom import NOW_WINDOW_S, PERSISTENCE_WINDOW_S, TREND_WINDOW_S, unexplained_trend
+from twin.headroom import (
+    LEVEL_WINDOW_S,
+    NOW_WINDOW_S,
+    PERSISTENCE_WINDOW_S,
+    TREND_WINDOW_S,
+    unexplained_trend,
+)
 
 __all__ = [
     "HORIZON_S",
@@ -135,7 +143,17 @@ def trend_breach_in_s(
     with np.errstate(invalid="ignore", divide="ignore"):
         now = load_w[-1]
         load_w = np.where(now > 0, load_w / np.where(now > 0, now, 1.0), 1.0)
-    slope, _ = unexplained_trend(cur_w, load_w.reshape(k, m * p), step_s)
+    # the highest minute of the LEVEL_WINDOW_S before each minute's trend window (the live
+    # headroom's hour of history less the trend's): a rising trend must make new highs over it
+    kb = max(1, round(LEVEL_WINDOW_S / step_s))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN: no history, no guard
+        top = np.nanmax(_windows(current_a, kb), axis=0)  # (M, P): minutes m-kb+1 .. m
+    level = np.full_like(top, np.nan)
+    level[k:] = top[: m - k] if m > k else level[k:]
+    slope, _ = unexplained_trend(
+        cur_w, load_w.reshape(k, m * p), step_s, level_before=level.reshape(m * p)
+    )
     r = np.ones_like(current_a) if ratio50 is None else ratio50
     headroom = limit_a[None, :] - current_a * r
     return _first_step(headroom, slope.reshape(m, p), horizon_s, step_s)
