@@ -108,6 +108,31 @@ def test_paged_after_crossing_and_incidents_over_two_pages(site) -> None:
     assert not s["targets"]["cold_plate_decay median lead to crossing >= 10 min"]
 
 
+def test_info_severity_is_a_ticket_and_step_faults_are_scored_apart(site) -> None:
+    """An info notification (fleet_underused: a ticket) is neither a fault's page nor an
+    untied page; the share paged before the crossing is also given over the faults with a
+    ramp, without the step kinds (cold_plate, phase_overload) that cross at once."""
+    known = ba._known_ids(site)
+    ticket = {**_alert(100, "fleet_underused", "fleet infer-chat"), "severity": "info"}
+    assert ba.is_ticket(ticket) and not ba.is_page(ticket)
+    assert ba.is_page(_alert(100, "fleet_drained", "fleet infer-chat"))
+    idle = _case(site, "fleet_idle", "infer-chat", 0, 3600)
+    assert ba.attribute([idle], [ticket], T0, known, 0) == [] and idle.pages == []
+    assert ba.attribute([], [ticket], T0, known, 0) == []  # not an untied page either
+    step = _case(site, "phase_overload", "pdu-a02-a/L2", 1000, 2000, crossing_s=1060)
+    creep = _case(site, "phase_creep", "pdu-d08-a/L1", 1000, 86_400, crossing_s=9000)
+    alerts = [
+        _alert(1150, "pdu_phase_over_limit", "pdu pdu-a02-a"),  # after its step crossing
+        _alert(6000, "pdu_phase_breach_1h", "pdu pdu-d08-a"),  # before the creep's
+    ]
+    ba.attribute([step, creep], alerts, T0, known, 0)
+    s = ba.score([step, creep], [], days=1.0, gpus=880)
+    assert s["paged_before_crossing_share"] == 0.5
+    assert s["ramped_crossed"] == 1 and s["ramped_paged_before_crossing_share"] == 1.0
+    assert not s["targets"]["paged_before_crossing_share >= 0.95"]
+    assert s["targets"]["faults with a ramp: paged_before_crossing_share >= 0.95"]
+
+
 def test_untied_incidents_are_counted_within_one_day(site) -> None:
     """Each day is its own replay: the same rule and group paging once on each of three days
     is three incidents of one page, not one incident of three."""

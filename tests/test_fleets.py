@@ -122,8 +122,8 @@ def test_fleets_command_payload(run):
 
 def test_a_fleet_seen_briefly_says_the_window_it_had_and_waits_for_the_rule_coverage(run, tmp_path):
     """A "24 h" report on a store holding 20 minutes says 20 minutes; the shipped rule
-    (min_coverage_s: 3600; its value lowered from 8 GPUs to 0, as the small site's fleet has 8)
-    does not page on it, and does on a full idle day."""
+    (min_coverage_s: 85800, a day less 10 minutes; its value lowered from 8 GPUs to 0, as the
+    small site's fleet has 8) does not page on it, and does on a full idle day."""
     from twin.alerts.engine import AlertEngine
     from twin.alerts.rules import load_rules
     from twin.alerts.topology import Topology
@@ -132,7 +132,8 @@ def test_a_fleet_seen_briefly_says_the_window_it_had_and_waits_for_the_rule_cove
     _, site, _start, end, _, db = run  # an earlier test closed the fixture's connection
     doc = yaml.safe_load((REPO / "deploy" / "alert_rules.yaml").read_text())
     [rule] = [r for r in doc["rules"] if r["name"] == "fleet_underused"]
-    assert rule["min_coverage_s"] == 3600
+    assert rule["min_coverage_s"] == 85800
+    assert rule["severity"] == "info"  # a ticket, not a page
     rule["value"] = 0
     (tmp_path / "rules.yaml").write_text(yaml.safe_dump(doc))
     rules = load_rules(tmp_path / "rules.yaml")
@@ -155,7 +156,7 @@ def test_a_fleet_seen_briefly_says_the_window_it_had_and_waits_for_the_rule_cove
         f = _fleet(underused_fleets(brief_store, site, now=now), "infer-small")
         assert f.flagged and f.covered_s == 20 * 60, f  # 19 min first to last + 1 min
         assert "over 20 min of data (of a 24 h window)" in f.reason
-        assert pages(brief_store, now) == []  # flagged, but 20 min < the rule's hour
+        assert pages(brief_store, now) == []  # flagged, but 20 min < the rule's day
     with Store(db) as store:
         full = _fleet(underused_fleets(store, site, now=end), "infer-small")
         assert (

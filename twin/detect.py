@@ -33,6 +33,9 @@ metric                                      entity  value
                                                    flat power (cooling changed, not the load)
 ``cdu.pumps_running``                       cdu     pumps not seen stopped (speed > 5 %) [#]_
 ``fleet.underused_gpus``                    fleet   GPUs to reclaim (flagged fleets only)
+``fleet.drain_drop_fraction``               fleet   1 - activity of the last 15 min over its level
+                                                   before (``twin.fleet_drain``; labels level_now,
+                                                   level_before, basis, window)
 =========================================  ======  ==============================================
 
 (*) Every ``time_to_breach`` metric: without a breach inside the horizon the value is twice
@@ -62,6 +65,7 @@ from twin.alerts.metrics import (
     CDU_PUMPS_RUNNING,
     COOLING_GPU_STEP_K,
     DRIFT_GPU_R,
+    FLEET_DRAIN_DROP,
     FLEET_UNDERUSED_GPUS,
     HEADROOM_CDU_FLOW_LPM_TO_LIMIT,
     HEADROOM_CDU_FLOW_TIME_TO_BREACH_P50_S,
@@ -84,6 +88,7 @@ from twin.alerts.metrics import (
 from twin.alerts.model import Observation
 from twin.chain import pumps_running
 from twin.coverage import NoTelemetry, missing_kinds, newest_sample
+from twin.fleet_drain import fleet_drain_observations
 from twin.fleets import FleetReport, span_text, underused_fleets
 from twin.headroom import HeadroomReport, compute_headroom, save_headroom
 from twin.health import ServiceHealth
@@ -117,6 +122,8 @@ class Detection:
     hotspots: HotSpotReport
     pumps: list[PumpState]
     fleets: FleetReport | None
+    #: fleet drains (twin.fleet_drain): one dict per fleet with a judged drop
+    drains: list[dict] = field(default_factory=list)
     #: kind -> "no <kind> telemetry in the last N s: <what is not computed>"
     missing: dict[str, str] = field(default_factory=dict)
     #: stage (headroom, hotspots, pumps, fleets, coverage) -> the exception it raised
@@ -222,6 +229,11 @@ def detect(
         if fleets and site.fleets
         else None
     )
+    drains = (
+        stage("drain", lambda: fleet_drain_observations(store, site, now), lambda why: [])
+        if fleets and site.fleets
+        else []
+    )
     missing = stage("coverage", lambda: missing_kinds(store, site, now), lambda why: {})
     return Detection(
         now=now,
@@ -229,6 +241,7 @@ def detect(
         hotspots=hot,
         pumps=pumps,
         fleets=fleet_report,
+        drains=drains,
         missing=missing,
         failures=failures,
     )
@@ -348,6 +361,8 @@ def observations(d: Detection) -> list[Observation]:
                     covered_s=f"{f.covered_s:.0f}",
                     covered=span_text(f.covered_s),
                 )
+    for dr in d.drains:
+        obs(FLEET_DRAIN_DROP, "fleet", dr["fleet"], dr["drop"], **dr["labels"])
     return out
 
 

@@ -58,6 +58,9 @@ Z90 = 1.2816
 NOW_WINDOW_S = 60.0
 #: Window of the phase-current trend. [s]
 TREND_WINDOW_S = 900.0
+#: Window before the trend's whose highest current a rising trend must exceed (the rest of the
+#: hour the headroom loads). [s]
+LEVEL_WINDOW_S = 2700.0
 #: Window of the persistence p90. [s]
 PERSISTENCE_WINDOW_S = 3600.0
 
@@ -727,13 +730,21 @@ def _inv3(a: np.ndarray) -> np.ndarray:
 
 
 def unexplained_trend(
-    cur_hist: np.ndarray, load_hist: np.ndarray, step_s: float
+    cur_hist: np.ndarray,
+    load_hist: np.ndarray,
+    step_s: float,
+    level_before: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Slope (A/s) and its standard error of the current the rack load does not explain.
 
     Per phase, over the last :data:`TREND_WINDOW_S`: least squares of
     ``I(t) = a + k * load(t) / load_now + b * t``; ``b`` is the trend. A slope whose |t| < 3
-    is set to zero: no trend is claimed from noise.
+    is set to zero: no trend is claimed from noise. Nor is a rising one while the present
+    current (the last sample) is not above ``level_before`` (default: the highest sample of
+    ``cur_hist`` before the trend window, :data:`LEVEL_WINDOW_S` of it): a phase climbing back
+    to a level it held within the hour (after a dip, or the other feed's fault ending) is
+    recovering, not creeping; a creep makes new highs. [A; bench/README.md bench_alerts: the
+    8 untied phase forecasts of seeds 0 and 1 were such recoveries]
     """
     k = max(3, round(TREND_WINDOW_S / step_s))
     y, x = cur_hist[-k:], load_hist[-k:]
@@ -757,6 +768,18 @@ def unexplained_trend(
     s2 = (resid**2 * w).sum(axis=0) / np.maximum(n_ok - 3, 1)
     b_se = np.sqrt(np.maximum(s2 * inv[:, 2, 2], 0.0))
     keep = (n_ok >= 6) & (np.abs(coef[:, 2]) > 3 * b_se)
+    if level_before is None:
+        kb = max(1, round(LEVEL_WINDOW_S / step_s))
+        before = cur_hist[-(k + kb) : -k] if cur_hist.shape[0] > k else cur_hist[:0]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # no history before: no guard
+            level_before = (
+                np.nanmax(before, axis=0) if before.shape[0] else np.full(y.shape[1], np.nan)
+            )
+    with np.errstate(invalid="ignore"):
+        # NaN (no history before, or no last sample) compares False: the slope is kept
+        recovering = (coef[:, 2] > 0) & (y[-1] <= level_before)
+    keep &= ~recovering
     slope = np.where(keep, coef[:, 2], 0.0)
     se = np.where(keep, b_se, 0.0)
     return slope, se

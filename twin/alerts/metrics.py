@@ -22,6 +22,7 @@ __all__ = [
     "CDU_PUMPS_RUNNING",
     "COOLING_GPU_STEP_K",
     "DRIFT_GPU_R",
+    "FLEET_DRAIN_DROP",
     "FLEET_UNDERUSED_GPUS",
     "HEADROOM_CDU_FLOW_LPM_TO_LIMIT",
     "HEADROOM_CDU_FLOW_TIME_TO_BREACH_P50_S",
@@ -77,6 +78,7 @@ DRIFT_GPU_R = "drift.gpu.r_k_per_w"
 COOLING_GPU_STEP_K = "cooling.gpu.step_k"
 CDU_PUMPS_RUNNING = "cdu.pumps_running"
 FLEET_UNDERUSED_GPUS = "fleet.underused_gpus"
+FLEET_DRAIN_DROP = "fleet.drain_drop_fraction"
 
 _SPECS = (
     MetricSpec(
@@ -194,6 +196,13 @@ _SPECS = (
         ("fleet",),
         "GPUs",
         "GPUs an underused inference fleet could free at its p95 load (flagged fleets only)",
+    ),
+    MetricSpec(
+        FLEET_DRAIN_DROP,
+        ("fleet",),
+        "1",
+        "1 - the fleet's last 15 min activity over its level before (same time yesterday, else"
+        " the previous 1 h median); labels level_now, level_before, basis, window",
     ),
 )
 

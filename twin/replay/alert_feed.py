@@ -84,10 +84,15 @@ class AlertFeed:
         kind: str,
         ids: list[str],
         values: np.ndarray,
-        labels: dict[str, list[str]] | None = None,
+        labels: dict[str, Any] | None = None,
+        label_format: dict[str, str] | None = None,
     ) -> None:
         """values (M, N), one row per evaluation minute (:attr:`rows`); NaN: no observation.
-        ``labels``: observation labels, name -> one value per minute (the same for every id).
+
+        ``labels``: observation labels by name, each either one text per minute (a list of M
+        strings, the same for every id) or per column, an (M, N) numeric array rendered with
+        ``label_format[name]`` (a :func:`format` spec, default ``"g"``; NaN: the label is
+        left empty). Only the columns kept have their labels rendered.
 
         Keeps the columns that meet some rule's condition at some minute.
         """
@@ -99,18 +104,41 @@ class AlertFeed:
         if not conds:
             return
         vals = np.asarray(values, dtype=float)
-        if vals.shape != (len(self.rows), len(ids)):
+        m = len(self.rows)
+        if vals.shape != (m, len(ids)):
             raise ValueError(
                 f"offer_series({metric!r}): values of shape {vals.shape}, expected"
-                f" ({len(self.rows)}, {len(ids)}): one row per evaluation minute, one column per id"
+                f" ({m}, {len(ids)}): one row per evaluation minute, one column per id"
             )
+        per_col: dict[str, np.ndarray] = {}
+        shared: dict[str, list[str]] = {}
+        for name, lab in (labels or {}).items():
+            if isinstance(lab, np.ndarray) and lab.ndim == 2:
+                if lab.shape != vals.shape:
+                    raise ValueError(
+                        f"offer_series({metric!r}): label {name!r} of shape {lab.shape},"
+                        f" expected {vals.shape} (one value per minute and id)"
+                    )
+                per_col[name] = lab
+            else:
+                if len(lab) != m:
+                    raise ValueError(
+                        f"offer_series({metric!r}): label {name!r} has {len(lab)} values,"
+                        f" expected {m} (one per evaluation minute)"
+                    )
+                shared[name] = list(lab)
+        fmt = label_format or {}
         hit = np.zeros(vals.shape[1], bool)
         with np.errstate(invalid="ignore"):
             for op, value in conds:
                 hit |= OPS[op](vals, value).any(axis=0)
         for j in np.flatnonzero(hit):
-            if labels:
-                self.labels[len(self.watched)] = labels
+            col = dict(shared)
+            for name, lab in per_col.items():
+                spec = fmt.get(name, "g")
+                col[name] = [format(float(x), spec) if np.isfinite(x) else "" for x in lab[:, j]]
+            if col:
+                self.labels[len(self.watched)] = col
             self.watched.append((metric, kind, ids[j], vals[:, j]))
 
     def evaluate(self) -> list[dict[str, Any]]:

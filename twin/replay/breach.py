@@ -27,10 +27,18 @@ reports twice the horizon, labelled ``beyond_horizon``, as :func:`twin.detect.ob
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from twin.headroom import NOW_WINDOW_S, PERSISTENCE_WINDOW_S, TREND_WINDOW_S, unexplained_trend
+from twin.headroom import (
+    LEVEL_WINDOW_S,
+    NOW_WINDOW_S,
+    PERSISTENCE_WINDOW_S,
+    TREND_WINDOW_S,
+    unexplained_trend,
+)
 
 __all__ = [
     "HORIZON_S",
@@ -40,6 +48,7 @@ __all__ = [
     "gpu_breach_in_s",
     "minute_means",
     "p90_ratio",
+    "trailing_quantile",
     "trend_breach_in_s",
 ]
 
@@ -61,6 +70,27 @@ def minute_means(x: np.ndarray, rows: np.ndarray, dt_s: float) -> np.ndarray:
     s, c = cs[hi] - cs[lo], cn[hi] - cn[lo]
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(c > 0, s / np.maximum(c, 1), np.nan)
+
+
+def trailing_quantile(a: np.ndarray, k: int, q: float) -> np.ndarray:
+    """(M,): at each m, the ``q`` quantile (linear, as ``np.quantile``) of the finite values of
+    ``a[m-k+1 .. m]`` (fewer at the start; NaN where none is finite). One sort of the
+    (M, min(k, M)) windows, no loop over minutes."""
+    a = np.asarray(a, dtype=float)
+    m = a.shape[0]
+    k = max(1, min(k, m))
+    if m == 0:
+        return np.zeros(0)
+    pad = np.concatenate([np.full(k - 1, np.nan), a])
+    win = np.sort(sliding_window_view(pad, k), axis=1)  # NaN sort last
+    n = np.isfinite(win).sum(axis=1)
+    pos = q * np.maximum(n - 1, 0)
+    lo = np.floor(pos).astype(np.int64)
+    hi = np.minimum(lo + 1, np.maximum(n - 1, 0))
+    r = np.arange(m)
+    frac = pos - lo
+    out = win[r, lo] + (win[r, hi] - win[r, lo]) * frac
+    return np.where(n > 0, out, np.nan)
 
 
 def _windows(x: np.ndarray, k: int) -> np.ndarray:
@@ -113,7 +143,17 @@ def trend_breach_in_s(
     with np.errstate(invalid="ignore", divide="ignore"):
         now = load_w[-1]
         load_w = np.where(now > 0, load_w / np.where(now > 0, now, 1.0), 1.0)
-    slope, _ = unexplained_trend(cur_w, load_w.reshape(k, m * p), step_s)
+    # the highest minute of the LEVEL_WINDOW_S before each minute's trend window (the live
+    # headroom's hour of history less the trend's): a rising trend must make new highs over it
+    kb = max(1, round(LEVEL_WINDOW_S / step_s))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN: no history, no guard
+        top = np.nanmax(_windows(current_a, kb), axis=0)  # (M, P): minutes m-kb+1 .. m
+    level = np.full_like(top, np.nan)
+    level[k:] = top[: m - k] if m > k else level[k:]
+    slope, _ = unexplained_trend(
+        cur_w, load_w.reshape(k, m * p), step_s, level_before=level.reshape(m * p)
+    )
     r = np.ones_like(current_a) if ratio50 is None else ratio50
     headroom = limit_a[None, :] - current_a * r
     return _first_step(headroom, slope.reshape(m, p), horizon_s, step_s)

@@ -307,12 +307,30 @@ def _max_op_c(site: Site, gpu: str) -> float:
 # ---- pages, attribution, scoring ---------------------------------------------------------------
 
 
-def is_page(alert: dict[str, Any]) -> bool:
-    """A page is a ``firing`` notification that is not a reminder of an open incident (a
+#: Severities that page on-call; ``info`` is a ticket (deploy/alert_rules.yaml's header).
+PAGING_SEVERITIES = ("critical", "warning")
+#: Fault kinds that act at once (a step): they cross their limit within the first minutes,
+#: before a minute-sampled detector has seen them twice (bench/README.md: bench_alerts.py).
+STEP_KINDS = ("cold_plate", "phase_overload")
+
+
+def _first_notice(alert: dict[str, Any]) -> bool:
+    """A ``firing`` notification that is not a reminder of an open incident (a
     repeat-interval re-send, where the replay marks it ``reminder`` or ``repeat``)."""
     if alert.get("status") != "firing":
         return False
     return not (alert.get("reminder") or alert.get("repeat"))
+
+
+def is_page(alert: dict[str, Any]) -> bool:
+    """A page: the first notice of an incident of a paging severity (critical, warning; an
+    alert without a severity counts as a page)."""
+    return _first_notice(alert) and str(alert.get("severity", "warning")) in PAGING_SEVERITIES
+
+
+def is_ticket(alert: dict[str, Any]) -> bool:
+    """A ticket: the first notice of an incident of severity ``info`` (not paged)."""
+    return _first_notice(alert) and str(alert.get("severity", "warning")) not in PAGING_SEVERITIES
 
 
 def page_entities(alert: dict[str, Any], known: set[str]) -> set[Entity]:
@@ -408,6 +426,9 @@ def score(
         }
     crossed = [f for f in faults if f.crossing_s is not None]
     before = [f for f in crossed if f.pages and min(f.pages) <= f.crossing_s]  # type: ignore[operator]
+    ramp_x = [f for f in crossed if f.kind not in STEP_KINDS]
+    ramp_before = [f for f in before if f.kind not in STEP_KINDS]
+    ramp_share = len(ramp_before) / len(ramp_x) if ramp_x else None
     # an incident lives within one day's replay (each day is its own run): key by day too
     keys: dict[tuple[str, str, str], int] = {}
     for a in untied:
@@ -431,6 +452,11 @@ def score(
         "crossed": len(crossed),
         "paged_before_crossing": len(before),
         "paged_before_crossing_share": round(share, 3) if share is not None else None,
+        "ramped_crossed": len(ramp_x),
+        "ramped_paged_before_crossing": len(ramp_before),
+        "ramped_paged_before_crossing_share": round(ramp_share, 3)
+        if ramp_share is not None
+        else None,
         "untied_pages": len(untied),
         "untied_pages_by_rule": dict(sorted(by_rule.items())),
         "untied_pages_per_day_per_1000_gpus": round(per_day_k, 3),
@@ -438,6 +464,8 @@ def score(
         "untied_keys_over_2_pages": untied_over_2,
         "targets": {
             "paged_before_crossing_share >= 0.95": share is not None and share >= 0.95,
+            "faults with a ramp: paged_before_crossing_share >= 0.95": ramp_share is not None
+            and ramp_share >= 0.95,
             **{
                 f"{k} median lead to crossing >= 10 min": v is not None and v >= 10.0
                 for k, v in slow.items()
@@ -552,9 +580,18 @@ def run_day(
         "sim_seed": sim_seed,
         "notifications": len(result.alerts),
         "pages": sum(1 for a in result.alerts if is_page(a)),
+        "tickets": sum(1 for a in result.alerts if is_ticket(a)),
+        "tickets_by_rule": _by_rule([a for a in result.alerts if is_ticket(a)]),
         "timing_s": {k: round(v, 1) for k, v in timing.items()},
     }
     return cases, untied, info
+
+
+def _by_rule(alerts: list[dict[str, Any]]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for a in alerts:
+        out[str(a.get("rule"))] = out.get(str(a.get("rule")), 0) + 1
+    return dict(sorted(out.items()))
 
 
 def _known_ids(site: Site) -> set[str]:

@@ -203,32 +203,3 @@ def causal_r_scale(d: Recording) -> np.ndarray:
             scale = np.where(r_cal[None, :] > 0, model / r_cal[None, :], 1.0)
         d.cache["r-scale"] = np.where(np.isfinite(scale), np.fmin(scale, 1.0), 1.0)
     return d.cache["r-scale"]
-
-
-def offer(feed: object, series: list[HotspotSeries]) -> None:
-    """Hand ``series`` (already on the feed's evaluation minutes) to a
-    :class:`twin.replay.alert_feed.AlertFeed` as its ``offer`` does for (T, N) paths: only the
-    GPUs that meet some rule's condition at some minute are kept, each with its labels per
-    minute (what the detector saw: measured and model temperature, R and the fleet's)."""
-    rules = getattr(feed, "rules", None)
-    if rules is None:
-        return
-    from twin.alerts.rules import OPS
-
-    index = rules.index()
-    for s in series:
-        conds = [(r.op, r.value) for r in index.get((s.metric, s.kind), ()) if r.op is not None]
-        if not conds:
-            continue
-        vals = np.asarray(s.values, dtype=float)
-        hit = np.zeros(vals.shape[1], bool)
-        with np.errstate(invalid="ignore"):
-            for op, value in conds:
-                hit |= OPS[op](vals, value).any(axis=0)
-        for j in np.flatnonzero(hit):
-            if s.labels:
-                feed.labels[len(feed.watched)] = {  # type: ignore[attr-defined]
-                    name: [labels_at(s, i, j).get(name, "") for i in range(vals.shape[0])]
-                    for name in s.labels
-                }
-            feed.watched.append((s.metric, s.kind, s.ids[j], vals[:, j]))  # type: ignore[attr-defined]

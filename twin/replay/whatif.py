@@ -290,6 +290,7 @@ def _gpus_run(
     rack_change = np.zeros((n, n_r))
     fleets = sorted(set(idx.gpu_fleet))
     act_sum = {f: np.zeros((2, n)) for f in fleets}
+    pow_sum = {f: np.zeros(n) for f in fleets}  # the run's GPU board power per fleet [W]
     fleet_n = {f: 0 for f in fleets}
     temp_max = np.full(n, -np.inf)
     held_n = np.zeros(n)
@@ -363,11 +364,15 @@ def _gpus_run(
             )
             b90 = np.where(np.isfinite(res.temp_c[rows]), breach.beyond_horizon(b90), np.nan)
             feed.offer_series(am.HEADROOM_GPU_TIME_TO_BREACH_P90_S, "gpu", idx.gpu_ids[sl], b90)
-        np.add.at(rack_change.T, rack, (res.power_w - p_meas).T)
+        # each GPU's power change summed into its rack, a rack at a time (np.add.at is slow)
+        diff = res.power_w - p_meas
+        for r in np.unique(rack):
+            rack_change[:, r] += diff[:, rack == r].sum(axis=1)
         for f in set(idx.gpu_fleet[sl]):
             m = np.array(idx.gpu_fleet[sl]) == f
             act_sum[f][0] += act[:, m].sum(axis=1)
             act_sum[f][1] += act_s[:, m].sum(axis=1)
+            pow_sum[f] += np.nan_to_num(res.power_w[:, m]).sum(axis=1)
             fleet_n[f] += int(m.sum())
         temp_max = np.fmax(temp_max, np.fmax.reduce(res.temp_c, axis=1))
         held_n += res.held.sum(axis=1)
@@ -381,6 +386,7 @@ def _gpus_run(
         "rack_change_w": rack_change,
         "fleet_act": fleet_act,
         "fleet_n": fleet_n,
+        "fleet_gpu_w": {f: p / max(fleet_n[f], 1) for f, p in pow_sum.items()},
         "temp_max": temp_max,
         "held": held_n,
         "mean_temp": mean_t,
@@ -628,11 +634,17 @@ def _offer_now_and_flat(
 
 
 def _fleet_underuse(
-    d: Recording, fleet_act: dict[str, Any], fleet_n: dict[str, int], feed: AlertFeed
+    d: Recording,
+    fleet_act: dict[str, Any],
+    fleet_n: dict[str, int],
+    fleet_gpu_w: dict[str, np.ndarray],
+    feed: AlertFeed,
 ) -> None:
     """Inference fleets' GPUs to reclaim each minute, as :func:`twin.fleets.underused_fleets`
     judges them live: the p95 over the window up to the minute of the fleet's minute activity
-    (the run's), at the live defaults for window, threshold and target utilization."""
+    (the run's), at the live defaults for window, threshold and target utilization; kw_freed
+    from the run's mean GPU board power over the same window (the recording has no node input
+    power, so the hosts' share the live report adds is not in it: a lower bound)."""
     if not feed.wants(am.FLEET_UNDERUSED_GPUS, "fleet"):
         return
     import inspect
@@ -645,27 +657,60 @@ def _fleet_underuse(
     rows = feed.rows
     k = max(1, round(window_s / 60.0))
     covered = np.minimum(np.arange(len(rows)) * 60.0 + 60.0, window_s)
-    labels = {
-        "covered_s": [f"{c:.0f}" for c in covered],
-        "covered": [span_text(c) for c in covered],
-    }
     for f in d.site.fleets:
         if f.role != "inference" or f.name not in fleet_act or not fleet_n.get(f.name):
             continue
         a = breach.minute_means(np.asarray(fleet_act[f.name][1])[:, None], rows, d.dt_s)[:, 0]
-        p95 = np.full(len(rows), np.nan)
-        for i in range(len(rows)):
-            w = a[max(0, i - k + 1) : i + 1]
-            w = w[np.isfinite(w)]
-            if w.size:
-                p95[i] = np.quantile(w, 0.95)
+        p95 = breach.trailing_quantile(a, k, 0.95)
+        # mean board power per GPU over the window up to each minute
+        pw = breach.minute_means(np.asarray(fleet_gpu_w[f.name])[:, None], rows, d.dt_s)[:, 0]
+        cs = np.concatenate([[0.0], np.cumsum(np.nan_to_num(pw))])
+        cn = np.concatenate([[0], np.cumsum(np.isfinite(pw))])
+        hi = np.arange(1, len(rows) + 1)
+        lo = np.maximum(hi - k, 0)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            gpu_w = (cs[hi] - cs[lo]) / (cn[hi] - cn[lo])
         g = fleet_n[f.name]
         with np.errstate(invalid="ignore"):
             needed = np.maximum(1, np.ceil(p95 * g / target - 1e-9))
             reclaim = np.maximum(0, g - needed)
             flagged = (p95 < threshold) & (reclaim > 0)
         value = np.where(flagged, reclaim, np.nan)[:, None]
+        labels = {
+            "covered_s": [f"{c:.0f}" for c in covered],
+            "covered": [span_text(c) for c in covered],
+            "kw_freed": [
+                f"{r * w / 1000.0:.1f}" if np.isfinite(r * w) else "?"
+                for r, w in zip(reclaim, gpu_w, strict=True)
+            ],
+        }
         feed.offer_series(am.FLEET_UNDERUSED_GPUS, "fleet", [f.name], value, labels)
+
+
+def _fleet_drain(d: Recording, fleet_act: dict[str, Any], feed: AlertFeed) -> None:
+    """Every fleet's drain each minute (:func:`twin.fleet_drain.drain_series` on the run's
+    minute activity), as the live detection pass computes it from the store."""
+    if not feed.wants(am.FLEET_DRAIN_DROP, "fleet"):
+        return
+    from twin.fleet_drain import drain_labels, drain_series
+
+    names = [f.name for f in d.site.fleets if f.name in fleet_act]
+    if not names:
+        return
+    rows = feed.rows
+    act = np.stack([np.asarray(fleet_act[n][1], dtype=float) for n in names], axis=1)
+    # the minute up to each evaluation row (the live query's one-minute buckets)
+    s = drain_series(breach.minute_means(act, rows, d.dt_s))
+    for j, name in enumerate(names):
+        col = s.drop[:, j]
+        if not np.isfinite(col).any():
+            continue
+        ok = np.flatnonzero(np.isfinite(col))
+        labels = {key: [""] * len(rows) for key in ("level_now", "level_before", "basis", "window")}
+        for i in ok:
+            for key, v in drain_labels(s, i, j).items():
+                labels[key][i] = v
+        feed.offer_series(am.FLEET_DRAIN_DROP, "fleet", [name], col[:, None], labels)
 
 
 def _phase_forecast(
@@ -745,7 +790,8 @@ def _pass(d: Recording, changes: list[Any], rules: Any) -> _Pass:
     elec = _electrical(d, changes, rack_s, new, judge, feed)
     cdu = _cdus(d, cool, rack_s, new, judge, feed)
     link_util = _links(d, changes, gpu["fleet_act"], judge, cool.notes, feed)
-    _fleet_underuse(d, gpu["fleet_act"], gpu["fleet_n"], feed)
+    _fleet_underuse(d, gpu["fleet_act"], gpu["fleet_n"], gpu["fleet_gpu_w"], feed)
+    _fleet_drain(d, gpu["fleet_act"], feed)
     return _Pass(judge, cool, gpu, rack_s, elec, cdu, link_util, feed.evaluate(), new)
 
 
@@ -758,7 +804,8 @@ def _offer_hotspots(d: Recording, changes: list[Any], feed: AlertFeed) -> None:
         return
     if "hotspot-series" not in d.cache:
         d.cache["hotspot-series"] = hotspot_feed.hotspot_series(d)
-    hotspot_feed.offer(feed, d.cache["hotspot-series"])
+    for s in d.cache["hotspot-series"]:  # the GPUs some rule could fire on, with their labels
+        feed.offer_series(s.metric, s.kind, s.ids, s.values, s.labels, hotspot_feed.LABEL_FORMAT)
 
 
 def run(
