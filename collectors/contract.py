@@ -778,31 +778,7 @@ class BatchDecoder:
         version = CONTRACT_VERSION
         # Plain payloads (see _plain) of a known topic are parsed and checked a whole kind at
         # a time in Arrow (_ArrowPart); what that cannot take goes through the loop below.
-        fast: dict[str, tuple[list[int], list[str]]] = {}
-        slow: list[int] = []
-        for i, (topic, payload) in enumerate(items):
-            t = topics.get(topic)
-            if t is None:
-                try:
-                    t = self._topic(topic)
-                except ContractError:
-                    t = False
-            if type(t) is tuple and type(payload) is bytes and len(payload) <= MAX_PAYLOAD_BYTES:
-                idx_src = fast.get(t[1])
-                if idx_src is None:
-                    idx_src = fast[t[1]] = ([], [])
-                idx_src[0].append(i)
-                idx_src[1].append(t[2])
-            else:
-                slow.append(i)
-        fast_parts: dict[str, list[_ArrowPart]] = {}
-        if fast:
-            for kind, (idx, srcs) in fast.items():
-                parts, rest = _ArrowPart.split(self, kind, items, idx, srcs, lo_, hi_)
-                if parts:
-                    fast_parts[kind] = parts
-                slow.extend(rest)
-            slow.sort()
+        fast_parts, slow = self._arrow_parts(items, lo_, hi_)
         for i in slow:
             topic, payload = items[i]
             # the common case, inline: a topic of a known shape, canonical JSON, a valid
@@ -912,6 +888,39 @@ class BatchDecoder:
                 columns[kind] = _concat_columns(kind_cols)
         messages.sort(key=lambda m: m.index)
         return DecodedBatch(messages, columns, extras, refused, duplicates)
+
+    def _arrow_parts(
+        self, items: list[tuple[str, bytes]], lo_: int, hi_: int
+    ) -> tuple[dict[str, list[_ArrowPart]], list[int]]:
+        """The Arrow-checked parts of ``items`` per kind, and the indices (sorted) of the
+        messages left to the per-message path (unknown topic shapes, oversized or non-bytes
+        payloads, and whatever the Arrow parts could not vouch for)."""
+        topics = self._topics
+        fast: dict[str, tuple[list[int], list[str]]] = {}
+        slow: list[int] = []
+        for i, (topic, payload) in enumerate(items):
+            t = topics.get(topic)
+            if t is None:
+                try:
+                    t = self._topic(topic)
+                except ContractError:
+                    t = False
+            if type(t) is tuple and type(payload) is bytes and len(payload) <= MAX_PAYLOAD_BYTES:
+                idx_src = fast.get(t[1])
+                if idx_src is None:
+                    idx_src = fast[t[1]] = ([], [])
+                idx_src[0].append(i)
+                idx_src[1].append(t[2])
+            else:
+                slow.append(i)
+        fast_parts: dict[str, list[_ArrowPart]] = {}
+        for kind, (idx, srcs) in fast.items():
+            parts, rest = _ArrowPart.split(self, kind, items, idx, srcs, lo_, hi_)
+            if parts:
+                fast_parts[kind] = parts
+            slow.extend(rest)
+        slow.sort()
+        return fast_parts, slow
 
     @staticmethod
     def _check_window(ts_us: int, lo: int | None, hi: int | None, where: str = "ts") -> None:

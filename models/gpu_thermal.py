@@ -634,33 +634,10 @@ def _oe_pass(
         state = buf[nb].copy()
         x, sr, sa, s0 = buf[:nb, 0], buf[:nb, 1], buf[:nb, 2], buf[:nb, 3]
         np.subtract(temp[k0:k1], x, out=e)
-        if valid is None and thr_d is None:
-            acc["w"] += nb
-            acc["cnt"] += nb
-            sae += np.abs(e).sum(axis=0)
-            w = None
-        else:  # boolean mask, or square roots of robust weights (0 where missing)
-            if thr_d is not None:  # Huber: weights from this pass's own residuals
-                ae = np.abs(e)
-                if valid is not None:
-                    ae *= valid[k0:k1]
-                m = np.minimum(ae, thr_d)
-                acc["rho"] += np.einsum("tn,tn->n", m, ae - 0.5 * m)
-                with np.errstate(divide="ignore"):
-                    w = np.divide(thr_d, ae)
-                np.minimum(w, 1.0, out=w)
-                np.sqrt(w, out=w)
-                if valid is not None:
-                    w *= valid[k0:k1]
-            else:
-                w = valid[k0:k1]
-            sae += np.abs(e * (w > 0)).sum(axis=0)
-            acc["cnt"] += (w > 0).sum(axis=0)
-            e *= w
-            sr, sa, s0 = sr * w, sa * w, s0 * w
-            acc["w"] += dot(w, w) if w.dtype != np.bool_ else w.sum(axis=0)
-            if w.dtype == np.bool_:
-                w = None  # a mask: e and the sensitivities are already zero where missing
+        w = _block_weights(e, None if valid is None else valid[k0:k1], thr_d, acc, sae)
+        if w is not None or (valid is not None and valid.dtype == np.bool_):
+            wm = valid[k0:k1] if w is None else w  # type: ignore[index]
+            sr, sa, s0 = sr * wm, sa * wm, s0 * wm
 
         acc["rr"] += dot(sr, sr)
         acc["ra"] += dot(sr, sa)
@@ -682,8 +659,66 @@ def _oe_pass(
         if prev_e is not None:
             lag += prev_e * e[0]
         prev_e = e[-1].astype(np.float64)
-    # Jacobian columns: [sR, sa * da/dlntau, 1 - s0, s0]; sums with (1 - s0) by difference.
-    q = dadl
+    g, grad = _normal_equations(acc, dadl, n)
+    return {
+        "gram": g,
+        "grad": grad,
+        "loss": acc["ee"] if thr_d is None else acc["rho"],
+        "sse": acc["ee"],
+        "sae": sae,
+        "lag": lag,
+        "n": acc["cnt"],
+        "wsum": acc["w"],
+    }
+
+
+def _block_weights(
+    e: NDArray[np.floating],
+    valid_b: NDArray[np.floating] | None,
+    thr_d: NDArray[np.floating] | None,
+    acc: dict[str, F64],
+    sae: F64,
+) -> NDArray[np.floating] | None:
+    """Weigh one block's residuals ``e`` in place (mask, root weights or Huber weights from
+    these very residuals), adding to the counts, sums of weights, |e| and the Huber loss.
+
+    Returns the root weights to apply to the sensitivities, or None where none are needed
+    (no mask and no robust loss) or the mask is boolean (the caller multiplies by it)."""
+    nb = e.shape[0]
+    if valid_b is None and thr_d is None:
+        acc["w"] += nb
+        acc["cnt"] += nb
+        sae += np.abs(e).sum(axis=0)
+        return None
+    if thr_d is not None:  # Huber: weights from this pass's own residuals
+        ae = np.abs(e)
+        if valid_b is not None:
+            ae *= valid_b
+        m = np.minimum(ae, thr_d)
+        acc["rho"] += np.einsum("tn,tn->n", m, ae - 0.5 * m)
+        with np.errstate(divide="ignore"):
+            w = np.divide(thr_d, ae)
+        np.minimum(w, 1.0, out=w)
+        np.sqrt(w, out=w)
+        if valid_b is not None:
+            w *= valid_b
+    else:
+        w = valid_b  # type: ignore[assignment]
+    sae += np.abs(e * (w > 0)).sum(axis=0)
+    acc["cnt"] += (w > 0).sum(axis=0)
+    e *= w
+    if w.dtype == np.bool_:
+        acc["w"] += w.sum(axis=0)
+        return None  # a mask: e is zero where missing, the caller masks the sensitivities
+    acc["w"] += np.einsum("tn,tn->n", w, w)
+    return w
+
+
+def _normal_equations(acc: dict[str, F64], q: F64 | float, n: int) -> tuple[F64, F64]:
+    """The Gauss-Newton normal equations (gram (N, 4, 4), grad (N, 4)) from a pass's sums.
+
+    Jacobian columns: [sR, sa * da/dlntau (``q``), 1 - s0, s0]; sums with (1 - s0) by
+    difference."""
     g = np.empty((n, 4, 4))
     g[:, 0, 0] = acc["rr"]
     g[:, 0, 1] = g[:, 1, 0] = acc["ra"] * q
@@ -696,16 +731,7 @@ def _oe_pass(
     g[:, 2, 3] = g[:, 3, 2] = acc["0"] - acc["00"]
     g[:, 3, 3] = acc["00"]
     grad = np.stack([acc["re"], acc["ae"] * q, acc["e"] - acc["0e"], acc["0e"]], axis=1)
-    return {
-        "gram": g,
-        "grad": grad,
-        "loss": acc["ee"] if thr_d is None else acc["rho"],
-        "sse": acc["ee"],
-        "sae": sae,
-        "lag": lag,
-        "n": acc["cnt"],
-        "wsum": acc["w"],
-    }
+    return g, grad
 
 
 def _weighted_sum(u: NDArray[np.floating], w: NDArray[np.floating] | None) -> F64:

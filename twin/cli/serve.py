@@ -98,6 +98,16 @@ def _export_options(export_to: str | None, every_s: float, shard: str) -> dict[s
     return {"export_to": export_to, "export_every_s": every_s, "export_shard": shard}
 
 
+SeedCalibrationOpt = Annotated[
+    Path | None,
+    typer.Option(
+        help="A recorded bundle of the same site (e.g. sample_telemetry/demo_bundle): a"
+        " store without a calibration starts from the bundle's, marked seeded, until the"
+        " first fit on live data (needs --site)."
+    ),
+]
+
+
 def serve(
     broker: BrokerOpt = None,
     db: DbOpt = Path("dctwin.duckdb"),
@@ -179,14 +189,7 @@ def serve(
     whatif_bundles: WhatifBundlesOpt = REPO / "sample_telemetry",
     whatif_scenarios: WhatifScenariosOpt = REPO / "sample_telemetry" / "scenarios",
     whatif_reports: WhatifReportsOpt = None,
-    seed_calibration: Annotated[
-        Path | None,
-        typer.Option(
-            help="A recorded bundle of the same site (e.g. sample_telemetry/demo_bundle): a"
-            " store without a calibration starts from the bundle's, marked seeded, until the"
-            " first fit on live data (needs --site)."
-        ),
-    ] = None,
+    seed_calibration: SeedCalibrationOpt = None,
     verbose: bool = False,
 ) -> None:
     """Run the twin service: ingest MQTT telemetry into the DuckDB store, refit the model and
@@ -241,13 +244,7 @@ def serve(
     except ServiceError as e:
         raise fail(str(e)) from None
     signal.signal(signal.SIGHUP, service.on_sighup)
-    _announce(service, token)
-    if service.seeded is not None:
-        err.print(
-            f"calibration: run {service.seeded.run_id} seeded from {seed_calibration}"
-            f" ({service.seeded.params} parameters) until the first fit on live data",
-            highlight=False,
-        )
+    _announce(service, token, seed_calibration)
     # SIGTERM (systemd, docker stop, a script's background job) and SIGINT stop alike.
     stopping = threading.Event()
     on_stop_signals(stopping, hup=False)
@@ -260,8 +257,8 @@ def serve(
     typer.echo(json.dumps(service.ingester.counters.as_dict()))
 
 
-def _announce(service: Any, token: str | None) -> None:
-    """Say where the API is and, for a shard, what it subscribes to."""
+def _announce(service: Any, token: str | None, seed_calibration: Path | None) -> None:
+    """Say where the API is, for a shard what it subscribes to, and a seeded calibration."""
     if service.shard is not None:
         v = service.shard
         err.print(
@@ -274,6 +271,12 @@ def _announce(service: Any, token: str | None) -> None:
         err.print(
             f"api: {service.url} (OpenAPI at {service.url}/docs, Prometheus at"
             f" {service.url}/metrics; writes: {writes})",
+            highlight=False,
+        )
+    if service.seeded is not None:
+        err.print(
+            f"calibration: run {service.seeded.run_id} seeded from {seed_calibration}"
+            f" ({service.seeded.params} parameters) until the first fit on live data",
             highlight=False,
         )
 
