@@ -196,7 +196,8 @@ def test_shards_section_follows_the_spec(tmp_path: Path, halls: int, shards: int
     plain, _ = generate(tmp_path, *args, name="plain.yaml")
     data = _yaml(path)
     site = Site.model_validate({k: v for k, v in data.items() if k != "shards"})
-    assert site.model_dump() == load_site(plain).model_dump()  # the section adds, changes nothing
+    if shards <= halls:  # whole halls: the section adds, changes nothing
+        assert site.model_dump() == load_site(plain).model_dump()
     section = data["shards"]
     assert summary["shards"] == shards and len(section) == shards
     assert len({s["name"] for s in section}) == shards
@@ -233,6 +234,9 @@ def test_shards_section_follows_the_spec(tmp_path: Path, halls: int, shards: int
     for lk in site.links:
         spans = shard_of[lk.a] != shard_of[lk.b]
         assert (lk.name in owns) == spans, lk
+    racks = {r.name: r for r in site.racks}
+    for f in site.fleets:  # no fleet spans two shards
+        assert len({shard_of[n.name] for m in f.members for n in racks[m].nodes}) == 1, f
     if halls == shards:  # one hall a shard, whole
         assert [s["halls"] for s in section] == [[h.name] for h in site.halls]
         assert all("rows" not in s for s in section)

@@ -14,7 +14,8 @@ The site is what a 2026 AI campus looks like at the level the twin sees it:
   every spine of its hall (non-blocking); per hall ``spines_per_hall`` spines; spines of
   neighbouring halls linked (4:1 oversubscribed between halls);
 * training and inference fleets: ``inference_share`` of each hall's racks of each kind serve
-  inference, the rest train; fleets are runs of adjacent racks of seeded sizes.
+  inference, the rest train; fleets are runs of adjacent racks of seeded sizes, none across
+  two shards.
 
 Design load of a node: every GPU at its TDP through :func:`twin.chain.propagate.node_input_w`
 (the chain's own node model, PSU losses included). The same seed gives the same file, byte for
@@ -180,25 +181,35 @@ def _layout(o: GenerateOptions, gpus: int, rng: np.random.Generator) -> list[lis
     return halls
 
 
-def _fleets(halls: list[list[_Row]], rng: np.random.Generator) -> list[tuple[str, str, list[str]]]:
-    """(name, role, rack names): runs of adjacent racks of one kind and role, seeded sizes."""
+def _fleets(
+    halls: list[list[_Row]], rng: np.random.Generator, part_of: dict[str, int]
+) -> list[tuple[str, str, list[str]]]:
+    """(name, role, rack names): runs of adjacent racks of one kind and role, seeded sizes; no
+    fleet crosses from one part of a hall (``part_of``: a row's shard) to another."""
     out: list[tuple[str, str, list[str]]] = []
     sizes = {"training": (4, 17), "inference": (2, 9)}  # racks per fleet, [low, high)
     for rows in halls:
         letter = rows[0].hall.removeprefix("hall-")
         count = {"training": 0, "inference": 0}
+        parts = list(dict.fromkeys(part_of[r.path] for r in rows))
         for kind in ("nvl72", "hgx"):
             for role in ("training", "inference"):
-                racks = [
-                    r.name for row in rows if row.kind == kind for r in row.racks if r.role == role
-                ]
-                i = 0
-                while i < len(racks):
-                    n = int(rng.integers(*sizes[role]))
-                    count[role] += 1
-                    prefix = "trn" if role == "training" else "inf"
-                    out.append((f"{prefix}-{letter}-{count[role]:02d}", role, racks[i : i + n]))
-                    i += n
+                for part in parts:
+                    racks = [
+                        r.name
+                        for row in rows
+                        if row.kind == kind and part_of[row.path] == part
+                        for r in row.racks
+                        if r.role == role
+                    ]
+                    i = 0
+                    while i < len(racks):
+                        n = int(rng.integers(*sizes[role]))
+                        count[role] += 1
+                        prefix = "trn" if role == "training" else "inf"
+                        name = f"{prefix}-{letter}-{count[role]:02d}"
+                        out.append((name, role, racks[i : i + n]))
+                        i += n
     return out
 
 
@@ -334,10 +345,12 @@ def _shard_groups(o: GenerateOptions, halls: list[list[_Row]]) -> list[list[_Row
 
 
 def _shards(
-    o: GenerateOptions, halls: list[list[_Row]], links: list[dict[str, Any]]
+    o: GenerateOptions,
+    halls: list[list[_Row]],
+    groups: list[list[_Row]],
+    links: list[dict[str, Any]],
 ) -> list[dict[str, Any]]:
     """The shards section: rows per shard; spines and links between shards in one ``owns``."""
-    groups = _shard_groups(o, halls)
     hall_rows = {rows[0].hall: {r.path for r in rows} for rows in halls}
     shard_of: dict[str, int] = {}  # node, leaf or spine -> shard index
     for i, group in enumerate(groups):
@@ -455,7 +468,8 @@ def generate_site(o: GenerateOptions) -> GeneratedSite:
     empty = [f"hall-{_hall_letter(h)}" for h, rows in enumerate(halls) if not rows]
     if empty:
         raise ValueError(f"--gpus {gpus} over --halls {o.halls} leaves {empty[0]} without a rack")
-    fleets = _fleets(halls, rng)
+    groups = _shard_groups(o, halls) if o.shards else [[r for rows in halls for r in rows]]
+    fleets = _fleets(halls, rng, {row.path: i for i, group in enumerate(groups) for row in group})
     pdus, design = _power(halls)
     cdus = _cooling(halls, design)
     switches, links = _network(o, halls)
@@ -469,7 +483,7 @@ def generate_site(o: GenerateOptions) -> GeneratedSite:
         "fleets": [{"name": n, "role": r, "members": m} for n, r, m in fleets],
     }
     if o.shards:
-        data["shards"] = _shards(o, halls, links)
+        data["shards"] = _shards(o, halls, groups, links)
     known = {
         k: v for k, v in data.items() if k in Site.model_fields
     }  # shards: once the model has it
