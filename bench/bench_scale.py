@@ -596,6 +596,7 @@ def child_pass(args: argparse.Namespace) -> None:
         d = detect(store, site)
         out["warm_s"] = round(time.perf_counter() - t, 2)
         out["failures"] = {k: repr(v)[:200] for k, v in d.failures.items()}
+        out["stages_s"] = _stages(store, site, d)
         out["headroom_rows"] = len(d.headroom.rows)
         store.close()
     else:
@@ -614,6 +615,30 @@ def child_pass(args: argparse.Namespace) -> None:
         store.close()
     out["peak_rss_mib"] = round(_peak_self_mib())
     print("RESULT " + json.dumps(out), flush=True)
+
+
+def _stages(store: Any, site: Site, d: Any) -> dict[str, float]:
+    """Each stage of the pass on its own, as bench_detect.py times them."""
+    from twin.coverage import missing_kinds
+    from twin.detect import observations, pump_states
+    from twin.fleets import underused_fleets
+    from twin.headroom import compute_headroom
+    from twin.hotspots import find_hotspots
+
+    stages = {
+        "headroom": lambda: compute_headroom(store, site, now=d.now),
+        "hotspots": lambda: find_hotspots(store, site, now=d.now),
+        "pumps": lambda: pump_states(store, site, d.now),
+        "fleets": lambda: underused_fleets(store, site, now=d.now),
+        "coverage": lambda: missing_kinds(store, site, d.now),
+        "observations": lambda: observations(d),
+    }
+    out = {}
+    for name, fn in stages.items():
+        t = time.perf_counter()
+        fn()
+        out[name] = round(time.perf_counter() - t, 2)
+    return out
 
 
 def _site_of(args: argparse.Namespace) -> Site:
@@ -831,13 +856,14 @@ def main(argv: list[str] | None = None) -> int:
     tmp = args.keep or Path(tempfile.mkdtemp(prefix="dctwin-scale-"))
     tmp.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
+    machine = _machine()
     try:
         run = {"ingest": run_ingest, "passes": run_passes, "shards": run_shards}[args.mode]
         result = run(args, tmp)
     finally:
         if args.keep is None:
             shutil.rmtree(tmp, ignore_errors=True)
-    result["machine"] = _machine()
+    result["machine"] = {**machine, "load_avg_at_end": os.getloadavg()}
     result["wall_s"] = round(time.time() - t0, 1)
     result["when_utc"] = datetime.now(UTC).isoformat(timespec="seconds")
     out = args.out or RESULTS / f"scale_{args.mode}.json"
