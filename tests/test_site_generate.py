@@ -40,7 +40,7 @@ def design_w(node) -> float:
 SIZES = [
     ("--gpus", "200", "--halls", "1"),
     ("--gpus", "2000", "--halls", "2", "--nvl72-share", "0.8", "--inference-share", "0.5"),
-    ("--gpus", "3000", "--halls", "3", "--nvl72-share", "0", "--racks-per-row", "8"),
+    ("--gpus", "1920", "--halls", "3", "--nvl72-share", "0", "--racks-per-row", "8"),
     ("--gpus", "1440", "--halls", "2", "--nvl72-share", "1"),
 ]
 
@@ -86,7 +86,7 @@ def _fleet_nodes(site: Site, fleet):
 
 
 def test_every_rack_has_pdus_and_a_cdu_sized_to_its_design_load(tmp_path: Path) -> None:
-    path, _ = generate(tmp_path, "--gpus", "3000", "--halls", "2", "--racks-per-row", "6")
+    path, _ = generate(tmp_path, "--gpus", "2000", "--halls", "2", "--racks-per-row", "6")
     site = load_site(path)
     pf = ASSUMPTIONS.power_factor
     loops: dict[str, list] = {}
@@ -143,7 +143,7 @@ def test_network_leaf_per_row_spines_per_hall(tmp_path: Path) -> None:
 
 
 def test_same_seed_same_file_other_seed_other_file(tmp_path: Path) -> None:
-    args = ("--gpus", "2400", "--halls", "2", "--racks-per-row", "3")
+    args = ("--gpus", "1200", "--halls", "2", "--racks-per-row", "3")
     a, _ = generate(tmp_path, *args, "--seed", "7", name="a.yaml")
     b, _ = generate(tmp_path, *args, "--seed", "7", name="b.yaml")
     c, _ = generate(tmp_path, *args, "--seed", "8", name="c.yaml")
@@ -191,7 +191,7 @@ def test_bad_options_one_clear_line(args: list[str], message: str) -> None:
     ("halls", "shards"), [(4, 4), (2, 3), (4, 2)], ids=["4x4", "2h-3s", "4h-2s"]
 )
 def test_shards_section_follows_the_spec(tmp_path: Path, halls: int, shards: int) -> None:
-    args = ("--gpus", "3000", "--halls", str(halls), "--racks-per-row", "2")
+    args = ("--gpus", "1600", "--halls", str(halls), "--racks-per-row", "2")
     path, summary = generate(tmp_path, *args, "--shards", str(shards))
     plain, _ = generate(tmp_path, *args, name="plain.yaml")
     data = _yaml(path)
@@ -263,3 +263,14 @@ def test_the_simulator_runs_a_generated_site(tmp_path: Path) -> None:
     # link telemetry comes from each leaf and from the spines at the a end of a hall-to-hall link
     owners = {lk.b if lk.b.startswith("leaf-") else lk.a for lk in site.links}
     assert topics["link"] == 2 * len(owners) == 2 * (4 + 4)
+
+
+def test_help_lists_the_command_and_its_options() -> None:
+    top = runner.invoke(app, ["--help"], env={"COLUMNS": "200", "NO_COLOR": "1"})
+    assert top.exit_code == 0 and "site" in top.output
+    res = runner.invoke(
+        app, ["site", "generate", "--help"], env={"COLUMNS": "200", "NO_COLOR": "1"}
+    )
+    assert res.exit_code == 0
+    for option in ("--gpus", "--halls", "--nvl72-share", "--inference-share", "--seed", "--shards"):
+        assert option in res.output
