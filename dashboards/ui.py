@@ -109,6 +109,7 @@ def page(title: str, icon: str = "") -> None:
     st.sidebar.caption(f"refresh every {REFRESH_S:g} s")
     if not a.token:
         st.sidebar.caption("no DCTWIN_CONSOLE_TOKEN: read-only")
+    st.session_state[_WARNED] = set()
 
 
 @st.cache_data(ttl=300, show_spinner=False)
@@ -124,13 +125,42 @@ def error_box(e: ApiError) -> None:
     st.error(f"Could not read {e.url}\n\n{e.reason}", icon="⚠️")
 
 
+#: Session key of the stale shards already shown on this page run.
+_WARNED = "_stale_shards_shown"
+
+
+def shard_warnings(data: Any) -> list[str]:
+    """One line per stale shard of an answer from ``dctwin site-view`` (its ``shards``
+    section); nothing for one service's answers, which have none."""
+    if not isinstance(data, dict) or not isinstance(data.get("shards"), list):
+        return []
+    out = []
+    for s in data["shards"]:
+        if s.get("status") != "stale":
+            continue
+        age = s.get("age_s")
+        since = "never answered" if age is None else f"no answer for {fmt(age, 's', 0)}"
+        out.append(
+            f"Shard **{s.get('name')}** is stale ({since}: {s.get('error') or 'no reason given'})."
+            " The figures on this page leave it out."
+        )
+    return out
+
+
 def fetch(path: str, **params: Any) -> Any:
-    """GET ``path``; on failure show the error box and return None."""
+    """GET ``path``; on failure show the error box and return None. An answer of the site
+    view that names stale shards shows each once per page run, in amber."""
     try:
-        return get(path, **params)
+        data = get(path, **params)
     except ApiError as e:
         error_box(e)
         return None
+    shown = st.session_state.setdefault(_WARNED, set())
+    for line in shard_warnings(data):
+        if line.split(" (", 1)[0] not in shown:
+            shown.add(line.split(" (", 1)[0])
+            st.warning(line, icon="⏳")
+    return data
 
 
 #: Shown for a value that is missing (never "None" or "nan").

@@ -300,9 +300,17 @@ def test_headroom_forecast_hotspots_fleets_calibration_status(client: httpx.Clie
     assert ok(client.get("/api/v1/hotspots", params={"k_sigma": 5}))["k_sigma"] == 5.0
     fleets = ok(client.get("/api/v1/fleets"))
     assert [f["fleet"] for f in fleets["fleets"]] == ["infer-small"]
+    # the window the figures had (20 simulated minutes), not the 24 h asked for
+    [fleet] = fleets["fleets"]
+    assert fleet["covered_s"] == pytest.approx(1200, abs=90)  # + one bucket step
+    assert fleet["covered"] in ("20 min", "21 min")
+    assert f"over {fleet['covered']} of data (of a 24 h window)" in fleet["reason"], fleet
     assert ok(client.get("/api/v1/fleets", params={"window_s": 600}))["window_s"] == 600
     cal = ok(client.get("/api/v1/calibration"))
     assert cal["run"]["run_id"] == 1 and cal["runs"] == 1
+    assert cal["run"]["source"] == "fit" and cal["fits"] == 1 and cal["run"]["seeded_from"] is None
+    assert re.fullmatch(r"fitted on live data at \d\d:\d\d UTC", cal["note"]), cal["note"]
+    assert cal["first_fit_expected_at"] is None  # fitted already (and no scheduler here)
     classes = {c["device_class"]: c for c in cal["classes"]}
     assert any(c.startswith("gpu:") for c in classes)
     gpu_cls = next(c for k, c in classes.items() if k.startswith("gpu:"))

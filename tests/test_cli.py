@@ -186,7 +186,9 @@ def test_clear_errors(tmp_path):
 @pytest.mark.slow  # 3 s or more: out of the fast tier
 def test_demo_runs_and_stops_cleanly(tmp_path):
     """The demo keeps its files in the data directory (XDG_DATA_HOME here), never the current
-    one; writes demo.env with the ports in use; says "ready" after the first detection pass."""
+    one; writes demo.env with the ports in use; on a site without a bundle to seed its
+    calibration from, says "detecting" after the first detection pass and when the first
+    calibration (then "ready") is due."""
     work, xdg = tmp_path / "work", tmp_path / "xdg"
     work.mkdir()
     r = subprocess.run(
@@ -199,7 +201,12 @@ def test_demo_runs_and_stops_cleanly(tmp_path):
     )
     assert r.returncode == 0, r.stderr
     assert "broker" in r.stderr and "simulator" in r.stderr and "service" in r.stderr
-    assert re.search(r"ready \(\+\d+ s\): first detection pass done", r.stderr), r.stderr
+    assert re.search(
+        r"detecting \(\+\d+ s\): first detection pass done; headroom and alerts are live; no"
+        r" calibration yet: first fit expected at \d\d:\d\d UTC",
+        r.stderr,
+    ), r.stderr
+    assert "ready (+" not in r.stderr  # no calibration within 20 s on this site
     assert list(work.iterdir()) == []  # nothing in the current directory
     data = xdg / "dctwin" / "demo"
     db = data / "demo.duckdb"
@@ -222,7 +229,7 @@ def test_every_command_has_help():
     commands = [
         *("sim", "serve", "ingest", "export", "status", "calibrate", "maintain", "broker"),
         *("demo", "headroom", "hotspots", "fleets", "forecast", "record", "replay", "whatif"),
-        "console",
+        *("console", "site-view"),
         *("collect nvml", "collect dcgm", "collect redfish", "collect snmp"),
     ]
     for cmd in commands:

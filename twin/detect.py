@@ -46,6 +46,7 @@ resolves it; 0 when the limit is breached now.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from collections.abc import Callable
@@ -350,6 +351,17 @@ def observations(d: Detection) -> list[Observation]:
     return out
 
 
+def only_owned(d: Detection, owns: Callable[[str, str], bool]) -> Detection:
+    """``d`` with the headroom rows, hot spots and pumps of what ``owns`` says is this shard's
+    (a shard computes the racks it reads for its spanning CDUs and PDUs, but reports its own)."""
+    hr = d.headroom.model_copy(update={"rows": [r for r in d.headroom.rows if owns(r.kind, r.id)]})
+    hot = d.hotspots.model_copy(
+        update={"hotspots": [h for h in d.hotspots.hotspots if owns(h.kind, h.id)]}
+    )
+    pumps = [p for p in d.pumps if owns("cdu", p.cdu)]
+    return dataclasses.replace(d, headroom=hr, hotspots=hot, pumps=pumps)
+
+
 class DetectionScheduler:
     """Inside `dctwin serve`: every ``interval_s``, detect, store the headroom, and hand the
     observations to the alert engine (whose outbox a :class:`twin.alerts.Delivery` drains).
@@ -369,9 +381,12 @@ class DetectionScheduler:
         horizon_s: float = 3600.0,
         engine: AlertEngine | None = None,
         health: ServiceHealth | None = None,
+        owns: Callable[[str, str], bool] | None = None,
     ):
         self.store = store.cursor()
         self.site = site
+        #: a shard's (entity kind, id) -> whether it reports it (twin.site.shards); None: all
+        self.owns = owns
         self.interval_s = interval_s
         self.horizon_s = horizon_s
         self.engine = engine
@@ -404,6 +419,8 @@ class DetectionScheduler:
             self._report_missing(missing_kinds(self.store, self.site, datetime.now(UTC)))
             self._report({})
             return None
+        if self.owns is not None:
+            d = only_owned(d, self.owns)
         failures = dict(d.failures)
         if "headroom" not in failures:  # a failed stage keeps the last good report stored
             try:
@@ -412,7 +429,10 @@ class DetectionScheduler:
                 failures["store headroom"] = e
         if self.engine is not None:
             try:
-                sent = self.engine.evaluate(observations(d), now=d.now)
+                obs = observations(d)
+                if self.owns is not None:
+                    obs = [o for o in obs if self.owns(o.entity_kind, o.entity_id)]
+                sent = self.engine.evaluate(obs, now=d.now)
             except Exception as e:
                 failures["alerts"] = e
             else:

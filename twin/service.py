@@ -25,6 +25,7 @@ object is a context manager doing both::
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 from twin.health import ServiceHealth
 from twin.ingest import Ingester, IngestLimits
 from twin.ingest.mqtt_service import ServiceOptions
+from twin.site.shards import DEFAULT_SHARD
 from twin.store import Store, StoreError
 
 if TYPE_CHECKING:
@@ -45,8 +47,9 @@ if TYPE_CHECKING:
     from twin.detect import DetectionScheduler
     from twin.ingest.mqtt_service import MqttIngestService
     from twin.site import Site
+    from twin.site.shards import ShardView
 
-__all__ = ["Service", "ServiceConfig", "ServiceError"]
+__all__ = ["Service", "ServiceConfig", "ServiceError", "claim_store"]
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +65,9 @@ class ServiceConfig:
     ``broker`` None: no MQTT ingest (feed :attr:`Service.ingester` directly). ``site`` None:
     ingest only, no calibration, detection or alerts. ``rules`` None: no alert engine, and
     the API's what-if jobs list no alerts. ``whatif_bundles`` None: no what-if routes.
-    ``whatif_reports`` None: ``<db>.whatif`` beside the store.
+    ``whatif_reports`` None: ``<db>.whatif`` beside the store. ``seed_calibration``: a
+    bundle of the same site whose calibration a store without one starts from
+    (:mod:`twin.calibrate.seed`; needs ``site``).
     """
 
     db: Path
@@ -86,6 +91,24 @@ class ServiceConfig:
     whatif_bundles: Path | None = None
     whatif_scenarios: Path | None = None
     whatif_reports: Path | None = None
+    seed_calibration: Path | None = None
+    #: The shard of ``site`` this service is (twin.site.shards): it subscribes to the shard's
+    #: topic filters only, stores only its sources and those it reads, and calibrates, forecasts
+    #: and detects over the shard's sub-site. None: the whole site (shard "main").
+    shard: str | None = None
+
+
+def claim_store(store: Store, shard: str, db: Path) -> None:
+    """Record ``shard`` in the store's meta, or raise ServiceError when another shard wrote it
+    (a shard's store holds only that shard's sources: another shard must not append to it)."""
+    row = store.con.execute("SELECT value FROM meta WHERE key = 'shard'").fetchall()
+    if row and row[0][0] != shard:
+        raise ServiceError(
+            f"{db} is the store of shard {row[0][0]!r}, not of shard {shard!r}: give each"
+            " shard its own --db"
+        )
+    if not row:
+        store.con.execute("INSERT INTO meta VALUES ('shard', ?)", [shard])
 
 
 class Service:
@@ -94,15 +117,30 @@ class Service:
     def __init__(self, config: ServiceConfig):
         if config.calibrate_holdout_s >= config.calibrate_window_s:
             raise ServiceError("--calibrate-holdout must be shorter than --calibrate-window")
+        self.shard: ShardView | None = self._shard_view(config)
+        if self.shard is not None:
+            topics = tuple(self.shard.topic_filters)
+            config = dataclasses.replace(
+                config, ingest=dataclasses.replace(config.ingest, topics=topics)
+            )
         self.config = config
-        self.site = config.site
+        #: what calibration, forecast, detection and the API model: the shard's sub-site
+        self.site = self.shard.site if self.shard is not None else config.site
         self.health = ServiceHealth(stall_after_s=config.stall_after_s)
         try:
             self.store = Store(config.db)
         except StoreError as e:
             raise ServiceError(str(e)) from None
+        try:
+            claim_store(self.store, config.shard or DEFAULT_SHARD, config.db)
+        except BaseException:
+            self.store.close()
+            raise
         self.ingester = Ingester(
-            self.store, self.site, IngestLimits(config.max_future_s, config.max_past_s)
+            self.store,
+            config.site,  # every id of the site is known; the shard's own are its to store
+            IngestLimits(config.max_future_s, config.max_past_s),
+            accept=self.shard.accepted if self.shard is not None else None,
         )
         self.mqtt: MqttIngestService | None = None
         self.calibrator: CalibrationScheduler | None = None
@@ -114,13 +152,52 @@ class Service:
         self._reloader: AlertReloader | None = None
         self._started: list[Any] = []
         self._stopped = False
+        #: the run seeded from ``config.seed_calibration`` (None: none was, or it had one)
+        self.seeded = None
         try:
+            self._seed()
             self._build()
         except BaseException:
             self.store.close()
             raise
 
+    @staticmethod
+    def _shard_view(config: ServiceConfig) -> ShardView | None:
+        if config.shard is None:
+            return None
+        if config.site is None:
+            raise ServiceError("--shard needs --site (the shards are named in the site file)")
+        from twin.site.shards import ShardError, shard_view
+
+        try:
+            return shard_view(config.site, config.shard)
+        except ShardError as e:
+            raise ServiceError(f"--shard: {e}") from None
+
     # ---- building --------------------------------------------------------------------------
+
+    def _seed(self) -> None:
+        """Seed a store without a calibration from ``config.seed_calibration``."""
+        path = self.config.seed_calibration
+        if path is None:
+            return
+        if self.site is None:
+            raise ServiceError("--seed-calibration needs --site (the bundle's site is checked)")
+        from twin.calibrate.seed import SeedError, seed_from_bundle
+
+        try:
+            self.seeded = seed_from_bundle(self.store, self.site, path)
+        except SeedError as e:
+            raise ServiceError(f"--seed-calibration {e}") from None
+        if self.seeded is not None:
+            log.info(
+                "calibration run %d seeded from %s (%d parameters, fitted %s) until the first"
+                " fit on live data",
+                self.seeded.run_id,
+                path,
+                self.seeded.params,
+                self.seeded.fitted_at.isoformat(),
+            )
 
     def _build(self) -> None:
         cfg, site = self.config, self.site
@@ -150,6 +227,7 @@ class Service:
                 interval_s=cfg.detect_every_s,
                 engine=self.engine,
                 health=self.health,
+                owns=self.shard.owns_entity if self.shard is not None else None,
             )
         if cfg.api:
             self._build_api()
@@ -186,7 +264,7 @@ class Service:
         cfg = self.config
         self.ctx = ApiContext(
             self.store,
-            site=self.site,
+            site=self.shard.own_site if self.shard is not None else self.site,
             ingester=self.ingester,
             detector=self.detector,
             calibrator=self.calibrator,

@@ -17,8 +17,10 @@ def body() -> None:
         return
     run = cal["run"]
     if run is None:
-        st.info("No calibration yet: the service refits every --calibrate-every s.")
+        st.info(cal["note"][:1].upper() + cal["note"][1:] + ".")
         return
+    if run["source"] == "seed":
+        st.info("Calibration " + cal["note"] + ".")
     st.caption(
         f"run {run['run_id']} of {cal['runs']} · fitted {ui.ago(run['fitted_at'])} on"
         f" {ui.ago(run['window_start'])} .. {ui.ago(run['window_end'])}, held out from"

@@ -124,6 +124,7 @@ class StoreCollector(Collector):
             for name, value, doc in (
                 ("received", c.received, "MQTT messages received by the ingest."),
                 ("stored", c.stored_messages, "Messages stored in the store."),
+                ("foreign", c.foreign, "Messages of another shard's sources, not stored."),
             ):
                 yield CounterMetricFamily(f"dctwin_ingest_messages_{name}", doc, value=float(value))
             yield CounterMetricFamily(

@@ -419,11 +419,26 @@ class CalibrationRun(BaseModel):
     holdout_start: datetime
     gpus: int
     seconds: float
+    source: Literal["fit", "seed"] = Field(
+        description="fit: fitted on this store's telemetry; seed: the calibration of a"
+        " recorded bundle (serve --seed-calibration), kept until the first fit"
+    )
+    seeded_from: str | None = Field(description="the bundle a seeded run came from")
+    seeded_at: datetime | None = Field(description="when a seeded run was stored")
 
 
 class CalibrationResponse(BaseModel):
     run: CalibrationRun | None = Field(description="None: no calibration stored yet")
     runs: int
+    fits: int = Field(description="runs fitted on this store's telemetry (seeded ones not)")
+    first_fit_expected_at: datetime | None = Field(
+        description="when the first fit on live data is expected; None once there is one,"
+        " or when this service does not calibrate"
+    )
+    note: str = Field(
+        description="where the calibration stands, in one line: seeded from which bundle at"
+        " what time and when the first fit is expected, or when the last fit was"
+    )
     classes: list[ClassCalibration]
     events: list[CalibrationEventOut]
 
@@ -537,6 +552,9 @@ class StatusResponse(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     db: str
+    shard: str | None = Field(
+        default=None, description="the shard whose store this is (`dctwin serve --shard`)"
+    )
     samples: dict[str, int]
     readings: dict[str, int]
     time_range: dict[str, str] | None

@@ -285,11 +285,46 @@ def headroom_summary(db: Store) -> tuple[datetime | None, list[dict[str, Any]], 
 # ---- calibration -----------------------------------------------------------------------------
 
 
-def calibration_summary(db: Store, site: Site | None) -> dict[str, Any]:
-    """The newest run: per device class, parameter spread, fit quality and usable share."""
-    runs = db.calibration_runs()
+def calibration_status(
+    db: Store, runs: list[dict[str, Any]], calibrator: Any | None
+) -> tuple[int, datetime | None, str]:
+    """Fits on live data, when the first is expected (None once there is one, or without a
+    calibrating service) and the one line that says where the newest calibration stands."""
+    from twin.calibrate.seed import hhmm, seed_note
+
+    fits = sum(r["source"] == "fit" for r in runs)
+    expected = None
+    if fits == 0 and calibrator is not None:
+        oldest, newest = db.con.execute("SELECT min(ts), max(ts) FROM gpu").fetchall()[0]
+        span_s = 0.0 if newest is None else (newest - oldest).total_seconds()
+        expected = calibrator.expected_first_fit_at(span_s)
     if not runs:
-        return {"run": None, "runs": 0, "classes": [], "events": []}
+        if expected is None:
+            note = "no calibration yet, and this service does not calibrate (no site, or off)"
+        else:
+            note = (
+                f"no calibration yet: first fit expected at {hhmm(expected)}, once the store"
+                " holds 10 minutes of GPU telemetry"
+            )
+    elif runs[0]["source"] == "seed":
+        note = seed_note(runs[0], expected)
+    else:
+        note = f"fitted on live data at {hhmm(runs[0]['fitted_at'])}"
+        if calibrator is not None and calibrator.next_pass_at is not None:
+            note += f"; next refit expected at {hhmm(calibrator.next_pass_at)}"
+    return fits, expected, note
+
+
+def calibration_summary(
+    db: Store, site: Site | None, calibrator: Any | None = None
+) -> dict[str, Any]:
+    """The newest run: per device class, parameter spread, fit quality and usable share;
+    with ``calibrator`` (the service's scheduler), when the first fit on live data is due."""
+    runs = db.calibration_runs()
+    fits, expected, note = calibration_status(db, runs, calibrator)
+    head = {"fits": fits, "first_fit_expected_at": expected, "note": note}
+    if not runs:
+        return {"run": None, "runs": 0, "classes": [], "events": [], **head}
     run = runs[0]
     run_id = run["run_id"]
     gpu_class: dict[str, str] = {}
@@ -344,6 +379,7 @@ def calibration_summary(db: Store, site: Site | None) -> dict[str, Any]:
         "runs": len(runs),
         "classes": [classes[c] for c in sorted(classes)],
         "events": events,
+        **head,
     }
 
 

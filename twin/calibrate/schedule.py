@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from datetime import UTC, datetime, timedelta
 
 from twin.calibrate.calibrate import calibrate, save_run
 from twin.health import ServiceHealth
@@ -62,6 +63,8 @@ class CalibrationScheduler:
         self.failures = 0
         #: the error text of the last pass ("" when it succeeded): what was logged last
         self.last_error = ""
+        #: when the loop's next pass is due (UTC; None before :meth:`start`)
+        self.next_pass_at: datetime | None = None
         if health is not None:
             health.register(LOOP)
         self._stop = threading.Event()
@@ -155,9 +158,25 @@ class CalibrationScheduler:
             return min(self.interval_s, max(self.probe_s, self.last_window_s))
         return self.interval_s
 
+    def expected_first_fit_at(self, span_s: float, now: datetime | None = None) -> datetime:
+        """When the first fit should come, given ``span_s`` of GPU telemetry in the store now:
+        the first of the loop's passes (every ``probe_s`` from :attr:`next_pass_at`) at which
+        the store holds :data:`FIRST_WINDOW_S`, telemetry arriving in real time."""
+        now = now or datetime.now(UTC)
+        short_s = 0.0 if self.window_s <= FIRST_WINDOW_S else max(0.0, FIRST_WINDOW_S - span_s)
+        due = now + timedelta(seconds=short_s)
+        first = self.next_pass_at or now + timedelta(seconds=self.next_wait_s(failed=False))
+        step = timedelta(seconds=min(self.probe_s, self.interval_s))
+        if first >= due:
+            return first
+        ticks = -(-(due - first) // step)  # passes after the next one, rounded up
+        return first + ticks * step
+
     def _loop(self) -> None:
         wait = self.next_wait_s(failed=False)
+        self.next_pass_at = datetime.now(UTC) + timedelta(seconds=wait)
         while not self._stop.wait(wait):
             failures = self.failures
             self.run_and_report()
             wait = self.next_wait_s(failed=self.failures > failures)
+            self.next_pass_at = datetime.now(UTC) + timedelta(seconds=wait)

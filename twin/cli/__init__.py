@@ -8,7 +8,8 @@ and never appear in logs.
 This module only assembles the Typer app; the commands live in one module each group
 (:mod:`twin.cli.sim`, :mod:`~twin.cli.serve`, :mod:`~twin.cli.data`, :mod:`~twin.cli.analysis`,
 :mod:`~twin.cli.demo`, :mod:`~twin.cli.replay`, :mod:`~twin.cli.collect`,
-:mod:`~twin.cli.imports`, :mod:`~twin.cli.rules`, :mod:`~twin.cli.site`), which share
+:mod:`~twin.cli.imports`, :mod:`~twin.cli.rules`, :mod:`~twin.cli.siteview`,
+:mod:`~twin.cli.site`), which share
 :mod:`twin.cli.common` (options, errors) and :mod:`twin.cli.output` (tables, TSV, JSON) and
 never import this module or each other.
 """
@@ -20,7 +21,7 @@ from typing import Any
 import typer
 from typer.core import TyperGroup
 
-from twin.cli import analysis, data, demo, replay, serve, sim
+from twin.cli import analysis, data, demo, replay, serve, sim, siteview
 from twin.cli.collect import collect_app
 from twin.cli.common import missing_extra
 from twin.cli.history import query_app
@@ -70,6 +71,7 @@ def _main() -> None:
 for command in (
     sim.sim,
     serve.serve,
+    siteview.site_view,
     data.ingest,
     data.export,
     data.status,

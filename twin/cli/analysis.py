@@ -42,6 +42,14 @@ def _tightest_first(row: dict) -> tuple:
 def headroom(
     db: DbOpt = Path("dctwin.duckdb"),
     site: SiteOpt = None,
+    shard: Annotated[
+        str | None,
+        typer.Option(
+            show_default=False,
+            help="The store is this shard's (`dctwin serve --shard`): model its sub-site and"
+            " list only its own components.",
+        ),
+    ] = None,
     horizon: Annotated[float, typer.Option(help="Seconds ahead.")] = 3600.0,
     step: Annotated[float, typer.Option(help="Seconds between path points.")] = 60.0,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
@@ -57,11 +65,22 @@ def headroom(
     from twin.headroom import compute_headroom
 
     site_obj = load_site_file(site or DEMO_SITE, required=True)
+    view = None
+    if shard is not None:
+        from twin.site.shards import ShardError, shard_view
+
+        try:
+            view = shard_view(site_obj, shard)
+        except ShardError as e:
+            raise fail(f"--shard: {e}") from None
+        site_obj = view.site
     with open_existing_store(db) as store:
         try:
             report = compute_headroom(store, site_obj, horizon_s=horizon, step_s=step)
         except ValueError as e:
             raise fail(str(e)) from None
+    if view is not None:
+        report.rows = [r for r in report.rows if view.owns_entity(r.kind, r.id)]
     if as_json:
         typer.echo(report.model_dump_json())
         return

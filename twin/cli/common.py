@@ -20,6 +20,8 @@ err = Console(stderr=True, soft_wrap=True)
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO_SITE = REPO / "sample_telemetry" / "demo_site.yaml"
+#: The shipped day of the demo site (its calibration seeds the demo's store)
+DEMO_BUNDLE = REPO / "sample_telemetry" / "demo_bundle"
 
 DEMO_RULES = REPO / "deploy" / "alert_rules.yaml"
 

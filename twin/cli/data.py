@@ -177,7 +177,10 @@ def status(
         typer.echo(json.dumps(st))
         return
     out = Console()
-    out.print(f"[bold]{st['db']}[/]  {st['messages']:,} messages from {st['sources']:,} sources")
+    shard = f" (shard {st['shard']})" if st.get("shard") else ""
+    out.print(
+        f"[bold]{st['db']}[/]{shard}  {st['messages']:,} messages from {st['sources']:,} sources"
+    )
     if st["time_range"]:
         out.print(f"time range: {st['time_range']['start']} .. {st['time_range']['end']} (UTC)")
     kinds = Table(title="samples per kind", title_justify="left", highlight=False)

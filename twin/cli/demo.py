@@ -18,6 +18,7 @@ from collectors.mqtt import BrokerError
 from twin.cli.common import (
     CONSOLE_MODULES,
     DASHBOARDS,
+    DEMO_BUNDLE,
     DEMO_RULES,
     DEMO_SITE,
     SERVICE_MODULES,
@@ -143,8 +144,13 @@ def demo(
 
     The broker takes 1883, the API 8420 and the console 8501 when they are free, else other
     free ports; DATA_DIR/demo.env holds the ones in use (DCTWIN_MQTT_HOST, DCTWIN_MQTT_PORT,
-    DCTWIN_API_URL, DCTWIN_API_TOKEN) for other shells. A "ready" line follows the first
-    detection pass (headroom and alerts live), a "calibrated" line the first calibration."""
+    DCTWIN_API_URL, DCTWIN_API_TOKEN) for other shells.
+
+    On the demo site, a store without a calibration starts from the demo bundle's (marked
+    seeded: the API and the Calibration page say so, and when the first fit on live data is
+    due, about 11 minutes in). A "ready" line follows the first detection pass and the first
+    calibration (a seeded one counts, and the line says so); a "calibrated" line the first
+    fit on live data."""
 
     from twin.broker import start_broker
 
@@ -159,7 +165,7 @@ def demo(
         raise fail(f"--data-dir {data}: {e.strerror or e}") from None
     db = db or data / "demo.duckdb"
     site_path = site or DEMO_SITE
-    load_site_file(site_path, required=True)
+    seed_bundle = _demo_seed(load_site_file(site_path, required=True))
     if broker_kind not in ("auto", "mosquitto", "embedded"):
         raise fail(f"--broker-kind {broker_kind!r}: expected auto, mosquitto or embedded")
     _require_embedded_broker("demo", broker_kind)
@@ -191,6 +197,7 @@ def demo(
             console_writes=console_writes,
             fault=fault or [],
             detect_every=detect_every,
+            seed_bundle=seed_bundle,
         )
     finally:
         _demo_stop(procs, b)
@@ -215,6 +222,7 @@ def _demo_run(
     console_writes: bool,
     fault: list[str],
     detect_every: float,
+    seed_bundle: Path | None,
 ) -> None:
     """Start the demo's children into ``procs`` and watch them until ``stop`` or the end."""
     import secrets
@@ -254,6 +262,7 @@ def _demo_run(
             *("--rules", str(rules_path), "--detect-every", str(detect_every)),
             *("--api-port", str(api_port)),
             *("--whatif-reports", str(data_dir / "whatif")),
+            *(("--seed-calibration", str(seed_bundle)) if seed_bundle else ()),
         ],
         env,
     )
@@ -291,6 +300,7 @@ def _demo_run(
         f"{'' if b.address.endswith(':1883') else ' (1883 is taken)'}\n"
         f"  simulator  site {site_path} publishing dctwin/v1/# at {speed:g}x real time\n"
         f"  service    ingesting into {db}, alert rules {rules_path}\n"
+        f"  calibrate  {_seed_line(seed_bundle)}\n"
         f"  api        {api_url} (OpenAPI at {api_url}/docs, {api_url}/metrics)\n"
         f"{console_line}"
         f"  token      writes (acknowledge, silence) need 'Authorization: Bearer {token}'\n"
@@ -310,6 +320,28 @@ def _demo_run(
         readiness.poll()
 
 
+def _demo_seed(site) -> Path | None:
+    """The demo bundle, when it was recorded on ``site`` (its calibration then seeds a store
+    without one); None for another site."""
+    from twin.calibrate.seed import SeedError, check_bundle_site
+    from twin.site import SiteError, load_site
+
+    try:
+        check_bundle_site(load_site(DEMO_BUNDLE / "site.yaml"), site, DEMO_BUNDLE)
+    except (SeedError, SiteError, OSError):
+        return None
+    return DEMO_BUNDLE
+
+
+def _seed_line(seed: Path | None) -> str:
+    if seed is None:
+        return "first fit once 10 min of GPU telemetry exist (no bundle of this site to seed from)"
+    return (
+        f"a store without a calibration is seeded from the demo bundle's ({seed}) until the"
+        " first fit on live data (after 10 min of GPU telemetry)"
+    )
+
+
 def _write_env_file(data_dir: Path, broker: str, api_url: str, token: str) -> Path:
     """DATA_DIR/demo.env (mode 0600: it holds the write token), for ``. demo.env`` elsewhere."""
     host, _, port = broker.rpartition(":")
@@ -326,13 +358,15 @@ def _write_env_file(data_dir: Path, broker: str, api_url: str, token: str) -> Pa
 
 
 class _Readiness:
-    """Prints "ready" once the service's first detection pass has run (headroom and alerts
-    live) and "calibrated" after its first calibration, polling the API every 2 s."""
+    """Prints "ready" once the service's first detection pass and first calibration have
+    run (a seeded calibration counts, and the line says so; before it, a "detecting" line),
+    then "calibrated" after the first fit on live data, polling the API every 2 s."""
 
     def __init__(self, api_url: str, started: float) -> None:
         self.api_url = api_url
         self.started = started
         self.next_at = 0.0
+        self.detected = False
         self.ready = False
         self.calibrated = False
 
@@ -347,20 +381,41 @@ class _Readiness:
             with httpx.Client(base_url=self.api_url, timeout=5.0) as c:
                 st = c.get("/api/v1/status", params={"limit": 0}).json()
                 runs = (st.get("service") or {}).get("detection", {}).get("runs", 0)
-                cal = c.get("/api/v1/calibration").json() if self.ready else {}
+                cal = c.get("/api/v1/calibration").json()
         except (httpx.HTTPError, ValueError):
             return  # the service is still starting
         took = f"+{now - self.started:.0f} s"
-        if not self.ready and runs:
+        run, note = cal.get("run"), cal.get("note", "")
+        if not runs:
+            return
+        live = "first detection pass done; headroom and alerts are live"
+        if run is None:
+            if not self.detected:
+                self.detected = True
+                err.print(f"[bold]detecting[/] ({took}): {live}; {note}.", highlight=False)
+            return
+        if not self.ready:
             self.ready = True
+            if run.get("source") == "seed":
+                err.print(
+                    f"[bold green]ready[/] ({took}): {live}; calibration {note}.",
+                    highlight=False,
+                )
+            else:
+                self.calibrated = True
+                err.print(
+                    f"[bold green]ready[/] ({took}): {live}; calibration {note}"
+                    f" (run {run['run_id']}).",
+                    highlight=False,
+                )
+                return
+        if cal.get("fits"):
+            self.calibrated = True
             err.print(
-                f"[bold green]ready[/] ({took}): first detection pass done; headroom and alerts"
-                " are live. The first calibration follows after 10 minutes of data.",
+                f"[bold green]calibrated[/] ({took}): first fit on live data stored (run"
+                f" {run['run_id']}), replacing the seeded calibration.",
                 highlight=False,
             )
-        if self.ready and cal.get("run"):
-            self.calibrated = True
-            err.print(f"[bold green]calibrated[/] ({took}): first fit stored.", highlight=False)
 
 
 #: Seconds a demo child gets to stop on SIGTERM before it is killed.

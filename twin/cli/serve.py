@@ -59,7 +59,31 @@ ExportToOpt = Annotated[
 ExportEveryOpt = Annotated[
     float, typer.Option(min=1, help="Seconds between history exports (--export-to).")
 ]
-ExportShardOpt = Annotated[str, typer.Option(help="Shard name in the history tree (--export-to).")]
+ExportShardOpt = Annotated[
+    str | None,
+    typer.Option(
+        show_default=False,
+        help="Shard name in the history tree (--export-to; default: --shard, else main).",
+    ),
+]
+ClientIdOpt = Annotated[
+    str | None,
+    typer.Option(
+        show_default=False,
+        help="MQTT client id (the persistent session); default: dctwin-ingest, or"
+        " dctwin-ingest-SHARD with --shard.",
+    ),
+]
+ShardOpt = Annotated[
+    str | None,
+    typer.Option(
+        show_default=False,
+        help="Run as this shard of the site file's shards: (needs --site): subscribe only to"
+        " its sources' topics (and those its spanning components read), store only them,"
+        " and calibrate, forecast and detect its own components. The store remembers its"
+        " shard and refuses another's. Default: the whole site (shard main).",
+    ),
+]
 
 
 def _export_options(export_to: str | None, every_s: float, shard: str) -> dict[str, Any]:
@@ -78,9 +102,8 @@ def serve(
     broker: BrokerOpt = None,
     db: DbOpt = Path("dctwin.duckdb"),
     site: SiteOpt = None,
-    client_id: Annotated[str, typer.Option(help="MQTT client id (the persistent session).")] = (
-        "dctwin-ingest"
-    ),
+    shard: ShardOpt = None,
+    client_id: ClientIdOpt = None,
     share_group: Annotated[
         str | None, typer.Option(help="Subscribe as $share/GROUP/... to split load.")
     ] = None,
@@ -90,7 +113,7 @@ def serve(
     ] = None,
     export_to: ExportToOpt = None,
     export_every: ExportEveryOpt = 300.0,
-    export_shard: ExportShardOpt = "main",
+    export_shard: ExportShardOpt = None,
     max_future: MaxFutureOpt = 300.0,
     max_past: MaxPastOpt = 30 * 86400.0,
     stall_after: Annotated[
@@ -156,6 +179,14 @@ def serve(
     whatif_bundles: WhatifBundlesOpt = REPO / "sample_telemetry",
     whatif_scenarios: WhatifScenariosOpt = REPO / "sample_telemetry" / "scenarios",
     whatif_reports: WhatifReportsOpt = None,
+    seed_calibration: Annotated[
+        Path | None,
+        typer.Option(
+            help="A recorded bundle of the same site (e.g. sample_telemetry/demo_bundle): a"
+            " store without a calibration starts from the bundle's, marked seeded, until the"
+            " first fit on live data (needs --site)."
+        ),
+    ] = None,
     verbose: bool = False,
 ) -> None:
     """Run the twin service: ingest MQTT telemetry into the DuckDB store, refit the model and
@@ -169,6 +200,8 @@ def serve(
     if calibrate_holdout >= calibrate_window:
         raise fail("--calibrate-holdout must be shorter than --calibrate-window")
     site_obj = load_site_file(site)
+    if shard is not None:
+        _check_shard(site_obj, shard)
     if rules is not None:  # a bad rule or hook file is refused before anything starts
         _check_alert_files(rules, hooks)
     cfg = broker_config(broker)
@@ -177,11 +210,11 @@ def serve(
         site=site_obj,
         broker=cfg,
         ingest=ServiceOptions(
-            client_id=client_id,
+            client_id=client_id or (f"dctwin-ingest-{shard}" if shard else "dctwin-ingest"),
             share_group=share_group,
             flush_interval_s=flush_interval,
             retention_days=retention_days,
-            **_export_options(export_to, export_every, export_shard),
+            **_export_options(export_to, export_every, export_shard or shard or "main"),
         ),
         max_future_s=max_future,
         max_past_s=max_past,
@@ -200,17 +233,19 @@ def serve(
         whatif_bundles=whatif_bundles,
         whatif_scenarios=whatif_scenarios,
         whatif_reports=whatif_reports,
+        seed_calibration=seed_calibration,
+        shard=shard,
     )
     try:
         service = Service(config).start()
     except ServiceError as e:
         raise fail(str(e)) from None
     signal.signal(signal.SIGHUP, service.on_sighup)
-    if service.url is not None:
-        writes = "token required" if token else NO_WRITES
+    _announce(service, token)
+    if service.seeded is not None:
         err.print(
-            f"api: {service.url} (OpenAPI at {service.url}/docs, Prometheus at"
-            f" {service.url}/metrics; writes: {writes})",
+            f"calibration: run {service.seeded.run_id} seeded from {seed_calibration}"
+            f" ({service.seeded.params} parameters) until the first fit on live data",
             highlight=False,
         )
     # SIGTERM (systemd, docker stop, a script's background job) and SIGINT stop alike.
@@ -223,6 +258,37 @@ def serve(
     for problem in service.stop():
         err.print(f"[yellow]{problem}[/]", highlight=False)
     typer.echo(json.dumps(service.ingester.counters.as_dict()))
+
+
+def _announce(service: Any, token: str | None) -> None:
+    """Say where the API is and, for a shard, what it subscribes to."""
+    if service.shard is not None:
+        v = service.shard
+        err.print(
+            f"shard {v.name}: {len(v.racks)} racks, {len(v.sources)} sources of its own,"
+            f" {len(v.reads)} read from other shards, {len(v.topic_filters)} topic filters",
+            highlight=False,
+        )
+    if service.url is not None:
+        writes = "token required" if token else NO_WRITES
+        err.print(
+            f"api: {service.url} (OpenAPI at {service.url}/docs, Prometheus at"
+            f" {service.url}/metrics; writes: {writes})",
+            highlight=False,
+        )
+
+
+def _check_shard(site: Any, shard: str) -> None:
+    """Exit 2 with one line when ``--shard`` names no shard of the site file (or has no site)."""
+    from twin.site.shards import shard_names
+
+    if site is None:
+        raise fail("--shard needs --site (the shards are named in the site file)")
+    if shard not in shard_names(site):
+        raise fail(
+            f"--shard: no shard {shard!r} in site {site.name!r}; its shards:"
+            f" {', '.join(shard_names(site))}"
+        )
 
 
 def _check_alert_files(rules: Path, hooks: Path | None) -> None:

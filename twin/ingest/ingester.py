@@ -32,7 +32,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from collectors.contract import BatchDecoder, encode, topic_for
+from collectors.contract import KINDS, TOPIC_PREFIX, BatchDecoder, encode, topic_for
 from twin.ingest.columns import KEY_COLUMNS, suspect_rows
 from twin.site import Site
 from twin.store.schema import DEAD_PAYLOAD_KEEP_BYTES, DEAD_TOPIC_KEEP_CHARS, arrow_schema
@@ -90,6 +90,8 @@ class IngestCounters:
     dead_letter_repeats: int = 0
     #: batches the store refused that were split to find the refused message
     store_splits: int = 0
+    #: messages of another shard's sources (a shard's ``accept``): acknowledged, not stored
+    foreign: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -100,6 +102,7 @@ class IngestCounters:
             "dead_letters": dict(self.dead_letters),
             "dead_letter_repeats": self.dead_letter_repeats,
             "store_splits": self.store_splits,
+            "foreign": self.foreign,
         }
 
 
@@ -152,8 +155,12 @@ class Ingester:
         *,
         dedup_window_s: float = DEDUP_WINDOW_S,
         dedup_max_keys: int = DEDUP_MAX_KEYS,
+        accept: frozenset[tuple[str, str]] | None = None,
     ):
         self.store = store
+        #: a shard's (kind, source) pairs (twin.site.shards.ShardView.accepted): a well-formed
+        #: topic of this site naming another pair is counted as ``foreign`` and not stored
+        self.accept = accept
         self.site = site
         self.limits = limits or IngestLimits()
         self.counters = IngestCounters()
@@ -323,7 +330,32 @@ class Ingester:
         each message once.
         """
         now = received_at or datetime.now(UTC)
-        return self._ingest(items, now)
+        return self._ingest(self._own(items), now)
+
+    def _own(self, items: list[tuple[str, bytes]], count: bool = True) -> list[tuple[str, bytes]]:
+        """``items`` less the messages of sources outside :attr:`accept` (counted ``foreign``
+        when ``count``).
+
+        Only a topic that is this site's ``dctwin/v1/<site>/<kind>/<source>`` with a contract
+        kind can be foreign; any other topic goes on to validation (and its dead letter)."""
+        accept = self.accept
+        if accept is None:
+            return items
+        site = self.decoder.site
+        kept = []
+        for item in items:
+            parts = item[0].split("/")
+            if (
+                len(parts) == 5
+                and f"{parts[0]}/{parts[1]}" == TOPIC_PREFIX
+                and parts[2] == site
+                and parts[3] in KINDS
+                and (parts[3], parts[4]) not in accept
+            ):
+                self.counters.foreign += count
+                continue
+            kept.append(item)
+        return kept
 
     def _ingest(self, items: list[tuple[str, bytes]], now: datetime) -> Batch:
         batch, pending = self._build(items, now)
@@ -347,9 +379,11 @@ class Ingester:
     ) -> None:
         """Ingest ``items`` one by one; a message on which the ingest itself fails (a bug, never
         a bad message: those are dead-lettered by reason) is dead-lettered as ``ingest_error``
-        instead of stopping the rest. Raises StoreUnavailable like :meth:`ingest`."""
+        instead of stopping the rest. Raises StoreUnavailable like :meth:`ingest`. Messages of
+        other shards are left out uncounted: this runs after :meth:`ingest` failed on the same
+        items, which counted them."""
         now = received_at or datetime.now(UTC)
-        for item in items:
+        for item in self._own(items, count=False):
             try:
                 self._ingest([item], now)
             except StoreUnavailable:

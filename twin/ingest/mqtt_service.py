@@ -82,11 +82,23 @@ class ServiceOptions:
     #: this process hold when the store is slow or failing (MQTT 3.1.1: the broker's
     #: ``max_inflight_messages`` does the same).
     receive_maximum: int = 50_000
+    #: The topic filters to subscribe to (a shard's, twin.site.shards); empty: every topic of
+    #: the contract (``dctwin/v1/#``).
+    topics: tuple[str, ...] = ()
 
     @property
     def topic(self) -> str:
-        base = f"{TOPIC_PREFIX}/#"
-        return f"$share/{self.share_group}/{base}" if self.share_group else base
+        """What is subscribed, in words: the one filter, or how many a shard has."""
+        subs = self.subscriptions
+        return subs[0] if len(subs) == 1 else f"{len(subs)} topic filters ({subs[0]} ...)"
+
+    @property
+    def subscriptions(self) -> list[str]:
+        """The topic filters subscribed to, each under ``$share/<group>/`` with a share group."""
+        base = list(self.topics) or [f"{TOPIC_PREFIX}/#"]
+        if self.share_group:
+            return [f"$share/{self.share_group}/{t}" for t in base]
+        return base
 
 
 class _Receiver:
@@ -215,7 +227,7 @@ class MqttIngestService:
         self._gens += 1
         ropts = rcv.ReceiverOptions(
             client_id=opts.client_id,
-            topic=opts.topic,
+            topics=tuple(opts.subscriptions),
             forward_interval_s=opts.forward_interval_s,
             forward_max_messages=opts.forward_max_messages,
             forward_max_bytes=opts.forward_max_bytes,
@@ -345,7 +357,7 @@ class MqttIngestService:
                 persistent=True,
                 manual_ack=True,
                 on_message=self._on_message,
-                subscriptions=[self.options.topic],
+                subscriptions=self.options.subscriptions,
                 receive_maximum=self.options.receive_maximum,
             )
             self._client.on_disconnect = self._on_disconnect

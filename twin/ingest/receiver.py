@@ -122,7 +122,7 @@ class ReceiverOptions:
     """What the child needs besides the broker settings."""
 
     client_id: str
-    topic: str
+    topics: tuple[str, ...]
     forward_interval_s: float = 0.02
     forward_max_messages: int = 2000
     forward_max_bytes: int = 8 << 20
@@ -198,7 +198,7 @@ def receiver_main(conn: Connection, broker: BrokerConfig, opts: ReceiverOptions)
             persistent=True,
             manual_ack=True,
             on_message=on_message,
-            subscriptions=[opts.topic],
+            subscriptions=list(opts.topics),
             receive_maximum=opts.receive_maximum,
         )
     except Exception as e:

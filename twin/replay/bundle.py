@@ -246,7 +246,13 @@ def _calibration(store: Store) -> dict[str, Any] | None:
         return None
     run = runs[0]
     return {
-        **{k: run[k] for k in ("run_id", "fitted_at", "window_start", "window_end")},
+        **{
+            k: run[k]
+            for k in (
+                *("run_id", "fitted_at", "window_start", "window_end", "holdout_start"),
+                *("gpus", "seconds", "source"),
+            )
+        },
         "params": store.calibration_param_rows(run["run_id"]),
         "quality": store.calibration_quality(run["run_id"]),
     }

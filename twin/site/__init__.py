@@ -2,7 +2,20 @@
 
 from twin.site.catalog import CDU_MODELS, GPU_MODELS, NODE_MODELS, CduModel, GpuModel, NodeModel
 from twin.site.loader import SiteError, SiteIssue, load_site
-from twin.site.model import Breaker, Cdu, Fleet, Hall, Link, Node, Pdu, Rack, Row, Site, Switch
+from twin.site.model import (
+    Breaker,
+    Cdu,
+    Fleet,
+    Hall,
+    Link,
+    Node,
+    Pdu,
+    Rack,
+    Row,
+    Shard,
+    Site,
+    Switch,
+)
 
 __all__ = [
     "CDU_MODELS",
@@ -20,6 +33,7 @@ __all__ = [
     "Pdu",
     "Rack",
     "Row",
+    "Shard",
     "Site",
     "SiteError",
     "SiteIssue",

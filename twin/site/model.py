@@ -201,6 +201,27 @@ class Fleet(_Strict):
     members: list[Name] = Field(min_length=1, description="node or rack names")
 
 
+class Shard(_Strict):
+    """One `dctwin serve --shard NAME`: the halls (or rows of one big hall) it owns, and the
+    spanning components (loops, CDUs, PDUs, spine switches, links between shards) it owns."""
+
+    name: Name = Field(pattern=_SLUG)
+    halls: list[Name] = Field(default_factory=list, description="halls this shard owns whole")
+    rows: list[str] = Field(
+        default_factory=list,
+        description='"<hall>/<row>" names: rows of a hall split between shards',
+    )
+    owns: list[Name] = Field(
+        default_factory=list,
+        description="components that span shards (loop, CDU, PDU, switch, link) it owns",
+    )
+    api_url: str | None = Field(
+        default=None,
+        pattern=r"^https?://[^\s/]+(/\S*)?$",
+        description="the shard's API (http[s]://host:port), for `dctwin site-view --site`",
+    )
+
+
 class Site(_Strict):
     name: Name = Field(pattern=_SLUG, description="the <site> segment of MQTT topics")
     halls: list[Hall] = Field(min_length=1)
@@ -209,6 +230,10 @@ class Site(_Strict):
     switches: list[Switch] = Field(default_factory=list)
     links: list[Link] = Field(default_factory=list)
     fleets: list[Fleet] = Field(default_factory=list)
+    shards: list[Shard] = Field(
+        default_factory=list,
+        description="groups of halls, each one service (absent: one shard 'main' owns all)",
+    )
 
     # ---- derived views -------------------------------------------------------------------
 
@@ -377,6 +402,11 @@ class Site(_Strict):
                         m,
                         f"fleet {f.name!r} member {m!r} is no node or rack",
                     )
+        if not problems and self.shards:  # shards are checked on a site whose names resolve
+            from twin.site.shards import shard_problems
+
+            for loc, value, message in shard_problems(self):
+                problem(loc, value, message)
         if problems:
             raise ValidationError.from_exception_data(type(self).__name__, problems)
         return self

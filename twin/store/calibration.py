@@ -16,7 +16,14 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-__all__ = ["PARAM_COLUMNS", "QUALITY_COLUMNS", "RUN_COLUMNS", "CalibrationTables", "ParamKey"]
+__all__ = [
+    "PARAM_COLUMNS",
+    "QUALITY_COLUMNS",
+    "RUN_COLUMNS",
+    "RUN_SOURCES",
+    "CalibrationTables",
+    "ParamKey",
+]
 
 RUN_COLUMNS = (
     "run_id",
@@ -26,7 +33,13 @@ RUN_COLUMNS = (
     "holdout_start",
     "gpus",
     "seconds",
+    "source",
+    "seeded_from",
+    "seeded_at",
 )
+#: ``calibration_runs.source``: a fit on this store's telemetry, or parameters seeded from a
+#: recorded bundle's calibration (:mod:`twin.calibrate.seed`) until the first fit.
+RUN_SOURCES = ("fit", "seed")
 PARAM_COLUMNS = ("kind", "id", "param", "value", "stderr", "usable", "reason")
 QUALITY_COLUMNS = ("kind", "id", "quantity", "mae", "cv_rmse", "nmbe", "mape", "n")
 EVENT_COLUMNS = ("kind", "id", "param", "value", "own_median", "fleet_median", "detail")
@@ -190,10 +203,14 @@ class CalibrationTables:
     ) -> int:
         """Store one run as a new version, all of it or nothing; returns its run id.
 
-        ``run`` holds the columns of ``calibration_runs`` but ``run_id``; each row of
-        ``params``, ``quality`` and ``events`` the columns of its table but ``run_id`` (keys
-        the table does not have are left out).
+        ``run`` holds the columns of ``calibration_runs`` but ``run_id`` (``source`` defaults
+        to ``"fit"``, ``seeded_from`` and ``seeded_at`` to None); each row of ``params``,
+        ``quality`` and ``events`` the columns of its table but ``run_id`` (keys the table
+        does not have are left out).
         """
+        run = {"source": "fit", "seeded_from": None, "seeded_at": None, **run}
+        if run["source"] not in RUN_SOURCES:
+            raise ValueError(f"calibration run source {run['source']!r}: expected fit or seed")
         con = self.con
         con.execute("BEGIN TRANSACTION")
         try:
@@ -203,7 +220,8 @@ class CalibrationTables:
                 ][0]
             )
             con.execute(
-                "INSERT INTO calibration_runs VALUES (?, ?, ?, ?, ?, ?, ?)",
+                f"INSERT INTO calibration_runs ({', '.join(RUN_COLUMNS)})"
+                f" VALUES ({', '.join('?' * len(RUN_COLUMNS))})",
                 [run_id, *(run[c] for c in RUN_COLUMNS[1:])],
             )
             for table, columns, rows in (

@@ -145,7 +145,12 @@ def ddl() -> list[str]:
         "CREATE TABLE IF NOT EXISTS calibration_runs (run_id BIGINT PRIMARY KEY,"
         " fitted_at TIMESTAMPTZ NOT NULL, window_start TIMESTAMPTZ NOT NULL,"
         " window_end TIMESTAMPTZ NOT NULL, holdout_start TIMESTAMPTZ NOT NULL,"
-        " gpus INTEGER NOT NULL, seconds DOUBLE NOT NULL)",
+        " gpus INTEGER NOT NULL, seconds DOUBLE NOT NULL, source VARCHAR NOT NULL DEFAULT 'fit',"
+        " seeded_from VARCHAR, seeded_at TIMESTAMPTZ)",
+        # stores made before a run said where it came from: every run of theirs was a fit
+        "ALTER TABLE calibration_runs ADD COLUMN IF NOT EXISTS source VARCHAR DEFAULT 'fit'",
+        "ALTER TABLE calibration_runs ADD COLUMN IF NOT EXISTS seeded_from VARCHAR",
+        "ALTER TABLE calibration_runs ADD COLUMN IF NOT EXISTS seeded_at TIMESTAMPTZ",
         "CREATE TABLE IF NOT EXISTS calibration_params (run_id BIGINT NOT NULL,"
         " kind VARCHAR NOT NULL, id VARCHAR NOT NULL, param VARCHAR NOT NULL, value DOUBLE,"
         " stderr DOUBLE, usable BOOLEAN NOT NULL, reason VARCHAR)",

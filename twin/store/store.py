@@ -278,8 +278,10 @@ class Store(CalibrationTables):
             " (PARTITION BY kind, source ORDER BY received_at, seq) - 1 AS gap FROM ingest_log)"
             " WHERE gap > 0"
         ).fetchall()[0][0]
+        shard = con.execute("SELECT value FROM meta WHERE key = 'shard'").fetchall()
         return {
             "db": self.path,
+            "shard": shard[0][0] if shard else None,
             "samples": samples,
             "readings": {**readings, "extra": readings_extra},
             "time_range": {"start": min(starts), "end": max(ends)} if starts else None,

@@ -111,5 +111,6 @@ def fleets(
 @router.get("/api/v1/calibration", response_model=m.CalibrationResponse, tags=["twin"])
 def calibration(api: Api) -> dict[str, Any]:
     """The newest calibration: parameter spread and held-out fit quality (MAE, CV(RMSE))
-    per device class, unusable parameters with their reasons, drift events."""
-    return queries.calibration_summary(api.ctx.db(), api.ctx.site)
+    per device class, unusable parameters with their reasons, drift events; whether it is
+    a fit on live data or seeded from a bundle, and when the first fit is expected."""
+    return queries.calibration_summary(api.ctx.db(), api.ctx.site, api.ctx.calibrator)
