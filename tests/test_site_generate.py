@@ -223,6 +223,8 @@ def test_shards_section_follows_the_spec(tmp_path: Path, halls: int, shards: int
     assert set(owns.values()) == {1}
     spines = {s.name for s in site.switches if s.role == "spine"}
     assert spines <= set(owns)
+    standby = {c.name for c in site.cdus} - {r.cdu for r in site.racks}  # serve no rack
+    assert standby <= set(owns)
     shard_of: dict[str, str] = {}
     for h in site.halls:
         for row in h.rows:
@@ -234,6 +236,7 @@ def test_shards_section_follows_the_spec(tmp_path: Path, halls: int, shards: int
     for lk in site.links:
         spans = shard_of[lk.a] != shard_of[lk.b]
         assert (lk.name in owns) == spans, lk
+    assert set(owns) == spines | standby | {lk.name for lk in site.links if lk.name in owns}
     racks = {r.name: r for r in site.racks}
     for f in site.fleets:  # no fleet spans two shards
         assert len({shard_of[n.name] for m in f.members for n in racks[m].nodes}) == 1, f
@@ -242,12 +245,24 @@ def test_shards_section_follows_the_spec(tmp_path: Path, halls: int, shards: int
         assert all("rows" not in s for s in section)
 
 
-def test_shards_site_loads_once_the_model_has_shards(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("halls", "shards"), [(4, 4), (2, 3), (4, 2)], ids=["4x4", "2h-3s", "4h-2s"]
+)
+def test_generated_shards_partition_every_source(tmp_path: Path, halls: int, shards: int) -> None:
     if "shards" not in Site.model_fields:
-        pytest.skip("twin.site.model.Site has no `shards` field yet (issue 17 item 1, wt-shards)")
-    path, _ = generate(tmp_path, "--gpus", "2000", "--halls", "2", "--shards", "3")
-    site = load_site(path)
-    assert len(site.shards) == 3
+        pytest.skip("twin.site.model.Site has no `shards` field yet (issue 17 item 1)")
+    from twin.site.shards import shard_view
+
+    args = ("--gpus", "1600", "--halls", str(halls), "--racks-per-row", "2")
+    path, _ = generate(tmp_path, *args, "--shards", str(shards))
+    site = load_site(path)  # the site model's own shard checks
+    assert len(site.shards) == shards
+    views = [shard_view(site, s.name) for s in site.shards]
+    sources = Counter(src for v in views for src in v.sources)
+    assert set(sources.values()) == {1}  # every source in exactly one shard
+    assert {src for src in sources if src[0] == "gpu"} == {("gpu", n.name) for n in site.nodes}
+    assert {src[1] for src in sources if src[0] == "pdu"} == {p.name for p in site.pdus}
+    assert {src[1] for src in sources if src[0] == "cdu"} == {c.name for c in site.cdus}
 
 
 def test_the_simulator_runs_a_generated_site(tmp_path: Path) -> None:

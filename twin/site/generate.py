@@ -21,7 +21,8 @@ Design load of a node: every GPU at its TDP through :func:`twin.chain.propagate.
 (the chain's own node model, PSU losses included). The same seed gives the same file, byte for
 byte. With ``shards`` > 0 the file has a ``shards:`` section (the agreed interface of issue 17):
 whole halls per shard when there are at most as many shards as halls, else halls split by rows;
-every spine and every link between two shards is in exactly one shard's ``owns``.
+every spine, every link between two shards and every CDU that serves no rack (the standby of a
+short row) is in exactly one shard's ``owns``.
 
 The site is built as a mapping, validated with the site model (the ``shards`` section too once
 the model has it), and written as YAML directly: block style down to the racks, one flow mapping
@@ -103,6 +104,7 @@ class _Row:
     name: str
     kind: str
     racks: list[_Rack]
+    cdus: list[str] = field(default_factory=list)
 
     @property
     def path(self) -> str:
@@ -265,6 +267,7 @@ def _cooling(halls: list[list[_Row]], design: dict[str, float]) -> list[dict[str
                 n += 1  # each CDU's round-robin share must fit it
             tag = f"{row.hall.removeprefix('hall-')}-{row.name.removeprefix('row-')}"
             names = [f"cdu-{tag}-{k + 1}" for k in range(n)]
+            row.cdus = names
             for k, rack in enumerate(row.racks):
                 rack.cdu = names[k % n]
             cdus += [{"name": c, "model": ROW_CDU, "loop": f"loop-{tag}"} for c in names]
@@ -350,7 +353,8 @@ def _shards(
     groups: list[list[_Row]],
     links: list[dict[str, Any]],
 ) -> list[dict[str, Any]]:
-    """The shards section: rows per shard; spines and links between shards in one ``owns``."""
+    """The shards section: rows per shard; spines, links between shards and CDUs that serve no
+    rack (a short row's standby) each in one shard's ``owns``."""
     hall_rows = {rows[0].hall: {r.path for r in rows} for rows in halls}
     shard_of: dict[str, int] = {}  # node, leaf or spine -> shard index
     for i, group in enumerate(groups):
@@ -363,6 +367,10 @@ def _shards(
         for s in _spines(o, h):
             shard_of[s] = owner
             owns[owner].append(s)
+    for i, group in enumerate(groups):  # a row's standby CDUs that serve no rack yet
+        for row in group:
+            served = {r.cdu for r in row.racks}
+            owns[i] += [c for c in row.cdus if c not in served]
     for lk in links:
         if shard_of[lk["a"]] != shard_of[lk["b"]]:  # between shards: the shard of its a end
             owns[shard_of[lk["a"]]].append(lk["name"])
