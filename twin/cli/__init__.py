@@ -8,7 +8,8 @@ and never appear in logs.
 This module only assembles the Typer app; the commands live in one module each group
 (:mod:`twin.cli.sim`, :mod:`~twin.cli.serve`, :mod:`~twin.cli.data`, :mod:`~twin.cli.analysis`,
 :mod:`~twin.cli.demo`, :mod:`~twin.cli.replay`, :mod:`~twin.cli.collect`,
-:mod:`~twin.cli.imports`, :mod:`~twin.cli.rules`, :mod:`~twin.cli.siteview`), which share
+:mod:`~twin.cli.imports`, :mod:`~twin.cli.rules`, :mod:`~twin.cli.siteview`,
+:mod:`~twin.cli.site`), which share
 :mod:`twin.cli.common` (options, errors) and :mod:`twin.cli.output` (tables, TSV, JSON) and
 never import this module or each other.
 """
@@ -26,6 +27,7 @@ from twin.cli.common import missing_extra
 from twin.cli.history import query_app
 from twin.cli.imports import import_app
 from twin.cli.rules import rules_app
+from twin.cli.site import site_app
 from twin.procs import exit_with_parent
 
 
@@ -88,6 +90,7 @@ app.add_typer(collect_app, name="collect", cls=_ExtrasGroup)
 app.add_typer(import_app, name="import", cls=_ExtrasGroup)
 app.add_typer(rules_app, name="rules", cls=_ExtrasGroup)
 app.add_typer(query_app, name="query", cls=_ExtrasGroup)
+app.add_typer(site_app, name="site", cls=_ExtrasGroup)
 for command in (replay.record, replay.replay, replay.whatif):
     app.command()(command)
 
