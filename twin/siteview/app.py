@@ -208,6 +208,7 @@ def _series_refusal(request: Request, agg: str | None, fmt: str | None) -> Respo
 #: The reads merged by one rule of :mod:`twin.siteview.merge`, asked with the caller's query.
 LISTINGS: dict[str, Merge] = {
     f"{V1}/headroom": merge.headroom,
+    f"{V1}/headroom/history": merge.headroom_history,
     f"{V1}/racks": merge.listing("racks"),
     f"{V1}/power": merge.listing("phases"),
     f"{V1}/cooling": merge.listing("cdus"),

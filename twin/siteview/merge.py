@@ -308,13 +308,42 @@ def hotspots(bodies: list[Body]) -> Body:
 
 
 def calibration(bodies: list[Body]) -> Body:
+    """The newest run of any shard; counts summed; the first expected fit the earliest; the
+    note one line per shard that gives one (shards are in the answer's ``shards``)."""
     runs = [b["run"] for b in bodies if b.get("run")]
+    notes = [b["note"] for b in bodies if b.get("note")]
     return {
         "run": max(runs, key=lambda r: r.get("fitted_at") or "") if runs else None,
         "runs": sum(b.get("runs") or 0 for b in bodies),
+        "fits": sum(b.get("fits") or 0 for b in bodies),
+        "first_fit_expected_at": _min(b.get("first_fit_expected_at") for b in bodies),
+        "note": "; ".join(dict.fromkeys(notes)) if notes else "no shard has a calibration yet",
         "classes": _concat(bodies, "classes"),
         "events": _concat(bodies, "events"),
     }
+
+
+def headroom_history(bodies: list[Body]) -> Body:
+    """Per kind, the tightest share used across shards in each minute (shards' detection
+    passes do not share timestamps: their reports are put on the minute they were computed)."""
+    per_kind: dict[str, dict[str, float | None]] = {}
+    for k in _concat(bodies, "kinds"):
+        cur = per_kind.setdefault(k["kind"], {})
+        for t, used in zip(k.get("t") or [], k.get("used_pct") or [], strict=False):
+            minute = str(t)[:16]  # ISO 8601 to the minute: YYYY-MM-DDTHH:MM
+            if used is not None and (cur.get(minute) is None or used > cur[minute]):  # type: ignore[operator]
+                cur[minute] = used
+            else:
+                cur.setdefault(minute, None)
+    kinds = [
+        {
+            "kind": kind,
+            "t": [f"{m}:00Z" for m in sorted(pts)],
+            "used_pct": [pts[m] for m in sorted(pts)],
+        }
+        for kind, pts in sorted(per_kind.items())
+    ]
+    return {"start": _min(b.get("start") for b in bodies), "kinds": kinds}
 
 
 def site(bodies: list[Body]) -> Body:
