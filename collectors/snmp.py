@@ -2,8 +2,9 @@
 
 :class:`SnmpPduCollector` walks the tables of one vendor *profile* (one YAML file per MIB:
 Raritan PDU2-MIB, APC PowerNet rPDU2 and the older rPDU load tables, ServerTech Sentry4-MIB and
-Sentry3-MIB, Eaton EATON-EPDU-MIB; each file names its source and the scaling of every OID)
-with GETBULK and returns one ``pdu`` contract message per poll. See
+Sentry3-MIB, Eaton EATON-EPDU-MIB, Vertiv Geist GEIST-V5-MIB / VERTIV-V5-MIB; each file names
+its source and the scaling of every OID) with GETBULK and returns one ``pdu`` contract message
+per poll. See
 :mod:`collectors.snmp_profiles` for the scaling rule and the fields of a profile. A reading in
 a unit the profile does not list is refused with a logged reason, never stored under a wrong
 unit; a sensor whose state column says it has no reading (Raritan ``unavailable``, Sentry3
@@ -15,11 +16,15 @@ columns are read every poll.
 Sample ids follow the contract (collectors/contract.py): ``<pdu>`` for the unit (input cord /
 inlet), ``<pdu>/L1..L3`` for lines (poles), ``<pdu>/L1-L2``.. for the line-to-line legs of a
 delta unit (Sentry4 ``st4PhaseLabel``, Sentry3 ``infeedPhaseID``, Eaton
-``inputVoltageMeasType``): line current stays on ``<pdu>/L1``, the leg's voltage and power go
+``inputVoltageMeasType``, Geist ``pduPhaseName``): line current stays on ``<pdu>/L1``, the leg's voltage and power go
 to ``<pdu>/L1-L2``. ``<pdu>/cb<n>`` are branch breakers (over-current protectors, APC banks,
 Sentry4 branches, Eaton breaker groups; Sentry3 ``cb<infeed>-<branch>``; name the breakers so
 in the site file), ``<pdu>/outlet<n>`` outlets. The first temperature/humidity probe fills
-``<pdu>``'s ``inlet_temp_c`` / ``humidity_pct``, further ones ``<pdu>/sensor<n>``. A second
+``<pdu>``'s ``inlet_temp_c`` / ``humidity_pct``, further ones ``<pdu>/sensor<n>`` (Geist:
+``<pdu>/thd<n>``, ``<pdu>/temp<n>``, one table per probe type; a quantity the unit's id already
+has from an earlier table goes to the probe's own id). A label checked against the unit's wiring
+(``leg_when`` / ``line_when`` over a ``scalars`` value such as Geist's ``pduMeterType``) that
+names a line on a delta unit, or a leg on a wye unit, is refused with the reason. A second
 inlet, input cord or daisy-chained unit gets a prefix: ``<pdu>/inlet2/L1``,
 ``<pdu>/unit2/cord1/L1``, ``<pdu>/module2/L1``.
 
@@ -52,7 +57,15 @@ from pysnmp.proto.rfc1905 import EndOfMibView, NoSuchInstance, NoSuchObject
 
 from collectors.base import CollectorError, Message, MessageBuilder
 from collectors.contract import QUANTITIES, line_element
-from collectors.snmp_profiles import UNITS, Column, Profile, Table, contract_unit, resolve
+from collectors.snmp_profiles import (
+    UNITS,
+    Column,
+    Label,
+    Profile,
+    Table,
+    contract_unit,
+    resolve,
+)
 
 __all__ = ["SnmpPduCollector"]
 
@@ -172,6 +185,11 @@ class SnmpPduCollector:
             config = [*table.keys.values(), *(lab.oid for lab in table.labels.values())]
             for col in table.columns:
                 config += [o for o in (col.decimals, col.units) if o]
+            for oid in table.scalars.values():  # one instance: its column, read once
+                column = oid.rsplit(".", 1)[0]
+                if column not in self._cache:
+                    self._cache[column] = await self._walk(column)
+                    self._cache_for[column] = set()
             for oid in config:
                 scalar = oid.endswith(".0")
                 key = oid.removesuffix(".0")
@@ -248,6 +266,11 @@ class SnmpPduCollector:
                 raw = self._cache.get(oid, {}).get(index)
                 if raw is not None:
                     fields[name] = _int(raw, raw)
+            for name, oid in table.scalars.items():
+                column, row = oid.rsplit(".", 1)
+                raw = self._cache.get(column, {}).get((int(row),))
+                if raw is not None:
+                    fields[name] = _int(raw, raw)
             unlabelled = self._labels(table, index, fields)
             chain = "".join(
                 f"/{p}{fields[p]}"
@@ -269,8 +292,15 @@ class SnmpPduCollector:
                     continue
                 pattern = col.sample or table.sample
                 if table.first and col.quantity not in firsts:
-                    pattern = table.first
                     firsts.add(col.quantity)
+                    # the unit's own id, unless an earlier table's probe already filled it
+                    # there (Geist THD and temperature-only probes): then the row's own id
+                    try:
+                        head = table.first.format(src=self.source, chain=chain, **fields)
+                    except KeyError:
+                        head = None  # refused below, with the reason
+                    if head is None or col.quantity not in samples.get(head, {}):
+                        pattern = table.first
                 try:
                     sid = pattern.format(src=self.source, chain=chain, **fields)
                 except KeyError as e:
@@ -293,7 +323,10 @@ class SnmpPduCollector:
             element = None if text is None else line_element(text)
             if element is None and lab.fallback is not None:
                 element = lab.fallback.format(**fields)
-            if element is not None:
+            wrong = _wiring_mismatch(lab, element, fields)
+            if wrong:
+                why[name] = f"label {text!r} at {lab.oid} names {wrong}"
+            elif element is not None:
                 fields[name] = element
             else:
                 why[name] = (
@@ -345,6 +378,20 @@ class SnmpPduCollector:
         # 9 decimals: far below any PDU's resolution, and 95 x 0.01 reads 0.95, not ...0001
         value = round(value * factor + offset, 9)
         return value if math.isfinite(value) else None
+
+
+def _wiring_mismatch(lab: Label, element: str | None, fields: dict[str, Any]) -> str | None:
+    """Why a line/leg label contradicts the unit's wiring (``leg_when`` / ``line_when``: e.g.
+    a delta unit's phase named as a line), or None when it does not."""
+    if element is None:
+        return None
+    is_leg = "-" in element
+    for want_leg, rule in ((True, lab.leg_when), (False, lab.line_when)):
+        hit = next(((k, fields[k]) for k, v in rule.items() if fields.get(k) in v), None)
+        if hit is not None and is_leg != want_leg:
+            have, want = ("a leg", "a line") if is_leg else ("a line", "a leg")
+            return f"{have} ({element}) where {hit[0]} = {hit[1]} calls for {want}"
+    return None
 
 
 def _selected(col: Column, fields: dict[str, Any]) -> bool:

@@ -12,7 +12,9 @@ the unit (``units``) it is checked against ``units_map``; where it states a sens
 (``state``) a state listed in ``unavailable`` leaves the value out. ``labels`` read a
 DisplayString column that names a line or a line-to-line leg (``L1``, ``L1-N``, ``L1-L2``) and
 turn it into the contract's element (``L1`` or ``L1-L2``, see :func:`collectors.contract.
-line_element`), so that a delta unit's leg readings never land on a line id.
+line_element`), so that a delta unit's leg readings never land on a line id; ``scalars`` read one
+instance of another table for every row (Geist ``pduMeterType``), and a label's ``leg_when`` /
+``line_when`` refuse a label that contradicts that wiring (a line on a delta unit).
 
 This module needs only pydantic and PyYAML (not pysnmp): the CLI lists the profiles from it.
 """
@@ -149,6 +151,14 @@ class Label(BaseModel):
     fallback: str | None = Field(
         None, description="pattern over the index parts when the agent gives no usable label"
     )
+    leg_when: dict[str, tuple[int, ...]] = Field(
+        default_factory=dict,
+        description="key or scalar -> values for which the label must name a leg (delta unit)",
+    )
+    line_when: dict[str, tuple[int, ...]] = Field(
+        default_factory=dict,
+        description="key or scalar -> values for which the label must name a line (wye unit)",
+    )
 
     _oids = field_validator("oid")(_check_oid)
 
@@ -165,6 +175,11 @@ class Table(BaseModel):
     )
     labels: dict[str, Label] = Field(
         default_factory=dict, description="name -> line/leg label column of the row (cached)"
+    )
+    scalars: dict[str, str] = Field(
+        default_factory=dict,
+        description="name -> OID of one instance (<column>.<row>, e.g. the unit's wiring type "
+        "in another table) read as an integer for every row (cached)",
     )
     sample: str = Field(description="pattern: {src}, {chain}, index parts, keys and labels")
     chain: tuple[str, ...] = Field(
@@ -190,9 +205,22 @@ class Table(BaseModel):
                 data["columns"] = [{**defaults, **c} if isinstance(c, dict) else c for c in cols]
         return data
 
+    @field_validator("scalars")
+    @classmethod
+    def _scalar_oids(cls, value: dict[str, str]) -> dict[str, str]:
+        for oid in value.values():
+            _check_oid(oid)
+        return value
+
     @model_validator(mode="after")
     def _names_known(self) -> Table:
-        names = {"src", "chain", *self.index, *self.keys, *self.labels}
+        names = {"src", "chain", *self.index, *self.keys, *self.labels, *self.scalars}
+        for label, lab in self.labels.items():
+            for k in (*lab.leg_when, *lab.line_when):
+                if k not in {*self.index, *self.keys, *self.scalars}:
+                    raise ValueError(
+                        f"label {label!r} tests {k!r}: not an index part, key or scalar"
+                    )
         for pattern in (self.sample, self.first, *(c.sample for c in self.columns)):
             if pattern is None:
                 continue
