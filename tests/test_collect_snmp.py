@@ -453,6 +453,145 @@ def test_eaton_epdu_millis_meastypes_and_probe_state(agent: int) -> None:
 
 
 @pytest.mark.slow
+def test_geist_v5_wye_scales_probes_and_states(agent: int) -> None:
+    proc = cli(agent, "geist", "geist-v5")  # the alias of geist-v5
+    s = samples_of(proc)
+    check(
+        s,
+        {
+            # pduMainTable: watts, volt-amps, % -> 0.96, watt-hours -> kWh; THD probe 1 fills
+            # <pdu>: 752 decidegrees in temperatureUnits fahrenheit(0) -> 24.0 degC, 41 %
+            P: {
+                "power_w": 4049.0,
+                "apparent_power_va": 4218.0,
+                "power_factor": 0.96,
+                "energy_kwh": 9876.543,
+                "inlet_temp_c": 24.0,
+                "humidity_pct": 41.0,
+            },
+            # pduPhaseName "L1" on a wye unit: 2301 decivolts, 625 centiamps; pduLineCurrent
+            f"{P}/L1": {
+                "voltage_v": 230.1,
+                "phase_current_a": 6.25,
+                "current_a": 6.25,
+                "power_w": 1380.0,
+                "apparent_power_va": 1438.0,
+                "power_factor": 0.96,
+                "energy_kwh": 3292.0,
+            },
+            f"{P}/L2": {"voltage_v": 229.8, "phase_current_a": 6.1, "current_a": 6.1},
+            f"{P}/L3": {"voltage_v": 230.5, "current_a": 5.98, "energy_kwh": 3294.543},
+            # pduBreakerTable: centiamps; breaker 1 also meters voltage, power and energy
+            f"{P}/cb1": {
+                "current_a": 3.12,
+                "voltage_v": 230.1,
+                "power_w": 690.0,
+                "apparent_power_va": 718.0,
+                "power_factor": 0.96,
+                "energy_kwh": 1646.0,
+            },
+            f"{P}/cb2": {"current_a": 3.13},
+            f"{P}/cb6": {"current_a": 2.98},
+            # pduOutletMeterTable: decivolts, centiamps, W, VA, %, Wh
+            f"{P}/outlet1": {
+                "voltage_v": 230.1,
+                "current_a": 1.5,
+                "power_w": 331.0,
+                "apparent_power_va": 345.0,
+                "power_factor": 0.96,
+                "energy_kwh": 123.456,
+            },
+            f"{P}/outlet2": {"current_a": 0.42, "power_w": 92.0, "power_factor": 0.95},
+            # RT probe 1 (770 = 77.0 degF): <pdu> already has the THD probe's temperature
+            f"{P}/temp1": {"inlet_temp_c": 25.0},
+        },
+    )
+    consistent(s[f"{P}/L1"], "phase_current_a")
+    consistent(s[f"{P}/cb1"])
+    consistent(s[f"{P}/outlet1"])
+    assert "humidity_pct" not in s[f"{P}/temp1"]
+    assert f"{P}/thd1" not in s  # the first THD probe is the unit's own reading
+    assert not [i for i in s if "-L" in i]  # a wye unit has no legs
+    # RT probe 2 tempSensorAvail 0 (unavailable): left out, said once
+    assert f"{P}/temp2" not in s
+    assert "tempSensorTemp.2 skipped: sensor state 0" in proc.stderr
+    # THD probe 2 thdSensorAvail 2 (partially unavailable): which reading is missing is not
+    # said, so both are left out
+    assert f"{P}/thd2" not in s
+    assert "thdSensorTemp.2 skipped: sensor state 2" in proc.stderr
+    assert "thdSensorHumidity.2 skipped: sensor state 2" in proc.stderr
+
+
+@pytest.mark.slow
+def test_geist_v5_delta_legs_are_apart_from_lines(agent: int) -> None:
+    s = poll(agent, "vertiv", "geist-v5-delta")  # alias vertiv; pduMeterType delta(1)
+    for line in ("L1", "L2", "L3"):
+        # pduLineCurrent 693 centiamps: line current only
+        assert s[f"{P}/{line}"] == {"id": f"{P}/{line}", "current_a": 6.93}
+    for leg in ("L1-L2", "L2-L3", "L3-L1"):
+        check(
+            s,
+            {
+                f"{P}/{leg}": {
+                    "voltage_v": 208.0,  # pduPhaseVoltage 2080 decivolts
+                    "phase_current_a": 4.0,  # pduPhaseCurrent 400 centiamps
+                    "power_w": 790.0,
+                    "apparent_power_va": 832.0,
+                    "power_factor": 0.95,
+                    "energy_kwh": 1234.5,
+                }
+            },
+        )
+        consistent(s[f"{P}/{leg}"], "phase_current_a")
+        assert "current_a" not in s[f"{P}/{leg}"]
+    assert math.isclose(s[f"{P}/L1"]["current_a"], math.sqrt(3) * 4.0, rel_tol=0.01)
+    # temperatureUnits celsius(1): 221 decidegrees -> 22.1 degC on the unit (no THD probe)
+    check(s, {P: {"power_w": 2370.0, "apparent_power_va": 2496.0, "inlet_temp_c": 22.1}})
+
+
+@pytest.mark.slow
+def test_phase_name_must_agree_with_the_meter_type(
+    agent: int, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A phase named as a leg on a unit whose wiring calls for a line is refused, not stored
+    on a leg (or line) id: the profile's rule read the other way round against the delta unit."""
+    text = (PROFILE_DIR / "geist-v5.yaml").read_text()
+    rule = "line_when: {meter: [0]}, leg_when: {meter: [1]}"
+    assert rule in text
+    path = tmp_path / "geist-v5.yaml"
+    path.write_text(text.replace(rule, "line_when: {meter: [1]}, leg_when: {meter: [0]}"))
+    c = SnmpPduCollector(
+        "127.0.0.1",
+        site="lab",
+        profile=load_profile(path),
+        community="geist-v5-delta",
+        port=agent,
+        source=P,
+    )
+    try:
+        with caplog.at_level(logging.WARNING, logger="collectors.snmp"):
+            d = decode(*c.poll()[0])
+    finally:
+        c.close()
+    ids = {x["id"] for x in d.samples}
+    assert not [i for i in ids if "-L" in i], ids
+    assert {f"{P}/L1", f"{P}/L2", f"{P}/L3"} <= ids  # the line table still answers
+    l1 = next(x for x in d.samples if x["id"] == f"{P}/L1")
+    assert l1.get("voltage_v") is None  # a leg's voltage never lands on the line
+    said = " ".join(r.getMessage() for r in caplog.records)
+    assert "pduPhaseVoltage.1 skipped" in said
+    assert "names a leg (L1-L2) where meter = 1 calls for a line" in said
+
+
+@pytest.mark.slow
+def test_geist_wrong_profile_is_named(agent: int) -> None:
+    for profile, community in (("geist-v5", "apc-rpdu2"), ("sentry4", "geist-v5")):
+        proc = cli(agent, profile, community)
+        assert proc.returncode == 2 and "wrong profile" in proc.stderr, proc.stderr
+        assert ASYNCIO_LEAK not in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.slow
 def test_unavailable_sensor_is_logged_once(agent: int, caplog: pytest.LogCaptureFixture) -> None:
     c = SnmpPduCollector(
         "127.0.0.1", site="lab", profile="raritan-pdu2", community="raritan-pdu2", port=agent
@@ -546,7 +685,15 @@ def test_unknown_profile_and_help_list_the_registry() -> None:
         cwd=REPO,
         timeout=60,
     ).stdout
-    for name in ("raritan-pdu2", "apc-rpdu2", "apc-rpdu", "sentry4", "sentry3", "eaton-epdu"):
+    for name in (
+        "raritan-pdu2",
+        "apc-rpdu2",
+        "apc-rpdu",
+        "sentry4",
+        "sentry3",
+        "eaton-epdu",
+        "geist-v5",
+    ):
         assert name in helptext
     for alias in (a for p in profiles().values() for a in p.aliases):
         assert alias in helptext, alias  # the help's alias list is kept with the files
@@ -555,13 +702,20 @@ def test_unknown_profile_and_help_list_the_registry() -> None:
 def test_profiles_are_data_files_with_sources() -> None:
     known = profiles()
     assert set(known) == set(profile_names())
-    assert {"raritan-pdu2", "apc-rpdu2", "apc-rpdu", "sentry4", "sentry3", "eaton-epdu"} <= set(
-        known
-    )
+    assert {
+        "raritan-pdu2",
+        "apc-rpdu2",
+        "apc-rpdu",
+        "sentry4",
+        "sentry3",
+        "eaton-epdu",
+        "geist-v5",
+    } <= set(known)
     assert resolve("raritan").name == "raritan-pdu2"
     assert resolve("apc").name == "apc-rpdu2"
     assert resolve("servertech").name == "sentry4"
     assert resolve("eaton").name == "eaton-epdu"
+    assert resolve("geist").name == "geist-v5" and resolve("vertiv").name == "geist-v5"
     for p in known.values():
         assert (PROFILE_DIR / f"{p.name}.yaml").is_file()
         assert p.source.mib and p.source.published and p.source.verified
@@ -569,7 +723,10 @@ def test_profiles_are_data_files_with_sources() -> None:
             for col in t.columns:
                 assert col.mib and col.oid.startswith("1.3.6.1.4.1.")
     # every fixture is served under a community the tests poll
-    assert {f.stem for f in FIXTURES.glob("*.snmprec")} == set(known) | {"sentry4-delta"}
+    assert {f.stem for f in FIXTURES.glob("*.snmprec")} == set(known) | {
+        "sentry4-delta",
+        "geist-v5-delta",
+    }
     with pytest.raises(ValueError, match="unknown SNMP profile"):
         SnmpPduCollector("127.0.0.1", site="lab", profile="nope", community="public")
 

@@ -440,7 +440,8 @@ def snmp(
         typer.Option(
             help="Vendor profile, one per MIB: "
             + ", ".join(_SNMP_PROFILES)
-            + " (collectors/snmp_profiles/<name>.yaml; aliases raritan, apc, servertech, eaton)."
+            + " (collectors/snmp_profiles/<name>.yaml; aliases raritan, apc, servertech, eaton,"
+            + " geist, vertiv)."
         ),
     ],
     community_env: Annotated[
