@@ -16,8 +16,9 @@ columns are read every poll.
 Sample ids follow the contract (collectors/contract.py): ``<pdu>`` for the unit (input cord /
 inlet), ``<pdu>/L1..L3`` for lines (poles), ``<pdu>/L1-L2``.. for the line-to-line legs of a
 delta unit (Sentry4 ``st4PhaseLabel``, Sentry3 ``infeedPhaseID``, Eaton
-``inputVoltageMeasType``, Geist ``pduPhaseName``): line current stays on ``<pdu>/L1``, the leg's voltage and power go
-to ``<pdu>/L1-L2``. ``<pdu>/cb<n>`` are branch breakers (over-current protectors, APC banks,
+``inputVoltageMeasType``, Geist ``pduPhaseName``): line current stays on ``<pdu>/L1``, the
+leg's voltage and power go to ``<pdu>/L1-L2``. ``<pdu>/cb<n>`` are branch breakers
+(over-current protectors, APC banks,
 Sentry4 branches, Eaton breaker groups; Sentry3 ``cb<infeed>-<branch>``; name the breakers so
 in the site file), ``<pdu>/outlet<n>`` outlets. The first temperature/humidity probe fills
 ``<pdu>``'s ``inlet_temp_c`` / ``humidity_pct``, further ones ``<pdu>/sensor<n>`` (Geist:
