@@ -8,6 +8,22 @@ Configured in YAML (the rule file or a file of its own)::
       - {type: pagerduty, routing_key_env: DCTWIN_PAGERDUTY_ROUTING_KEY}
       - {type: alertmanager, url: "http://alertmanager:9093", resend_interval_s: 60}
 
+Routing (as Alertmanager's ``route``/``receivers``, one level deep)::
+
+    receivers:
+      - {name: oncall, hooks: [pagerduty, slack-facilities], pages: true}
+      - {name: tickets, hooks: [ops-bus], pages: false}
+    route:
+      receiver: oncall                   # the default
+      routes:
+        - {match: {severity: info}, receiver: tickets}
+
+The first route whose ``match`` holds (``severity``, ``rule``, ``group_kind``, ``group_id`` or a
+rule label) picks the receiver; its hooks get the notification (:class:`Router`, used by the
+outbox). A file where severity ``info`` can reach a receiver with ``pages: true`` is refused,
+naming the route: info is a ticket and never pages. Without ``route`` every hook gets every
+notification.
+
 Every hook takes ``name`` (default ``<type>-<index>``; outbox rows are keyed by it, so keep it
 stable), ``timeout_s`` (the **total** time one request may take, connect to last byte: a
 receiver that trickles its answer is abandoned then, see :mod:`twin.alerts.deadline`) and
