@@ -432,3 +432,33 @@ def test_a_step_when_the_other_feeds_fault_ends_is_not_a_creep() -> None:
     b = breach.trend_breach_in_s(creep[:, None], load[:, None], limit)
     found = np.flatnonzero(np.isfinite(b[:, 0]))
     assert found.size and 80 < found[0] <= 100, found
+
+
+def test_a_decaying_plate_idle_for_hours_stays_one_incident(topo) -> None:
+    """Seed 1's 3-page incident (bench_alerts, trn-a08-n3:0): R drift pages a decaying cold
+    plate; its GPU then idles for almost 4 hours (its fleet drained), when R cannot be
+    re-estimated, so the drift detector reports nothing; the plate has not healed, and once
+    the load is back the GPU is at its limit at once. One fault, one incident: the drift stays
+    open while unmeasured, and it mutes the temperature page that follows."""
+    rules = load_rules(RULES)
+    engine = AlertEngine(rules, topo)
+    gpu = "trn-r01-n1:0"
+    minutes: list[list[Observation]] = []
+    for i in range(360):
+        t = 60 * i
+        if i < 50:  # loaded, R climbing past +35 %
+            obs = [
+                _obs("drift.gpu.r_k_per_w", "gpu", gpu, 0.30 + 0.01 * i, t),
+                _obs("headroom.gpu.k_to_slowdown", "gpu", gpu, 20.0 - 0.1 * i, t),
+            ]
+        elif i < 280:  # idle: no R estimate, cool
+            obs = [_obs("headroom.gpu.k_to_slowdown", "gpu", gpu, 40.0, t)]
+        else:  # loaded again: at its limit at once, R re-estimated at +210 %
+            obs = [_obs("headroom.gpu.k_to_slowdown", "gpu", gpu, 0.0, t)]
+            if i >= 285:
+                obs.append(_obs("drift.gpu.r_k_per_w", "gpu", gpu, 2.1, t))
+        minutes.append(obs)
+    sent = _run(engine, minutes)
+    firing = [(i, r) for i, s, r in sent if s == "firing"]
+    assert len(firing) == 1 and firing[0][1] == "gpu_r_drift", sent
+    assert not [s for s in sent if s[1] == "resolved"], sent  # still open: not fixed
