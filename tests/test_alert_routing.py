@@ -191,3 +191,30 @@ def test_rules_check_reports_the_routing_and_refuses_a_paging_info_route(tmp_pat
     assert res.exit_code == 1
     assert "route.receiver" in res.output and "which pages" in res.output
     assert "Traceback" not in res.output
+
+
+def test_a_reload_swaps_the_route_in_and_refuses_one_that_lets_info_page(tmp_path: Path) -> None:
+    """SIGHUP's reload (twin.alerts.reload.AlertReloader): a hook file whose route lets info
+    reach a paging receiver is refused and the running route stays; a good one is swapped in."""
+    from twin.alerts import AlertEngine, Delivery, Outbox, Topology, parse_rules
+    from twin.alerts.reload import AlertReloader
+    from twin.store import Store
+
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(RULES)
+    hooks = tmp_path / "hooks.yaml"
+    hooks.write_text(_hooks_yaml("http://127.0.0.1:1", "http://127.0.0.1:2", ROUTE))
+    with Store(tmp_path / "t.duckdb") as store:
+        outbox = Outbox(store.cursor(), [])
+        engine = AlertEngine(parse_rules(RULES), Topology.from_site(load_site(SMALL_SITE)), outbox)
+        reloader = AlertReloader(engine, Delivery(outbox), rules, hooks)
+        assert reloader.reload()
+        info = {"severity": "info"}
+        rec = outbox.router.receiver_for(info)
+        assert rec is not None and rec.name == "tickets"
+        hooks.write_text(
+            _hooks_yaml("http://127.0.0.1:1", "http://127.0.0.1:2", "route:\n  receiver: oncall\n")
+        )
+        assert not reloader.reload()
+        rec = outbox.router.receiver_for(info)
+        assert rec is not None and rec.name == "tickets"  # the running route stays
