@@ -48,7 +48,11 @@ Per kind: the share of faults paged; of the faults that cross a limit, the share
 before the crossing; the lead time of the first tied page to the crossing (or, for a fault that
 crosses none, to its first physical effect, its start: the simulator applies every fault from its
 start), median and min (negative: the page came after); pages per fault. Over the run: pages tied
-to no fault (and per day per 1,000 GPUs) and incidents with more than two pages (a fault's tied
+to no fault (and per day per 1,000 GPUs), each classified by the simulator's truth, never by
+the alert (``twin.replay.fault_score.classify_untied``): a *true limit state without a fault*
+when the true quantity the rule judges met the rule's condition over the minute before the page
+(for a forecast rule: the true headroom reached the limit within its horizon), else *false*;
+and incidents with more than two pages (a fault's tied
 pages are one incident; untied pages are one incident per day, rule and group).
 
     PYTHONPATH=. .venv/bin/python bench/bench_alerts.py --days 5 --seed 0 --json /tmp/alerts.json
@@ -124,6 +128,11 @@ def table(res: dict[str, Any]) -> str:
         f"tickets (severity info, not paged): {res['tickets']}, by rule: {res['tickets_by_rule']}",
         f"pages tied to no fault: {s['untied_pages']} ({s['untied_pages_per_day_per_1000_gpus']}"
         f" per day per 1,000 GPUs); by rule: {s['untied_pages_by_rule']}",
+        f"untied pages by the simulated truth: {s['untied_pages_by_class']['limit_state']} a"
+        f" true limit state with no fault (the quantity within the rule's margin of its limit,"
+        f" or a forecast that came true), {s['untied_pages_by_class']['false']} false"
+        f" ({s['false_pages_per_day_per_1000_gpus']} per day per 1,000 GPUs); tied to a fault:"
+        f" {s['tied_pages']}",
         f"incidents with > 2 pages: {s['incidents_over_2_pages']}"
         f" (untied rule+group keys: {s['untied_keys_over_2_pages'] or 'none'})",
         "",
@@ -251,7 +260,19 @@ def main(argv: list[str] | None = None) -> int:
             for f in cases
         ],
         "untied_pages": [
-            {k: u.get(k) for k in ("day", "at", "rule", "severity", "group", "summary")}
+            {
+                k: u.get(k)
+                for k in (
+                    "day",
+                    "at",
+                    "rule",
+                    "severity",
+                    "group",
+                    "summary",
+                    "truth_class",
+                    "truth_value",
+                )
+            }
             for u in untied
         ],
         "per_day": days_info,

@@ -403,3 +403,62 @@ rules:
         feed2.offer_series(
             "hotspot.gpu.residual_sigma", "gpu", ["a", "b"], z, {"measured_c": measured[:, :1]}
         )
+
+
+def test_a_step_when_the_other_feeds_fault_ends_is_not_a_creep() -> None:
+    """The shape of seed 0's untied phase forecasts (bench_alerts, pdu-d07-b/L3): a phase that
+    held 19 A steps to 45 A as the other feed's overload trips onto it, the racks' load steps
+    with it, and 5 minutes later the load falls back while this feed keeps its new share (the
+    other feed's fault ended). The load does not explain the current there, but a level shift
+    is a step, not a trend: no breach forecast of its 100 A limit, though the current is at
+    new highs. The same window with a real creep onto the new level still forecasts one."""
+    rng = np.random.default_rng(2)
+    m = 120
+    cur = 19.0 + rng.normal(0, 0.6, m)
+    load = 26_800.0 + rng.normal(0, 400, m)
+    load[50:65] += 23_000  # the racks' load reading moves with the other feed's fault
+    cur[65:71] = 46.0 + rng.normal(0, 1.5, 6)  # tripped onto this feed
+    load[65:71] = 88_000 + rng.normal(0, 2500, 6)
+    cur[71:] = 42.0 + rng.normal(0, 2.5, m - 71)  # the fault ended: this feed keeps its share
+    load[71:] = 57_000 + rng.normal(0, 3500, m - 71)
+    limit = np.array([100.0])
+    b = breach.trend_breach_in_s(cur[:, None], load[:, None], limit)
+    seen = np.isfinite(b[:, 0])
+    # never the two minutes in a row that the shipped pdu_phase_breach_1h holds (for_s 120)
+    assert not (seen[1:] & seen[:-1]).any(), np.flatnonzero(seen)
+    # a creep onto the same phase after the same step: forecast, before it crosses
+    creep = cur.copy()
+    creep[80:] = 42.0 + 1.0 * np.arange(m - 80) + rng.normal(0, 0.6, m - 80)  # 100 A at ~138
+    b = breach.trend_breach_in_s(creep[:, None], load[:, None], limit)
+    found = np.flatnonzero(np.isfinite(b[:, 0]))
+    assert found.size and 80 < found[0] <= 100, found
+
+
+def test_a_decaying_plate_idle_for_hours_stays_one_incident(topo) -> None:
+    """Seed 1's 3-page incident (bench_alerts, trn-a08-n3:0): R drift pages a decaying cold
+    plate; its GPU then idles for almost 4 hours (its fleet drained), when R cannot be
+    re-estimated, so the drift detector reports nothing; the plate has not healed, and once
+    the load is back the GPU is at its limit at once. One fault, one incident: the drift stays
+    open while unmeasured, and it mutes the temperature page that follows."""
+    rules = load_rules(RULES)
+    engine = AlertEngine(rules, topo)
+    gpu = "trn-r01-n1:0"
+    minutes: list[list[Observation]] = []
+    for i in range(360):
+        t = 60 * i
+        if i < 50:  # loaded, R climbing past +35 %
+            obs = [
+                _obs("drift.gpu.r_k_per_w", "gpu", gpu, 0.30 + 0.01 * i, t),
+                _obs("headroom.gpu.k_to_slowdown", "gpu", gpu, 20.0 - 0.1 * i, t),
+            ]
+        elif i < 280:  # idle: no R estimate, cool
+            obs = [_obs("headroom.gpu.k_to_slowdown", "gpu", gpu, 40.0, t)]
+        else:  # loaded again: at its limit at once, R re-estimated at +210 %
+            obs = [_obs("headroom.gpu.k_to_slowdown", "gpu", gpu, 0.0, t)]
+            if i >= 285:
+                obs.append(_obs("drift.gpu.r_k_per_w", "gpu", gpu, 2.1, t))
+        minutes.append(obs)
+    sent = _run(engine, minutes)
+    firing = [(i, r) for i, s, r in sent if s == "firing"]
+    assert len(firing) == 1 and firing[0][1] == "gpu_r_drift", sent
+    assert not [s for s in sent if s[1] == "resolved"], sent  # still open: not fixed

@@ -195,6 +195,61 @@ def test_crossing_from_true_series(site) -> None:
     assert ba.crossing(site, truth, pump, margin_s=0)[0] == 3000  # trn-a01 is on cdu-1
 
 
+def test_untied_pages_are_classified_by_the_simulated_truth(site) -> None:
+    """A page tied to no fault is a true limit state when the simulator's true quantity met the
+    rule's condition over the minute before it (cdu-3 at 95 % of its heat capacity against
+    cdu_capacity_low's 10 % margin), false when it did not (the same page at 40 % free); a
+    forecast page is a limit state only when the true current reached its limit within the
+    rule's horizon."""
+    from twin.alerts import load_rules
+    from twin.chain import phase_table
+    from twin.chain.propagate import cdu_capacity_kw
+
+    rules = load_rules(REPO / "deploy" / "alert_rules.yaml")
+    ph = phase_table(site)
+    t = np.arange(0, 4 * 3600, 10.0)
+    names = [c.name for c in site.cdus]
+    i = names.index("cdu-3")
+    c3 = site.cdus[i]
+    flow = np.full((len(t), len(names)), float(c3.max_flow_lpm))
+    cap = float(cdu_capacity_kw(c3.capacity_kw, c3.max_flow_lpm, c3.max_flow_lpm))
+    heat = np.full((len(t), len(names)), 1.0)
+    heat[:, i] = np.where(t < 3600, 0.95 * cap, 0.60 * cap)  # 5 % free, then 40 % free
+    cdu = {"heat_kw": heat, "flow_lpm": flow}
+    cdu["supply_c"] = np.full_like(heat, 30.0)
+    cdu["return_c"] = np.full_like(heat, 40.0)
+    cur = np.full((len(t), len(ph.ids)), 10.0, np.float32)
+    j = ph.ids.index("pdu-a01-a/L2")
+    cur[t >= 9000, j] = ph.limit_a[j] + 1.0  # crosses at 2:30
+    truth = ba.Truth(t, [], np.zeros((len(t), 0)), list(ph.ids), cur, names, cdu)
+    known = ba._known_ids(site)
+
+    def page(rule, group, summary, t_s):
+        return {"rule": rule, "group": group, "summary": summary, "t_s": t_s, "at": ""}
+
+    pages = [
+        page("cdu_capacity_low", "cdu cdu-3", "CDU cdu-3: 5% of heat capacity left", 1800),
+        page("cdu_capacity_low", "cdu cdu-3", "CDU cdu-3: 5% of heat capacity left", 7200),
+        page("pdu_phase_breach_1h", "pdu pdu-a01-a", "PDU phase pdu-a01-a/L2 forecast", 7200),
+        page("pdu_phase_breach_1h", "pdu pdu-a01-a", "PDU phase pdu-a01-a/L2 forecast", 1800),
+        page("fleet_drained", "fleet infer-chat", "fleet infer-chat drained", 1800),
+    ]
+    ba.classify_untied(site, truth, rules, pages, known)
+    assert [p["truth_class"] for p in pages] == [
+        "limit_state",
+        "false",
+        "limit_state",
+        "false",
+        "false",
+    ]
+    assert pages[0]["truth_value"] == pytest.approx(0.05) and pages[1]["truth_value"] == (
+        pytest.approx(0.40)
+    )
+    res = ba.score([], pages, days=1.0, gpus=1000)
+    assert res["untied_pages_by_class"] == {"limit_state": 2, "false": 3}
+    assert res["false_pages_per_day_per_1000_gpus"] == 3.0
+
+
 def test_fault_plan_deterministic_every_kind_distinct(site) -> None:
     """The same seed draws the same faults: every kind, targets the simulator accepts, no two
     faults sharing a related entity."""

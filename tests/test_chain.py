@@ -165,10 +165,14 @@ def test_the_phase_trend_fit_is_the_per_phase_least_squares() -> None:
     slope, se = unexplained_trend(cur, load, step)
     for j in range(m):
         ok = ~(np.isnan(cur[:, j]) | np.isnan(load[:, j]))
-        x = np.column_stack([np.ones(ok.sum()), load[ok, j], t[ok] - t[ok].mean()])
+        # the level-shift regressor: 1 from the sample after the largest one-sample change
+        diffs = np.abs(np.diff(cur[:, j]))
+        at = int(np.nanargmax(diffs))
+        step_reg = (np.arange(n) > at).astype(float)
+        x = np.column_stack([np.ones(ok.sum()), load[ok, j], t[ok] - t[ok].mean(), step_reg[ok]])
         coef, *_ = np.linalg.lstsq(x, cur[ok, j], rcond=None)
         resid = cur[ok, j] - x @ coef
-        b_se = math.sqrt(float(resid @ resid) / (ok.sum() - 3) * np.linalg.inv(x.T @ x)[2, 2])
+        b_se = math.sqrt(float(resid @ resid) / (ok.sum() - 4) * np.linalg.inv(x.T @ x)[2, 2])
         if abs(coef[2]) > 3 * b_se:
             assert slope[j] == pytest.approx(coef[2], rel=1e-6) and se[j] == pytest.approx(b_se)
         else:

@@ -715,11 +715,12 @@ def _tail_array(a: np.ndarray, seconds: float, step_s: float) -> np.ndarray:
     return a[-max(1, round(seconds / step_s)) :]
 
 
-def _inv3(a: np.ndarray) -> np.ndarray:
-    """Inverses of a batch of symmetric 3x3 matrices: ``inv`` where well conditioned, the
-    pseudo-inverse where (nearly) singular (an SVD per matrix costs ~50x more, so only there)."""
+def _inv_sym(a: np.ndarray) -> np.ndarray:
+    """Inverses of a batch of small symmetric matrices (N, k, k): ``inv`` where well
+    conditioned, the pseudo-inverse where (nearly) singular (an SVD per matrix costs ~50x
+    more, so only there)."""
     det = np.linalg.det(a)
-    diag = np.abs(a[:, 0, 0] * a[:, 1, 1] * a[:, 2, 2])
+    diag = np.abs(np.prod(np.diagonal(a, axis1=1, axis2=2), axis=1))
     good = np.abs(det) > 1e-9 * diag
     out = np.empty_like(a)
     if good.any():
@@ -727,6 +728,19 @@ def _inv3(a: np.ndarray) -> np.ndarray:
     if (~good).any():
         out[~good] = np.linalg.pinv(a[~good])
     return out
+
+
+def _largest_step(y: np.ndarray) -> np.ndarray:
+    """(k, N): 1 from the sample after each column's largest one-sample change (between
+    finite neighbours), 0 before; all 0 where the column has no such change."""
+    d = np.abs(np.diff(y, axis=0))
+    d = np.where(np.isfinite(d), d, -1.0)
+    if d.shape[0] == 0:
+        return np.zeros_like(y)
+    at = np.argmax(d, axis=0)  # the change between samples at and at + 1
+    has = d[at, np.arange(y.shape[1])] > 0
+    rows = np.arange(y.shape[0])[:, None]
+    return ((rows > at[None, :]) & has[None, :]).astype(float)
 
 
 def unexplained_trend(
@@ -738,8 +752,13 @@ def unexplained_trend(
     """Slope (A/s) and its standard error of the current the rack load does not explain.
 
     Per phase, over the last :data:`TREND_WINDOW_S`: least squares of
-    ``I(t) = a + k * load(t) / load_now + b * t``; ``b`` is the trend. A slope whose |t| < 3
-    is set to zero: no trend is claimed from noise. Nor is a rising one while the present
+    ``I(t) = a + k * load(t) / load_now + b * t + c * step(t)``; ``b`` is the trend.
+    ``step`` is 0 up to the window's largest one-sample change of the current and 1 from it:
+    a level shift (the other feed's fault starting or ending moves the feeds' shares at once,
+    which the load of the racks does not explain) is a step, not a trend, and a creep is a
+    trend with or without it. [A; bench/README.md bench_alerts: the 2 untied phase forecasts
+    of seed 0 were such steps] A slope whose |t| < 3 is set to zero: no trend is claimed
+    from noise. Nor is a rising one while the present
     current (the last sample) is not above ``level_before`` (default: the highest sample of
     ``cur_hist`` before the trend window, :data:`LEVEL_WINDOW_S` of it): a phase climbing back
     to a level it held within the hour (after a dip, or the other feed's fault ending) is
@@ -754,20 +773,22 @@ def unexplained_trend(
     t = (np.arange(y.shape[0], dtype=float) * step_s)[:, None]
     n_ok = w.sum(axis=0)
     tc = np.where(ok, t - (t * w).sum(axis=0) / np.maximum(n_ok, 1), 0.0)  # centred per phase
-    # the normal equations of y = a + k x + b t, every phase at once: (N, 3, 3) and (N, 3)
-    cols = [w, x0, tc]
-    xtx = np.empty((y.shape[1], 3, 3))
-    xty = np.empty((y.shape[1], 3))
-    for i in range(3):
+    h = _largest_step(y) * w
+    # the normal equations of y = a + k x + b t + c h, every phase at once: (N, 4, 4), (N, 4)
+    cols = [w, x0, tc, h]
+    npar = len(cols)
+    xtx = np.empty((y.shape[1], npar, npar))
+    xty = np.empty((y.shape[1], npar))
+    for i in range(npar):
         xty[:, i] = (cols[i] * y0).sum(axis=0)
-        for j in range(i, 3):
+        for j in range(i, npar):
             xtx[:, i, j] = xtx[:, j, i] = (cols[i] * cols[j]).sum(axis=0)
-    inv = _inv3(xtx)  # batched; a phase whose load did not move is rank deficient
+    inv = _inv_sym(xtx)  # batched; a phase whose load did not move is rank deficient
     coef = np.einsum("nij,nj->ni", inv, xty)
-    resid = y0 - (coef[:, 0] * w + coef[:, 1] * x0 + coef[:, 2] * tc)
-    s2 = (resid**2 * w).sum(axis=0) / np.maximum(n_ok - 3, 1)
+    resid = y0 - sum(coef[:, i] * cols[i] for i in range(npar))
+    s2 = (resid**2 * w).sum(axis=0) / np.maximum(n_ok - npar, 1)
     b_se = np.sqrt(np.maximum(s2 * inv[:, 2, 2], 0.0))
-    keep = (n_ok >= 6) & (np.abs(coef[:, 2]) > 3 * b_se)
+    keep = (n_ok >= 7) & (np.abs(coef[:, 2]) > 3 * b_se)
     if level_before is None:
         kb = max(1, round(LEVEL_WINDOW_S / step_s))
         before = cur_hist[-(k + kb) : -k] if cur_hist.shape[0] > k else cur_hist[:0]

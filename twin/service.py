@@ -236,11 +236,12 @@ class Service:
         """The alert engine on the store, and the delivery workers of its outbox (one per
         hook, reporting into health as ``outbox:<hook>``; started by :meth:`start`)."""
         from twin.alerts import AlertEngine, Delivery, Outbox, RuleFileError, Topology, load_rules
-        from twin.alerts.hooks import load_hooks
+        from twin.alerts.hooks import HookSetup, Router, load_hook_setup
 
         try:
             rule_set = load_rules(rules)
-            hook_list = load_hooks(hooks) if hooks is not None else []
+            setup = load_hook_setup(hooks) if hooks is not None else HookSetup([], Router())
+            hook_list = setup.hooks
         except RuleFileError as e:
             raise ServiceError(str(e)) from None
         if not hook_list:
@@ -248,7 +249,7 @@ class Service:
                 "no --hooks: alerts are kept in the store (alert_history, GET /api/v1/alerts),"
                 " not sent"
             )
-        outbox = Outbox(self.store.cursor(), hook_list)
+        outbox = Outbox(self.store.cursor(), hook_list, router=setup.router)
         self.engine = AlertEngine(rule_set, Topology.from_site(site), outbox)
         self.delivery = Delivery(outbox, interval_s=1.0, health=self.health)
         from twin.alerts.reload import AlertReloader

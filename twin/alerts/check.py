@@ -28,7 +28,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from twin.alerts import metrics as mt
+from twin.alerts.hooks import Router, validate_hook_file
 from twin.alerts.model import EntityKind
 from twin.alerts.rules import Rule, RuleFileError, RuleIssue, RuleSet, load_rules
 
@@ -40,6 +43,7 @@ __all__ = [
     "CheckReport",
     "Coverage",
     "LimitKind",
+    "check_routing",
     "check_rule_set",
     "check_rules",
 ]
@@ -161,6 +165,8 @@ class CheckReport:
     error_text: str = ""
     warnings: list[RuleIssue] = field(default_factory=list)
     coverage: list[Coverage] = field(default_factory=list)
+    #: where each severity goes (the hook file's route), when a hook file was checked
+    routing: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def valid(self) -> bool:
@@ -188,6 +194,7 @@ class CheckReport:
             "warnings": [issue(i) for i in self.warnings],
             "coverage": [c.to_json() for c in self.coverage],
             "uncovered": [c.limit.name for c in self.uncovered],
+            "routing": self.routing,
             "exit_code": self.exit_code,
         }
 
@@ -229,14 +236,55 @@ def check_rule_set(rules: RuleSet) -> tuple[list[Coverage], list[RuleIssue]]:
     return coverage, warnings
 
 
-def check_rules(path: str | Path) -> CheckReport:
-    """Validate a rule file and judge its coverage; never raises for a bad file."""
+def check_routing(rules: RuleSet, router: Router) -> tuple[list[dict[str, Any]], list[RuleIssue]]:
+    """Where each severity, and each rule, goes: (per-severity rows, warnings). The router
+    was validated already (info never reaches a receiver that pages); this adds each rule's
+    own route (its labels matched too) and warns when there is no route at all."""
+    rows = router.describe()
+    warnings: list[RuleIssue] = []
+    if router.route is None:
+        warnings.append(
+            RuleIssue(
+                "",
+                "route",
+                "no route: every notification goes to every hook, info included (add"
+                " receivers and a route that sends severity info to a ticket receiver)",
+            )
+        )
+        return rows, warnings
+    for r in rules:
+        rec = router.receiver_for({**r.labels, "severity": r.severity, "rule": r.name})
+        assert rec is not None
+        if r.severity == "info" and rec.pages:  # a route on a rule label the tree let through
+            warnings.append(
+                RuleIssue(repr(r.name), "severity", f"info, routed to {rec.name!r}, which pages")
+            )
+    return rows, warnings
+
+
+def check_rules(path: str | Path, hooks: str | Path | None = None) -> CheckReport:
+    """Validate a rule file (and a hook file's hooks, receivers and route, when given or when
+    the rule file holds them) and judge its coverage; never raises for a bad file."""
     report = CheckReport(str(path))
     try:
         rules = load_rules(path)
+        router = _router(path, hooks)
     except RuleFileError as exc:
         report.errors, report.error_text = list(exc.issues), str(exc)
         return report
     report.rules = len(rules)
     report.coverage, report.warnings = check_rule_set(rules)
+    if router is not None:
+        report.routing, more = check_routing(rules, router)
+        report.warnings += more
     return report
+
+
+def _router(path: str | Path, hooks: str | Path | None) -> Router | None:
+    """The router of ``hooks`` or, without one, of the rule file when it holds hooks."""
+    if hooks is not None:
+        return validate_hook_file(hooks)
+    data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))  # load_rules read it already
+    if isinstance(data, dict) and ({"hooks", "route", "receivers"} & set(data)):
+        return validate_hook_file(path)
+    return None

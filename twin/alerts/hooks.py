@@ -8,6 +8,22 @@ Configured in YAML (the rule file or a file of its own)::
       - {type: pagerduty, routing_key_env: DCTWIN_PAGERDUTY_ROUTING_KEY}
       - {type: alertmanager, url: "http://alertmanager:9093", resend_interval_s: 60}
 
+Routing (as Alertmanager's ``route``/``receivers``, one level deep)::
+
+    receivers:
+      - {name: oncall, hooks: [pagerduty, slack-facilities], pages: true}
+      - {name: tickets, hooks: [ops-bus], pages: false}
+    route:
+      receiver: oncall                   # the default
+      routes:
+        - {match: {severity: info}, receiver: tickets}
+
+The first route whose ``match`` holds (``severity``, ``rule``, ``group_kind``, ``group_id`` or a
+rule label) picks the receiver; its hooks get the notification (:class:`Router`, used by the
+outbox). A file where severity ``info`` can reach a receiver with ``pages: true`` is refused,
+naming the route: info is a ticket and never pages. Without ``route`` every hook gets every
+notification.
+
 Every hook takes ``name`` (default ``<type>-<index>``; outbox rows are keyed by it, so keep it
 stable), ``timeout_s`` (the **total** time one request may take, connect to last byte: a
 receiver that trickles its answer is abandoned then, see :mod:`twin.alerts.deadline`) and
@@ -81,8 +97,13 @@ __all__ = [
     "AlertmanagerHookConfig",
     "Hook",
     "HookConfig",
+    "HookSetup",
     "PagerDutyHook",
     "PagerDutyHookConfig",
+    "ReceiverConfig",
+    "RouteConfig",
+    "Router",
+    "RoutingConfig",
     "SendResult",
     "SlackHook",
     "SlackHookConfig",
@@ -90,8 +111,11 @@ __all__ = [
     "WebhookHook",
     "WebhookHookConfig",
     "build_hook",
+    "load_hook_setup",
     "load_hooks",
+    "parse_hook_setup",
     "parse_hooks",
+    "validate_hook_file",
     "webhook_json_schema",
 ]
 
@@ -186,11 +210,159 @@ HookConfig = Annotated[
 ]
 
 
+# ---- routing (severity -> receiver) -------------------------------------------------------
+
+#: Notification fields a route may match on (the rule's labels are matched too).
+ROUTE_FIELDS = ("severity", "rule", "group_kind", "group_id")
+
+
+class ReceiverConfig(BaseModel):
+    """A named set of hooks (Alertmanager's receiver: a set of integrations). ``pages``: it
+    wakes someone (PagerDuty, an on-call channel); an ``info`` notification may never reach a
+    receiver that pages."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+    hooks: list[str] = Field(min_length=1, description="hook names")
+    pages: bool = Field(description="it pages on-call (true) or files a ticket (false)")
+
+
+class RouteConfig(BaseModel):
+    """One route: notifications whose fields all equal ``match`` go to ``receiver``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    match: dict[str, str] = Field(min_length=1)
+    receiver: str
+
+
+class RoutingConfig(BaseModel):
+    """Alertmanager's route tree, one level deep: the first route whose ``match`` holds picks
+    the receiver; none: ``receiver`` (the default)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    receiver: str = Field(description="the default receiver")
+    routes: list[RouteConfig] = Field(default_factory=list)
+
+
+def _may_match_info(match: dict[str, str]) -> bool:
+    return match.get("severity", "info") == "info"
+
+
 class _HooksFile(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     hooks: list[HookConfig] = Field(default_factory=list)
+    receivers: list[ReceiverConfig] = Field(default_factory=list)
+    route: RoutingConfig | None = None
     rules: Any = None
+
+    @model_validator(mode="after")
+    def _routing(self) -> _HooksFile:
+        if self.route is None:
+            if self.receivers:
+                raise ValueError("route: required when receivers are given")
+            return self
+        hook_names = {c.name or f"{c.type}-{i}" for i, c in enumerate(self.hooks)}
+        by_name: dict[str, ReceiverConfig] = {}
+        for r in self.receivers:
+            if r.name in by_name:
+                raise ValueError(f"receivers: duplicate receiver name {r.name!r}")
+            by_name[r.name] = r
+            unknown = [h for h in r.hooks if h not in hook_names]
+            if unknown:
+                raise ValueError(
+                    f"receivers: receiver {r.name!r} names no hook {', '.join(unknown)}"
+                    f" (hooks: {', '.join(sorted(hook_names)) or 'none'})"
+                )
+        for where, name in [("route.receiver", self.route.receiver)] + [
+            (f"route.routes[{i}].receiver", rt.receiver) for i, rt in enumerate(self.route.routes)
+        ]:
+            if name not in by_name:
+                raise ValueError(f"{where}: no receiver {name!r}")
+        # info never pages: every route an info notification can reach before one that takes
+        # every info notification ({severity: info} alone) must lead to a ticket receiver
+        for i, rt in enumerate(self.route.routes):
+            if not _may_match_info(rt.match):
+                continue
+            if by_name[rt.receiver].pages:
+                raise ValueError(
+                    f"route.routes[{i}]: severity info can reach receiver {rt.receiver!r},"
+                    " which pages (info is a ticket: route it to a receiver with pages: false)"
+                )
+            if rt.match == {"severity": "info"}:
+                return self
+        if by_name[self.route.receiver].pages:
+            raise ValueError(
+                f"route.receiver: severity info reaches the default receiver"
+                f" {self.route.receiver!r}, which pages (add a first route"
+                " {match: {severity: info}, receiver: <a receiver with pages: false>})"
+            )
+        return self
+
+
+class Router:
+    """Which hooks get a notification: the route's receiver's hooks; without a route, every
+    hook (the behaviour before routing existed)."""
+
+    def __init__(
+        self, route: RoutingConfig | None = None, receivers: list[ReceiverConfig] | None = None
+    ) -> None:
+        self.route = route
+        self.receivers = {r.name: r for r in receivers or []}
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, Router)
+            and self.route == other.route
+            and self.receivers == other.receivers
+        )
+
+    def receiver_for(self, fields: dict[str, str]) -> ReceiverConfig | None:
+        """The receiver a notification with these fields goes to (None: no routing)."""
+        if self.route is None:
+            return None
+        for rt in self.route.routes:
+            if all(fields.get(k) == v for k, v in rt.match.items()):
+                return self.receivers[rt.receiver]
+        return self.receivers[self.route.receiver]
+
+    def hooks_for(self, note: Notification) -> set[str] | None:
+        """Hook names that get ``note``; None: every hook."""
+        fields = {
+            **note.labels,
+            "severity": note.severity,
+            "rule": note.rule,
+            "group_kind": note.group.kind,
+            "group_id": note.group.id,
+        }
+        rec = self.receiver_for(fields)
+        return None if rec is None else set(rec.hooks)
+
+    def describe(self) -> list[dict[str, Any]]:
+        """Per severity, where a notification with no other labels goes (for ``rules check``)."""
+        out = []
+        for sev in ("critical", "warning", "info"):
+            rec = self.receiver_for({"severity": sev})
+            out.append(
+                {
+                    "severity": sev,
+                    "receiver": rec.name if rec else "(every hook: no route)",
+                    "hooks": sorted(rec.hooks) if rec else None,
+                    "pages": rec.pages if rec else None,
+                }
+            )
+        return out
+
+
+@dataclass(frozen=True)
+class HookSetup:
+    """A hook file's hooks and its router."""
+
+    hooks: list[Hook]
+    router: Router
 
 
 # ---- payloads ------------------------------------------------------------------------------
@@ -500,10 +672,8 @@ def build_hook(config: _HookConfigBase, index: int = 0, client: httpx.Client | N
     return _HOOK_TYPES[kind](config, config.name or f"{kind}-{index}", client)
 
 
-def parse_hooks(
-    data: Any, source: str = "<hooks>", env: dict[str, str] | None = None
-) -> list[Hook]:
-    """Hooks from parsed YAML (``{"hooks": [...]}``); :class:`RuleFileError` names the hook."""
+def _validate(data: Any, source: str) -> _HooksFile:
+    """The hook file's structure, receivers and route validated (secrets not resolved)."""
     try:
         parsed = _HooksFile.model_validate(data if isinstance(data, dict) else {"hooks": data})
     except ValidationError as exc:
@@ -522,6 +692,41 @@ def parse_hooks(
                 field, msg = msg.split(": ", 1)
             issues.append(RuleIssue(where, field, msg))
         raise RuleFileError(source, issues) from None
+    return parsed
+
+
+def validate_hook_file(path: str | Path) -> Router:
+    """Validate a hook file's hooks, receivers and route without reading the environment's
+    secrets (``dctwin rules check --hooks``); its router. :class:`RuleFileError` names the
+    hook, receiver or route."""
+    name = str(path)
+    try:
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise RuleFileError(name, [RuleIssue("", "", f"cannot read hooks: {exc}")]) from None
+    parsed = _validate(data or {}, name)
+    names: set[str] = set()
+    for i, cfg in enumerate(parsed.hooks):
+        name_i = cfg.name or f"{cfg.type}-{i}"  # type: ignore[attr-defined]
+        if name_i in names:
+            raise RuleFileError(name, [RuleIssue(f"hooks[{i}]", "name", "duplicate hook name")])
+        names.add(name_i)
+    return Router(parsed.route, parsed.receivers)
+
+
+def parse_hooks(
+    data: Any, source: str = "<hooks>", env: dict[str, str] | None = None
+) -> list[Hook]:
+    """Hooks from parsed YAML (``{"hooks": [...]}``); :class:`RuleFileError` names the hook."""
+    return parse_hook_setup(data, source, env).hooks
+
+
+def parse_hook_setup(
+    data: Any, source: str = "<hooks>", env: dict[str, str] | None = None
+) -> HookSetup:
+    """Hooks and their router (``receivers:``, ``route:``) from parsed YAML;
+    :class:`RuleFileError` names the hook, receiver or route."""
+    parsed = _validate(data, source)
     resolved: list[_HookConfigBase] = []
     names: set[str] = set()
     problems: list[RuleIssue] = []
@@ -537,14 +742,20 @@ def parse_hooks(
         names.add(name)
     if problems:
         raise RuleFileError(source, problems)
-    return [build_hook(cfg, i) for i, cfg in enumerate(resolved)]
+    hooks = [build_hook(cfg, i) for i, cfg in enumerate(resolved)]
+    return HookSetup(hooks, Router(parsed.route, parsed.receivers))
 
 
 def load_hooks(path: str | Path, env: dict[str, str] | None = None) -> list[Hook]:
     """Hooks from a YAML file's ``hooks:`` list (a rule file may hold it too)."""
+    return load_hook_setup(path, env).hooks
+
+
+def load_hook_setup(path: str | Path, env: dict[str, str] | None = None) -> HookSetup:
+    """Hooks and their router from a YAML file (``hooks:``, ``receivers:``, ``route:``)."""
     name = str(path)
     try:
         data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
         raise RuleFileError(name, [RuleIssue("", "", f"cannot read hooks: {exc}")]) from None
-    return parse_hooks(data or {}, name, env)
+    return parse_hook_setup(data or {}, name, env)

@@ -42,7 +42,7 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from twin.alerts.db import AlertDb
-from twin.alerts.hooks import Hook, OutboxEvent
+from twin.alerts.hooks import Hook, OutboxEvent, Router
 from twin.alerts.model import Notification, event_id
 
 if TYPE_CHECKING:
@@ -81,9 +81,12 @@ class Outbox:
         max_backoff_s: float = 60.0,
         jitter: float = 0.0,
         give_up_after_s: float = 86_400.0,
+        router: Router | None = None,
     ) -> None:
         self.db = db if isinstance(db, AlertDb) else AlertDb(db)
         self.hooks = {h.name: h for h in hooks}
+        #: which hooks get which notification (the hook file's ``route``); default: every hook
+        self.router = router or Router()
         self.clock = clock
         self.base_backoff_s = base_backoff_s
         self.max_backoff_s = max_backoff_s
@@ -105,11 +108,12 @@ class Outbox:
         now = now or self.clock()
         n = 0
         with self.db.transaction() as cur:
-            hooks = list(self.hooks.values())
+            hooks, router = list(self.hooks.values()), self.router
             for note in notifications:
                 payload = note.model_dump_json()
+                routed = router.hooks_for(note)  # None: every hook
                 for hook in hooks:
-                    if hook.supports(note.status):
+                    if hook.supports(note.status) and (routed is None or hook.name in routed):
                         n += self._put(
                             cur, hook, note.dedup_key, note.status, note.event_id, payload, now
                         )
@@ -122,8 +126,14 @@ class Outbox:
         eid = event_id(dedup_key, "acknowledge", now)
         n = 0
         with self.db.transaction() as cur:
+            routed: set[str] | None = None
+            if self.router.route is not None:  # to the hooks the incident was routed to
+                rows = cur.execute(
+                    "SELECT DISTINCT hook FROM alert_outbox WHERE dedup_key = ?", [dedup_key]
+                ).fetchall()
+                routed = {r[0] for r in rows}
             for hook in list(self.hooks.values()):
-                if hook.supports("acknowledge"):
+                if hook.supports("acknowledge") and (routed is None or hook.name in routed):
                     n += self._put(cur, hook, dedup_key, "acknowledge", eid, payload, now)
         return n
 
@@ -199,10 +209,11 @@ class Outbox:
         until = self._hook_down_until.get(name)
         return until is not None and until > (now or self.clock())
 
-    def set_hooks(self, hooks: Sequence[Hook]) -> list[Hook]:
-        """Swap in a new hook list; a hook equal to a running one (:meth:`Hook.same_as`) keeps
-        the running object. Returns the hooks that are no longer used (close them once their
-        worker has stopped)."""
+    def set_hooks(self, hooks: Sequence[Hook], router: Router | None = None) -> list[Hook]:
+        """Swap in a new hook list (and router; None: every hook gets every notification); a
+        hook equal to a running one (:meth:`Hook.same_as`) keeps the running object. Returns
+        the hooks that are no longer used (close them once their worker has stopped)."""
+        self.router = router or Router()
         old = self.hooks
         new: dict[str, Hook] = {}
         for h in hooks:
@@ -426,12 +437,15 @@ class Delivery:
         with self._lock:
             return sorted(n for n, w in self._workers.items() if w.thread.is_alive())
 
-    def reload(self, hooks: Sequence[Hook], timeout_s: float = 30.0) -> dict[str, list[str]]:
-        """Swap in ``hooks`` (see :meth:`Outbox.set_hooks`) and restart the workers of the hooks
-        that changed; returns the hook names ``added``, ``changed``, ``removed``, ``kept``."""
+    def reload(
+        self, hooks: Sequence[Hook], timeout_s: float = 30.0, router: Router | None = None
+    ) -> dict[str, list[str]]:
+        """Swap in ``hooks`` and ``router`` (see :meth:`Outbox.set_hooks`) and restart the
+        workers of the hooks that changed; returns the hook names ``added``, ``changed``,
+        ``removed``, ``kept``."""
         with self._lock:
             before = dict(self.outbox.hooks)
-            retired = self.outbox.set_hooks(hooks)
+            retired = self.outbox.set_hooks(hooks, router)
             after = self.outbox.hooks
             stopped = self._sync() if self._running else []
         for w in stopped:

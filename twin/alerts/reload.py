@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from twin.alerts.hooks import Hook, load_hooks
+from twin.alerts.hooks import Hook, Router, load_hook_setup
 from twin.alerts.rules import RuleFileError, load_rules
 
 if TYPE_CHECKING:
@@ -43,10 +43,12 @@ class AlertReloader:
         bad, with nothing changed. One reload at a time."""
         with self._lock:
             new_hooks: list[Hook] = []
+            router: Router | None = None
             try:
                 new_rules = load_rules(self.rules)
                 if self.hooks is not None:
-                    new_hooks = load_hooks(self.hooks)
+                    setup = load_hook_setup(self.hooks)
+                    new_hooks, router = setup.hooks, setup.router
             except RuleFileError as exc:
                 what = "; ".join(str(exc).splitlines())
                 log.error("reload refused, keeping the running rules and hooks: %s", what)
@@ -55,7 +57,7 @@ class AlertReloader:
             if self.hooks is None:
                 log.info("reloaded %d alert rules from %s", len(new_rules), self.rules)
                 return True
-            change = self.delivery.reload(new_hooks)
+            change = self.delivery.reload(new_hooks, router=router)
             parts = [f"{k} {', '.join(v)}" for k, v in change.items() if v and k != "kept"]
             log.info(
                 "reloaded %d alert rules from %s and %d hooks from %s (%s)",

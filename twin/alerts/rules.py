@@ -364,8 +364,8 @@ def _rule_label(raw: Any, index: int) -> str:
 def parse_rules(text: str, source: str = "<rules>") -> RuleSet:
     """Parse and validate rule-file text; raise :class:`RuleFileError` naming every problem.
 
-    Keys other than ``rules`` are allowed at the top level only for ``hooks`` (see
-    :mod:`twin.alerts.hooks`), so one file may hold both.
+    Keys other than ``rules`` are allowed at the top level only for ``hooks``, ``receivers``
+    and ``route`` (see :mod:`twin.alerts.hooks`), so one file may hold both.
     """
     try:
         data = yaml.safe_load(text)
@@ -377,10 +377,14 @@ def parse_rules(text: str, source: str = "<rules>") -> RuleSet:
         raise RuleFileError(source, [RuleIssue("", "", f"invalid YAML: {exc}")]) from None
     if not isinstance(data, dict) or not isinstance(data.get("rules"), list):
         raise RuleFileError(source, [RuleIssue("", "rules", "the file must hold `rules: [...]`")])
-    extra = sorted(set(data) - {"rules", "hooks"})
+    extra = sorted(set(data) - {"rules", "hooks", "receivers", "route"})
     if extra:
         raise RuleFileError(
-            source, [RuleIssue("", k, "unknown top-level key (rules, hooks)") for k in extra]
+            source,
+            [
+                RuleIssue("", k, "unknown top-level key (rules, hooks, receivers, route)")
+                for k in extra
+            ],
         )
     issues: list[RuleIssue] = []
     rules: list[Rule] = []

@@ -20,6 +20,14 @@ rules_app = typer.Typer(
 def check(
     file: Annotated[Path, typer.Argument(help="The rule file (YAML, as for serve --rules).")],
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object on stdout.")] = False,
+    hooks: Annotated[
+        Path | None,
+        typer.Option(
+            "--hooks",
+            help="Also check this hook file (as for serve --hooks): hooks, receivers and the"
+            " route; secrets are not read. Prints where each severity goes.",
+        ),
+    ] = None,
 ) -> None:
     """Validate a rule file as `promtool check rules` does, then list the limits no rule covers.
 
@@ -30,12 +38,16 @@ def check(
     on its time-to-breach metric; the report names the missing half. A forecast rule that no
     breached-now rule inhibits is a warning.
 
+    Routing (with --hooks, or when the rule file holds hooks): receivers name existing hooks,
+    routes name existing receivers, and severity info can reach no receiver with `pages: true`
+    (info is a ticket); a hook file without a route is a warning (everything goes everywhere).
+
     Exit codes: 0 valid and every limit covered; 1 the file is invalid (one line per problem,
     naming file, rule and field); 3 valid but some limit uncovered; 2 usage error.
     """
     from twin.alerts.check import check_rules
 
-    report = check_rules(file)
+    report = check_rules(file, hooks)
     if as_json:
         typer.echo(json.dumps(report.to_json()))
         raise typer.Exit(report.exit_code)
@@ -63,6 +75,27 @@ def check(
         Column("forecast", "forecast rule"),
     ]
     emit_rows(rows, columns, resolve_format(None), 0, title=f"{report.path}: limit coverage")
+    if report.routing:
+        emit_rows(
+            [
+                {
+                    "severity": r["severity"],
+                    "receiver": r["receiver"],
+                    "hooks": ", ".join(r["hooks"]) if r["hooks"] is not None else "every hook",
+                    "pages": {True: "yes", False: "no (ticket)", None: "-"}[r["pages"]],
+                }
+                for r in report.routing
+            ],
+            [
+                Column("severity", "severity"),
+                Column("receiver", "receiver"),
+                Column("hooks", "hooks"),
+                Column("pages", "pages"),
+            ],
+            resolve_format(None),
+            0,
+            title="routing",
+        )
     uncovered = report.uncovered
     if uncovered:
         names = "; ".join(f"{c.limit.title} ({' and '.join(c.missing)})" for c in uncovered)

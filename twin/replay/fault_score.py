@@ -304,6 +304,91 @@ def _max_op_c(site: Site, gpu: str) -> float:
     return _MAX_OP[node]
 
 
+# ---- untied pages against the truth -------------------------------------------------------------
+
+#: Classes of a page tied to no fault (bench_alerts): the simulated truth shows the rule's
+#: quantity in its alert state (a true limit state the site reaches with no fault injected),
+#: or it does not (a false page).
+LIMIT_STATE, FALSE_PAGE = "limit_state", "false"
+CLASSES = (LIMIT_STATE, FALSE_PAGE)
+
+
+def _true_quantity(
+    site: Site, truth: Truth, metric: str, entity: str
+) -> tuple[np.ndarray, float] | None:
+    """(headroom-now series (T,), the headroom at which the limit is reached) of ``metric``
+    for ``entity`` from the simulator's truth: the quantity the rule judges, in the rule's own
+    unit (a GPU reaches its limit GPU_AT_LIMIT_K short of it, where the simulator caps it);
+    None where the truth does not hold it."""
+    from twin.alerts import metrics as mt
+
+    if metric in (mt.HEADROOM_GPU_K_TO_SLOWDOWN, mt.HEADROOM_GPU_TIME_TO_BREACH_P90_S):
+        if entity not in truth.gpu_ids:
+            return None
+        temp = truth.gpu_temp_c[:, truth.gpu_ids.index(entity)].astype(float)
+        return _max_op_c(site, entity) - temp, GPU_AT_LIMIT_K
+    if metric in (mt.HEADROOM_PDU_PHASE_A_TO_LIMIT, mt.HEADROOM_PDU_PHASE_TIME_TO_BREACH_P50_S):
+        from twin.chain import phase_table
+
+        ph = phase_table(site)
+        if entity not in truth.current_ids:
+            return None
+        j = truth.current_ids.index(entity)
+        return float(ph.limit_a[j]) - truth.current_a[:, j].astype(float), 0.0
+    if metric in (mt.HEADROOM_CDU_FREE_FRACTION, mt.HEADROOM_CDU_TIME_TO_BREACH_P50_S):
+        from twin.chain.propagate import cdu_capacity_kw
+
+        cdu = next((c for c in site.cdus if c.name == entity), None)
+        if cdu is None or cdu.name not in truth.cdu_names:
+            return None
+        i = truth.cdu_names.index(cdu.name)
+        heat, flow = truth.cdu["heat_kw"][:, i], truth.cdu["flow_lpm"][:, i]
+        cap = np.asarray(cdu_capacity_kw(cdu.capacity_kw, flow, cdu.max_flow_lpm), float)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.where(cap > 0, (cap - heat) / cap, np.nan), 0.0
+    return None
+
+
+def classify_untied(
+    site: Site, truth: Truth, rules: Any, untied: list[dict[str, Any]], known: set[str]
+) -> None:
+    """Mark each untied page ``truth_class`` :data:`LIMIT_STATE` or :data:`FALSE_PAGE` (with
+    ``truth_value``, the true quantity it was judged on), from the simulator's truth, never
+    from the alert: a threshold rule's page is a limit state when the true quantity's mean over
+    the minute before the page meets the rule's condition (op, value: the rule's margin); a
+    forecast rule's when the true headroom reaches 0 within the rule's horizon after the page.
+    Any other page (a rule on a quantity the truth does not hold, or the truth not in the
+    rule's state) is false."""
+    by_name = rules.by_name()
+    t = truth.t_s
+    for u in untied:
+        u["truth_class"], u["truth_value"] = FALSE_PAGE, None
+        rule = by_name.get(str(u.get("rule")))
+        if rule is None:
+            continue
+        ents = [i for k, i in page_entities(u, known) if k in ("*", rule.entity_kind)]
+        group = str(u.get("group", "")).partition(" ")[2]
+        for ent in dict.fromkeys([*ents, group]):
+            q = _true_quantity(site, truth, rule.metric, ent)
+            if q is None:
+                continue
+            series, at_limit = q
+            t_s = float(u["t_s"])
+            if rule.type == "forecast_breach":
+                win = (t >= t_s) & (t <= t_s + float(rule.horizon_s or 3600.0))
+                v = float(np.nanmin(series[win])) if win.any() else float("nan")
+                hit = v <= at_limit
+            else:
+                win = (t > t_s - 60.0) & (t <= t_s)
+                v = float(np.nanmean(series[win])) if win.any() else float("nan")
+                hit = bool(rule.breached(v)) if np.isfinite(v) else False
+            if np.isfinite(v):
+                u["truth_value"] = round(v, 4)
+            if hit:
+                u["truth_class"] = LIMIT_STATE
+                break
+
+
 # ---- pages, attribution, scoring ---------------------------------------------------------------
 
 
@@ -441,6 +526,8 @@ def score(
     for a in untied:
         by_rule[str(a.get("rule"))] = by_rule.get(str(a.get("rule")), 0) + 1
     per_day_k = len(untied) / days / (gpus / 1000.0) if days > 0 and gpus else float("nan")
+    by_class = {c: sum(1 for a in untied if a.get("truth_class") == c) for c in CLASSES}
+    false_k = by_class[FALSE_PAGE] / days / (gpus / 1000.0) if days > 0 and gpus else float("nan")
     over_2 = sum(1 for f in faults if len(f.pages) > 2) + len(untied_over_2)
     slow = {
         k: kinds[k]["lead_to_crossing_min"]["median"] for k in ("cold_plate_decay", "phase_creep")
@@ -460,6 +547,9 @@ def score(
         "untied_pages": len(untied),
         "untied_pages_by_rule": dict(sorted(by_rule.items())),
         "untied_pages_per_day_per_1000_gpus": round(per_day_k, 3),
+        "tied_pages": sum(len(f.pages) for f in faults),
+        "untied_pages_by_class": by_class,
+        "false_pages_per_day_per_1000_gpus": round(false_k, 3),
         "incidents_over_2_pages": over_2,
         "untied_keys_over_2_pages": untied_over_2,
         "targets": {
@@ -572,6 +662,7 @@ def run_day(
         cases.append(case)
     known = _known_ids(site)
     untied = attribute(cases, list(result.alerts), t0, known, margin_s)
+    classify_untied(site, tr, rules, untied, known)
     for u in untied:
         u["day"] = day
     info = {
