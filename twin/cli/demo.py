@@ -453,6 +453,16 @@ CONSOLE_STREAMLIT_OPTIONS = (
 )
 
 
+def _exit_before_streamlit(signum: int, _frame: object) -> None:
+    """SIGTERM before Streamlit's own handler is set: flush what was printed and exit 0."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(0)
+
+
 def console(
     host: Annotated[
         str, typer.Option(help="Address to listen on (default: this machine only).")
@@ -508,8 +518,10 @@ def console(
     )
     err.print(f"console: http://{host}:{port} -> {url}, {writes}", highlight=False)
     # Streamlit stops its server on SIGTERM and SIGINT once its own handlers are set, which is
-    # after its port opens: a SIGTERM before that exits 0 here instead of killing the process.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    # after its port opens. A SIGTERM before that ends the process here with 0: the console
+    # holds no state of its own, and raising SystemExit inside Streamlit's server start-up
+    # (its ASGI lifespan) makes uvicorn report a start-up failure and exit 3 instead.
+    signal.signal(signal.SIGTERM, _exit_before_streamlit)
     # Streamlit stops its server on SIGTERM and SIGINT; a hang-up stops it the same way.
     if hasattr(signal, "SIGHUP") and signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:
         signal.signal(signal.SIGHUP, lambda *_: signal.raise_signal(signal.SIGTERM))
