@@ -37,6 +37,10 @@ MIN_RESIDUAL_MINUTES = 3
 #: minutes of a checkpoint dip and of the climb back (a third of the load and less) are left
 #: out of the residual's minimum. [1]
 LOAD_FRACTION = 0.7
+#: How far below its coolant (or inlet air) reference a GPU's model may sit before its residual
+#: is not judged: a little, for the reference sensor's own 1 K quantization and offset error
+#: (docs/physics.md §2.6); more is a model outside its calibration. [K]
+MODEL_BELOW_REF_K = 2.0
 #: Fewest GPUs with an estimate for a group's median to be a fleet reference. [1]
 MIN_GROUP = 3
 
@@ -130,9 +134,17 @@ def loaded_min(
 def residual_k(
     mean_temp_c: F64, ref_c: F64, offset_k: F64, r_k_per_w: F64, x_w: F64
 ) -> tuple[F64, F64]:
-    """(measured - model, model) per minute [K, °C]; ``r_k_per_w`` at the minute's flow."""
+    """(measured - model, model) per minute [K, °C]; ``r_k_per_w`` at the minute's flow.
+
+    The residual is NaN (no judgement) in a minute where the model sits more than
+    :data:`MODEL_BELOW_REF_K` below its reference: a GPU cannot be colder than the coolant or
+    air that cools it, so such a model is outside what its calibration saw (a negative offset
+    fitted on loaded data, extrapolated to an idle minute), and its residual would read as a
+    hot GPU where there is none."""
     model = ref_c + offset_k + r_k_per_w * x_w
-    return mean_temp_c - model, model
+    with np.errstate(invalid="ignore"):
+        unphysical = model < ref_c - MODEL_BELOW_REF_K
+    return np.where(unphysical, np.nan, mean_temp_c - model), model
 
 
 def r_estimate(

@@ -91,3 +91,23 @@ def test_trailing_windows_are_causal_and_the_heat_term_removes_the_dip_transient
         t_m, np.full_like(t_m, 30.0), 0.0, 0.03, tw.heat_w(p_m, slope, C_J_PER_K)
     )
     assert abs(plain[0, 0]) > 2.0 and abs(fixed[0, 0]) < 0.5 * abs(plain[0, 0])
+
+
+def test_a_model_below_its_coolant_is_not_judged() -> None:
+    """A calibration with a large negative offset (fitted on loaded minutes) puts an idle GPU's
+    model below the coolant that cools it: the residual there is NaN, never a hot GPU, while a
+    loaded minute of the same GPU and a plausible model beside it are still judged."""
+    ref = np.full((3, 2), 30.0)
+    off = np.array([[-8.0, -1.0]])
+    x = np.array([[50.0, 50.0], [600.0, 600.0], [60.0, 60.0]])  # idle, loaded, idle [W]
+    measured = np.array([[31.0, 31.0], [40.0, 47.0], [31.0, 31.0]])
+    resid, model = tw.residual_k(measured, ref, off, 0.03, x)
+    # GPU 0: 30 - 8 + 1.5 = 23.5 °C idle, 6.5 K under its coolant -> not judged
+    assert np.isnan(resid[0, 0]) and np.isnan(resid[2, 0])
+    assert model[0, 0] == 23.5
+    # loaded: 30 - 8 + 18 = 40 °C, at its reading
+    assert resid[1, 0] == 0.0
+    # GPU 1: 30 - 1 + 1.5 = 30.5 °C idle, within 2 K of the coolant -> judged
+    assert resid[0, 1] == 0.5 and resid[1, 1] == 47.0 - 47.0
+    z = tw.loaded_min(resid / 0.3, x, 3, 1)
+    assert not np.isnan(z[-1, 1])
