@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -456,10 +457,8 @@ CONSOLE_STREAMLIT_OPTIONS = (
 def _exit_before_streamlit(signum: int, _frame: object) -> None:
     """SIGTERM before Streamlit's own handler is set: flush what was printed and exit 0."""
     for stream in (sys.stdout, sys.stderr):
-        try:
+        with contextlib.suppress(OSError, ValueError):
             stream.flush()
-        except (OSError, ValueError):
-            pass
     os._exit(0)
 
 
