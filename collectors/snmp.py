@@ -2,10 +2,10 @@
 
 :class:`SnmpPduCollector` walks the tables of one vendor *profile* (one YAML file per MIB:
 Raritan PDU2-MIB, APC PowerNet rPDU2 and the older rPDU load tables, ServerTech Sentry4-MIB and
-Sentry3-MIB, Eaton EATON-EPDU-MIB, Vertiv Geist GEIST-V5-MIB / VERTIV-V5-MIB; each file names
-its source and the scaling of every OID) with GETBULK and returns one ``pdu`` contract message
-per poll. See
-:mod:`collectors.snmp_profiles` for the scaling rule and the fields of a profile. A reading in
+Sentry3-MIB, Eaton EATON-EPDU-MIB, Vertiv Geist GEIST-V5-MIB / VERTIV-V5-MIB, APC CPDU-MIB
+of the cPDU tree; each file names its source and the scaling of every OID) with GETBULK and
+returns one ``pdu`` contract message per poll. See :mod:`collectors.snmp_profiles` for the
+scaling rule and the fields of a profile. A reading in
 a unit the profile does not list is refused with a logged reason, never stored under a wrong
 unit; a sensor whose state column says it has no reading (Raritan ``unavailable``, Sentry3
 ``notFound`` / ``lost``, Eaton probe ``disconnected`` ...) is left out. Each refusal is logged

@@ -592,6 +592,99 @@ def test_geist_wrong_profile_is_named(agent: int) -> None:
 
 
 @pytest.mark.slow
+def test_apc_cpdu_wye_scales_cascade_and_sensor_states(agent: int) -> None:
+    proc = cli(agent, "cpdu", "apc-cpdu")  # the alias of apc-cpdu
+    s = samples_of(proc)
+    check(
+        s,
+        {
+            # pduUnitStatus: Watts, Volt-Amps, 123456 tenths of kWh; the first temperature
+            # probe (243 tenths of degreeC) and the first humidity probe (41 percent) fill <pdu>
+            P: {
+                "power_w": 6063.0,
+                "apparent_power_va": 6332.0,
+                "energy_kwh": 12345.6,
+                "inlet_temp_c": 24.3,
+                "humidity_pct": 41.0,
+            },
+            # pduInputPhaseStatus: 1250 hundredths of A, Volts, Watts, Volt-Amps; wye: line Ln
+            f"{P}/L1": {
+                "current_a": 12.5,
+                "voltage_v": 230.0,
+                "power_w": 2760.0,
+                "apparent_power_va": 2875.0,
+            },
+            f"{P}/L2": {"current_a": 11.0, "voltage_v": 231.0, "power_w": 2414.0},
+            f"{P}/L3": {"current_a": 4.0, "voltage_v": 229.0, "apparent_power_va": 916.0},
+            # pduCircuitBreakerStatusCurrent: hundredths of A; cb6 is off (load state 6): 0 A
+            f"{P}/cb1": {"current_a": 6.4},
+            f"{P}/cb2": {"current_a": 6.1},
+            f"{P}/cb5": {"current_a": 4.0},
+            f"{P}/cb6": {"current_a": 0.0},
+            # pduOutletMeteredStatus: hundredths of A, Watts, resettable tenths of kWh
+            f"{P}/outlet1": {"current_a": 1.5, "power_w": 331.0, "energy_kwh": 123.4},
+            f"{P}/outlet2": {"current_a": 0.42, "power_w": 92.0, "energy_kwh": 20.5},
+            f"{P}/outlet3": {"current_a": 0.0, "power_w": 0.0},
+            # a second temperature probe: 770 tenths of degreeF -> 25.0 degC
+            f"{P}/sensor3": {"inlet_temp_c": 25.0},
+            # the cascaded unit 2 gets its own prefix
+            f"{P}/unit2": {"power_w": 941.0, "apparent_power_va": 990.0, "energy_kwh": 2048.0},
+            f"{P}/unit2/L1": {"current_a": 2.0, "voltage_v": 230.0, "power_w": 437.0},
+        },
+    )
+    for line, cbs in (("L1", ("cb1", "cb2")), ("L2", ("cb3", "cb4")), ("L3", ("cb5", "cb6"))):
+        sample = s[f"{P}/{line}"]
+        consistent(sample)  # V x I ~ VA
+        assert 0.9 < sample["power_w"] / sample["apparent_power_va"] <= 1.0
+        breakers = sum(s[f"{P}/{cb}"]["current_a"] for cb in cbs)
+        assert math.isclose(breakers, sample["current_a"], rel_tol=1e-9)
+    lines = [s[f"{P}/L{n}"] for n in (1, 2, 3)]
+    assert math.isclose(sum(x["power_w"] for x in lines), s[P]["power_w"], rel_tol=1e-9)
+    va = sum(x["apparent_power_va"] for x in lines)
+    assert math.isclose(va, s[P]["apparent_power_va"], rel_tol=1e-9)
+    # outlet n is on phase n: its power is below that phase's V x I
+    for n in (1, 2):
+        outlet = s[f"{P}/outlet{n}"]
+        assert outlet["power_w"] <= s[f"{P}/L{n}"]["voltage_v"] * outlet["current_a"]
+    # the MIB's power factor is "the ratio of active to apparent power" with no scale
+    assert not [i for i, x in s.items() if "power_factor" in x]
+    assert "humidity_pct" not in s[f"{P}/sensor3"]
+    assert f"{P}/sensor1" not in s and f"{P}/sensor2" not in s  # those are <pdu>'s own
+    assert not [i for i in s if "-L" in i]  # a wye unit has no legs
+    # probe 4: pduExternalSensorStatusCommStatus commsLost(3), its 0 is no reading
+    assert f"{P}/sensor4" not in s
+    assert "pduExternalSensorStatusHighPrecisionValue.1.4 skipped: sensor state 3" in proc.stderr
+
+
+@pytest.mark.slow
+def test_apc_cpdu_delta_keeps_line_current_and_refuses_leg_readings(agent: int) -> None:
+    """pduNamePlateType delta(2): the MIB says the phase current is the line's on delta, but not
+    which leg a phase row's voltage and power are: they are refused with the reason."""
+    proc = cli(agent, "apc-cpdu", "apc-cpdu-delta")
+    s = samples_of(proc)
+    for line in ("L1", "L2", "L3"):
+        # 693 hundredths of A: line current only, no voltage or power on a line id
+        assert s[f"{P}/{line}"] == {"id": f"{P}/{line}", "current_a": 6.93}
+    assert not [i for i in s if "-L" in i]
+    check(s, {P: {"power_w": 4560.0, "apparent_power_va": 4800.0, "energy_kwh": 5432.1}})
+    assert "pduInputPhaseStatusVoltage.1.1 skipped" in proc.stderr
+    assert "pduInputPhaseStatusActivePower.1.3 skipped" in proc.stderr
+    assert "names a line (L1) where wiring = 2 calls for a leg" in proc.stderr
+
+
+@pytest.mark.slow
+def test_apc_cpdu_wrong_profile_is_named(agent: int) -> None:
+    for profile, community in (
+        ("apc-cpdu", "apc-rpdu2"),
+        ("apc-rpdu2", "apc-cpdu"),
+        ("apc-rpdu", "apc-cpdu"),
+    ):
+        proc = cli(agent, profile, community)
+        assert proc.returncode == 2 and "wrong profile" in proc.stderr, (profile, proc.stderr)
+        assert ASYNCIO_LEAK not in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.slow
 def test_unavailable_sensor_is_logged_once(agent: int, caplog: pytest.LogCaptureFixture) -> None:
     c = SnmpPduCollector(
         "127.0.0.1", site="lab", profile="raritan-pdu2", community="raritan-pdu2", port=agent
@@ -693,6 +786,7 @@ def test_unknown_profile_and_help_list_the_registry() -> None:
         "sentry3",
         "eaton-epdu",
         "geist-v5",
+        "apc-cpdu",
     ):
         assert name in helptext
     for alias in (a for p in profiles().values() for a in p.aliases):
@@ -710,12 +804,14 @@ def test_profiles_are_data_files_with_sources() -> None:
         "sentry3",
         "eaton-epdu",
         "geist-v5",
+        "apc-cpdu",
     } <= set(known)
     assert resolve("raritan").name == "raritan-pdu2"
     assert resolve("apc").name == "apc-rpdu2"
     assert resolve("servertech").name == "sentry4"
     assert resolve("eaton").name == "eaton-epdu"
     assert resolve("geist").name == "geist-v5" and resolve("vertiv").name == "geist-v5"
+    assert resolve("cpdu").name == "apc-cpdu"
     for p in known.values():
         assert (PROFILE_DIR / f"{p.name}.yaml").is_file()
         assert p.source.mib and p.source.published and p.source.verified
@@ -726,6 +822,7 @@ def test_profiles_are_data_files_with_sources() -> None:
     assert {f.stem for f in FIXTURES.glob("*.snmprec")} == set(known) | {
         "sentry4-delta",
         "geist-v5-delta",
+        "apc-cpdu-delta",
     }
     with pytest.raises(ValueError, match="unknown SNMP profile"):
         SnmpPduCollector("127.0.0.1", site="lab", profile="nope", community="public")

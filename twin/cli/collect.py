@@ -441,7 +441,7 @@ def snmp(
             help="Vendor profile, one per MIB: "
             + ", ".join(_SNMP_PROFILES)
             + " (collectors/snmp_profiles/<name>.yaml; aliases raritan, apc, servertech, eaton,"
-            + " geist, vertiv)."
+            + " geist, vertiv, cpdu)."
         ),
     ],
     community_env: Annotated[
