@@ -737,6 +737,9 @@ def run_shards(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     mons: dict[str, Monitor] = {}
     view = None
     overview: list[float] = []
+    #: per overview answer, the shards it showed stale (name, age [s]): a slow shard is shown
+    #: with its last answer past the site view's --answer-within
+    stale_in_overview: list[list[tuple[str, float | None]]] = []
     pubs = Publishers(ctx, bcfg, site, args)
     out: dict[str, Any] = {"mode": "shards", "gpus": args.gpus, "shards": len(shards)}
     try:
@@ -765,11 +768,18 @@ def run_shards(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             if view is not None:
                 t = time.perf_counter()
                 try:
-                    urllib.request.urlopen(
+                    body = urllib.request.urlopen(
                         f"http://127.0.0.1:{vport}/api/v1/overview", timeout=30
                     ).read()
                     overview.append(time.perf_counter() - t)
-                except OSError:
+                    stale_in_overview.append(
+                        [
+                            (s["name"], s.get("age_s"))
+                            for s in json.loads(body).get("shards", [])
+                            if s.get("status") == "stale"
+                        ]
+                    )
+                except (OSError, ValueError):
                     overview.append(float("inf"))
         pub_res = pubs.results(600)
         time.sleep(2 * args.step)
@@ -809,6 +819,14 @@ def run_shards(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         if overview
         else None
     )
+    ages = [a for row in stale_in_overview for _, a in row if a is not None]
+    out["overview_stale"] = {
+        "answers": len(stale_in_overview),
+        "with_a_stale_shard": sum(1 for row in stale_in_overview if row),
+        "stale_shard_answers": sum(len(row) for row in stale_in_overview),
+        "age_s_p50": _pct(ages, 50) if ages else None,
+        "age_s_max": max(ages) if ages else None,
+    }
     out["targets"] = {
         "lag<5s": all((p["lag_s"]["max"] or 1e9) < TARGET_LAG_S for p in per.values()),
         "ticks_complete_in_every_shard": all(p["lag_s"]["ticks"] == ticks for p in per.values()),

@@ -114,3 +114,77 @@ def test_the_command_serves_until_sigterm_and_exits_0(tmp_path: Path, silent: st
         p.send_signal(signal.SIGTERM)
         assert p.wait(20) == 0, log.read_text()
     assert log.read_text().splitlines()[-1] == "stopped"
+
+
+class _SlowShard:
+    """A shard API whose /api/v1/overview answers ``it_power_kw`` after ``delay_s``."""
+
+    def __init__(self) -> None:
+        import http.server
+        import json
+        import threading
+
+        self.delay_s = 0.0
+        self.it_power_kw = 100.0
+        self.answered = 0
+        shard = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                if self.path != "/api/v1/overview":
+                    self.send_error(404)
+                    return
+                time.sleep(shard.delay_s)
+                body = json.dumps({"site": "slow", "it_power_kw": shard.it_power_kw}).encode()
+                self.send_response(200)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+                shard.answered += 1
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_a_slow_shard_is_shown_with_its_last_answer_marked_stale(live: str) -> None:
+    """Past --answer-within, a shard that answered the same read before is shown with that
+    answer, stale with its age, and asked again in the background: the next read has the new
+    answer. A shard that never answered is still waited for (up to its timeout)."""
+    slow = _SlowShard()
+    try:
+        shards = parse_shards(f"hall-1={live},slow={slow.url}")
+        app = create_siteview_app(shards, timeout_s=10.0, answer_within_s=0.2)
+        with TestClient(app) as c:
+            first = c.get("/api/v1/overview", headers=LOCAL).json()
+            assert first["it_power_kw"] == 100.0  # the small site's own has no data: None
+            assert {s["name"]: s["status"] for s in first["shards"]} == {
+                "hall-1": "ok",
+                "slow": "ok",
+            }
+            slow.delay_s, slow.it_power_kw = 2.0, 250.0  # slower than answer_within_s
+            second = c.get("/api/v1/overview", headers=LOCAL).json()
+            # without the deadline this would wait the 2 s and show 250 kW
+            assert second["it_power_kw"] == 100.0, second
+            report = {s["name"]: s for s in second["shards"]}
+            assert report["hall-1"]["status"] == "ok"
+            stale = report["slow"]
+            assert stale["status"] == "stale" and stale["http_status"] == 200
+            assert stale["age_s"] is not None and stale["age_s"] >= 0.0
+            assert stale["error"].startswith("no answer within 0.2 s: its answer of")
+            # the call went on: once the shard has answered, the next read shows it
+            assert wait_until(lambda: slow.answered >= 2, 10, 0.05)
+            slow.delay_s = 0.0
+            third = c.get("/api/v1/overview", headers=LOCAL).json()
+            assert third["it_power_kw"] == 250.0
+            assert {s["name"]: s["status"] for s in third["shards"]}["slow"] == "ok"
+    finally:
+        slow.close()

@@ -93,6 +93,7 @@ from twin.fleets import FleetReport, span_text, underused_fleets
 from twin.headroom import HeadroomReport, compute_headroom, save_headroom
 from twin.health import ServiceHealth
 from twin.hotspots import HotSpotReport, find_hotspots
+from twin.procs import lower_this_thread
 from twin.site import Site
 from twin.store import Store
 
@@ -397,8 +398,11 @@ class DetectionScheduler:
         engine: AlertEngine | None = None,
         health: ServiceHealth | None = None,
         owns: Callable[[str, str], bool] | None = None,
+        nice: int = 0,
     ):
         self.store = store.cursor()
+        #: how much lower than the process the loop's thread runs (Linux)
+        self.nice = nice
         self.site = site
         #: a shard's (entity kind, id) -> whether it reports it (twin.site.shards); None: all
         self.owns = owns
@@ -497,6 +501,7 @@ class DetectionScheduler:
             self.health.error(LOOP, text)
 
     def _loop(self) -> None:
+        lower_this_thread(self.nice)
         while not self._stop.wait(self.interval_s):
             try:
                 self.run_once()

@@ -43,6 +43,26 @@ def on_stop_signals(stop: threading.Event, *, hup: bool = True) -> list[signal.S
     return handled
 
 
+def lower_this_thread(nice: int) -> bool:
+    """Raise the calling thread's nice value by ``nice`` (Linux, where a thread has its own
+    nice value): the scheduler then runs it after the threads that keep their priority (the
+    ingest's writer and the API), when both want a core. True when it was changed.
+
+    Elsewhere ``setpriority`` would renice the whole process, so it is left as it is there."""
+    if nice <= 0 or not os.path.isdir("/proc/self/task"):
+        return False
+    tid = threading.get_native_id()
+    try:
+        now = os.getpriority(os.PRIO_PROCESS, tid)
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, now + nice))
+    except OSError as e:  # a container that forbids it: run at the process's priority
+        log.warning(
+            "cannot lower the priority of thread %s: %s", threading.current_thread().name, e
+        )
+        return False
+    return True
+
+
 def exit_with_parent(poll_s: float = 0.5) -> None:
     """If ``DCTWIN_PARENT_PID`` is set, SIGTERM this process once that parent is gone.
 

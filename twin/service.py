@@ -96,6 +96,13 @@ class ServiceConfig:
     #: topic filters only, stores only its sources and those it reads, and calibrates, forecasts
     #: and detects over the shard's sub-site. None: the whole site (shard "main").
     shard: str | None = None
+    #: DuckDB's memory limit for this service's store [MB] (None: DuckDB's default, 80 % of RAM)
+    store_memory_mb: int | None = None
+    #: DuckDB's worker threads (None: one per core)
+    store_threads: int | None = None
+    #: how much lower the calibration and detection threads run than ingest and the API (the
+    #: nice value added to theirs, Linux); 0: the same
+    background_nice: int = 10
 
 
 def claim_store(store: Store, shard: str, db: Path) -> None:
@@ -128,7 +135,9 @@ class Service:
         self.site = self.shard.site if self.shard is not None else config.site
         self.health = ServiceHealth(stall_after_s=config.stall_after_s)
         try:
-            self.store = Store(config.db)
+            self.store = Store(
+                config.db, memory_limit_mb=config.store_memory_mb, threads=config.store_threads
+            )
         except StoreError as e:
             raise ServiceError(str(e)) from None
         try:
@@ -215,6 +224,7 @@ class Service:
                 window_s=cfg.calibrate_window_s,
                 holdout_s=cfg.calibrate_holdout_s,
                 health=self.health,
+                nice=cfg.background_nice,
             )
         if site is not None and cfg.detect_every_s > 0:
             from twin.detect import DetectionScheduler
@@ -228,6 +238,7 @@ class Service:
                 engine=self.engine,
                 health=self.health,
                 owns=self.shard.owns_entity if self.shard is not None else None,
+                nice=cfg.background_nice,
             )
         if cfg.api:
             self._build_api()

@@ -21,6 +21,7 @@ from datetime import UTC, datetime, timedelta
 
 from twin.calibrate.calibrate import calibrate, save_run
 from twin.health import ServiceHealth
+from twin.procs import lower_this_thread
 from twin.site import Site
 from twin.store import Store
 
@@ -49,8 +50,11 @@ class CalibrationScheduler:
         holdout_s: float = 1200.0,
         health: ServiceHealth | None = None,
         probe_s: float = PROBE_S,
+        nice: int = 0,
     ):
+        """``nice``: how much lower than the process the loop's thread runs (Linux)."""
         self.store = store.cursor()
+        self.nice = nice
         self.site = site
         self.interval_s = interval_s
         self.window_s = window_s
@@ -173,6 +177,7 @@ class CalibrationScheduler:
         return first + ticks * step
 
     def _loop(self) -> None:
+        lower_this_thread(self.nice)
         wait = self.next_wait_s(failed=False)
         self.next_pass_at = datetime.now(UTC) + timedelta(seconds=wait)
         while not self._stop.wait(wait):

@@ -108,6 +108,51 @@ SeedCalibrationOpt = Annotated[
 ]
 
 
+StoreMemoryOpt = Annotated[
+    int | None,
+    typer.Option(
+        min=64,
+        help="Cap DuckDB's memory for the store at this many MB (default: DuckDB's, 80 %"
+        " of the machine's RAM; give each service on a shared machine its own share).",
+    ),
+]
+
+StoreThreadsOpt = Annotated[
+    int | None,
+    typer.Option(min=1, help="DuckDB's worker threads (default: one per core)."),
+]
+
+BackgroundNiceOpt = Annotated[
+    int,
+    typer.Option(
+        min=0,
+        max=19,
+        help="Run calibration and detection this much nicer than ingest and the API, so"
+        " that a long refit does not delay the writes (Linux; 0: the same priority).",
+    ),
+]
+
+ApiTokenOpt = Annotated[
+    str | None,
+    typer.Option(
+        show_default=False,
+        help="Bearer token (16+ characters) for the API's writes (acknowledge, silences);"
+        " without one, writes are refused. Visible in `ps`: prefer --api-token-file or"
+        " DCTWIN_API_TOKEN (the default).",
+    ),
+]
+
+ApiAllowedHostsOpt = Annotated[
+    str | None,
+    typer.Option(
+        envvar="DCTWIN_API_ALLOWED_HOSTS",
+        help="Comma-separated Host header names the API answers besides its address,"
+        " localhost, 127.0.0.1 and [::1] (e.g. twin,twin.example.com; *.example.com for"
+        " subdomains; * for any). Others get 400 (DNS rebinding).",
+    ),
+]
+
+
 def serve(
     broker: BrokerOpt = None,
     db: DbOpt = Path("dctwin.duckdb"),
@@ -162,24 +207,8 @@ def serve(
         str, typer.Option(help="Address the HTTP API listens on (default: localhost only).")
     ] = "127.0.0.1",
     api_port: Annotated[int, typer.Option(help="HTTP API port (0: any free port).")] = 8420,
-    api_allowed_hosts: Annotated[
-        str | None,
-        typer.Option(
-            envvar="DCTWIN_API_ALLOWED_HOSTS",
-            help="Comma-separated Host header names the API answers besides its address,"
-            " localhost, 127.0.0.1 and [::1] (e.g. twin,twin.example.com; *.example.com for"
-            " subdomains; * for any). Others get 400 (DNS rebinding).",
-        ),
-    ] = None,
-    api_token: Annotated[
-        str | None,
-        typer.Option(
-            show_default=False,
-            help="Bearer token (16+ characters) for the API's writes (acknowledge, silences);"
-            " without one, writes are refused. Visible in `ps`: prefer --api-token-file or"
-            " DCTWIN_API_TOKEN (the default).",
-        ),
-    ] = None,
+    api_allowed_hosts: ApiAllowedHostsOpt = None,
+    api_token: ApiTokenOpt = None,
     api_token_file: Annotated[
         Path | None,
         typer.Option(
@@ -190,6 +219,9 @@ def serve(
     whatif_scenarios: WhatifScenariosOpt = REPO / "sample_telemetry" / "scenarios",
     whatif_reports: WhatifReportsOpt = None,
     seed_calibration: SeedCalibrationOpt = None,
+    store_memory_mb: StoreMemoryOpt = None,
+    store_threads: StoreThreadsOpt = None,
+    background_nice: BackgroundNiceOpt = 10,
     verbose: bool = False,
 ) -> None:
     """Run the twin service: ingest MQTT telemetry into the DuckDB store, refit the model and
@@ -238,6 +270,9 @@ def serve(
         whatif_reports=whatif_reports,
         seed_calibration=seed_calibration,
         shard=shard,
+        store_memory_mb=store_memory_mb,
+        store_threads=store_threads,
+        background_nice=background_nice,
     )
     try:
         service = Service(config).start()
@@ -266,6 +301,13 @@ def _announce(service: Any, token: str | None, seed_calibration: Path | None) ->
             f" {len(v.reads)} read from other shards, {len(v.topic_filters)} topic filters",
             highlight=False,
         )
+    store = service.store.settings()
+    err.print(
+        f"store: DuckDB memory limit {store.get('memory_limit', '?')},"
+        f" {store.get('threads', '?')} threads; calibration and detection at nice"
+        f" +{service.config.background_nice}",
+        highlight=False,
+    )
     if service.url is not None:
         writes = "token required" if token else NO_WRITES
         err.print(

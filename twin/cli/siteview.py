@@ -37,6 +37,15 @@ def site_view(
         float,
         typer.Option(min=0.1, help="Seconds each shard has to answer before it is reported stale."),
     ] = 5.0,
+    answer_within: Annotated[
+        float,
+        typer.Option(
+            min=0.0,
+            help="Seconds to wait for a shard that has answered the same API read before:"
+            " past them that answer is shown, the shard marked stale with its age, while the"
+            " shard is asked again (0: always wait --timeout-s).",
+        ),
+    ] = 1.0,
     allowed_hosts: Annotated[
         str | None,
         typer.Option(
@@ -53,8 +62,10 @@ def site_view(
     shard) use it as they use one service. Totals are summed, lists concatenated, alerts
     merged by dedup key, headroom re-sorted tightest first. A shard that does not answer
     within --timeout-s is reported stale with its age in every answer's `shards` section and
-    in /healthz; the others are still served. Writes (acknowledge, silences) are passed to
-    the shards with the caller's token. Runs until Ctrl-C or SIGTERM."""
+    in /healthz; the others are still served. A shard slower than --answer-within that has
+    answered the same read before is shown with that answer, marked stale with its age.
+    Writes (acknowledge, silences) are passed to the shards with the caller's token. Runs
+    until Ctrl-C or SIGTERM."""
     setup_logging(verbose)
     import uvicorn
 
@@ -83,7 +94,13 @@ def site_view(
     sock.listen(128)
     bound = sock.getsockname()[1]
     extra = tuple(h for h in (allowed_hosts or "").split(",") if h.strip())
-    app = create_siteview_app(parsed, timeout_s=timeout_s, host=host, extra_hosts=extra)
+    app = create_siteview_app(
+        parsed,
+        timeout_s=timeout_s,
+        host=host,
+        extra_hosts=extra,
+        answer_within_s=answer_within or None,
+    )
     shown = f"[{host}]" if ":" in host else host
     names = ", ".join(f"{s.name}={s.url}" for s in parsed)
     err.print(

@@ -20,6 +20,7 @@ import asyncio
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote
 
@@ -69,8 +70,25 @@ def _error(answers: list[Answer], report: list[dict[str, Any]]) -> JSONResponse:
 
 
 def _report(fan: Fanout, answers: list[Answer]) -> list[dict[str, Any]]:
-    status = {a.shard.name: a.status for a in answers}
-    return [{**r, "http_status": status.get(r["name"])} for r in fan.report()]
+    """Each shard's status beside its HTTP status; a shard answered from its last good
+    answer (no answer within the fan-out's ``answer_within_s``) is stale, aged by that
+    answer."""
+    by_name = {a.shard.name: a for a in answers}
+    now = datetime.now(UTC)
+    out = []
+    for r in fan.report(now):
+        a = by_name.get(r["name"])
+        row = {**r, "http_status": None if a is None else a.status}
+        if a is not None and a.cached_at is not None:
+            age_s = max((now - a.cached_at).total_seconds(), 0.0)
+            row.update(
+                status="stale",
+                age_s=round(age_s, 3),
+                error=f"no answer within {fan.answer_within_s:g} s: its answer of"
+                f" {age_s:.0f} s ago is shown (asked again meanwhile)",
+            )
+        out.append(row)
+    return out
 
 
 def merge_metrics(texts: list[tuple[str, str]]) -> str:
@@ -385,10 +403,13 @@ def create_siteview_app(
     timeout_s: float = 5.0,
     host: str = "127.0.0.1",
     extra_hosts: tuple[str, ...] = (),
+    answer_within_s: float | None = None,
 ) -> FastAPI:
     """The site view over ``shards`` (see the module docstring); ``timeout_s`` per shard
-    call; ``host`` and ``extra_hosts``: the Host header values it answers."""
-    fan = Fanout(shards, timeout_s=timeout_s)
+    call; ``answer_within_s``: past it, a read is answered from a slow shard's last good
+    answer, marked stale with its age (None: wait ``timeout_s``); ``host`` and
+    ``extra_hosts``: the Host header values it answers."""
+    fan = Fanout(shards, timeout_s=timeout_s, answer_within_s=answer_within_s)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -4,11 +4,20 @@ A :class:`Shard` remembers when it last answered; :class:`Fanout` asks every sha
 (``httpx.AsyncClient``, ``timeout_s`` per shard) and returns one :class:`Answer` per shard,
 never raising for a shard that is down, slow or failing: that shard's answer carries the
 reason and the shard turns ``stale`` until it answers again.
+
+With ``answer_within_s``, a read of the API (GET ``/api/...``) does not wait ``timeout_s``
+for a shard that is slow but has answered the same question before: past ``answer_within_s``
+it is answered from that shard's last good answer, marked with when it was received
+(``Answer.cached_at``; the site view reports the shard stale with that age), while the call
+to the shard goes on in the background and refreshes the answer for the next caller. One
+call per shard and question is in flight at a time: callers meanwhile share it, so a slow
+shard is not asked again and again.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -65,6 +74,9 @@ class Answer:
     content_type: str = ""
     error: str | None = None
     headers: dict[str, str] = field(default_factory=dict)
+    #: when the shard gave this answer, where it is a last good answer served because the
+    #: shard did not answer within the fan-out's ``answer_within_s`` (None: answered now)
+    cached_at: datetime | None = None
 
     @property
     def ok(self) -> bool:
@@ -139,10 +151,17 @@ def _unique(shards: list[Shard], where: str) -> list[Shard]:
 class Fanout:
     """Concurrent calls to every shard's API, each bounded by ``timeout_s``."""
 
-    def __init__(self, shards: list[Shard], timeout_s: float = 5.0):
+    def __init__(
+        self, shards: list[Shard], timeout_s: float = 5.0, answer_within_s: float | None = None
+    ):
         self.shards = shards
         self.timeout_s = timeout_s
+        self.answer_within_s = answer_within_s
         self._client: httpx.AsyncClient | None = None
+        #: (shard, path, params) -> the last 2xx answer to that read and when it came
+        self._good: dict[tuple[str, str, str], tuple[datetime, Answer]] = {}
+        #: the reads in flight, shared by the callers that ask the same meanwhile
+        self._inflight: dict[tuple[str, str, str], asyncio.Task[Answer]] = {}
 
     def client(self) -> httpx.AsyncClient:
         if self._client is None:
@@ -150,6 +169,8 @@ class Fanout:
         return self._client
 
     async def close(self) -> None:
+        for task in list(self._inflight.values()):
+            task.cancel()
         if self._client is not None:
             await self._client.aclose()
             self._client = None
@@ -163,11 +184,53 @@ class Fanout:
         headers: dict[str, str] | None = None,
     ) -> list[Answer]:
         """One answer per shard, in the shards' order."""
-        return list(
-            await asyncio.gather(
-                *(self._one(s, method, path, params, json, headers) for s in self.shards)
+        if method != "GET" or self.answer_within_s is None or not path.startswith("/api/"):
+            # writes, /healthz and /metrics: always the shard's answer now
+            return list(
+                await asyncio.gather(
+                    *(self._one(s, method, path, params, json, headers) for s in self.shards)
+                )
             )
-        )
+        keys = [(s.name, path, repr(sorted((params or {}).items()))) for s in self.shards]
+        tasks = [
+            self._read(s, k, path, params, headers) for s, k in zip(self.shards, keys, strict=True)
+        ]
+        await asyncio.wait(tasks, timeout=self.answer_within_s)
+        out: list[Answer] = []
+        for key, task in zip(keys, tasks, strict=True):
+            last = self._good.get(key)
+            if task.done() or last is None:
+                out.append(await task)  # at most timeout_s: httpx's own timeout ends it
+            else:  # slow, answered before: its last answer now, the call refreshes it
+                at, answer = last
+                out.append(dataclasses.replace(answer, cached_at=at))
+        return out
+
+    def _read(
+        self,
+        shard: Shard,
+        key: tuple[str, str, str],
+        path: str,
+        params: dict[str, Any] | None,
+        headers: dict[str, str] | None,
+    ) -> asyncio.Task[Answer]:
+        """The read of ``key`` in flight, started if none is; a 2xx answer is kept."""
+        task = self._inflight.get(key)
+        if task is not None:
+            return task
+
+        async def read() -> Answer:
+            try:
+                answer = await self._one(shard, "GET", path, params, None, headers)
+                if answer.ok:
+                    self._good[key] = (datetime.now(UTC), answer)
+                return answer
+            finally:
+                self._inflight.pop(key, None)
+
+        task = asyncio.ensure_future(read())
+        self._inflight[key] = task
+        return task
 
     async def _one(
         self,
@@ -210,6 +273,6 @@ class Fanout:
             shard.last_error = f"HTTP {r.status_code}: {detail}"
         return Answer(shard, r.status_code, data, ctype, None if answered else shard.last_error)
 
-    def report(self) -> list[dict[str, Any]]:
-        now = datetime.now(UTC)
+    def report(self, now: datetime | None = None) -> list[dict[str, Any]]:
+        now = now or datetime.now(UTC)
         return [s.report(now) for s in self.shards]

@@ -116,7 +116,17 @@ class Store(CalibrationTables):
     :class:`twin.store.calibration.CalibrationTables`.
     """
 
-    def __init__(self, path: str | Path, *, read_only: bool = False):
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        read_only: bool = False,
+        memory_limit_mb: int | None = None,
+        threads: int | None = None,
+    ):
+        """``memory_limit_mb``: DuckDB's buffer pool cap for this process (None: DuckDB's
+        default, 80 % of the machine's RAM, which several services on one machine would each
+        take); ``threads``: DuckDB's worker threads (None: one per core)."""
         self.path = str(path)
         try:
             if read_only and self.path != ":memory:" and not Path(self.path).exists():
@@ -130,6 +140,7 @@ class Store(CalibrationTables):
                 ) from e
             raise StoreError(f"cannot open store {self.path}: {e}") from e
         self.con.execute("SET TimeZone = 'UTC'")
+        self._settings(memory_limit_mb, threads)
         if not read_only:
             for stmt in ddl():
                 self.con.execute(stmt)
@@ -138,6 +149,24 @@ class Store(CalibrationTables):
                     "INSERT INTO meta VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = ?",
                     [k, v, v],
                 )
+
+    def _settings(self, memory_limit_mb: int | None, threads: int | None) -> None:
+        # integers checked here, never text from a message: SET takes no parameters
+        if memory_limit_mb is not None:
+            if not isinstance(memory_limit_mb, int) or memory_limit_mb < 64:
+                raise StoreError(f"memory limit {memory_limit_mb!r} MB: expected 64 or more")
+            self.con.execute(f"SET memory_limit = '{memory_limit_mb}MB'")
+        if threads is not None:
+            if not isinstance(threads, int) or threads < 1:
+                raise StoreError(f"threads {threads!r}: expected 1 or more")
+            self.con.execute(f"SET threads = {threads}")
+
+    def settings(self) -> dict[str, str]:
+        """DuckDB's memory limit and thread count as it reports them (e.g. '1.4 GiB', '2')."""
+        rows = self.con.execute(
+            "SELECT name, value FROM duckdb_settings() WHERE name IN ('memory_limit', 'threads')"
+        ).fetchall()
+        return {str(k): str(v) for k, v in rows}
 
     def cursor(self) -> Store:
         """Another connection to the same open database, for a second thread of this process
