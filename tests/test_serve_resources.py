@@ -9,6 +9,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 
 import psutil
 import pytest
@@ -16,7 +17,8 @@ import pytest
 from collectors.mqtt import wait_until
 
 from .conftest import SMALL_SITE
-from .test_shutdown import DCTWIN, spawn, stop_and_check, wait_log
+
+DCTWIN = [sys.executable, "-m", "twin.cli"]
 
 pytestmark = [pytest.mark.mqtt, pytest.mark.slow]  # a dctwin subprocess: out of the fast tier
 
@@ -37,9 +39,26 @@ def test_serve_caps_the_store_and_runs_its_loops_nicer(broker, tmp_path):
         *("--api-port", "0", "--calibrate-every", "3600", "--detect-every", "60"),
         *("--store-memory-mb", "256", "--store-threads", "1", "--background-nice", "7"),
     ]
-    p = spawn(args, log, broker.client_env())
-    wait_log(log, "serving:", p)
-    text = log.read_text()
+    p = subprocess.Popen(
+        [*DCTWIN, *args],
+        stdout=subprocess.DEVNULL,
+        stderr=log.open("wb"),
+        env={**os.environ, **broker.client_env()},
+    )
+    try:
+        assert wait_until(lambda: "serving:" in log.read_text() or p.poll() is not None, 60, 0.1)
+        assert p.poll() is None, log.read_text()
+        _check_store_and_nices(p, log.read_text())
+    finally:
+        p.send_signal(signal.SIGTERM)
+        try:
+            assert p.wait(timeout=30) == 0, log.read_text()
+        finally:
+            if p.poll() is None:
+                p.kill()
+
+
+def _check_store_and_nices(p: subprocess.Popen, text: str) -> None:
     m = re.search(r"store: DuckDB memory limit ([\d.]+) (MiB|MB), (\d+) threads", text)
     assert m, text
     # 256 MB is 244.1 MiB as DuckDB reports it: the cap, not DuckDB's 80 % of RAM
@@ -53,7 +72,6 @@ def test_serve_caps_the_store_and_runs_its_loops_nicer(broker, tmp_path):
     )
     nices = _thread_nices(p.pid)
     assert nices.count(base) >= 3, nices
-    stop_and_check(p, signal.SIGTERM, {}, log)
 
 
 def test_serve_refuses_a_store_memory_cap_too_small_to_run(tmp_path):
