@@ -307,3 +307,24 @@ def test_gpt2_run_is_refused_as_too_short_and_its_fall_is_no_cooling_change(tmp_
     assert json.loads(res.stdout)["hotspots"] == []  # its fall follows the power: no event
     power = frame["power_draw_w"]
     assert power.max() > 250 and power.iloc[-1] < 100  # load -> idle, as the docstring says
+
+
+@needs_traces
+@pytest.mark.parametrize("name", BLENDER)
+def test_the_fall_is_still_a_cooling_change_sampled_every_10_s(tmp_path, site_file, name):
+    """Every tenth sample of the recording (an exporter scraped every 10 s): the detector works
+    on the GPUs' own step, so the same fall is flagged, near the same time."""
+    full = recording(name)
+    fall_at, _ = steepest_fall(full)
+    frame = full.iloc[::10].reset_index(drop=True)
+    csv = to_nvidia_smi_csv(frame, tmp_path / name.replace(".parquet", "_10s.csv"))
+    db = tmp_path / "a100-10s.duckdb"
+    res = invoke("import", "nvidia-smi", csv, "--node", NODE, "--db", db, "--site", site_file)
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["rows_kept"] == len(frame)
+    res = invoke("hotspots", "--db", db, "--site", site_file, "--json")
+    assert res.exit_code == 0, res.output
+    (h,) = [h for h in json.loads(res.stdout)["hotspots"] if h["reason"] == "cooling_changed"]
+    assert h["id"] == GPU and h["excess"] <= -5
+    assert abs((datetime.fromisoformat(h["at"]) - fall_at).total_seconds()) <= 40
+    assert "power stayed flat" in h["detail"]

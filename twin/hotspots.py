@@ -41,7 +41,7 @@ from models import gpu_thermal
 from models import thermal_watch as tw
 from models.cooling_change import FLAT_FRACTION, cooling_steps
 from twin.calibrate.calibrate import gpu_flow_ratio, gpu_reference, index_site
-from twin.calibrate.windows import hold_fill, load_window
+from twin.calibrate.windows import hold_fill, infer_step_s, load_window
 from twin.coverage import newest_sample
 from twin.site import Site
 from twin.store import Store
@@ -407,7 +407,13 @@ def _cooling_changes(
     """GPUs whose temperature fell at flat power in the last ``COOLING_LOOKBACK_MIN`` minutes
     (R of calibration run ``run`` where usable, else the catalog's for the node's cooling)."""
     start = end - timedelta(minutes=COOLING_LOOKBACK_MIN)
-    win = load_window(store, "gpu", start, end, ids=idx.gpu_ids, quantities=["power_w", "temp_c"])
+    # on the GPUs' own sampling step (1 s where they are sampled every second): a 1 s grid
+    # of 10 s samples is nine tenths NaN, ten times the memory and time (2 GB and 6.9 s of a
+    # 25,000-GPU pass, bench/README.md), for the same means
+    step_s = max(1.0, infer_step_s(store, "gpu", start, end) or 1.0)
+    win = load_window(
+        store, "gpu", start, end, ids=idx.gpu_ids, quantities=["power_w", "temp_c"], step_s=step_s
+    )
     fitted: dict[str, float] = {}
     if run is not None:
         fitted = {
