@@ -27,7 +27,10 @@ Three modes, each writing one JSON file under bench/results/ and a summary on st
     (30): one ``dctwin serve --site FILE --shard NAME`` per shard (each on its own DuckDB file
     and the port of its ``api_url``), the simulator publishing the whole site, and
     ``dctwin site-view --site FILE`` when that command exists. Every ``--step`` seconds: per
-    shard the ingest lag and RSS; the site view's ``/api/v1/overview`` latency. After the run,
+    shard the ingest lag and RSS; the site view's ``/api/v1/overview`` latency and the shards
+    it showed stale. Each tick's lag is measured from its nominal time (``lag_s``, the target)
+    and from when the simulator had published it (``lag_after_publish_s``: the twin's own,
+    apart from a simulator that falls behind its schedule on a loaded machine). After the run,
     per shard: a detection pass and a calibration on its store over the shard's sub-site
     (``shard_view(site, name).site``, what ``serve --shard`` models; fresh processes, as in
     ``passes``), and the peak RSS of its service. Needs ``serve --shard`` (it checks
@@ -193,6 +196,7 @@ def sim_publisher_main(
     q.put(("ready", role, os.getpid()))
     published, behind = 0, []
     timeline = [(time.monotonic(), 0)]
+    done_wall: list[float] = []  # when each tick's last message was acknowledged (wall)
     for k in range(ticks):
         wait = start_epoch + k / rate_hz - time.time()
         if wait > 0 and stop.wait(wait):
@@ -208,6 +212,7 @@ def sim_publisher_main(
                 if pub.outstanding() >= 2000:
                     pub.wait_below(1000)
         pub.flush()
+        done_wall.append(time.time())
         timeline.append((time.monotonic(), published))
         if stop.is_set():
             break
@@ -224,6 +229,7 @@ def sim_publisher_main(
                 "behind_schedule_last_s": round(behind[-1] if behind else 0.0, 3),
                 "cpu_s": round(sum(os.times()[:2]), 1),
                 "timeline": timeline,
+                "tick_done_wall": done_wall,
             },
         )
     )
@@ -289,15 +295,21 @@ def _pct(xs: list[float], p: float) -> float:
 
 
 def tick_lags(
-    rows: list[dict[str, Any]], start_epoch: float, rate_hz: float, gpus: int, ticks: int
+    rows: list[dict[str, Any]],
+    start_epoch: float,
+    rate_hz: float,
+    gpus: int,
+    ticks: int,
+    dues: list[float] | None = None,
 ) -> list[float]:
     """Ingest lag of each tick: when the service had stored all of its ``gpus`` GPU samples
-    (the first /metrics read that counts them) minus the tick's time; a tick never seen
-    complete counts from its time to the last read."""
+    (the first /metrics read that counts them) minus the tick's time (``dues[k]`` where given,
+    e.g. when the simulator had published it); a tick never seen complete counts from its time
+    to the last read."""
     out: list[float] = []
     i = 0
     for k in range(ticks):
-        due = start_epoch + k / rate_hz
+        due = dues[k] if dues is not None and k < len(dues) else start_epoch + k / rate_hz
         need = (k + 1) * gpus
         while i < len(rows) and rows[i]["samples"].get("gpu", 0.0) < need:
             i += 1
@@ -468,7 +480,8 @@ def _bare_phase(ctx, bcfg, site, args, ticks, readings_per_msg) -> dict[str, Any
         "msgs_s": msgs_s,
         "readings_s": msgs_s * readings_per_msg,
         "publishers": {
-            k: {x: y for x, y in v.items() if x != "timeline"} for k, v in pub_res.items()
+            k: {x: y for x, y in v.items() if x not in ("timeline", "tick_done_wall")}
+            for k, v in pub_res.items()
         },
     }
 
@@ -527,7 +540,8 @@ def _dctwin_phase(ctx, bcfg, addr, site_path, site, args, ticks, prof, tmp) -> d
         "serve_peak_rss_mib": round(peak),
         "store": check,
         "publishers": {
-            k: {x: y for x, y in v.items() if x != "timeline"} for k, v in pub_res.items()
+            k: {x: y for x, y in v.items() if x not in ("timeline", "tick_done_wall")}
+            for k, v in pub_res.items()
         },
         "serve_log_tail": log.read_text(errors="replace").splitlines()[-5:],
     }
@@ -794,9 +808,16 @@ def run_shards(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             stop_proc(p)
         broker.stop()
     per: dict[str, Any] = {}
+    # when every publisher had published (and the broker acknowledged) each tick: the lag from
+    # there is the twin's own, apart from a simulator that falls behind its schedule
+    done = [v.get("tick_done_wall", []) for v in pub_res.values()]
+    published_at = [max(d[k] for d in done) for k in range(min(map(len, done), default=0))]
     for s in shards:
         name = s["name"]
         lags = tick_lags(mons[name].rows, t0_wall, rate, shard_gpus(site, s), ticks)
+        lags_pub = tick_lags(
+            mons[name].rows, t0_wall, rate, shard_gpus(site, s), len(published_at), published_at
+        )
         det = run_child("detect", tmp / f"{name}.duckdb", args, site_path, name)
         cal = run_child("calibrate", tmp / f"{name}.duckdb", args, site_path, name)
         calib_log = re.findall(
@@ -805,6 +826,7 @@ def run_shards(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         per[name] = {
             "gpus": shard_gpus(site, s),
             "lag_s": _lag_summary(lags),
+            "lag_after_publish_s": _lag_summary(lags_pub),
             "serve_peak_rss_mib": round(peaks[name]),
             "detect": det,
             "calibrate": cal,
