@@ -834,7 +834,8 @@ def run_shards(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         }
     out["per_shard"] = per
     out["publishers"] = {
-        k: {x: y for x, y in v.items() if x != "timeline"} for k, v in pub_res.items()
+        k: {x: y for x, y in v.items() if x not in ("timeline", "tick_done_wall")}
+        for k, v in pub_res.items()
     }
     out["overview_s"] = (
         {"p50": _pct(overview, 50), "p95": _pct(overview, 95), "max": max(overview)}
