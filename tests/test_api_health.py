@@ -325,3 +325,19 @@ def test_whatif_starts_beyond_the_pending_limit_get_429(svc: Service, tmp_path) 
             time.sleep(0.5)
         # the slot is free again once the job is done
         assert c.post("/api/v1/whatif", json=body, headers=AUTH).status_code == 202
+
+
+def test_healthz_counts_the_samples_stored_as_metrics_does(svc: Service) -> None:
+    """/healthz carries the ingest's samples per kind: the progress a monitor reads without
+    /metrics, whose headroom series are tens of thousands on a large shard."""
+    assert svc.url is not None
+    with httpx.Client(base_url=svc.url) as c:
+        samples = c.get("/healthz").json()["ingest"]["samples"]
+        got = metrics(c)
+    exported = {
+        dict(labels)["kind"]: v
+        for (name, labels), v in got.items()
+        if name == "dctwin_ingest_samples_total"
+    }
+    assert samples is not None and exported, (samples, exported)
+    assert samples == {k: int(v) for k, v in exported.items()}

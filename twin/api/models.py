@@ -39,6 +39,11 @@ class IngestProgress(BaseModel):
     last_commit_at: datetime | None = Field(description="last commit of received messages")
     store_retrying: str | None = Field(description="a store error being retried")
     stall_after_s: float = Field(description="lag beyond which /healthz answers 503 [s]")
+    samples: dict[str, int] | None = Field(
+        default=None,
+        description="samples stored since the service started, per kind (None: no ingest);"
+        " the cheap progress figure beside /metrics, whose headroom series are many at scale",
+    )
 
 
 class LoopHealth(BaseModel):

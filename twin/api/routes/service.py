@@ -71,6 +71,11 @@ def healthz(api: Api) -> Response:
             last_commit_at=snap["last_commit_at"],
             store_retrying=snap["store_retrying"],
             stall_after_s=api.ctx.health.stall_after_s,
+            samples=(
+                None
+                if api.ctx.ingester is None
+                else {k: int(v) for k, v in api.ctx.ingester.counters.as_dict()["samples"].items()}
+            ),
         ),
         loops={name: m.LoopHealth(**lp) for name, lp in snap["loops"].items()},
         missing_telemetry=snap["missing_telemetry"],
