@@ -115,8 +115,7 @@ def body() -> None:
             df["smallest headroom"] = [
                 ui.fmt(v, u) for v, u in zip(df["min_headroom"], df["unit"], strict=True)
             ]
-            # small tables as static HTML: the interactive grid is the slowest thing to boot
-            st.table(
+            ui.table(
                 df[
                     [
                         "kind",
@@ -126,19 +125,16 @@ def body() -> None:
                         "breached_now",
                         "breach_within_horizon_p90",
                     ]
-                ]
-                .rename(
-                    columns={
-                        "min_id": "where",
-                        "breached_now": "breached now",
-                        "breach_within_horizon_p90": "breach within horizon (p90)",
-                    }
-                )
-                .set_index("kind")
+                ],
+                {
+                    "min_id": "where",
+                    "breached_now": "breached now",
+                    "breach_within_horizon_p90": "breach within horizon (p90)",
+                },
             )
             tight = pd.DataFrame(ov["tightest"])
             if not tight.empty:
-                # bars drawn by the table itself: no chart library to load on the first page
+                # bars drawn by the table itself: no chart library to load for them
                 st.markdown("**Closest to their limits** (the ten tightest)")
                 tight["limit used"] = 100 * (1 - tight["headroom_now"] / tight["limit"].abs())
                 tight["headroom"] = [
@@ -147,17 +143,10 @@ def body() -> None:
                 tight["limit"] = [
                     ui.fmt(v, u) for v, u in zip(tight["limit"], tight["unit"], strict=True)
                 ]
-                st.dataframe(
+                ui.table(
                     tight[["kind", "id", "quantity", "limit used", "headroom", "limit"]],
-                    hide_index=True,
-                    width="stretch",
-                    column_config={
-                        "limit used": st.column_config.ProgressColumn(
-                            "limit used [%]", min_value=0, max_value=100, format="%.0f %%"
-                        ),
-                        "headroom": st.column_config.TextColumn("headroom", width="small"),
-                        "limit": st.column_config.TextColumn("limit", width="small"),
-                    },
+                    {"limit used": "limit used [%]"},
+                    bars=("limit used",),
                 )
     with right:
         st.subheader("Active alerts")
@@ -184,7 +173,7 @@ def body() -> None:
             {"kind": k, "newest sample": ui.ago(t), "age": ui.fmt(ing["lag_s"][k], "s", 0)}
             for k, t in ing["newest"].items()
         ]
-        st.table(pd.DataFrame(rows).set_index("kind"))
+        ui.table(pd.DataFrame(rows), missing_why="no sample of this kind yet")
         if ing["dead_letters_stored"]:
             reasons = ", ".join(
                 f"{r}: {n:,}" for r, n in sorted(ing["dead_letters_stored"].items())
