@@ -220,6 +220,15 @@ def _cell(v: Any) -> str:
 TABLE_ROWS = 300
 #: Height past which a table scrolls inside its box, its header kept in view [px].
 TABLE_MAX_PX = 440
+#: The tables' look: thin grey rules (readable on the light and the dark theme), the header
+#: kept in view while the rows scroll.
+TABLE_CSS = (
+    ".dctwin-table table{width:100%;border-collapse:collapse;font-size:0.875rem}"
+    ".dctwin-table th,.dctwin-table td{padding:0.25rem 0.5rem;"
+    "border-bottom:1px solid rgba(128,128,128,0.25);text-align:left}"
+    ".dctwin-table thead{position:sticky;top:0}"
+    ".dctwin-table th{font-weight:600;opacity:0.8}"
+)
 #: Fill of a bar drawn in a cell (a share of a limit; Streamlit's primary red, translucent).
 BAR_FILL = "rgba(255, 75, 75, 0.35)"
 
@@ -279,7 +288,8 @@ def table_html(
         numeric = pd.api.types.is_numeric_dtype(s) and not pd.api.types.is_bool_dtype(s)
         digits = _column_digits(s) if numeric else 0
         title = html.escape(str(names.get(col, col)))
-        tip = f' title="{html.escape(f"{MISSING} {missing_why}")}"' if s.map(_missing).any() else ""
+        gaps = bool(s.map(lambda v: _missing(v) or v == MISSING).any())
+        tip = f' title="{html.escape(f"{MISSING} {missing_why}")}"' if gaps else ""
         align = ' style="text-align:right"' if numeric else ""
         head.append(f"<th{tip}{align}>{title}</th>")
         cols.append((shown[col].tolist(), numeric, digits, col in bars))
@@ -293,16 +303,17 @@ def table_html(
             elif numeric:
                 text = fmt(v, "%" if bar else "", digits)
                 cells.append(_td(text, right=True, bar=float(v) if bar else None))
-            else:
-                cells.append(_td(_cell(v)))
+            else:  # text, or a figure formatted beforehand (a dash there is missing too)
+                text = _cell(v)
+                cells.append(_td(text, why=missing_why if text == MISSING else None))
         body.append("<tr>" + "".join(cells) + "</tr>")
     more = ""
     if len(df) > len(shown):
         more = f"<p><small>{plural(len(df) - len(shown), 'more row')} not shown</small></p>"
     return (
+        f"<style>{TABLE_CSS}</style>"
         f'<div class="dctwin-table" style="max-height:{TABLE_MAX_PX}px;overflow:auto">'
-        '<table style="width:100%;margin:0">'
-        f'<thead style="position:sticky;top:0;background:{_background()}">'
+        f'<table><thead style="background:{_background()}">'
         f"<tr>{''.join(head)}</tr></thead><tbody>{''.join(body)}</tbody></table></div>{more}"
     )
 
@@ -316,7 +327,7 @@ def table(
 ) -> None:
     """A table with the console's number format, drawn as static HTML (:func:`table_html`):
     Streamlit's interactive grid is the slowest element of a page to load (issue 15)."""
-    st.markdown(table_html(df, names, missing_why, max_rows, bars), unsafe_allow_html=True)
+    st.html(table_html(df, names, missing_why, max_rows, bars))
 
 
 def stat(col: Any, label: str, value: str, note: str | None = None) -> None:

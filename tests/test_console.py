@@ -6,6 +6,7 @@ import json
 import re
 import time
 from collections.abc import Callable, Iterator
+from html.parser import HTMLParser
 from pathlib import Path
 
 import pandas as pd
@@ -73,6 +74,64 @@ def assert_no_plotly(at: AppTest) -> None:
     assert not at.get("plotly_chart")
 
 
+class _Tables(HTMLParser):
+    """The tables of an HTML body: per table its header titles, its rows of cell text and the
+    tooltip (``title``) of every cell that has one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tables: list[dict] = []
+        self._cell: list[str] | None = None
+        self._tip: str | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        a = dict(attrs)
+        if tag == "table":
+            self.tables.append({"header": [], "rows": [], "tips": [], "header_tips": []})
+        elif tag == "tr" and self.tables:
+            self.tables[-1]["rows"].append([])
+        elif tag in ("th", "td"):
+            self._cell, self._tip = [], a.get("title")
+        elif tag == "span" and self._cell is not None and a.get("title"):
+            self._tip = a["title"]
+
+    def handle_data(self, data: str) -> None:
+        if self._cell is not None:
+            self._cell.append(data)
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag not in ("th", "td") or self._cell is None:
+            return
+        t = self.tables[-1]
+        cell = "".join(self._cell).strip()
+        if tag == "th":
+            t["rows"].pop() if t["rows"] == [[]] else None
+            t["header"].append(cell)
+            t["header_tips"].append(self._tip)
+        else:
+            t["rows"][-1].append(cell)
+            if self._tip:
+                t["tips"].append(self._tip)
+        self._cell = None
+
+
+def tables(at: AppTest) -> list[dict]:
+    """Every table the page drew (``st.html``), as its header, rows and tooltips."""
+    found: list[dict] = []
+    for el in at.get("html"):
+        parser = _Tables()
+        parser.feed(el.proto.body)
+        found += parser.tables
+    for t in found:
+        t["rows"] = [r for r in t["rows"] if r]
+    return found
+
+
+def column(t: dict, title: str) -> list[str]:
+    i = t["header"].index(title)
+    return [r[i] for r in t["rows"]]
+
+
 def text(at: AppTest) -> str:
     parts = [m.value for m in at.markdown] + [c.value for c in at.caption]
     parts += [i.value for i in at.info] + [s.value for s in at.success]
@@ -111,9 +170,22 @@ def test_overview(env: Service) -> None:
     line = next(md.value for md in at.markdown if "cdu_pump_lost" in md.value)
     assert line.startswith(":red-badge[CRITICAL]") and "CDU **cdu-1** · rack r01" in line
     assert "(1 member)" in line
-    tight = at.dataframe[0].value  # the ten limits closest to breach, with bars
-    assert len(tight) == 10 and tight["limit used"].between(0, 100).all()
-    assert len(at.dataframe) == 1 and len(at.table) == 2  # headroom summary, ingest
+    summary, tight, ingest = tables(at)  # headroom summary, the ten tightest limits, ingest
+    assert summary["header"][:3] == ["kind", "count", "smallest headroom"]
+    assert {"gpu", "rack"} <= set(column(summary, "kind"))
+    assert all(
+        re.fullmatch(r"-?[\d,.]+ (K|kW|A|W|Gb/s|°C|%|L/min)|–", v)
+        for v in column(summary, "smallest headroom")
+    ), column(summary, "smallest headroom")
+    # the ten limits closest to breach, each with its share of the limit as a figure and a bar
+    assert len(tight["rows"]) == 10 and "limit used [%]" in tight["header"]
+    used = [float(v.removesuffix(" %").replace(",", "")) for v in column(tight, "limit used [%]")]
+    assert all(0 <= u <= 100 for u in used), used
+    body = next(el.proto.body for el in at.get("html") if "limit used [%]" in el.proto.body)
+    assert body.count("linear-gradient") == 10
+    assert all(re.search(r"\d (K|kW|A|W|Gb/s|°C|%|L/min)$", v) for v in column(tight, "limit"))
+    assert ingest["header"] == ["kind", "newest sample", "age"]
+    assert all(v.endswith(" UTC") for v in column(ingest, "newest sample"))
     # 24 h trends: IT power, cooling load against capacity, the tightest limit per kind
     drawn = charts(at)
     assert len(drawn) == 3
@@ -141,8 +213,12 @@ def test_pages_show_no_none_and_no_false_delta(env: Service, page: str) -> None:
     (a limit, a share of capacity or a count of GPUs is context, shown as a caption)."""
     at = run(DASH / "pages" / f"{page}.py", **({"rack": "r01"} if page == "rack" else {}))
     shown = text(at) + "\n".join(f"{m.label} {m.value}" for m in at.metric)
-    for t in at.table:
-        shown += "\n" + t.value.to_string()
+    for t in tables(at):
+        shown += "\n" + "\n".join(" ".join(r) for r in [t["header"], *t["rows"]])
+    # a missing value is a dash that says why in its tooltip
+    for t in tables(at):
+        dashes = sum(r.count("–") for r in t["rows"])
+        assert len([tip for tip in t["tips"] if tip]) >= dashes, t
     assert not re.search(r"\b(None|nan|NaN)\b", shown), shown
     assert [m.label for m in at.metric if m.delta] == []
 
@@ -163,6 +239,31 @@ def test_number_formatter() -> None:
     ]
     order = [(a["severity"], a["starts_at"][14:16]) for a in ui.by_severity(alerts)]
     assert order == [("critical", "04"), ("critical", "01"), ("warning", "02"), ("info", "03")]
+
+
+def test_tables_are_escaped_static_html_with_units_and_dashes() -> None:
+    """A table is static HTML: every value escaped (a message's text never becomes markup),
+    a column at one precision with its unit in its title, a missing value a dash whose tooltip
+    says why, and the rows past the limit counted, not dropped silently."""
+    from dashboards import ui
+
+    df = pd.DataFrame(
+        {
+            "id": ["<script>alert(1)</script>", "r&d", "b"],
+            "power_w": [1234.5, None, 87.25],
+            "ok": [True, False, True],
+        }
+    )
+    body = ui.table_html(df, {"power_w": "power [W]"}, missing_why="no reading", max_rows=2)
+    assert "<script>" not in body and "&lt;script&gt;alert(1)&lt;/script&gt;" in body
+    parser = _Tables()
+    parser.feed(body)
+    (t,) = parser.tables
+    t["rows"] = [r for r in t["rows"] if r]
+    assert t["header"] == ["id", "power [W]", "ok"]
+    assert t["rows"] == [["<script>alert(1)</script>", "1,234", "yes"], ["r&d", "–", "no"]]
+    assert t["tips"] == ["no reading"] and t["header_tips"][1] == "– no reading"
+    assert "1 more row not shown" in body
 
 
 def test_floor_shows_every_rack_coloured_by_the_chosen_metric(env: Service) -> None:
@@ -234,7 +335,10 @@ def test_power(env: Service) -> None:
     assert not tdf.empty and tdf["value"].min() > 0.5 * tdf["value"].median()
     assert layers(phases)[0]["encoding"]["y"]["title"] == "derated limit used [%]"
     assert layers(phases)[1]["data"]["values"][0]["y"] == 100.0
-    assert at.dataframe
+    (table,) = tables(at)  # every phase and breaker, in the table below the bars
+    assert {"current [A]", "limit [A]", "used [%]"} <= set(table["header"])
+    assert len(table["rows"]) == len(pdf) and set(column(table, "id")) == set(pdf["id"])
+    assert all(re.fullmatch(r"[\d,.]+", v) for v in column(table, "current [A]"))
     assert_no_plotly(at)
 
 
@@ -288,7 +392,13 @@ def test_alerts_without_a_token_say_so(env: Service, monkeypatch) -> None:
 def test_calibration(env: Service) -> None:
     at = run(DASH / "pages" / "calibration.py")
     assert "run 1 of 1" in text(at)
-    assert charts(at) and at.dataframe
+    assert charts(at)
+    quality, params, *_ = tables(at)
+    assert {"class", "quantity", "MAE", "CV(RMSE) [%]", "NMBE [%]"} <= set(quality["header"])
+    assert all(
+        re.fullmatch(r"-?[\d,.]+( (W|°C|K|%|L/min|kW))?|–", v) for v in column(quality, "MAE")
+    ), column(quality, "MAE")
+    assert "class" in params["header"] and params["rows"]
     assert_no_plotly(at)
 
 
