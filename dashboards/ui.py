@@ -217,7 +217,7 @@ def _cell(v: Any) -> str:
 
 #: Rows a table shows; past them a line says how many more there are (every row of a static
 #: table is drawn at once, and an operator reads the first screens of one sorted by urgency).
-TABLE_ROWS = 300
+TABLE_ROWS = 500
 #: Height past which a table scrolls inside its box, its header kept in view [px].
 TABLE_MAX_PX = 440
 #: The tables' look: thin grey rules (readable on the light and the dark theme), the header

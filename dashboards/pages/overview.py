@@ -12,6 +12,8 @@ ui.page("Overview", "🏠")
 
 #: The trends' window [h] (issue 15: the operator's day).
 TREND_H = 24
+#: Width of a trend, one of three columns of the main area at 1440 px [px].
+TREND_PX = 330
 
 
 def trends(ov: dict) -> None:
@@ -30,7 +32,7 @@ def trends(ov: dict) -> None:
             s = power["series"][0]
             df = charts.complete_buckets(s["t"], s["value"], s.get("devices"))
             df["value"] = df["value"] / 1000.0
-            charts.draw(df, charts.line_spec("IT power [kW]", df["t"]), "ov_power")
+            charts.draw(df, charts.line_spec("IT power [kW]", df["t"]), "ov_power", TREND_PX)
         elif power is not None:
             st.caption("no complete minute of node power yet")
     cool = ui.fetch("/api/v1/series", kind="cdu", quantity="heat_kw", agg="sum", **window)
@@ -46,7 +48,7 @@ def trends(ov: dict) -> None:
                 limit=cap,
                 limit_label=f"CDU capacity {ui.fmt(cap, 'kW', 0)}",
             )
-            charts.draw(df, spec, "ov_cooling")
+            charts.draw(df, spec, "ov_cooling", TREND_PX)
             if cap:
                 st.caption(f"dashed: the CDUs' rated capacity, {ui.fmt(cap, 'kW', 0)}")
         elif cool is not None:
@@ -72,7 +74,7 @@ def trends(ov: dict) -> None:
                 y_format=".0f",
             )
             spec["layer"][0]["mark"]["point"] = len(df) < 200  # a few reports: show each one
-            charts.draw(df, spec, "ov_headroom")
+            charts.draw(df, spec, "ov_headroom", TREND_PX)
         elif hist is not None:
             st.caption("no headroom report yet")
 
