@@ -304,6 +304,31 @@ def test_tables_are_escaped_static_html_with_units_and_dashes() -> None:
     assert "1 more row not shown" in body
 
 
+def test_charts_are_svg_with_utc_axes_units_limits_and_escaped_names() -> None:
+    """A line chart over time: UTC labels, the value axis titled with its unit, the limit
+    rule at its value, one line per name (names escaped), a gap where a value is missing."""
+    from dashboards import charts as ch
+    from dashboards import svgchart
+
+    t = pd.to_datetime([f"2026-01-01T10:{m:02d}:00Z" for m in range(30)] * 2, utc=True)
+    df = pd.DataFrame(
+        {
+            "t": t,
+            "value": [float(v) for v in range(30)] + [None] + [40.0] * 29,
+            "line": ["cdu-1 <supply>"] * 30 + ["cdu-1 return"] * 30,
+        }
+    )
+    spec = ch.line_spec("temperature [°C]", df["t"], color="line", limit=45.0)
+    assert svgchart.supported(spec)
+    out = svgchart.svg(df.assign(t=ch.epoch_ms(df["t"])), spec, "k", 960)
+    assert "<supply>" not in out and "cdu-1 &lt;supply&gt;" in out
+    assert 'data-y-title="temperature [°C]"' in out and ">time [UTC]<" in out
+    assert re.findall(r">(\d\d:\d\d)<", out)[:2] == ["10:00", "10:05"]
+    assert 'class="limit" data-y="45.0"' in out
+    assert 'data-points="30"' in out and 'data-points="29"' in out
+    assert not svgchart.supported({"mark": {"type": "line"}, "encoding": {}})  # left to Vega
+
+
 def test_floor_shows_every_rack_coloured_by_the_chosen_metric(env: Service) -> None:
     at = run(DASH / "pages" / "floor.py")
     svg = next(md.value for md in at.markdown if "dctwin-floor" in md.value)
