@@ -1,5 +1,6 @@
-"""The console's charts: Vega-Lite specs drawn by Streamlit's own ``st.vega_lite_chart`` (its
-JavaScript is a small part of the frontend; plotly's 4.7 MB chunk is never fetched by a console
+"""The console's charts: Vega-Lite specs, the lines and bars of which are drawn here as inline
+SVG (:mod:`dashboards.svgchart`: no chart library for the browser to load), the what-if report's
+figures by Streamlit's ``st.vega_lite_chart`` (plotly's 4.7 MB chunk is never fetched by a console
 page), and the floor map as a static SVG grid.
 
 Every time axis is UTC, labelled ``%H:%M`` (with the date once the span passes a day) with
@@ -14,6 +15,8 @@ from typing import Any
 
 import pandas as pd
 import streamlit as st
+
+from dashboards import svgchart
 
 #: A time axis carries about this many labels (readable at the console's column widths).
 TIME_TICKS = 6
@@ -242,14 +245,24 @@ def bars_with_marks(
     }
 
 
-def draw(data: pd.DataFrame, spec: dict[str, Any], key: str) -> None:
-    """Draw a spec over ``data`` across the column's width (times as epoch milliseconds)."""
+#: Width a chart is laid out for [px] (the main area at 1440 px; the SVG scales to its column).
+CHART_PX = 960
+
+
+def draw(data: pd.DataFrame, spec: dict[str, Any], key: str, width_px: float = CHART_PX) -> None:
+    """Draw a spec over ``data`` across the column's width (times as epoch milliseconds): our
+    line and bar specs as inline SVG drawn here (:mod:`dashboards.svgchart`, no chart library
+    for the browser to load), anything else with Vega-Lite. ``width_px``: the column's width
+    the chart is laid out for."""
     data = data.copy()
     for col in list(data.columns):
         if pd.api.types.is_datetime64_any_dtype(data[col]):
             ts = pd.to_datetime(data[col], utc=True)
             data[UTC_TEXT.format(col)] = ts.dt.strftime("%Y-%m-%d %H:%M:%S UTC")
             data[col] = epoch_ms(ts)
+    if svgchart.supported(spec):
+        st.markdown(svgchart.svg(data, spec, key, width_px), unsafe_allow_html=True)
+        return
     st.vega_lite_chart(data, spec, width="stretch", key=key)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import math
 import os
 from collections.abc import Callable
@@ -214,35 +215,119 @@ def _cell(v: Any) -> str:
     return str(v)
 
 
+#: Rows a table shows; past them a line says how many more there are (every row of a static
+#: table is drawn at once, and an operator reads the first screens of one sorted by urgency).
+TABLE_ROWS = 500
+#: Height past which a table scrolls inside its box, its header kept in view [px].
+TABLE_MAX_PX = 440
+#: The tables' look: thin grey rules (readable on the light and the dark theme), the header
+#: kept in view while the rows scroll.
+TABLE_CSS = (
+    ".dctwin-table table{width:100%;border-collapse:collapse;font-size:0.875rem}"
+    ".dctwin-table th,.dctwin-table td{padding:0.25rem 0.5rem;"
+    "border-bottom:1px solid rgba(128,128,128,0.25);text-align:left}"
+    ".dctwin-table thead{position:sticky;top:0}"
+    ".dctwin-table th{font-weight:600;opacity:0.8}"
+)
+#: Fill of a bar drawn in a cell (a share of a limit; Streamlit's primary red, translucent).
+BAR_FILL = "rgba(255, 75, 75, 0.35)"
+
+
+#: Streamlit's default page backgrounds per theme: the fill of a table's header, kept in view
+#: over its scrolled rows.
+BACKGROUND = {"light": "#ffffff", "dark": "#0e1117"}
+
+
+def _background() -> str:
+    theme = getattr(st.context, "theme", None)
+    return BACKGROUND.get(getattr(theme, "type", None) or "light", BACKGROUND["light"])
+
+
+def _column_digits(s: pd.Series) -> int:
+    """One precision per numeric column: none for whole numbers, else :func:`_digits` of the
+    column's median magnitude (a column reads at one precision, as a spreadsheet's does)."""
+    vals = pd.to_numeric(s, errors="coerce").astype("float64")
+    vals = vals[vals.map(math.isfinite)]
+    if vals.empty or pd.api.types.is_integer_dtype(s) or bool((vals % 1 == 0).all()):
+        return 0
+    return _digits(float(vals.abs().median()))
+
+
+def _td(text: str, why: str | None = None, right: bool = False, bar: float | None = None) -> str:
+    """One cell, its text escaped; a dash with ``why`` as its tooltip; a bar behind it when
+    ``bar`` is a share in percent (0..100)."""
+    style = []
+    if right:
+        style.append("text-align:right;white-space:nowrap")
+    if bar is not None and math.isfinite(bar):
+        w = min(max(bar, 0.0), 100.0)
+        style.append(f"background:linear-gradient(90deg,{BAR_FILL} {w:.1f}%,transparent {w:.1f}%)")
+    attr = f' style="{";".join(style)}"' if style else ""
+    if why is not None:
+        return f'<td{attr}><span title="{html.escape(why)}">{MISSING}</span></td>'
+    return f"<td{attr}>{html.escape(' '.join(text.split()))}</td>"
+
+
+def table_html(
+    df: pd.DataFrame,
+    names: dict[str, str] | None = None,
+    missing_why: str = "no value: not reported or not applicable",
+    max_rows: int = TABLE_ROWS,
+    bars: tuple[str, ...] = (),
+) -> str:
+    """``df`` as a static HTML table (every value escaped): columns renamed by ``names``
+    (titles carry the unit: "power [W]"), each numeric column at one :func:`fmt` precision
+    and right-aligned, a missing value a dash whose tooltip says why (``missing_why``), the
+    columns in ``bars`` (percent, 0..100) with a bar behind their figure, rows in ``df``'s
+    order and at most ``max_rows`` of them."""
+    names = names or {}
+    shown = df.head(max_rows)
+    head, cols = [], []
+    for col in df.columns:
+        s = df[col]
+        numeric = pd.api.types.is_numeric_dtype(s) and not pd.api.types.is_bool_dtype(s)
+        digits = _column_digits(s) if numeric else 0
+        title = html.escape(str(names.get(col, col)))
+        gaps = bool(s.map(lambda v: _missing(v) or v == MISSING).any())
+        tip = f' title="{html.escape(f"{MISSING} {missing_why}")}"' if gaps else ""
+        align = ' style="text-align:right"' if numeric else ""
+        head.append(f"<th{tip}{align}>{title}</th>")
+        cols.append((shown[col].tolist(), numeric, digits, col in bars))
+    body = []
+    for i in range(len(shown)):
+        cells = []
+        for values, numeric, digits, bar in cols:
+            v = values[i]
+            if _missing(v) or (numeric and fmt(v) == MISSING):
+                cells.append(_td("", why=missing_why, right=numeric))
+            elif numeric:
+                text = fmt(v, "%" if bar else "", digits)
+                cells.append(_td(text, right=True, bar=float(v) if bar else None))
+            else:  # text, or a figure formatted beforehand (a dash there is missing too)
+                text = _cell(v)
+                cells.append(_td(text, why=missing_why if text == MISSING else None))
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    more = ""
+    if len(df) > len(shown):
+        more = f"<p><small>{plural(len(df) - len(shown), 'more row')} not shown</small></p>"
+    return (
+        f"<style>{TABLE_CSS}</style>"
+        f'<div class="dctwin-table" style="max-height:{TABLE_MAX_PX}px;overflow:auto">'
+        f'<table><thead style="background:{_background()}">'
+        f"<tr>{''.join(head)}</tr></thead><tbody>{''.join(body)}</tbody></table></div>{more}"
+    )
+
+
 def table(
     df: pd.DataFrame,
     names: dict[str, str] | None = None,
     missing_why: str = "no value: not reported or not applicable",
-    key: str | None = None,
-    **kw: Any,
+    max_rows: int = TABLE_ROWS,
+    bars: tuple[str, ...] = (),
 ) -> None:
-    """An interactive table with the console's number format: columns renamed by ``names``
-    (titles carry the unit: "power [W]"), numbers at :func:`fmt`'s precision, and a missing
-    value a dash (never "None"), the column's help saying why (``missing_why``)."""
-    names = names or {}
-    out = pd.DataFrame(index=df.index)
-    config: dict[str, Any] = {}
-    for col in df.columns:
-        title = names.get(col, col)
-        s = df[col]
-        has_missing = bool(s.map(_missing).any())
-        numeric = pd.api.types.is_numeric_dtype(s) and not pd.api.types.is_bool_dtype(s)
-        if numeric and not has_missing:
-            med = float(s.abs().median()) if len(s) else 0.0
-            d = 0 if pd.api.types.is_integer_dtype(s) else _digits(med)
-            out[title] = s
-            form = "localized" if med >= 1000 else f"%.{d}f"  # thousands separators
-            config[title] = st.column_config.NumberColumn(title, format=form)
-        else:
-            out[title] = [_cell(v) for v in s]
-            if has_missing:
-                config[title] = st.column_config.TextColumn(title, help=f"{MISSING} {missing_why}")
-    st.dataframe(out, hide_index=True, column_config=config, key=key, **kw)
+    """A table with the console's number format, drawn as static HTML (:func:`table_html`):
+    Streamlit's interactive grid is the slowest element of a page to load (issue 15)."""
+    st.html(table_html(df, names, missing_why, max_rows, bars))
 
 
 def stat(col: Any, label: str, value: str, note: str | None = None) -> None:

@@ -207,11 +207,17 @@ CLIPPED = """() => [...document.querySelectorAll(
   .map(e => e.innerText.trim())"""
 
 
-#: A Vega-Lite chart Streamlit has drawn (its canvas, or an SVG with the svg renderer).
-VEGA_DRAWN = (
-    '[data-testid="stMain"] [data-testid="stVegaLiteChart"] canvas,'
+#: A chart drawn: the console's own SVG (dashboards/svgchart.py), or a Vega-Lite chart
+#: Streamlit has drawn (its canvas, or an SVG with the svg renderer).
+CHART_DRAWN = (
+    '[data-testid="stMain"] svg.dctwin-chart,'
+    ' [data-testid="stMain"] [data-testid="stVegaLiteChart"] canvas,'
     ' [data-testid="stMain"] [data-testid="stVegaLiteChart"] svg'
 )
+#: The JavaScript files of Vega the page fetched (vega-embed and its interpreter; the console's
+#: lines and bars need neither).
+VEGA_JS = """() => performance.getEntriesByType('resource')
+  .map(r => r.name).filter(n => /\\/(embed|vega-interpreter)\\.[^/]*\\.js$/.test(n))"""
 #: The JavaScript files of plotly the page fetched.
 PLOTLY_JS = """() => performance.getEntriesByType('resource')
   .map(r => r.name).filter(n => /plotly/i.test(n))"""
@@ -243,7 +249,7 @@ def test_every_page_opens_without_an_error_none_or_cut_number(  # type: ignore[n
     assert not BAD_TEXT.search(text), BAD_TEXT.search(text)
     assert page.evaluate(CLIPPED) == [], name
     if path in ("", "rack?rack=a01", "power", "cooling", "network", "fleets", "calibration"):
-        assert page.locator(VEGA_DRAWN).count() >= 1, path
+        assert page.locator(CHART_DRAWN).count() >= 1, path
     if path == "floor":
         assert page.locator("svg.dctwin-floor g.rack").count() == 32
     # the console's charts are Vega-Lite and SVG: plotly's 4.7 MB bundle is never fetched
@@ -276,16 +282,21 @@ def test_the_overview_draws_its_24_h_trends(  # type: ignore[no-untyped-def]
     console: str, page, artifacts: Path
 ) -> None:
     """IT power, cooling load against capacity and the tightest limit per kind: three
-    Vega-Lite charts drawn with something on them, their UTC time axes readable."""
+    charts drawn with something on them, their UTC time axes readable, and no chart library
+    fetched for them."""
     page.goto(console)
     settle(page, "Overview")
     for title in ("IT power, last 24 h", "Cooling load against capacity", "Tightest limit"):
         assert page.get_by_text(title).count() >= 1, title
-    drawn = page.locator(VEGA_DRAWN)
+    drawn = page.locator(CHART_DRAWN)
     assert drawn.count() == 3
     for i in range(3):
         box = drawn.nth(i).bounding_box()
         assert box is not None and box["width"] > 150 and box["height"] > 100, box
+        assert drawn.nth(i).locator("path.series").count() >= 1
+        labels = drawn.nth(i).locator("text").evaluate_all("els => els.map(e => e.textContent)")
+        assert "time [UTC]" in labels and any(re.fullmatch(r"\d\d:\d\d", t) for t in labels)
+    assert page.evaluate(VEGA_JS) == []
     assert page.evaluate(PLOTLY_JS) == []
     shot(page, artifacts, "overview-trends")
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import html
 import json
 import re
 import time
 from collections.abc import Callable, Iterator
+from html.parser import HTMLParser
 from pathlib import Path
 
 import pandas as pd
@@ -55,7 +57,7 @@ def metrics(at: AppTest) -> dict[str, str]:
     return {m.label: m.value for m in at.metric}
 
 
-def charts(at: AppTest) -> list[tuple[dict, pd.DataFrame]]:
+def vega(at: AppTest) -> list[tuple[dict, pd.DataFrame]]:
     """Every Vega-Lite chart the page drew: its spec and the data it was given."""
     out = []
     for el in at.get("vega_lite_chart"):
@@ -65,12 +67,107 @@ def charts(at: AppTest) -> list[tuple[dict, pd.DataFrame]]:
     return out
 
 
-def layers(spec: dict) -> list[dict]:
-    return spec.get("layer", [spec])
+def _attr(tag: str, name: str) -> str:
+    found = re.search(rf'{name}="([^"]*)"', tag)
+    return html.unescape(found.group(1)) if found else ""
+
+
+def charts(at: AppTest) -> list[dict]:
+    """Every line or bar chart the page drew as SVG (dashboards/svgchart.py): its value axis's
+    title, the time axis's title and labels, each line's name and number of points, each bar's
+    id and value, the red ticks and the limit rules."""
+    out = []
+    for md in at.markdown:
+        for svg in re.findall(r'<svg class="dctwin-chart".*?</svg>', str(md.value), re.S):
+            head = svg[: svg.index(">")]
+            x_title = re.search(r'class="x-title"[^>]*>([^<]*)<', svg)
+            out.append(
+                {
+                    "kind": _attr(head, "data-kind"),
+                    "y_title": _attr(head, "data-y-title"),
+                    "x_title": html.unescape(x_title.group(1)) if x_title else None,
+                    "x_labels": re.findall(r'text-anchor="middle"[^>]*>(\d\d:\d\d[^<]*)<', svg),
+                    "series": {
+                        _attr(t, "data-name"): int(_attr(t, "data-points"))
+                        for t in re.findall(r'<path class="series"[^>]*>', svg)
+                    },
+                    "bars": [
+                        (_attr(t, "data-x"), float(_attr(t, "data-value")))
+                        for t in re.findall(r'<rect class="bar"[^>]*>', svg)
+                    ],
+                    "marks": [
+                        (_attr(t, "data-x"), float(_attr(t, "data-value")))
+                        for t in re.findall(r'<line class="mark"[^>]*>', svg)
+                    ],
+                    "limits": [
+                        float(_attr(t, "data-y"))
+                        for t in re.findall(r'<line class="limit"[^>]*>', svg)
+                    ],
+                }
+            )
+    return out
 
 
 def assert_no_plotly(at: AppTest) -> None:
     assert not at.get("plotly_chart")
+
+
+class _Tables(HTMLParser):
+    """The tables of an HTML body: per table its header titles, its rows of cell text and the
+    tooltip (``title``) of every cell that has one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tables: list[dict] = []
+        self._cell: list[str] | None = None
+        self._tip: str | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        a = dict(attrs)
+        if tag == "table":
+            self.tables.append({"header": [], "rows": [], "tips": [], "header_tips": []})
+        elif tag == "tr" and self.tables:
+            self.tables[-1]["rows"].append([])
+        elif tag in ("th", "td"):
+            self._cell, self._tip = [], a.get("title")
+        elif tag == "span" and self._cell is not None and a.get("title"):
+            self._tip = a["title"]
+
+    def handle_data(self, data: str) -> None:
+        if self._cell is not None:
+            self._cell.append(data)
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag not in ("th", "td") or self._cell is None:
+            return
+        t = self.tables[-1]
+        cell = "".join(self._cell).strip()
+        if tag == "th":
+            t["rows"].pop() if t["rows"] == [[]] else None
+            t["header"].append(cell)
+            t["header_tips"].append(self._tip)
+        else:
+            t["rows"][-1].append(cell)
+            if self._tip:
+                t["tips"].append(self._tip)
+        self._cell = None
+
+
+def tables(at: AppTest) -> list[dict]:
+    """Every table the page drew (``st.html``), as its header, rows and tooltips."""
+    found: list[dict] = []
+    for el in at.get("html"):
+        parser = _Tables()
+        parser.feed(el.proto.body)
+        found += parser.tables
+    for t in found:
+        t["rows"] = [r for r in t["rows"] if r]
+    return found
+
+
+def column(t: dict, title: str) -> list[str]:
+    i = t["header"].index(title)
+    return [r[i] for r in t["rows"]]
 
 
 def text(at: AppTest) -> str:
@@ -111,25 +208,38 @@ def test_overview(env: Service) -> None:
     line = next(md.value for md in at.markdown if "cdu_pump_lost" in md.value)
     assert line.startswith(":red-badge[CRITICAL]") and "CDU **cdu-1** · rack r01" in line
     assert "(1 member)" in line
-    tight = at.dataframe[0].value  # the ten limits closest to breach, with bars
-    assert len(tight) == 10 and tight["limit used"].between(0, 100).all()
-    assert len(at.dataframe) == 1 and len(at.table) == 2  # headroom summary, ingest
+    summary, tight, ingest = tables(at)  # headroom summary, the ten tightest limits, ingest
+    assert summary["header"][:3] == ["kind", "count", "smallest headroom"]
+    assert {"gpu", "rack"} <= set(column(summary, "kind"))
+    assert all(
+        re.fullmatch(r"-?[\d,.]+ (K|kW|A|W|Gb/s|°C|%|L/min)|–", v)
+        for v in column(summary, "smallest headroom")
+    ), column(summary, "smallest headroom")
+    # the ten limits closest to breach, each with its share of the limit as a figure and a bar
+    assert len(tight["rows"]) == 10 and "limit used [%]" in tight["header"]
+    used = [float(v.removesuffix(" %").replace(",", "")) for v in column(tight, "limit used [%]")]
+    assert all(0 <= u <= 100 for u in used), used
+    body = next(el.proto.body for el in at.get("html") if "limit used [%]" in el.proto.body)
+    assert body.count("linear-gradient") == 10
+    assert all(re.search(r"\d (K|kW|A|W|Gb/s|°C|%|L/min)$", v) for v in column(tight, "limit"))
+    assert ingest["header"] == ["kind", "newest sample", "age"]
+    assert all(v.endswith(" UTC") for v in column(ingest, "newest sample"))
     # 24 h trends: IT power, cooling load against capacity, the tightest limit per kind
     drawn = charts(at)
     assert len(drawn) == 3
+    assert not vega(at)  # no chart library for the browser to load
     assert_no_plotly(at)
-    y_titles = [layers(spec)[0]["encoding"]["y"]["title"] for spec, _ in drawn]
-    assert y_titles == ["IT power [kW]", "heat removed by the CDUs [kW]", "limit used [%]"]
-    for spec, df in drawn:
-        x = layers(spec)[0]["encoding"]["x"]
-        assert (
-            x["scale"]["type"] == "utc"
-            and "utcFormat(datum.value, '%H:%M')" in x["axis"]["labelExpr"]
-        )
-        assert x["axis"]["title"] == "time [UTC]" and not df.empty
-    cooling_rule = layers(drawn[1][0])[1]
-    assert cooling_rule["data"]["values"][0]["y"] == env.site.cdus[0].capacity_kw
-    assert set(drawn[2][1]["kind"]) >= {"gpu", "rack"}
+    assert [c["y_title"] for c in drawn] == [
+        "IT power [kW]",
+        "heat removed by the CDUs [kW]",
+        "limit used [%]",
+    ]
+    for c in drawn:
+        assert c["x_title"] == "time [UTC]" and c["x_labels"], c  # UTC, %H:%M
+        assert all(re.fullmatch(r"\d\d:\d\d", label) for label in c["x_labels"]), c
+        assert c["series"] and all(n > 0 for n in c["series"].values()), c
+    assert drawn[1]["limits"] == [env.site.cdus[0].capacity_kw]
+    assert set(drawn[2]["series"]) >= {"gpu", "rack"}
 
 
 @pytest.mark.slow  # eight pages, 1 s or more each: out of the fast tier
@@ -141,8 +251,12 @@ def test_pages_show_no_none_and_no_false_delta(env: Service, page: str) -> None:
     (a limit, a share of capacity or a count of GPUs is context, shown as a caption)."""
     at = run(DASH / "pages" / f"{page}.py", **({"rack": "r01"} if page == "rack" else {}))
     shown = text(at) + "\n".join(f"{m.label} {m.value}" for m in at.metric)
-    for t in at.table:
-        shown += "\n" + t.value.to_string()
+    for t in tables(at):
+        shown += "\n" + "\n".join(" ".join(r) for r in [t["header"], *t["rows"]])
+    # a missing value is a dash that says why in its tooltip
+    for t in tables(at):
+        dashes = sum(r.count("–") for r in t["rows"])
+        assert len([tip for tip in t["tips"] if tip]) >= dashes, t
     assert not re.search(r"\b(None|nan|NaN)\b", shown), shown
     assert [m.label for m in at.metric if m.delta] == []
 
@@ -163,6 +277,56 @@ def test_number_formatter() -> None:
     ]
     order = [(a["severity"], a["starts_at"][14:16]) for a in ui.by_severity(alerts)]
     assert order == [("critical", "04"), ("critical", "01"), ("warning", "02"), ("info", "03")]
+
+
+def test_tables_are_escaped_static_html_with_units_and_dashes() -> None:
+    """A table is static HTML: every value escaped (a message's text never becomes markup),
+    a column at one precision with its unit in its title, a missing value a dash whose tooltip
+    says why, and the rows past the limit counted, not dropped silently."""
+    from dashboards import ui
+
+    df = pd.DataFrame(
+        {
+            "id": ["<script>alert(1)</script>", "r&d", "b"],
+            "power_w": [1234.5, None, 87.25],
+            "ok": [True, False, True],
+        }
+    )
+    body = ui.table_html(df, {"power_w": "power [W]"}, missing_why="no reading", max_rows=2)
+    assert "<script>" not in body and "&lt;script&gt;alert(1)&lt;/script&gt;" in body
+    parser = _Tables()
+    parser.feed(body)
+    (t,) = parser.tables
+    t["rows"] = [r for r in t["rows"] if r]
+    assert t["header"] == ["id", "power [W]", "ok"]
+    assert t["rows"] == [["<script>alert(1)</script>", "1,234", "yes"], ["r&d", "–", "no"]]
+    assert t["tips"] == ["no reading"] and t["header_tips"][1] == "– no reading"
+    assert "1 more row not shown" in body
+
+
+def test_charts_are_svg_with_utc_axes_units_limits_and_escaped_names() -> None:
+    """A line chart over time: UTC labels, the value axis titled with its unit, the limit
+    rule at its value, one line per name (names escaped), a gap where a value is missing."""
+    from dashboards import charts as ch
+    from dashboards import svgchart
+
+    t = pd.to_datetime([f"2026-01-01T10:{m:02d}:00Z" for m in range(30)] * 2, utc=True)
+    df = pd.DataFrame(
+        {
+            "t": t,
+            "value": [float(v) for v in range(30)] + [None] + [40.0] * 29,
+            "line": ["cdu-1 <supply>"] * 30 + ["cdu-1 return"] * 30,
+        }
+    )
+    spec = ch.line_spec("temperature [°C]", df["t"], color="line", limit=45.0)
+    assert svgchart.supported(spec)
+    out = svgchart.svg(df.assign(t=ch.epoch_ms(df["t"])), spec, "k", 960)
+    assert "<supply>" not in out and "cdu-1 &lt;supply&gt;" in out
+    assert 'data-y-title="temperature [°C]"' in out and ">time [UTC]<" in out
+    assert re.findall(r">(\d\d:\d\d)<", out)[:2] == ["10:00", "10:05"]
+    assert 'class="limit" data-y="45.0"' in out
+    assert 'data-points="30"' in out and 'data-points="29"' in out
+    assert not svgchart.supported({"mark": {"type": "line"}, "encoding": {}})  # left to Vega
 
 
 def test_floor_shows_every_rack_coloured_by_the_chosen_metric(env: Service) -> None:
@@ -214,10 +378,13 @@ def test_rack(env: Service) -> None:
     assert m["Supply"].endswith("°C") and m["Flow"].endswith("L/min")
     drawn = charts(at)
     assert len(drawn) == 2  # GPU temperatures against their maximum, PDU phases
-    assert [layers(sp)[0]["encoding"]["y"]["title"] for sp, _ in drawn] == [
-        "temperature [°C]",
-        "current [A]",
-    ]
+    assert [c["y_title"] for c in drawn] == ["temperature [°C]", "current [A]"]
+    gpus, phases = drawn
+    assert gpus["bars"] and len(gpus["marks"]) == len(gpus["bars"])  # each GPU's maximum
+    assert all(
+        mark > temp for (_, temp), (_, mark) in zip(gpus["bars"], gpus["marks"], strict=True)
+    )
+    assert phases["bars"] and phases["marks"]  # each phase's derated limit
     assert_no_plotly(at)
     at.selectbox(key="rack_pick").set_value("r02").run()
     assert not at.exception
@@ -226,15 +393,17 @@ def test_rack(env: Service) -> None:
 
 def test_power(env: Service) -> None:
     at = run(DASH / "pages" / "power.py")
-    (trend, tdf), (phases, pdf) = charts(at)
-    assert set(pdf["id"]) and pdf["used_pct"].notna().all()
-    assert layers(trend)[0]["encoding"]["y"]["title"] == "IT power [kW]"
-    assert "'%H:%M'" in layers(trend)[0]["encoding"]["x"]["axis"]["labelExpr"]
-    # complete buckets only: no bucket fewer nodes reached than the others (a false drop)
-    assert not tdf.empty and tdf["value"].min() > 0.5 * tdf["value"].median()
-    assert layers(phases)[0]["encoding"]["y"]["title"] == "derated limit used [%]"
-    assert layers(phases)[1]["data"]["values"][0]["y"] == 100.0
-    assert at.dataframe
+    trend, phases = charts(at)
+    assert trend["y_title"] == "IT power [kW]" and trend["x_title"] == "time [UTC]"
+    assert all(re.fullmatch(r"\d\d:\d\d", label) for label in trend["x_labels"])
+    assert next(iter(trend["series"].values())) > 1
+    assert phases["y_title"] == "derated limit used [%]" and phases["limits"] == [100.0]
+    used = [v for _, v in phases["bars"]]
+    assert used and used == sorted(used, reverse=True)  # the most loaded first
+    (table,) = tables(at)  # every phase and breaker, in the table below the bars
+    assert {"current [A]", "limit [A]", "used [%]"} <= set(table["header"])
+    assert {x for x, _ in phases["bars"]} <= set(column(table, "id"))
+    assert all(re.fullmatch(r"[\d,.]+", v) for v in column(table, "current [A]"))
     assert_no_plotly(at)
 
 
@@ -242,9 +411,9 @@ def test_cooling(env: Service) -> None:
     at = run(DASH / "pages" / "cooling.py")
     m = metrics(at)
     assert m["Pumps running"] == "1 / 2" and m["Capacity used"].endswith("%")
-    (spec, df), *_ = charts(at)
-    assert set(df["line"]) == {"cdu-1 supply", "cdu-1 return"}
-    assert layers(spec)[0]["encoding"]["y"]["title"] == "temperature [°C]"
+    (loop,) = charts(at)
+    assert set(loop["series"]) == {"cdu-1 supply", "cdu-1 return"}
+    assert loop["y_title"] == "temperature [°C]" and loop["x_title"] == "time [UTC]"
     assert_no_plotly(at)
 
 
@@ -288,7 +457,13 @@ def test_alerts_without_a_token_say_so(env: Service, monkeypatch) -> None:
 def test_calibration(env: Service) -> None:
     at = run(DASH / "pages" / "calibration.py")
     assert "run 1 of 1" in text(at)
-    assert charts(at) and at.dataframe
+    assert charts(at)
+    quality, params, *_ = tables(at)
+    assert {"class", "quantity", "MAE", "CV(RMSE) [%]", "NMBE [%]"} <= set(quality["header"])
+    assert all(
+        re.fullmatch(r"-?[\d,.]+( (W|°C|K|%|L/min|kW))?|–", v) for v in column(quality, "MAE")
+    ), column(quality, "MAE")
+    assert "class" in params["header"] and params["rows"]
     assert_no_plotly(at)
 
 
@@ -317,7 +492,7 @@ def test_whatif_shows_the_reports_figures(env: Service) -> None:
     assert state["state"] == "done", state["error"]
     served = httpx.get(f"{env.url}/api/v1/whatif/{job['job']}/figures", timeout=10).json()
     at = run(DASH / "pages" / "whatif.py")
-    drawn = charts(at)
+    drawn = vega(at)  # the report's figures stay Vega-Lite: any plotly line figure
     assert_no_plotly(at)
     assert len(drawn) == len(served) >= 5
     for (spec, df), fig in zip(drawn, served, strict=True):

@@ -62,12 +62,14 @@ def body() -> None:
         for p in c["params"]:
             prow.append({"class": c["device_class"], "usable": f"{c['usable_fraction']:.0%}", **p})
     ui.table(pd.DataFrame(prow), missing_why="not fitted for this class")
-    reasons = {
-        c["device_class"]: c["unusable_reasons"] for c in cal["classes"] if c["unusable_reasons"]
-    }
+    reasons = [
+        {"class": c["device_class"], "reason": reason, "devices": n}
+        for c in cal["classes"]
+        for reason, n in sorted(c["unusable_reasons"].items(), key=lambda kv: -kv[1])
+    ]
     if reasons:
         with st.expander("Why some parameters are unusable"):
-            st.json(reasons)
+            ui.table(pd.DataFrame(reasons))  # a table: no JSON viewer to load for it
     st.subheader("Drifting devices")
     ev = pd.DataFrame(cal["events"])
     if ev.empty:

@@ -73,7 +73,11 @@ def body() -> None:
     series = {}
     for q in ("supply_temp_c", "return_temp_c"):
         s = ui.fetch(
-            "/api/v1/series", kind="cdu", quantity=q, ids=",".join(c["name"] for c in data["cdus"])
+            "/api/v1/series",
+            kind="cdu",
+            quantity=q,
+            ids=",".join(c["name"] for c in data["cdus"]),
+            resolution="1m",  # minute means: a raw hour of every CDU is too many points to draw
         )
         if s is None:
             return
@@ -88,7 +92,7 @@ def body() -> None:
         df = pd.DataFrame(rows)
         df["t"] = pd.to_datetime(df["t"], utc=True)
         df["line"] = df["CDU"] + " " + df["side"]
-        st.markdown("**Loop temperatures, last hour**")
+        st.markdown("**Loop temperatures, last hour** (1-minute means)")
         spec = charts.line_spec(
             "temperature [°C]",
             df["t"],

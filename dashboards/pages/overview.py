@@ -12,6 +12,8 @@ ui.page("Overview", "🏠")
 
 #: The trends' window [h] (issue 15: the operator's day).
 TREND_H = 24
+#: Width of a trend, one of three columns of the main area at 1440 px [px].
+TREND_PX = 330
 
 
 def trends(ov: dict) -> None:
@@ -30,7 +32,7 @@ def trends(ov: dict) -> None:
             s = power["series"][0]
             df = charts.complete_buckets(s["t"], s["value"], s.get("devices"))
             df["value"] = df["value"] / 1000.0
-            charts.draw(df, charts.line_spec("IT power [kW]", df["t"]), "ov_power")
+            charts.draw(df, charts.line_spec("IT power [kW]", df["t"]), "ov_power", TREND_PX)
         elif power is not None:
             st.caption("no complete minute of node power yet")
     cool = ui.fetch("/api/v1/series", kind="cdu", quantity="heat_kw", agg="sum", **window)
@@ -46,7 +48,7 @@ def trends(ov: dict) -> None:
                 limit=cap,
                 limit_label=f"CDU capacity {ui.fmt(cap, 'kW', 0)}",
             )
-            charts.draw(df, spec, "ov_cooling")
+            charts.draw(df, spec, "ov_cooling", TREND_PX)
             if cap:
                 st.caption(f"dashed: the CDUs' rated capacity, {ui.fmt(cap, 'kW', 0)}")
         elif cool is not None:
@@ -72,7 +74,7 @@ def trends(ov: dict) -> None:
                 y_format=".0f",
             )
             spec["layer"][0]["mark"]["point"] = len(df) < 200  # a few reports: show each one
-            charts.draw(df, spec, "ov_headroom")
+            charts.draw(df, spec, "ov_headroom", TREND_PX)
         elif hist is not None:
             st.caption("no headroom report yet")
 
@@ -115,8 +117,7 @@ def body() -> None:
             df["smallest headroom"] = [
                 ui.fmt(v, u) for v, u in zip(df["min_headroom"], df["unit"], strict=True)
             ]
-            # small tables as static HTML: the interactive grid is the slowest thing to boot
-            st.table(
+            ui.table(
                 df[
                     [
                         "kind",
@@ -126,19 +127,16 @@ def body() -> None:
                         "breached_now",
                         "breach_within_horizon_p90",
                     ]
-                ]
-                .rename(
-                    columns={
-                        "min_id": "where",
-                        "breached_now": "breached now",
-                        "breach_within_horizon_p90": "breach within horizon (p90)",
-                    }
-                )
-                .set_index("kind")
+                ],
+                {
+                    "min_id": "where",
+                    "breached_now": "breached now",
+                    "breach_within_horizon_p90": "breach within horizon (p90)",
+                },
             )
             tight = pd.DataFrame(ov["tightest"])
             if not tight.empty:
-                # bars drawn by the table itself: no chart library to load on the first page
+                # bars drawn by the table itself: no chart library to load for them
                 st.markdown("**Closest to their limits** (the ten tightest)")
                 tight["limit used"] = 100 * (1 - tight["headroom_now"] / tight["limit"].abs())
                 tight["headroom"] = [
@@ -147,17 +145,10 @@ def body() -> None:
                 tight["limit"] = [
                     ui.fmt(v, u) for v, u in zip(tight["limit"], tight["unit"], strict=True)
                 ]
-                st.dataframe(
+                ui.table(
                     tight[["kind", "id", "quantity", "limit used", "headroom", "limit"]],
-                    hide_index=True,
-                    width="stretch",
-                    column_config={
-                        "limit used": st.column_config.ProgressColumn(
-                            "limit used [%]", min_value=0, max_value=100, format="%.0f %%"
-                        ),
-                        "headroom": st.column_config.TextColumn("headroom", width="small"),
-                        "limit": st.column_config.TextColumn("limit", width="small"),
-                    },
+                    {"limit used": "limit used [%]"},
+                    bars=("limit used",),
                 )
     with right:
         st.subheader("Active alerts")
@@ -184,7 +175,7 @@ def body() -> None:
             {"kind": k, "newest sample": ui.ago(t), "age": ui.fmt(ing["lag_s"][k], "s", 0)}
             for k, t in ing["newest"].items()
         ]
-        st.table(pd.DataFrame(rows).set_index("kind"))
+        ui.table(pd.DataFrame(rows), missing_why="no sample of this kind yet")
         if ing["dead_letters_stored"]:
             reasons = ", ".join(
                 f"{r}: {n:,}" for r, n in sorted(ing["dead_letters_stored"].items())

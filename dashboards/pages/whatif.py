@@ -84,7 +84,7 @@ def jobs() -> None:
         }
         for r in reports
     ]
-    ui.table(pd.DataFrame(rows), width="stretch")
+    ui.table(pd.DataFrame(rows))
     done = [r["job"] for r in reports if r["state"] == "done"]
     if not done:
         return
@@ -100,10 +100,7 @@ def jobs() -> None:
         st.caption(r["description"])
         for reason in r["reasons"]:
             st.markdown(f"- {reason}")
-        ui.table(
-            pd.DataFrame([kind_row(k, b_kinds.get(k["kind"])) for k in r["kinds"]]),
-            width="stretch",
-        )
+        ui.table(pd.DataFrame([kind_row(k, b_kinds.get(k["kind"])) for k in r["kinds"]]))
         c1, c2, c3, c4 = st.columns(4)
         c1.metric(
             "IT energy",
@@ -116,10 +113,10 @@ def jobs() -> None:
         recorded = r.get("recorded_breaches") or base.get("recorded_breaches") or []
         if recorded:
             st.markdown("**Already breaching in the recording**")
-            ui.table(pd.DataFrame(recorded), width="stretch")
+            ui.table(pd.DataFrame(recorded))
         if r.get("changes"):
             st.markdown("**What the scenario changes**")
-            ui.table(pd.DataFrame(r["changes"]), width="stretch")
+            ui.table(pd.DataFrame(r["changes"]))
     # the report's own figures (twin.replay.report.figures, served by the API): one per
     # quantity, each scenario in one colour throughout, the baseline dashed
     figs = ui.fetch(f"/api/v1/whatif/{pick}/figures")
