@@ -298,10 +298,10 @@ def table_html(
         cells = []
         for values, numeric, digits, bar in cols:
             v = values[i]
-            if _missing(v) or (numeric and fmt(v) == MISSING):
+            text = "" if _missing(v) or not numeric else fmt(v, "%" if bar else "", digits)
+            if _missing(v) or text == MISSING:
                 cells.append(_td("", why=missing_why, right=numeric))
             elif numeric:
-                text = fmt(v, "%" if bar else "", digits)
                 cells.append(_td(text, right=True, bar=float(v) if bar else None))
             else:  # text, or a figure formatted beforehand (a dash there is missing too)
                 text = _cell(v)

@@ -83,3 +83,15 @@ def test_serve_refuses_a_store_memory_cap_too_small_to_run(tmp_path):
     )
     assert r.returncode == 2, r.stderr
     assert "--store-memory-mb" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_a_refused_store_setting_is_named_and_a_good_one_is_applied(tmp_path):
+    from twin.store import Store, StoreError
+
+    db = tmp_path / "s.duckdb"
+    with pytest.raises(StoreError, match=r"memory limit 10 MB: expected 64 or more"):
+        Store(db, memory_limit_mb=10)
+    with pytest.raises(StoreError, match=r"threads 0: expected 1 or more"):
+        Store(db, threads=0)
+    with Store(db, memory_limit_mb=128, threads=1) as store:
+        assert store.settings()["threads"] == "1"

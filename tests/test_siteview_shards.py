@@ -131,7 +131,7 @@ class _SlowShard:
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_GET(self) -> None:
-                if self.path != "/api/v1/overview":
+                if self.path.split("?")[0] != "/api/v1/overview":
                     self.send_error(404)
                     return
                 time.sleep(shard.delay_s)
@@ -186,5 +186,28 @@ def test_a_slow_shard_is_shown_with_its_last_answer_marked_stale(live: str) -> N
             third = c.get("/api/v1/overview", headers=LOCAL).json()
             assert third["it_power_kw"] == 250.0
             assert {s["name"]: s["status"] for s in third["shards"]}["slow"] == "ok"
+    finally:
+        slow.close()
+
+
+def test_the_last_answers_kept_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each read with its own parameters (a series names its time window) is a key of its own:
+    the fan-out keeps at most MAX_KEPT_ANSWERS of them, the oldest dropped first."""
+    import asyncio
+
+    from twin.siteview import fanout
+
+    monkeypatch.setattr(fanout, "MAX_KEPT_ANSWERS", 2)
+    slow = _SlowShard()
+    try:
+        fan = fanout.Fanout(parse_shards(f"slow={slow.url}"), answer_within_s=5.0)
+
+        async def reads() -> list[fanout.Answer]:
+            out = [(await fan.call("GET", "/api/v1/overview", {"n": n}))[0] for n in range(3)]
+            await fan.close()
+            return out
+
+        assert all(a.ok for a in asyncio.run(reads()))
+        assert [k[2] for k in fan._good] == ["[('n', 1)]", "[('n', 2)]"]
     finally:
         slow.close()

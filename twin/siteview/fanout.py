@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import re
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -28,6 +29,9 @@ from urllib.parse import urlsplit
 import httpx
 import yaml
 
+#: Last good answers kept for ``answer_within_s``, over all shards and reads: the oldest goes
+#: first (a series read names its own time window, so each is a key of its own). [1]
+MAX_KEPT_ANSWERS = 256
 #: A shard name: a slug, as the site file's ``shards[].name`` (/work/briefs/shards-spec.md).
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.:-]*$")
 
@@ -160,7 +164,7 @@ class Fanout:
         self.answer_within_s = answer_within_s
         self._client: httpx.AsyncClient | None = None
         #: (shard, path, params) -> the last 2xx answer to that read and when it came
-        self._good: dict[tuple[str, str, str], tuple[datetime, Answer]] = {}
+        self._good: OrderedDict[tuple[str, str, str], tuple[datetime, Answer]] = OrderedDict()
         #: the reads in flight, shared by the callers that ask the same meanwhile
         self._inflight: dict[tuple[str, str, str], asyncio.Task[Answer]] = {}
 
@@ -225,6 +229,9 @@ class Fanout:
                 answer = await self._one(shard, "GET", path, params, None, headers)
                 if answer.ok:
                     self._good[key] = (datetime.now(UTC), answer)
+                    self._good.move_to_end(key)
+                    while len(self._good) > MAX_KEPT_ANSWERS:
+                        self._good.popitem(last=False)
                 return answer
             finally:
                 self._inflight.pop(key, None)

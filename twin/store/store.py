@@ -140,7 +140,11 @@ class Store(CalibrationTables):
                 ) from e
             raise StoreError(f"cannot open store {self.path}: {e}") from e
         self.con.execute("SET TimeZone = 'UTC'")
-        self._settings(memory_limit_mb, threads)
+        try:
+            self._settings(memory_limit_mb, threads)
+        except BaseException:  # a refused setting leaves no open file behind
+            self.con.close()
+            raise
         if not read_only:
             for stmt in ddl():
                 self.con.execute(stmt)
