@@ -60,6 +60,7 @@ import duckdb
 
 from collectors.contract import split_sub_id
 from twin.alerts.db import AlertDb
+from twin.alerts.metrics import METRICS
 from twin.alerts.model import (
     GroupRef,
     Member,
@@ -355,8 +356,11 @@ class AlertEngine:
         clock: Clock = _now,
         *,
         db: AlertDb | None = None,
+        console_url: str | None = None,
     ) -> None:
         self.rules = rules
+        #: the console's base URL (``dctwin serve --console-url``): pages link the component
+        self.console_url = console_url.rstrip("/") if console_url else None
         self.topology = topology
         self.outbox = outbox
         self.clock = clock
@@ -367,6 +371,8 @@ class AlertEngine:
         self._holds: dict[str, _Hold] = {}
         self._flaps: dict[str, _Flap] = {}
         self._dirty: set[str] = set()
+        #: the time of the last evaluation (what "firing for" of open incidents counts to)
+        self._evaluated_at: datetime | None = None
         self._index = rules.index()
         # evaluate runs in the detection thread, active/acknowledge in the API's threads
         self._lock = threading.RLock()
@@ -411,6 +417,7 @@ class AlertEngine:
         self, observations: Iterable[Observation], now: datetime | None
     ) -> list[Notification]:
         now = (now or self.clock()).astimezone(UTC)
+        self._evaluated_at = now
         rules = self.rules.by_name()
         cleared: dict[str, datetime] = {}  # group key -> when its last member cleared
 
@@ -479,17 +486,17 @@ class AlertEngine:
         if rule.min_coverage_s is not None and not _covers(obs, rule.min_coverage_s):
             return  # too little data to judge yet: neither fire nor clear
         if inst is None:
-            if not rule.breached(obs.value):
+            if not rule.breached(obs.value, obs.excess):
                 return
             inst = _Instance(
                 rule.name, obs.entity_kind, obs.entity_id, "pending", obs.ts, obs.value, obs.ts
             )
             self._instances[key] = inst
-        elif inst.state == "pending" and not rule.breached(obs.value):
+        elif inst.state == "pending" and not rule.breached(obs.value, obs.excess):
             clear(inst, obs.ts)
             return
         elif inst.state == "firing":
-            if rule.still_breached(obs.value):
+            if rule.still_breached(obs.value, obs.excess):
                 if inst.clearing_since is not None:  # back within keep_firing_for: same alert
                     inst.clearing_since = None
                     self._flap_change(rule, inst, obs.ts, hot=True)
@@ -678,27 +685,12 @@ class AlertEngine:
         """The incident's page, or (once paged) a reminder: same dedup key and start, the
         members seen so far, ``repeat`` counting reminders."""
         reminder = group.notified
-        above = rule.op in (">", ">=")
-        live = sorted(live, key=lambda m: (-m.value if above else m.value, m.entity_id))
+        live = self._worst_first(rule, live)
         worst = live[0]
         common = dict(worst.labels)
         for m in live[1:]:
             common = {k: v for k, v in common.items() if m.labels.get(k) == v}
-        ctx = {
-            "rule": rule.name,
-            "entity_kind": worst.entity_kind,
-            "entity_id": worst.entity_id,
-            "value": worst.value,
-            "threshold": rule.threshold,
-            "severity": rule.severity,
-            "group_kind": group.kind,
-            "group_id": group.id,
-            "count": len(live),
-            "labels": common,
-        }
-        summary = render_summary(rule.summary, ctx)
-        if len(live) > 1 and "{count" not in rule.summary:
-            summary += f" (+{len(live) - 1} more in {kind_word(group.kind)} {group.id})"
+        summary = self._summary(rule, group, live)
         entity = (group.kind, group.id)
         affected = ", ".join(f"{m.entity_id} ({m.value:g})" for m in live)
         description = (
@@ -707,6 +699,10 @@ class AlertEngine:
             f" ({rule.metric} {rule.op} {rule.threshold:g}): {affected}"
         )
         labels = {**rule.labels, "group_kind": group.kind, "group_id": group.id}
+        spec = METRICS.get(rule.metric)
+        cdus = self.topology.cdus_of(entity)
+        if cdus and group.kind != "cdu":
+            labels["cdu"] = ",".join(cdus)  # a rack's page names the CDU that cools it
         if group.kind in ("cdu", "pdu", "pdu_phase", "fleet", "loop"):
             racks = self.topology.children_of_kind(
                 (group.kind if group.kind != "loop" else "cdu", split_sub_id(group.id)[0]),
@@ -738,12 +734,49 @@ class AlertEngine:
             starts_at=group.starts_at,
             labels=labels,
             context=common,
+            unit=spec.unit if spec is not None else None,
+            url=self._url(entity),
+            runbook_url=rule.runbook_url,
             repeat=group.repeat,
             flapping=flapping,
         )
 
+    def _url(self, entity: Entity) -> str | None:
+        if self.console_url is None:
+            return None
+        return self.console_url + self.topology.console_path(entity)
+
+    @staticmethod
+    def _worst_first(rule: Rule, members: list[_Instance]) -> list[_Instance]:
+        above = rule.op in (">", ">=")
+        return sorted(members, key=lambda m: (-m.value if above else m.value, m.entity_id))
+
+    @staticmethod
+    def _summary(rule: Rule, group: _Group, live: list[_Instance]) -> str:
+        """The incident's one line from its worst member now (``live`` worst first): the
+        template over that member's value and labels, and how many more share the incident."""
+        worst = live[0]
+        ctx = {
+            "rule": rule.name,
+            "entity_kind": worst.entity_kind,
+            "entity_id": worst.entity_id,
+            "value": worst.value,
+            "threshold": rule.threshold,
+            "severity": rule.severity,
+            "group_kind": group.kind,
+            "group_id": group.id,
+            "count": len(live),
+            "labels": worst.labels,
+        }
+        summary = render_summary(rule.summary, ctx)
+        if len(live) > 1 and "{count" not in rule.summary:
+            summary += f" (+{len(live) - 1} more in {kind_word(group.kind)} {group.id})"
+        return summary
+
     def _resolved(self, group: _Group, ends_at: datetime, flapping: bool) -> Notification:
         assert group.starts_at is not None
+        rule = self.rules.by_name().get(group.rule)
+        spec = METRICS.get(rule.metric) if rule is not None else None
         return Notification(
             status="resolved",
             dedup_key=group.dedup_key,
@@ -759,6 +792,9 @@ class AlertEngine:
             ends_at=max(ends_at, group.starts_at),
             labels=group.labels,
             context=group.context,
+            unit=spec.unit if spec is not None else None,
+            url=self._url((group.kind, group.id)),
+            runbook_url=rule.runbook_url if rule is not None else None,
             flapping=flapping,
         )
 
@@ -784,22 +820,52 @@ class AlertEngine:
             return self._active()
 
     def _active(self) -> list[dict[str, Any]]:
-        return [
-            {
+        """Each open incident as it stands at the last evaluation: its summary rendered again
+        from its worst member's current value (the page's own line is ``paged_summary``), the
+        current value with its unit, and how long it has been firing."""
+        rules = self.rules.by_name()
+        firing: dict[str, list[_Instance]] = {}
+        for inst in self._instances.values():
+            rule = rules.get(inst.rule)
+            if inst.state == "firing" and rule is not None:
+                gkey = self._group_key(rule, (inst.entity_kind, inst.entity_id))
+                firing.setdefault(gkey, []).append(inst)
+        now = self._evaluated_at
+        out = []
+        for key, g in self._groups.items():
+            rule = rules.get(g.rule)
+            members = firing.get(key, [])
+            started = g.starts_at or g.first_fired_at
+            row: dict[str, Any] = {
                 "dedup_key": g.dedup_key,
                 "rule": g.rule,
                 "severity": g.severity,
                 "group": {"kind": g.kind, "id": g.id},
                 "notified": g.notified,
-                "starts_at": utc_iso(g.starts_at or g.first_fired_at),
+                "starts_at": utc_iso(started),
                 "members": sorted(g.members),
                 "racks": self.topology.racks_of((g.kind, g.id)),
+                "cdus": self.topology.cdus_of((g.kind, g.id)),
                 "summary": g.summary or None,
+                "paged_summary": g.summary or None,
+                "value": None,
+                "unit": None,
+                "firing_for_s": (
+                    max(0.0, (now - started).total_seconds()) if now is not None else None
+                ),
+                "evaluated_at": utc_iso(now) if now is not None else None,
                 "flapping": self._flapping(key),
                 "repeat": g.repeat,
+                "runbook_url": rule.runbook_url if rule is not None else None,
             }
-            for key, g in self._groups.items()
-        ]
+            if rule is not None and members:
+                live = self._worst_first(rule, members)
+                row["summary"] = self._summary(rule, g, live)
+                row["value"] = live[0].value
+                spec = METRICS.get(rule.metric)
+                row["unit"] = spec.unit if spec is not None else None
+            out.append(row)
+        return out
 
     # ---- persistence ---------------------------------------------------------------------
 
