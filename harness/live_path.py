@@ -81,13 +81,15 @@ def drive(
     on_tick: Callable[[float, SiteSimulator], None] | None = None,
     on_pass: Callable[[Service, datetime], None] | None = None,
     console_url: str | None = None,
+    on_end: Callable[[str], None] | None = None,
 ) -> LiveRun:
     """Simulate ``duration_s`` from ``start`` and run the service's live path over it.
 
     ``tick_s``: the simulator's step; ``resolution_s`` (default ``tick_s``): how often a poll's
     messages reach the ingest. ``on_tick(t_s, sim)`` after every tick (ground truth);
     ``on_pass(service, now)`` after every detection pass. With ``hooks`` the outbox's delivery
-    workers run (real HTTP) and are stopped, drained, at the end.
+    workers run (real HTTP) and are stopped, drained, at the end. ``on_end(url)``: at the end,
+    with the service's HTTP API serving the store on a free port at ``url``.
     """
     site = load_site(site_path)
     every = max(1, round((resolution_s or tick_s) / tick_s))
@@ -106,7 +108,8 @@ def drive(
         rules=rules,
         hooks=hooks,
         console_url=console_url,
-        api=False,
+        api=on_end is not None,
+        api_port=0,
         seed_calibration=seed_calibration,
         background_nice=0,
     )
@@ -121,6 +124,14 @@ def drive(
         if svc.delivery is not None and hooks is not None:
             _drain(svc, timeout_s=30.0)
         run.notifications = notifications(svc)
+        if on_end is not None:
+            from twin.api import ApiServer
+
+            assert svc.ctx is not None
+            svc.api_server = ApiServer(svc.ctx, host="127.0.0.1", port=0).start()
+            svc._started.append(svc.api_server)
+            assert svc.url is not None
+            on_end(svc.url)
     finally:
         svc.stop()
     run.timing_s = {k: round(v, 1) for k, v in timing.items()}

@@ -168,6 +168,8 @@ class _Group:
     sent_at: datetime | None = None  # the last page or reminder (repeat_interval_s)
     repeat: int = 0  # reminders sent
     acknowledged: bool = False  # no more reminders
+    #: a recurrence kept, not sent (recur_as_ticket_s): no reminder and no resolve either
+    quiet: bool = False
 
     @property
     def key(self) -> str:
@@ -243,7 +245,42 @@ class _Flap:
         return cls(**d)
 
 
-_STATE_TYPES: dict[str, Any] = {"i": _Instance, "g": _Group, "h": _Hold, "f": _Flap}
+@dataclass
+class _Recent:
+    """The last page and ticket of a rule on a group, for ``recur_as_ticket_s``."""
+
+    rule: str
+    kind: str
+    id: str
+    paged_at: datetime
+    ticket_at: datetime | None = None
+    last_at: datetime | None = None  # the latest incident (paged, ticketed or kept quiet)
+
+    @property
+    def key(self) -> str:
+        return _SEP.join(("r", self.rule, self.kind, self.id))
+
+    def to_json(self) -> str:
+        d = asdict(self)
+        for k in ("paged_at", "ticket_at", "last_at"):
+            d[k] = d[k].isoformat() if d[k] is not None else None
+        return json.dumps(d)
+
+    @classmethod
+    def from_json(cls, s: str) -> _Recent:
+        d = json.loads(s)
+        for k in ("paged_at", "ticket_at", "last_at"):
+            d[k] = _dt(d.get(k))
+        return cls(**d)
+
+
+_STATE_TYPES: dict[str, Any] = {
+    "i": _Instance,
+    "g": _Group,
+    "h": _Hold,
+    "f": _Flap,
+    "r": _Recent,
+}
 
 
 # ---- silences ------------------------------------------------------------------------------
@@ -370,6 +407,7 @@ class AlertEngine:
         self._groups: dict[str, _Group] = {}
         self._holds: dict[str, _Hold] = {}
         self._flaps: dict[str, _Flap] = {}
+        self._recent: dict[str, _Recent] = {}
         self._dirty: set[str] = set()
         #: the time of the last evaluation (what "firing for" of open incidents counts to)
         self._evaluated_at: datetime | None = None
@@ -461,6 +499,12 @@ class AlertEngine:
         for key, hold in list(self._holds.items()):
             if hold.until <= now:
                 del self._holds[key]
+                self._dirty.add(key)
+        for key, rec in list(self._recent.items()):
+            rrule = rules.get(rec.rule)
+            window = rrule.recur_as_ticket_s if rrule is not None else None
+            if window is None or (now - (rec.last_at or rec.paged_at)).total_seconds() >= window:
+                del self._recent[key]  # a window without the state: the next one pages again
                 self._dirty.add(key)
         for key, flap in list(self._flaps.items()):
             frule = rules.get(flap.rule)
@@ -610,7 +654,7 @@ class AlertEngine:
             if flapping:  # stable again: flapping ends, the count starts again
                 del self._flaps["f" + gkey[1:]]
                 self._dirty.add("f" + gkey[1:])
-            if group.notified:
+            if group.notified and not group.quiet:
                 ends = cleared.get(gkey, group.cleared_at or now)
                 out.append(self._resolved(group, ends, flapping))
 
@@ -645,7 +689,7 @@ class AlertEngine:
                 if added:  # listed in the resolve; not paged again
                     group.members.update(self._members_json(added))
                     self._dirty.add(gkey)
-                if self._remind(rule, group, now) and live and not flapping:
+                if self._remind(rule, group, now) and live and not flapping and not group.quiet:
                     group.repeat += 1
                     out.append(self._fire(rule, group, live, now, flapping))
                     self._dirty.add(gkey)
@@ -656,9 +700,40 @@ class AlertEngine:
             # muted by its breach would page once the breach resolved, for what is over)
             breached = [m for m in live if m.clearing_since is None]
             if breached and waited:
-                out.append(self._fire(rule, group, live, now, flapping))
+                note = self._recurrence(rule, group, self._fire(rule, group, live, now, flapping))
+                if note is not None:
+                    out.append(note)
                 self._dirty.add(gkey)
         return out
+
+    def _recurrence(self, rule: Rule, group: _Group, note: Notification) -> Notification | None:
+        """``recur_as_ticket_s``: the first incident of a rule on a group pages; while the
+        state keeps coming back (each within the window of the last), the next ones are a
+        ticket (severity info) at most once per window, and the rest are kept quiet (listed
+        by the API, never sent). A window without it, and the next one pages again."""
+        window = rule.recur_as_ticket_s
+        if window is None:
+            return note
+        now = note.starts_at if group.sent_at is None else group.sent_at
+        key = _SEP.join(("r", rule.name, group.kind, group.id))
+        rec = self._recent.get(key)
+        self._dirty.add(key)
+        if rec is None:
+            self._recent[key] = _Recent(rule.name, group.kind, group.id, now, last_at=now)
+            return note
+        rec.last_at = now
+        if rec.ticket_at is not None and (now - rec.ticket_at).total_seconds() < window:
+            group.quiet = True
+            return None
+        rec.ticket_at = now
+        group.severity = "info"
+        return note.model_copy(
+            update={
+                "severity": "info",
+                "summary": f"{note.summary} (recurring: paged {utc_iso(rec.paged_at)};"
+                f" now a ticket, at most one per {window / 3600:g} h)",
+            }
+        )
 
     def _remind(self, rule: Rule, group: _Group, now: datetime) -> bool:
         """A reminder is due (repeat_interval_s since the last page, not acknowledged)."""
@@ -874,9 +949,13 @@ class AlertEngine:
             return
         for key, kind, state in self.db.query("SELECT key, kind, state FROM alert_state"):
             obj = _STATE_TYPES[kind].from_json(state)
-            {"i": self._instances, "g": self._groups, "h": self._holds, "f": self._flaps}[kind][
-                key
-            ] = obj
+            {
+                "i": self._instances,
+                "g": self._groups,
+                "h": self._holds,
+                "f": self._flaps,
+                "r": self._recent,
+            }[kind][key] = obj
 
     def _commit(self, notifications: list[Notification], now: datetime) -> None:
         dirty, self._dirty = self._dirty, set()
@@ -884,7 +963,13 @@ class AlertEngine:
             if self.outbox is not None and notifications:
                 self.outbox.enqueue_many(notifications, now)
             return
-        live: dict[str, Any] = {**self._instances, **self._groups, **self._holds, **self._flaps}
+        live: dict[str, Any] = {
+            **self._instances,
+            **self._groups,
+            **self._holds,
+            **self._flaps,
+            **self._recent,
+        }
         try:
             with self.db.transaction() as cur:
                 for key in sorted(dirty):

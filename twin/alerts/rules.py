@@ -18,10 +18,15 @@ A rule file::
         resolve_if_absent_s: null        # resolve when the entity reports nothing this long
         keep_firing_for_s: 0             # once firing, stay firing this long after it clears
         repeat_interval_s: null          # remind: re-send the firing page this often
+        recur_as_ticket_s: null          # a recurring state: paged once, then within this
+                                         # window at most one ticket (info) per window
         flap_changes: null               # flap detection: this many state changes ...
         flap_window_s: 3600              # ... within this window mark the incident flapping
         flap_stable_s: null              # a flapping incident resolves once clear this long
                                          # (default: flap_window_s)
+        min_excess_k: 3                  # residual only: the excess over the model in K
+                                         # must reach this too (default 3 K; physics §2.7)
+        runbook_url: https://wiki.example.com/runbooks/gpu_temp_high  # sent with every page
         summary: "GPU {entity_id} {value:.1f} K from slowdown"
         labels: {team: facilities}       # static labels, carried into every payload; names
                                          # match [a-zA-Z_][a-zA-Z0-9_]* (Prometheus rule)
@@ -35,7 +40,10 @@ Types set validation and defaults; evaluation is the same for all (one state mac
 - ``threshold``: as written.
 - ``forecast_breach``: a time-to-breach metric under a horizon; ``horizon_s`` is required,
   ``op`` defaults to ``<=`` and ``value`` to ``horizon_s``.
-- ``residual``: a k-sigma residual held ``for_s`` (m minutes); ``op`` must be ``>``/``>=``.
+- ``residual``: a k-sigma residual held ``for_s`` (m minutes); ``op`` must be ``>``/``>=``;
+  it fires only where the excess over the model is also at least ``min_excess_k`` kelvin
+  (default :data:`twin.alerts.metrics.RESIDUAL_MIN_EXCESS_K`): k sigma alone pages a
+  fraction of a kelvin where sigma is small.
 - ``fleet_underuse`` takes ``min_coverage_s``: a fleet is judged only once its figures cover
   that many seconds of data (until then it neither fires nor clears).
 - ``drift`` and ``fleet_underuse``: event-like observations (a calibration drift event, an
@@ -170,6 +178,13 @@ class Rule(BaseModel):
     )
     repeat_interval_s: float | None = Field(
         default=None, gt=0, description="re-send a firing incident's page this often"
+    )
+    recur_as_ticket_s: float | None = Field(
+        default=None,
+        gt=0,
+        description="a state that recurs (a CDU near capacity at each daily peak): after an"
+        " incident of this rule on a group was paged, a new one within this many s is sent as"
+        " a ticket (severity info), at most one ticket per window; the rest are kept, not sent",
     )
     flap_changes: int | None = Field(
         default=None, ge=2, description="state changes within flap_window_s that mean flapping"
