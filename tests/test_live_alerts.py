@@ -228,3 +228,86 @@ rules:
     assert engine.active() == []
     assert peak(31) == [("firing", "info"), ("resolved", "info")]  # a day after the ticket
     assert peak(31 + 48) == [("firing", "warning"), ("resolved", "warning")]  # gone 2 days
+
+
+def test_every_hook_carries_the_console_link_the_runbook_and_the_unit() -> None:
+    """Webhook, Slack, PagerDuty and Alertmanager bodies of one page (issue 26 item 8)."""
+    from twin.alerts import AlertEngine, Topology
+    from twin.alerts.hooks import OutboxEvent, parse_hooks
+    from twin.site import load_site
+
+    rules = parse_rules(
+        """
+rules:
+  - name: cdu_pump_lost
+    metric: cdu.pumps_running
+    entity_kind: cdu
+    op: "<"
+    value: 2
+    severity: critical
+    group_by: cdu
+    runbook_url: https://wiki.example.com/runbooks/cdu_pump_lost
+    summary: "CDU {entity_id}: {value:g} pump(s) running"
+"""
+    )
+    engine = AlertEngine(
+        rules, Topology.from_site(load_site(DEMO_SITE)), console_url="https://twin.example:8501"
+    )
+    o = Observation(
+        metric="cdu.pumps_running", entity_kind="cdu", entity_id="cdu-2", value=1.0, ts=START
+    )
+    [note] = engine.evaluate([o], START)
+    hooks = {
+        h.name: h
+        for h in parse_hooks(
+            {
+                "hooks": [
+                    {"type": "webhook", "name": "w", "url": "http://127.0.0.1:1/w"},
+                    {"type": "slack", "name": "s", "url": "https://hooks.slack.com/services/x"},
+                    {"type": "pagerduty", "name": "p", "routing_key": "k" * 32},
+                    {"type": "alertmanager", "name": "a", "url": "http://127.0.0.1:1"},
+                ]
+            }
+        )
+    }
+    ev = OutboxEvent("firing", note.dedup_key, note.event_id, note, START)
+    console = "https://twin.example:8501/cooling?cdu=cdu-2"
+    runbook = "https://wiki.example.com/runbooks/cdu_pump_lost"
+    _, web = hooks["w"].render(ev, START)
+    assert web["notification"]["url"] == console and web["notification"]["unit"] == "pumps"
+    assert web["notification"]["runbook_url"] == runbook
+    _, slack = hooks["s"].render(ev, START)
+    context = slack["blocks"][-1]["elements"][0]["text"]
+    assert f"<{console}|console>" in context and f"<{runbook}|runbook>" in context
+    assert "values in pumps" in context
+    _, pd = hooks["p"].render(ev, START)
+    assert pd["client_url"] == console
+    assert pd["links"] == [
+        {"href": console, "text": "console"},
+        {"href": runbook, "text": "runbook"},
+    ]
+    assert pd["payload"]["custom_details"]["unit"] == "pumps"
+    _, [am] = hooks["a"].render(ev, START)
+    assert am["generatorURL"] == console
+    assert am["annotations"]["runbook_url"] == runbook and am["annotations"]["unit"] == "pumps"
+    assert am["annotations"]["members"] == "cdu-2=1 pumps"
+
+
+def test_the_demo_refuses_a_hook_file_it_cannot_use_before_starting_anything(
+    tmp_path: Path,
+) -> None:
+    import subprocess
+    import sys
+
+    missing = tmp_path / "nope.yaml"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("hooks:\n  - {type: webhook, name: w}\n")  # no url
+    for path, says in ((missing, "no such file"), (bad, "url")):
+        p = subprocess.run(
+            [sys.executable, "-m", "twin.cli", "demo", "--no-console", "--hooks", str(path)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert p.returncode != 0 and "Traceback" not in p.stderr, p.stderr
+        assert f"--hooks {path}" in p.stderr and says in p.stderr, p.stderr
