@@ -433,9 +433,7 @@ def _wiring_mismatch(lab: Label, element: str | None, fields: dict[str, Any]) ->
     return None
 
 
-def _neutral_of(
-    table: Table, pattern: str, fields: dict[str, Any]
-) -> tuple[str, Neutral] | None:
+def _neutral_of(table: Table, pattern: str, fields: dict[str, Any]) -> tuple[str, Neutral] | None:
     """(label, rule) when a label the id pattern uses names the neutral on this row."""
     for name in re.findall(r"{([^{}]*)}", pattern):
         lab = table.labels.get(name)
