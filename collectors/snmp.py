@@ -25,7 +25,13 @@ in the site file), ``<pdu>/outlet<n>`` outlets. The first temperature/humidity p
 ``<pdu>/thd<n>``, ``<pdu>/temp<n>``, one table per probe type; a quantity the unit's id already
 has from an earlier table goes to the probe's own id). A label checked against the unit's wiring
 (``leg_when`` / ``line_when`` over a ``scalars`` value such as Geist's ``pduMeterType``) that
-names a line on a delta unit, or a leg on a wye unit, is refused with the reason. A second
+names a line on a delta unit, or a leg on a wye unit, is refused with the reason. Labels are
+read with the profile's grammars (``Phase A``, ``AA:L1-L2``, ``TowerA_InfeedB``); a label no
+grammar accepts is refused with the label quoted, and a row without the label its id needs is
+refused and logged once for the row: a table index never stands in for it. A row whose label
+names the neutral publishes its current as ``neutral_current_a`` on the unit or cord id, never
+on a line. A power factor is published in 0..1 (a signed one as its magnitude where the profile
+says so); one outside is refused with the raw value. A second
 inlet, input cord or daisy-chained unit gets a prefix: ``<pdu>/inlet2/L1``,
 ``<pdu>/unit2/cord1/L1``, ``<pdu>/module2/L1``.
 

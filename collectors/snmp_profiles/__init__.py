@@ -10,11 +10,19 @@ so the scaling of every value is explicit and reviewable in the data file. ``dec
 from the agent where the MIB says so (Raritan ``...SensorDecimalDigits``); where the agent states
 the unit (``units``) it is checked against ``units_map``; where it states a sensor state
 (``state``) a state listed in ``unavailable`` leaves the value out. ``labels`` read a
-DisplayString column that names a line or a line-to-line leg (``L1``, ``L1-N``, ``L1-L2``) and
-turn it into the contract's element (``L1`` or ``L1-L2``, see :func:`collectors.contract.
-line_element`), so that a delta unit's leg readings never land on a line id; ``scalars`` read one
-instance of another table for every row (Geist ``pduMeterType``), and a label's ``leg_when`` /
-``line_when`` refuse a label that contradicts that wiring (a line on a delta unit).
+DisplayString column that names a line, a line-to-line leg or the neutral and turn it into the
+contract's element (``L1`` or ``L1-L2``), so that a delta unit's leg readings never land on a
+line id. How a vendor writes such a label is data: the profile's ``grammars`` (regular
+expressions whose groups ``a``/``b``/``neutral`` say what the label names: ``Phase A``,
+``AA:L1-L2``, ``TowerA_Neutral``; see :class:`Grammar`), named in the label's ``accept`` (none:
+the contract's ``L1`` / ``L1-N`` / ``L1-L2``, :func:`collectors.contract.line_element`);
+``alternates`` are further columns read when the first has no text for the row. A label may
+not share a name with an index part, so a row without its label is refused, never published
+under its row number. A label's ``neutral`` says where a neutral row goes (the unit or cord,
+``current_a`` as ``neutral_current_a``). ``scalars`` read one instance of another table for
+every row (Geist ``pduMeterType``), and a label's ``leg_when`` / ``line_when`` refuse a label
+that contradicts that wiring (a line on a delta unit). A column's ``magnitude`` publishes a
+signed power factor's magnitude (Eaton); a power factor outside 0..1 is refused.
 
 This module needs only pydantic and PyYAML (not pysnmp): the CLI lists the profiles from it.
 """
