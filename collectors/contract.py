@@ -249,6 +249,19 @@ def _long_quantity_error(kind: str, name: str, value: Any) -> ContractError | No
     return None
 
 
+def _extra_refusal(kind: str, name: str, value: Any) -> str | None:
+    """``"<reason>: <detail>"`` when a quantity outside the kind's columns breaks the contract
+    (not a finite number within EXTRA_BOUND, a name too long, a long quantity out of range)."""
+    if (
+        type(value) not in (float, int)
+        or not -EXTRA_BOUND <= value <= EXTRA_BOUND
+        or len(name) > MAX_EXTRA_NAME
+    ):
+        return f"out_of_range: {name[:40]}"
+    err = _long_quantity_error(kind, name, value)
+    return None if err is None else f"{err.reason}: {err.detail}"
+
+
 #: Dead-letter reasons, each with what it means.
 DEAD_LETTER_REASONS: dict[str, str] = {
     "oversized": f"payload larger than {MAX_PAYLOAD_BYTES} bytes",
@@ -1100,15 +1113,9 @@ class BatchDecoder:
                 for name, v in s.items():
                     if name in allowed:
                         continue
-                    if (
-                        type(v) not in (float, int)
-                        or not -EXTRA_BOUND <= v <= EXTRA_BOUND
-                        or len(name) > MAX_EXTRA_NAME
-                    ):
-                        refuse([r], f"out_of_range: {name[:40]}")
-                        continue
-                    if (err := _long_quantity_error(kind, name, v)) is not None:
-                        refuse([r], f"{err.reason}: {err.detail}")
+                    why = _extra_refusal(kind, name, v)
+                    if why is not None:
+                        refuse([r], why)
                         continue
                     ext["ts"].append(int(ts[r]))
                     ext["kind"].append(kind)
