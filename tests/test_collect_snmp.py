@@ -923,8 +923,12 @@ def test_geist_phase_letter_pairs_are_delta_legs(agent: int) -> None:
 
 @pytest.mark.slow
 def test_sentry4_phase_labels_after_a_unit_and_cord_prefix(agent: int) -> None:
-    """st4PhaseLabel "BA:L1-L2", "ba:l2-l3", "BA : L3 - L1": the prefix is read over."""
+    """st4PhaseLabel "BA:L1-L2", "ba:l2-l3", "BA : L3 - L1" and st4LineLabel "AA:L1",
+    "aa:l2", "AA : L3", "AA:N": the prefix is read over."""
     s = poll(agent, "sentry4", "sentry4-prefixed")
+    for line in ("L1", "L2", "L3"):
+        assert s[f"{P}/{line}"] == {"id": f"{P}/{line}", "current_a": 2.81}
+    assert "neutral_current_a" not in s[P]  # st4LineCurrent of "AA:N" is -1 (no reading)
     for leg in ("L1-L2", "L2-L3", "L3-L1"):
         check(s, {f"{P}/{leg}": {"voltage_v": 415.0, "phase_current_a": 1.62, "power_w": 645.0}})
     assert {i for i in s if i.startswith(f"{P}/L")} == {

@@ -50,6 +50,9 @@ def _element(grammars: list[Grammar], text: str) -> str | None:
         ("sentry4", "st4PhaseMonitorTable", "leg", "L1-L2", "L1-L2"),
         ("sentry4", "st4PhaseMonitorTable", "leg", "AA", None),
         ("sentry4", "st4PhaseMonitorTable", "leg", "AA:L1-L1", None),
+        ("sentry4", "st4LineMonitorTable", "line", "L3", "L3"),
+        ("sentry4", "st4LineMonitorTable", "line", "AB:N", "N"),
+        ("sentry4", "st4LineMonitorTable", "line", "4", None),
         # Sentry3: PIPS ids, else the infeed's name with any tower name before it
         ("sentry3", "infeedTable", "line", "L2", "L2"),
         ("sentry3", "infeedTable", "line", "N", "N"),
