@@ -345,8 +345,9 @@ class SnmpPduCollector:
         why: dict[str, str] = {}
         for name, lab in table.labels.items():
             text, oid = None, lab.oid
+            key = tuple(fields[p] for p in lab.index) if lab.index else index
             for oid in (lab.oid, *lab.alternates):
-                raw = self._cache.get(oid, {}).get(index)
+                raw = self._cache.get(oid, {}).get(key)
                 if raw is not None and lab.map:
                     text = lab.map.get(_int(raw, None), "")
                 else:
@@ -370,9 +371,10 @@ class SnmpPduCollector:
         return why
 
     def _element(self, lab: Label, text: str) -> str | None:
-        """The element a label's text names under its grammars (none: the contract's)."""
+        """The element a label's text names under its grammars (none: the contract's, and
+        ``N`` the neutral)."""
         if not lab.accept:
-            return line_element(text)
+            return "N" if text.strip().upper() == "N" else line_element(text)
         for g in lab.accept:
             element = self.profile.grammars[g].element(text)
             if element is not None:

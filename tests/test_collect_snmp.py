@@ -837,6 +837,7 @@ def test_profiles_are_data_files_with_sources() -> None:
         "sentry3-names",
         "eaton-epdu-outlets",
         "apc-rpdu2-legacy",
+        "raritan-pdu2-neutral",
     }
     with pytest.raises(ValueError, match="unknown SNMP profile"):
         SnmpPduCollector("127.0.0.1", site="lab", profile="nope", community="public")
@@ -993,3 +994,15 @@ def test_apc_rpdu2_reads_the_legacy_bank_table_when_present(agent: int) -> None:
     # rPDULoadStatusLoad tenths of A: bank 1 61, bank 2 62; phase 1 (bank 0) as rPDU2's
     check(s, {f"{P}/cb1": {"current_a": 6.1}, f"{P}/cb2": {"current_a": 6.2}})
     check(s, {f"{P}/L1": {"current_a": 12.3, "voltage_v": 230.0}})
+
+
+@pytest.mark.slow
+def test_raritan_neutral_pole_is_the_inlets_neutral(agent: int) -> None:
+    """inletPoleLine lineL1(1), lineNeutral(4) (a single-phase inlet, as a real PXE-1847
+    reads): pole 2's current is the unit's neutral_current_a, never line L2; a voltage on the
+    neutral pole is refused with the reason."""
+    proc = cli(agent, "raritan-pdu2", "raritan-pdu2-neutral")
+    s = samples_of(proc)
+    check(s, {P: {"neutral_current_a": 4.2}, f"{P}/L1": {"current_a": 4.1, "voltage_v": 230.0}})
+    assert not [i for i in s if re.search(r"/L[2-9]$", i)], sorted(s)
+    assert "names the neutral: it has no voltage_v" in proc.stderr

@@ -248,6 +248,11 @@ class Label(BaseModel):
     alternates: tuple[str, ...] = Field(
         (), description="OIDs of further label columns of the row, read when oid has no text"
     )
+    index: tuple[str, ...] = Field(
+        (),
+        description="the index parts that key the label's column when its table has fewer "
+        "than the row's (Raritan inletPoleLine: pdu, inlet, pole); none: the row's index",
+    )
     neutral: Neutral | None = Field(None, description="where a neutral row's readings go")
     leg_when: dict[str, tuple[int, ...]] = Field(
         default_factory=dict,
@@ -330,6 +335,8 @@ class Table(BaseModel):
                     "without the label would take that number as its id"
                 )
         for label, lab in self.labels.items():
+            if not set(lab.index) <= set(self.index):
+                raise ValueError(f"label {label!r} index {lab.index} is not made of {self.index}")
             for k in (*lab.leg_when, *lab.line_when):
                 if k not in {*self.index, *self.keys, *self.scalars}:
                     raise ValueError(
