@@ -1006,3 +1006,23 @@ def test_raritan_neutral_pole_is_the_inlets_neutral(agent: int) -> None:
     check(s, {P: {"neutral_current_a": 4.2}, f"{P}/L1": {"current_a": 4.1, "voltage_v": 230.0}})
     assert not [i for i in s if re.search(r"/L[2-9]$", i)], sorted(s)
     assert "names the neutral: it has no voltage_v" in proc.stderr
+
+
+@pytest.mark.slow
+def test_an_unlabelled_row_is_said_once_for_the_row(
+    agent: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A Geist line row without pduLineName: one WARNING for the row (not one per column), then
+    DEBUG on later polls; never an id made of its row number."""
+    c = SnmpPduCollector(
+        "127.0.0.1", site="lab", profile="geist-v5", community="geist-v5-letters", port=agent
+    )
+    try:
+        with caplog.at_level(logging.DEBUG, logger="collectors.snmp"):
+            for _ in range(2):
+                ids = {x["id"] for x in decode(*c.poll()[0]).samples}
+                assert not [i for i in ids if i.rsplit("/", 1)[-1].isdigit()], ids
+    finally:
+        c.close()
+    said = [r for r in caplog.records if "pduLineTable row 2 skipped" in r.getMessage()]
+    assert [r.levelno for r in said] == [logging.WARNING, logging.DEBUG]
