@@ -362,29 +362,7 @@ def _watch(
     node = _minute_window(store, "node", start, n_min, quantities=["inlet_temp_c"])
     pdu = _minute_window(store, "pdu", start, n_min, quantities=["inlet_temp_c"])
     ref = gpu_reference(idx, cdu, node, pdu)
-    params: dict[tuple[str, str], float] = {}
-    mae: dict[str, float] = {}
-    history: dict[str, float] = {}
-    not_judged: dict[str, str] = {}
-    if run is not None:
-        params = {
-            (i_, p): v
-            for (_, i_, p), v in store.calibration_params(
-                run, kind="gpu", params=("r_k_per_w", "c_j_per_k", "offset_k", "flow_ref_lpm")
-            ).items()
-            if v is not None
-        }
-        mae = {
-            q["id"]: q["mae"]
-            for q in store.calibration_quality(run, kind="gpu")
-            if q["quantity"].startswith("temp_c@") and q["mae"] is not None
-        }
-        history = store.calibration_param_medians("gpu", "r_k_per_w")
-        not_judged = {
-            row["id"]: row["reason"] or "fit refused"
-            for row in store.calibration_param_rows(run)
-            if row["kind"] == "gpu" and row["param"] == "r_k_per_w" and not row["usable"]
-        }
+    params, mae, history, not_judged = _model_inputs(store, run)
 
     def per_gpu(name: str, default: float) -> np.ndarray:
         return np.array([params.get((gid, name), default) for gid in ids], dtype=float)
@@ -477,6 +455,35 @@ def _watch(
             )
         )
     return out, figures, problems, not_judged
+
+
+def _model_inputs(
+    store: Store, run: int | None
+) -> tuple[dict[tuple[str, str], float], dict[str, float], dict[str, float], dict[str, str]]:
+    """What the residual judges with, from run ``run`` (nothing when None): the usable GPU
+    parameters ((id, param) -> value), each GPU's held-out temperature MAE, each GPU's R
+    history (the median of its fits on this store), and the GPUs whose fit was refused."""
+    if run is None:
+        return {}, {}, {}, {}
+    params = {
+        (i_, p): v
+        for (_, i_, p), v in store.calibration_params(
+            run, kind="gpu", params=("r_k_per_w", "c_j_per_k", "offset_k", "flow_ref_lpm")
+        ).items()
+        if v is not None
+    }
+    mae = {
+        q["id"]: q["mae"]
+        for q in store.calibration_quality(run, kind="gpu")
+        if q["quantity"].startswith("temp_c@") and q["mae"] is not None
+    }
+    history = store.calibration_param_medians("gpu", "r_k_per_w")
+    not_judged = {
+        row["id"]: row["reason"] or "fit refused"
+        for row in store.calibration_param_rows(run)
+        if row["kind"] == "gpu" and row["param"] == "r_k_per_w" and not row["usable"]
+    }
+    return params, mae, history, not_judged
 
 
 def _cooling_changes(

@@ -153,6 +153,23 @@ ApiAllowedHostsOpt = Annotated[
 ]
 
 
+FastEveryOpt = Annotated[
+    float,
+    typer.Option(
+        help="Between those passes, judge the breached-now limits (GPU temperature, PDU"
+        " line and breaker current, CDU pumps) on the newest samples every this many s, so"
+        " a step over a limit pages within seconds; 0: only the full pass judges them."
+    ),
+]
+ConsoleUrlOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="The console's base URL as on-call reaches it (e.g. http://dctwin.example:8501):"
+        " every page links the component's console page (Alertmanager's generatorURL)."
+    ),
+]
+
+
 def serve(
     broker: BrokerOpt = None,
     db: DbOpt = Path("dctwin.duckdb"),
@@ -192,14 +209,7 @@ def serve(
             " (needs --site); 0: off."
         ),
     ] = 60.0,
-    fast_every: Annotated[
-        float,
-        typer.Option(
-            help="Between those passes, judge the breached-now limits (GPU temperature, PDU"
-            " line and breaker current, CDU pumps) on the newest samples every this many s, so"
-            " a step over a limit pages within seconds; 0: only the full pass judges them."
-        ),
-    ] = 10.0,
+    fast_every: FastEveryOpt = 10.0,
     rules: Annotated[
         Path | None,
         typer.Option(
@@ -210,13 +220,7 @@ def serve(
     hooks: Annotated[
         Path | None, typer.Option(help="Alert hook file (e.g. deploy/alert_hooks.yaml).")
     ] = None,
-    console_url: Annotated[
-        str | None,
-        typer.Option(
-            help="The console's base URL as on-call reaches it (e.g. http://dctwin.example:8501):"
-            " every page links the component's console page (Alertmanager's generatorURL)."
-        ),
-    ] = None,
+    console_url: ConsoleUrlOpt = None,
     api: Annotated[bool, typer.Option("--api/--no-api", help="Serve the HTTP API.")] = True,
     api_host: Annotated[
         str, typer.Option(help="Address the HTTP API listens on (default: localhost only).")
