@@ -414,12 +414,26 @@ def plotly_lines(fig: dict[str, Any]) -> tuple[pd.DataFrame, dict[str, Any]]:
     x_title = _title(layout, "xaxis")
     y_title = _title(layout, "yaxis")
     title = layout.get("title", {})
+    # the report draws on clock time (UTC) when it knows the recording's start
+    on_time = layout.get("xaxis", {}).get("type") == "date"
+    frame = pd.DataFrame(rows, columns=["x", "y", "name"])
+    if on_time:
+        frame["x"] = pd.to_datetime(frame["x"], utc=True)
+    x_enc: dict[str, Any] = {"field": "x", "type": "quantitative", "title": x_title}
+    if on_time:
+        x_enc = {
+            "field": "x",
+            "type": "temporal",
+            "title": x_title,
+            "scale": {"type": "utc"},
+            "axis": {"format": "%H:%M"},
+        }
     spec = {
         "height": 300,
         "title": title.get("text") if isinstance(title, dict) else title,
         "mark": {"type": "line", "strokeWidth": 2},
         "encoding": {
-            "x": {"field": "x", "type": "quantitative", "title": x_title},
+            "x": x_enc,
             "y": {"field": "y", "type": "quantitative", "title": y_title, "scale": {"zero": False}},
             "color": {
                 "field": "name",
@@ -436,9 +450,11 @@ def plotly_lines(fig: dict[str, Any]) -> tuple[pd.DataFrame, dict[str, Any]]:
             },
             "tooltip": [
                 {"field": "name", "title": "run"},
-                {"field": "x", "title": x_title or "x", "format": ".2f"},
+                {"field": "x", "title": x_title or "x", "format": ".2f"}
+                if not on_time
+                else {"field": UTC_TEXT.format("x"), "title": x_title or "time"},
                 {"field": "y", "title": y_title or "y", "format": ",.4~g"},
             ],
         },
     }
-    return pd.DataFrame(rows, columns=["x", "y", "name"]), spec
+    return frame, spec
