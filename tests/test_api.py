@@ -224,7 +224,10 @@ def test_series_json_picks_the_resolution_by_range(client: httpx.Client) -> None
 
 def test_headroom_history_is_the_tightest_limit_per_kind(client: httpx.Client) -> None:
     """GET /api/v1/headroom/history: per kind, each stored report's tightest limit as the share
-    of its limit used, the same ranking as the overview's ten tightest."""
+    of its limit used, the same ranking as the overview's ten tightest (as twin.bands counts
+    it: a temperature above the bands' reference, never a share of a Celsius value)."""
+    from twin.bands import bands
+
     hist = ok(client.get("/api/v1/headroom/history", params={"hours": 24}))
     kinds = {k["kind"]: k for k in hist["kinds"]}
     assert {"gpu", "pdu_phase", "rack", "cdu", "loop", "link"} <= set(kinds)
@@ -232,7 +235,11 @@ def test_headroom_history_is_the_tightest_limit_per_kind(client: httpx.Client) -
     for kind, k in kinds.items():
         assert len(k["t"]) == len(k["used_pct"]) >= 1 and k["t"] == sorted(k["t"])
         mine = [r for r in rows if r["kind"] == kind and r["headroom_now"] is not None]
-        used = max(100 * (1 - r["headroom_now"] / abs(r["limit"])) for r in mine if r["limit"])
+        used = max(
+            bands().used_pct(r["limit"] - r["headroom_now"], r["limit"], r["unit"])
+            for r in mine
+            if r["limit"]
+        )
         assert k["used_pct"][-1] == pytest.approx(used), kind
     assert client.get("/api/v1/headroom/history", params={"hours": 0}).status_code == 422
     assert ok(client.get("/api/v1/headroom/history", params={"hours": 1e-6}))["kinds"] == []

@@ -797,9 +797,17 @@ class AlertEngine:
                 "summary": g.summary or None,
                 "flapping": self._flapping(key),
                 "repeat": g.repeat,
+                "values": {mid: self._value_now(g, mid, m) for mid, m in g.members.items()},
             }
             for key, g in self._groups.items()
         ]
+
+    def _value_now(self, g: _Group, member: str, paged: dict[str, Any]) -> float | None:
+        """A member's latest observed value (its live instance's), else the value it was
+        paged with."""
+        inst = self._instances.get(_SEP.join(("i", g.rule, paged.get("entity_kind", ""), member)))
+        value = inst.value if inst is not None else paged.get("value")
+        return float(value) if value is not None else None
 
     # ---- persistence ---------------------------------------------------------------------
 
