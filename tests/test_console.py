@@ -459,7 +459,8 @@ def test_alerts_acknowledge_and_silence(env: Service) -> None:
     assert "Silenced {'rule': 'gpu_temp_high'}" in text(at)
     assert any(b.label == "End" for b in at.button)
     # the silence beside the group: the rule on the group's own id
-    silence = next(b for b in at.button if b.label.startswith("Silence cdu_pump_lost"))
+    silence = next(b for b in at.button if b.key.startswith("silence_cdu_pump_lost"))
+    assert silence.label == "Silence 2 h"
     silence.click().run()
     assert "Silenced cdu_pump_lost on cdu-1 for 2 h" in text(at)
     sil = httpx.get(f"{env.url}/api/v1/silences", timeout=10).json()["silences"]

@@ -16,8 +16,11 @@ from dashboards.client import ApiError
 ui.page("Alerts", "🚨")
 
 SEVERITY_ICON = {"critical": "🔴", "warning": "🟠", "info": "🔵"}
-#: Groups drawn as cards; past them a line says how many more the filters would show.
-MAX_GROUPS = 40
+#: Groups drawn as cards; past them a line says how many more the filters would show (an
+#: operator reads the first screens of a list sorted by urgency, and every card costs time).
+MAX_GROUPS = 20
+#: The durations the silence beside a group offers [h].
+SILENCE_HOURS = (1, 2, 4, 8, 24, 72)
 #: Members named on a card (the rest are counted).
 MEMBERS_SHOWN = 12
 #: How to let the console write, said wherever a write would be offered.
@@ -95,7 +98,9 @@ def _value(g: triage.Group) -> str:
     return text
 
 
-def _card(g: triage.Group) -> None:
+def _card(g: triage.Group, silence_h: float) -> None:
+    """One group: what, where, how many, for how long, how bad now; acknowledge and silence
+    beside it (when the console can write). Few elements: a page lists dozens of them."""
     with st.container(border=True, key=f"group-{_key(g.key)}"):
         c1, c2 = st.columns([5, 1])
         members = g.members
@@ -105,24 +110,24 @@ def _card(g: triage.Group) -> None:
         where = ""
         if racks and g.scope_kind != "rack":
             where = f" · {'rack' if len(racks) == 1 else 'racks'} {', '.join(racks[:12])}"
-            where += " …" if len(racks) > 12 else ""
+            where += f" and {len(racks) - 12} more" if len(racks) > 12 else ""
         c1.markdown(
             f"{ui.severity_badge(g.severity)} `{g.rule}` on {scope}{where}"
             f" · {ui.plural(len(members), 'member')}"
             f" · firing for {ui.age_text(firing) if firing is not None else ui.MISSING}"
+            f"  \n{_value(g)}"
         )
-        c1.markdown(_value(g))
-        summaries = {a.get("summary") for a in g.alerts if a.get("summary")}
-        if summaries:
-            c1.caption(sorted(summaries)[0] + (" …" if len(summaries) > 1 else ""))
-        with c1:
+        summaries = sorted({a.get("summary") for a in g.alerts if a.get("summary")})
+        shown = ", ".join(members[:MEMBERS_SHOWN])
+        if len(members) > MEMBERS_SHOWN:
+            shown += f" and {len(members) - MEMBERS_SHOWN} more"
+        note = f"{summaries[0]} · " if summaries else ""
+        c1.caption(f"{note}members: {shown} · {g.alerts[0]['dedup_key']}")
+        with c2:
             if g.scope_kind == "CDU":
                 ui.link("cooling", f"CDU {g.scope_id}", cdu=g.scope_id)
-            for r in racks[:4] if g.scope_kind != "rack" else [g.scope_id]:
+            for r in racks[:1] if g.scope_kind != "rack" else [g.scope_id]:
                 ui.link("rack", f"rack {r}", rack=r)
-        shown = ", ".join(members[:MEMBERS_SHOWN]) + (" …" if len(members) > MEMBERS_SHOWN else "")
-        keys = ", ".join(a["dedup_key"] for a in g.alerts[:3])
-        c1.caption(f"members: {shown} · {keys}{' …' if len(g.alerts) > 3 else ''}")
         acked = [a for a in g.alerts if a.get("acknowledged")]
         if acked:
             who = sorted({a["acknowledged"]["acked_by"] for a in acked})
@@ -131,22 +136,19 @@ def _card(g: triage.Group) -> None:
             return
         if g.unacknowledged:
             c2.button("Acknowledge", key=f"ack_{_key(g.key)}", on_click=_ack, args=(g,))
-        with c2.popover("Silence"):
-            hours = st.number_input(
-                "for [h]", 0.1, 720.0, 2.0, key=f"silence_h_{_key(g.key)}", step=0.5
-            )
-            st.button(
-                f"Silence {g.rule} on {g.scope_id}",
-                key=f"silence_{_key(g.key)}",
-                on_click=_silence,
-                args=(g, hours),
-            )
+        c2.button(
+            f"Silence {silence_h:g} h",
+            key=f"silence_{_key(g.key)}",
+            on_click=_silence,
+            args=(g, silence_h),
+            help=f"silence {g.rule} on {', '.join(g.group_ids)} for {silence_h:g} h",
+        )
 
 
 def _counts(active: list[dict]) -> None:
     counts = triage.severity_counts(active)
     parts = [f"{ui.severity_badge(s)} {n}" if n else f":gray[{s} 0]" for s, n in counts.items()]
-    st.markdown(" · ".join(parts))
+    st.markdown("Open alerts by severity: " + " · ".join(parts))
 
 
 def active() -> None:
@@ -168,7 +170,12 @@ def active() -> None:
     if data["enabled"] and not data["active"]:
         st.success("No active alerts.")
     if groups:
-        f = st.columns(3)
+        f = st.columns(4 if WRITES else 3)
+        silence_h = (
+            f[3].selectbox("silence for [h]", SILENCE_HOURS, index=1, key="silence_hours")
+            if WRITES
+            else 0.0
+        )
         sev = f[0].multiselect(
             "severity", [s for s in triage.SEVERITIES if any(g.severity == s for g in groups)]
         )
@@ -186,7 +193,7 @@ def active() -> None:
             )
         )
         for g in shown[:MAX_GROUPS]:
-            _card(g)
+            _card(g, float(silence_h))
         if len(shown) > MAX_GROUPS:
             st.caption(f"{ui.plural(len(shown) - MAX_GROUPS, 'more group')}: narrow the filters")
     with st.expander("History"):

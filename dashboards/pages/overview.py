@@ -210,7 +210,7 @@ def body() -> None:
                 racks = sorted({r for a in g.alerts for r in a.get("racks") or []})
                 if racks and g.scope_kind != "rack":
                     scope += f" · {'rack' if len(racks) == 1 else 'racks'} {', '.join(racks[:8])}"
-                    scope += " …" if len(racks) > 8 else ""
+                    scope += f" and {len(racks) - 8} more" if len(racks) > 8 else ""
                 st.markdown(
                     f"{ui.severity_badge(g.severity)} `{g.rule}` on {scope}"
                     f" ({ui.plural(len(g.members), 'member')}){ack}"

@@ -17,7 +17,7 @@ if names and asked and asked not in names and st.session_state.get("rack_pick") 
     # an unknown id is an error, never another rack shown in its place
     st.error(
         f"No rack {asked!r} in the site: the site's racks are {', '.join(names[:12])}"
-        f"{' …' if len(names) > 12 else ''}. Pick one below.",
+        f"{f' and {len(names) - 12} more' if len(names) > 12 else ''}. Pick one below.",
         icon="⚠️",
     )
     wanted = None
