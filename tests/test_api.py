@@ -379,6 +379,11 @@ def test_alerts_ack_needs_the_token(client: httpx.Client, svc: Service) -> None:
     assert active[PUMP_KEY]["flapping"] is False and active[PUMP_KEY]["repeat"] == 0
     # the incident names the racks its CDU cools (r02 is air-cooled) and the page's summary
     assert active[PUMP_KEY]["racks"] == ["r01"] and "pump" in active[PUMP_KEY]["summary"]
+    # what the console's triage list orders and shows by: each member's current value and
+    # the rule's metric, comparison and threshold (one pump of two running, fires below 2)
+    pump = active[PUMP_KEY]
+    assert pump["values"] == {"cdu-1": 1.0}
+    assert (pump["metric"], pump["op"], pump["threshold"]) == ("cdu.pumps_running", "<", 2.0)
     fired = [e for e in alerts["history"] if e["dedup_key"] == PUMP_KEY]
     assert fired and fired[0]["status"] == "firing" and "pump" in fired[0]["summary"]
     url = f"/api/v1/alerts/{PUMP_KEY}/ack"

@@ -193,6 +193,7 @@ def body() -> None:
                     tight[["kind", "id", "quantity", "limit used", "headroom", "limit"]],
                     {"limit used": "limit used [%]"},
                     bars=("limit used",),
+                    sort_key="overview_tight_sort",
                 )
                 st.caption(ui.bands_caption())
     with right:
