@@ -443,34 +443,14 @@ def plural(n: int, word: str, many: str | None = None) -> str:
     return f"{n:,} {word if n == 1 else (many or word + 's')}"
 
 
-SEVERITY_RANK = {"critical": 0, "warning": 1, "info": 2}
 #: Streamlit's named text colours per severity (critical in red, as in Alertmanager and Grafana).
 SEVERITY_COLOUR = {"critical": "red", "warning": "orange", "info": "blue"}
-
-
-def by_severity(alerts: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Alerts ordered by severity (critical first), then newest first within a severity."""
-    newest_first = sorted(alerts, key=lambda a: a.get("starts_at") or "", reverse=True)
-    return sorted(newest_first, key=lambda a: SEVERITY_RANK.get(a.get("severity", ""), 9))
 
 
 def severity_badge(severity: str) -> str:
     """The severity as a coloured badge (Streamlit markdown)."""
     colour = SEVERITY_COLOUR.get(severity, "gray")
     return f":{colour}-badge[{severity.upper()}]"
-
-
-def alert_scope(a: dict[str, Any]) -> str:
-    """Where an alert is: its group and the racks it concerns ("CDU cdu-1 · racks a01, a02")."""
-    word = {"cdu": "CDU", "pdu": "PDU", "pdu_phase": "PDU phase", "gpu": "GPU"}.get(
-        a["group_kind"], a["group_kind"]
-    )
-    racks = a.get("racks") or []
-    text = f"{word} **{a['group_id']}**"
-    if racks and a["group_kind"] != "rack":
-        shown = ", ".join(racks[:12]) + (" …" if len(racks) > 12 else "")
-        text += f" · {'rack' if len(racks) == 1 else 'racks'} {shown}"
-    return text
 
 
 def ago(ts: str | None) -> str:

@@ -276,14 +276,6 @@ def test_number_formatter() -> None:
     assert ui.fmt(1151234.0, "kW") == "1,151,234 kW" and ui.fmt(0.0123, "") == "0.01"
     assert ui.fmt(-0.001, "K") == "0.00 K" and ui.fmt(3.14159, "°C", 0) == "3 °C"
     assert ui.plural(1, "member") == "1 member" and ui.plural(3, "rack") == "3 racks"
-    alerts = [
-        {"severity": "info", "starts_at": "2026-01-01T00:03:00+00:00"},
-        {"severity": "critical", "starts_at": "2026-01-01T00:01:00+00:00"},
-        {"severity": "warning", "starts_at": "2026-01-01T00:02:00+00:00"},
-        {"severity": "critical", "starts_at": "2026-01-01T00:04:00+00:00"},
-    ]
-    order = [(a["severity"], a["starts_at"][14:16]) for a in ui.by_severity(alerts)]
-    assert order == [("critical", "04"), ("critical", "01"), ("warning", "02"), ("info", "03")]
 
 
 def test_tables_are_escaped_static_html_with_units_and_dashes() -> None:
