@@ -91,10 +91,12 @@ def _value(g: triage.Group) -> str:
     if w is None:
         return "no current value"
     unit = g.unit
-    value = ui.fmt(triage.display_value(g.metric, w[1]), unit)
+    digits = 0 if unit in ("pumps", "GPUs") else None  # counts are whole
+    value = ui.fmt(triage.display_value(g.metric, w[1]), unit, digits)
     text = f"now **{value}** on {w[0]}"
     if g.threshold is not None and g.op:
-        text += f" (fires at {g.op} {ui.fmt(triage.display_value(g.metric, g.threshold), unit)})"
+        limit = ui.fmt(triage.display_value(g.metric, g.threshold), unit, digits)
+        text += f" (fires at {g.op} {limit})"
     return text
 
 
