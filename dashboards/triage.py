@@ -103,9 +103,14 @@ class Group:
 
     @property
     def values(self) -> dict[str, float]:
+        """Each member's current value: the API's per-member ``values``, else each alert's
+        worst ``value`` under its group id."""
         out: dict[str, float] = {}
         for a in self.alerts:
-            for k, v in (a.get("values") or {}).items():
+            per = a.get("values") or {}
+            if not per and a.get("value") is not None:
+                per = {a.get("group_id") or a["dedup_key"]: a["value"]}
+            for k, v in per.items():
                 if v is not None and math.isfinite(float(v)):
                     out[k] = float(v)
         return out
@@ -141,6 +146,12 @@ class Group:
         return w[1]
 
     def firing_s(self, now: datetime | None = None) -> float | None:
+        """How long the group's oldest alert has been firing: from its start to ``now`` (the
+        API's ``firing_for_s``, to the service's last evaluation, when ``now`` is not given)."""
+        if now is None:
+            given = [float(a["firing_for_s"]) for a in self.alerts if a.get("firing_for_s")]
+            if given:
+                return max(given)
         now = now or datetime.now(UTC)
         ages = [s for a in self.alerts if (s := _since_s(a.get("starts_at"), now)) is not None]
         return max(ages) if ages else None
