@@ -40,6 +40,7 @@ import itertools
 import json
 import math
 import re
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -72,6 +73,25 @@ TS_MAX = datetime(2262, 1, 1, tzinfo=UTC)
 EXTRA_BOUND = 1e15
 #: Longest name of a quantity the contract does not name.
 MAX_EXTRA_NAME = 128
+#: Longest ``source`` (header) and sample ``id`` [characters]; longer is ``wrong_type``.
+MAX_SOURCE_CHARS = 256
+MAX_ID_CHARS = 256
+#: Longest ``collector`` name [characters]; longer is ``wrong_type``.
+MAX_COLLECTOR_CHARS = 64
+#: Deepest nesting of arrays and objects in a payload (the contract's own messages nest 3
+#: deep: message, samples, sample). Checked on the raw bytes before anything parses them;
+#: deeper is ``too_deep``. Far below orjson's re-encoding limit (254) and Python's recursion
+#: limit (1000), which a deeper payload would otherwise hit.
+MAX_DEPTH = 32
+#: Most samples in one message (``too_many_samples``): a 72-GPU rack's poll is 72 samples, a
+#: 48-outlet PDU's about 60; a 1 MiB message of bare ids would otherwise be 90,000 rows.
+MAX_SAMPLES = 4096
+#: Most keys in one sample, id and ts included (``too_many_quantities``): the widest kind
+#: names 14 quantities.
+MAX_SAMPLE_KEYS = 64
+#: Most values of quantities the contract does not name in one message (``too_many_extras``):
+#: each becomes a row of ``extra_readings``.
+MAX_EXTRA_VALUES = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,6 +256,11 @@ DEAD_LETTER_REASONS: dict[str, str] = {
     "ts_future": "timestamp too far in the future",
     "ts_past": "timestamp too far in the past",
     "source_mismatch": "payload 'source' differs from the topic's source",
+    "too_deep": f"arrays and objects nest deeper than {MAX_DEPTH} levels",
+    "too_many_samples": f"more than {MAX_SAMPLES} samples in one message",
+    "too_many_quantities": f"a sample has more than {MAX_SAMPLE_KEYS} keys",
+    "too_many_extras": f"more than {MAX_EXTRA_VALUES} quantities the contract does not name"
+    " in one message",
     "store_rejected": "valid by the contract, but the database refused it (detail: its error)",
     "ingest_error": "the ingest itself failed on this message (a bug: the detail has the error)",
 }
@@ -294,12 +319,15 @@ _RFC3339 = re.compile(
 #   ``<pdu>/L<a>-L<b>`` (``<pdu>/L1-L2``): ``<pdu>/L1`` carries line L1's current, the leg id
 #   carries the leg's voltage, current and power. A leg id is never a phase id
 #   (:func:`split_phase_id` answers None for it; :func:`split_leg_id` takes it apart);
+#   (``<n>``: the device's outlet name, letters, digits, ``.``, ``_`` or ``-``, up to 32:
+#   ``outlet7``, ``outletA1``, ``outlet1-1``; :func:`is_outlet_label`);
 # - a CDU ``<cdu>`` and its pumps ``<cdu>/<pump>``;
 # - a node or a link by its name.
 #
 # Collectors, the simulator and the twin build and take apart ids with these functions only.
 
 _PHASE_LABEL = re.compile(r"L([1-9][0-9]*)")
+_OUTLET_LABEL = re.compile(r"outlet[A-Za-z0-9][A-Za-z0-9._-]{0,31}")
 _LEG_LABEL = re.compile(r"L([1-9][0-9]*)-L([1-9][0-9]*)")
 # a vendor's line / leg label: "L1", "L1-N", "L1-L2" (spaces around the dash tolerated)
 _LINE_TEXT = re.compile(r"L([1-9][0-9]*)(?:\s*-\s*(N|L[1-9][0-9]*))?", re.IGNORECASE)
@@ -328,6 +356,12 @@ def split_sub_id(sample_id: str) -> tuple[str, str | None]:
     """``(parent, element)`` of a ``<parent>/<element>`` id; ``(id, None)`` for a device."""
     parent, sep, element = sample_id.partition("/")
     return (parent, element) if sep else (sample_id, None)
+
+
+def is_outlet_label(element: str) -> bool:
+    """Whether ``element`` (of ``<pdu>/<element>``) names an outlet: ``outlet`` then the
+    outlet's name (``outlet7``, ``outletA1``, ``outlet1-1``)."""
+    return _OUTLET_LABEL.fullmatch(element) is not None
 
 
 def phase_label(leg: int) -> str:
@@ -482,7 +516,7 @@ class _SampleBase(BaseModel):
     model_config = ConfigDict(extra="allow", allow_inf_nan=False, ser_json_inf_nan="null")
     __pydantic_extra__: dict[str, _Extra]  # quantities the contract does not name
 
-    id: Annotated[str, Field(min_length=1, max_length=256, strict=True)]
+    id: Annotated[str, Field(min_length=1, max_length=MAX_ID_CHARS, strict=True)]
     ts: Timestamp | None = None
 
 
@@ -502,14 +536,18 @@ def _sample_model(kind: str) -> type[_SampleBase]:
 
 #: One pydantic model per kind; use it to build samples in collectors.
 SAMPLE_MODELS: dict[str, type[_SampleBase]] = {k: _sample_model(k) for k in KINDS}
+#: The keys a sample of each kind may carry that are not extra quantities.
+_ALLOWED_KEYS: dict[str, frozenset[str]] = {
+    k: frozenset(("id", "ts", *QUANTITIES[k])) for k in KINDS
+}
 
 
 class MessageHeader(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     v: Annotated[int, Field(strict=True, ge=CONTRACT_VERSION, le=CONTRACT_VERSION)]
-    collector: Annotated[str, Field(min_length=1, max_length=64, strict=True)]
-    source: Annotated[str, Field(min_length=1, max_length=256, strict=True)]
+    collector: Annotated[str, Field(min_length=1, max_length=MAX_COLLECTOR_CHARS, strict=True)]
+    source: Annotated[str, Field(min_length=1, max_length=MAX_SOURCE_CHARS, strict=True)]
     seq: Annotated[int, Field(ge=0, le=INT64_MAX, strict=True)]
     ts: Timestamp
 
@@ -543,6 +581,8 @@ def _reason_for(err: ValidationError, kind: str) -> tuple[str, str]:
     etype = first["type"]
     msg = first["msg"]
     reason = _ERROR_REASON.get(etype, "wrong_type")
+    if etype == "model_type" and loc_parts:  # a sample that is not an object
+        reason = "wrong_type"
     value = first.get("input")
     if loc_parts == ("v",):
         reason = "bad_version"
@@ -603,6 +643,80 @@ def check_duplicate_keys(payload: bytes, parsed: Any) -> None:
         pass  # orjson took it; the stdlib's stricter limits are not the contract's concern
 
 
+def nesting_depth(payload: bytes) -> int:
+    """How deep the arrays and objects of ``payload`` nest (brackets inside strings aside), in
+    a few passes of numpy over the bytes: nothing recursive, whatever the payload holds."""
+    import numpy as np
+
+    # an escaped backslash, then an escaped quote, can only be inside a string: without them
+    # every remaining quote opens or closes one
+    text = bytes(payload).replace(b"\\\\", b"").replace(b'\\"', b"")
+    raw = np.frombuffer(text, dtype=np.uint8)
+    outside = (np.cumsum(raw == ord('"'), dtype=np.int64) & 1) == 0
+    step = ((raw == ord("[")) | (raw == ord("{"))).astype(np.int32)
+    step -= (raw == ord("]")) | (raw == ord("}"))
+    step[~outside] = 0
+    return int(np.cumsum(step).max(initial=0))
+
+
+def check_depth(payload: bytes) -> None:
+    """Raise ContractError(``too_deep``) when ``payload`` nests deeper than :data:`MAX_DEPTH`
+    (a payload with no more brackets than that is not scanned)."""
+    if payload.count(b"[") + payload.count(b"{") <= MAX_DEPTH:
+        return
+    depth = nesting_depth(payload)
+    if depth > MAX_DEPTH:
+        raise ContractError("too_deep", f"arrays and objects nest {depth} deep > {MAX_DEPTH}")
+
+
+def check_counts(kind: str, parsed: dict[str, Any]) -> None:
+    """Raise ContractError when a parsed message carries more samples, keys in a sample, or
+    quantities the contract does not name than the contract's bounds (:data:`MAX_SAMPLES`,
+    :data:`MAX_SAMPLE_KEYS`, :data:`MAX_EXTRA_VALUES`)."""
+    samples = parsed.get("samples")
+    if type(samples) is not list:
+        return
+    if len(samples) > MAX_SAMPLES:
+        raise ContractError("too_many_samples", f"samples: {len(samples)} samples > {MAX_SAMPLES}")
+    allowed = _ALLOWED_KEYS[kind]
+    extras = 0
+    for j, sample in enumerate(samples):
+        if type(sample) is not dict:
+            continue
+        if len(sample) > MAX_SAMPLE_KEYS:
+            raise ContractError(
+                "too_many_quantities", f"samples.{j}: {len(sample)} keys > {MAX_SAMPLE_KEYS}"
+            )
+        extras += len(sample.keys() - allowed)
+    if extras > MAX_EXTRA_VALUES:
+        raise ContractError(
+            "too_many_extras",
+            f"samples: {extras} quantities the contract does not name > {MAX_EXTRA_VALUES}",
+        )
+
+
+_BIG_INTEGER = re.compile(r"-?[0-9]+(?![0-9.eE])")
+
+
+def _json_error_reason(payload: bytes, err: orjson.JSONDecodeError) -> str:
+    """The dead-letter reason for a payload orjson refused: an integer too large for a double
+    is ``out_of_range``, a NaN/Infinity token or a float past a double ``non_finite``."""
+    text = str(err)
+    if "infinity" in text:
+        m = re.search(r"\(char (\d+)\)", text)
+        if m is not None:
+            at = int(m.group(1))
+            token = (
+                payload[at : at + 64]
+                if payload.isascii()
+                else payload.decode("utf-8", "replace")[at : at + 64].encode()
+            )
+            if _BIG_INTEGER.match(token.decode("ascii", "replace")):
+                return "out_of_range"
+        return "non_finite"
+    return "non_finite" if _has_nan_token(payload) else "malformed_json"
+
+
 def _has_nan_token(payload: bytes) -> bool:
     """Whether a payload that is not strict JSON is JSON with NaN or Infinity in it."""
     try:
@@ -634,15 +748,14 @@ def decode(topic: str, payload: bytes, site: str | None = None) -> Decoded:
     if size > MAX_PAYLOAD_BYTES:
         raise ContractError("oversized", f"{size} bytes > {MAX_PAYLOAD_BYTES}")
     topic_site, kind, source = parse_topic(topic, site)
+    check_depth(payload)  # before anything recursive parses or re-encodes it
     try:
         parsed = orjson.loads(payload)
     except orjson.JSONDecodeError as e:
-        reason = (
-            "non_finite" if "infinity" in str(e) or _has_nan_token(payload) else "malformed_json"
-        )
-        raise ContractError(reason, f"payload is not JSON: {e}") from None
+        raise ContractError(_json_error_reason(payload, e), f"payload is not JSON: {e}") from None
     if not isinstance(parsed, dict):
         raise ContractError("malformed_json", f"payload is a JSON {type(parsed).__name__}")
+    check_counts(kind, parsed)
     check_duplicate_keys(payload, parsed)
     try:
         msg = MESSAGE_MODELS[kind].model_validate(parsed)
@@ -762,10 +875,13 @@ class BatchDecoder:
         *,
         is_new: Any = None,
         window_us: tuple[int, int] | None = None,
+        dedup: Any = None,
     ) -> DecodedBatch:
         """Validate ``items``; ``is_new(kind, source, seq, ts_us)`` says whether a valid message
         is not a duplicate (it must also remember the keys of this batch); it is asked in the
-        order of ``items`` within a kind, so the first of two copies is the one kept."""
+        order of ``items`` within a kind, so the first of two copies is the one kept. ``dedup``
+        instead answers for a whole kind at once: ``dedup(kind, keys)`` with keys (item index,
+        source, seq, ts_us) in item order returns the item indices that are duplicates."""
         refused: list[tuple[int, ContractError]] = []
         duplicates: list[int] = []
         per_kind: dict[str, list[tuple[int, str, str, int, int, list]]] = {}
@@ -789,7 +905,16 @@ class BatchDecoder:
                     t = self._topic(topic)
                 except ContractError:
                     t = False
-            if type(t) is tuple and type(payload) is bytes and len(payload) <= MAX_PAYLOAD_BYTES:
+            if (
+                type(t) is tuple
+                and type(payload) is bytes
+                and len(payload) <= MAX_PAYLOAD_BYTES
+                and len(t[2]) <= MAX_SOURCE_CHARS
+                and (
+                    payload.count(b"[") + payload.count(b"{") <= MAX_DEPTH
+                    or nesting_depth(payload) <= MAX_DEPTH
+                )
+            ):
                 try:
                     obj = loads(payload)
                 except orjson.JSONDecodeError:
@@ -812,12 +937,12 @@ class BatchDecoder:
                         and type(v) is int
                         and v == version
                         and type(collector) is str
-                        and 0 < len(collector) <= 64
+                        and 0 < len(collector) <= MAX_COLLECTOR_CHARS
                         and obj["source"] == t[2]
                         and type(seq) is int
                         and 0 <= seq <= INT64_MAX
                         and type(samples) is list
-                        and samples
+                        and 0 < len(samples) <= MAX_SAMPLES
                         and lo_ <= ts_us <= hi_
                         and dumps(obj) == payload
                     ):
@@ -855,13 +980,16 @@ class BatchDecoder:
                 msgs = [m for m in msgs if m[0] not in result]
             parts = fast_parts.get(kind, [])
             dups: set[int] = set()
-            if is_new is not None:
+            if is_new is not None or dedup is not None:
                 keys: Any = [(m[0], m[2], m[4], m[5]) for m in msgs]
                 for part in parts:
                     keys = keys + part.keys() if keys else part.keys()
                 if len(parts) + bool(msgs) > 1:
                     keys.sort()
-                dups = {k[0] for k in keys if not is_new(kind, k[1], k[2], k[3])}
+                if dedup is not None:
+                    dups = set(dedup(kind, keys))
+                else:
+                    dups = {k[0] for k in keys if not is_new(kind, k[1], k[2], k[3])}
             if dups:  # valid, but stored before (or earlier in this batch)
                 duplicates.extend(sorted(dups))
             kind_cols = []
@@ -905,7 +1033,12 @@ class BatchDecoder:
                     t = self._topic(topic)
                 except ContractError:
                     t = False
-            if type(t) is tuple and type(payload) is bytes and len(payload) <= MAX_PAYLOAD_BYTES:
+            if (
+                type(t) is tuple
+                and type(payload) is bytes
+                and len(payload) <= MAX_PAYLOAD_BYTES
+                and len(t[2]) <= MAX_SOURCE_CHARS
+            ):
                 idx_src = fast.get(t[1])
                 if idx_src is None:
                     idx_src = fast[t[1]] = ([], [])
@@ -972,14 +1105,19 @@ class BatchDecoder:
         if set(map(type, rows)) != {dict}:
             refuse([r for r, s in enumerate(rows) if type(s) is not dict], "wrong_type: sample")
             return bad
-        allowed = {*quantities, "id", "ts"}
+        allowed = _ALLOWED_KEYS[kind]
+        n_keys = np.fromiter(map(len, rows), dtype=np.int64, count=n)
+        refuse(np.flatnonzero(n_keys > MAX_SAMPLE_KEYS), "too_many_quantities: sample keys")
         keys: set[str] = set().union(*rows)
         ids = list(map(dict.get, rows, itertools.repeat("id")))
         if set(map(type, ids)) != {str}:
             refuse([r for r, v in enumerate(ids) if type(v) is not str], "wrong_type: sample id")
         else:
             lengths = np.fromiter(map(len, ids), dtype=np.int64, count=n)
-            refuse(np.flatnonzero((lengths < 1) | (lengths > 256)), "wrong_type: sample id length")
+            refuse(
+                np.flatnonzero((lengths < 1) | (lengths > MAX_ID_CHARS)),
+                "wrong_type: sample id length",
+            )
         # timestamps: the message's, or the sample's own
         counts = np.fromiter(map(len, (m[6] for m in msgs)), dtype=np.int64, count=len(msgs))
         ts = np.repeat(np.fromiter((m[5] for m in msgs), dtype=np.int64, count=len(msgs)), counts)
@@ -1080,6 +1218,9 @@ class BatchDecoder:
                     ext["quantity"].append(name)
                     ext["value"].append(float(v))
                     ext_msg.append(row_msg[r])
+            for m, count in Counter(ext_msg).items():
+                if count > MAX_EXTRA_VALUES:
+                    bad.setdefault(m, f"too_many_extras: {count} values")
         if bad:
             return bad
         srcs = [m[2] for m in msgs]
@@ -1270,7 +1411,7 @@ class _ArrowPart:
 
         ok = true(pc.equal(col("v"), CONTRACT_VERSION))
         n_coll = pc.utf8_length(col("collector")).fill_null(0).to_numpy(zero_copy_only=False)
-        ok &= (n_coll >= 1) & (n_coll <= 64)
+        ok &= (n_coll >= 1) & (n_coll <= MAX_COLLECTOR_CHARS)
         want_src = pa.array(srcs, pa.string())
         source = col("source")
         ok &= true(pc.equal(source, want_src))
@@ -1290,7 +1431,7 @@ class _ArrowPart:
         ok &= good[codes]
         samples = col("samples")
         lengths = pc.list_value_length(samples).fill_null(0).to_numpy(zero_copy_only=False)
-        ok &= lengths >= 1
+        ok &= (lengths >= 1) & (lengths <= MAX_SAMPLES)
         rows = samples.flatten()
         n = len(rows)
         if n != int(lengths.sum()):
@@ -1299,7 +1440,7 @@ class _ArrowPart:
         row_bad = ~np.asarray(rows.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
         ids = rows.field("id")
         n_id = pc.utf8_length(ids).fill_null(0).to_numpy(zero_copy_only=False)
-        row_bad |= (n_id < 1) | (n_id > 256)
+        row_bad |= (n_id < 1) | (n_id > MAX_ID_CHARS)
         keys = np.zeros(n, dtype=np.int64)  # keys with a value in each sample
         cols: dict[str, Any] = {}
         for name, q in QUANTITIES[kind].items():
