@@ -366,6 +366,61 @@ def nesting_live(serve: Serve, client: object, rounds: int, gpus: int) -> dict:
     }
 
 
+def lookup_cost(rows: int) -> dict:
+    """What the exactly-once check costs when it must look messages up: an ingest log of
+    ``rows`` messages (125 sources at 1 Hz, received as they were sent), then keys behind
+    every stream's marks and outside the memory of recent keys, looked up in one query
+    (:meth:`twin.store.Store.stored_messages`, what :class:`twin.ingest.Ingester` runs once per
+    batch that has such keys): 125 keys (a retained redelivery of one poll) and 20,000 (a
+    chunk of a second import). Best wall time of 3; and a whole ingest of the 20,000 as
+    duplicates (decode included) for scale."""
+    import pyarrow as pa
+
+    from twin.ingest import Ingester, IngestLimits
+    from twin.store import Store
+
+    out: dict = {"ingest_log_rows": rows}
+    n_src = 125
+    with tempfile.TemporaryDirectory() as d, Store(Path(d) / "l.duckdb") as store:
+        t0 = now_s() - rows / n_src
+        store.con.execute(
+            "INSERT INTO ingest_log SELECT 'bench-n' || lpad(CAST(i % 125 AS VARCHAR), 4, '0'),"
+            " 'gpu', i // 125, to_timestamp(? + (i // 125)), to_timestamp(? + (i // 125)),"
+            " 'bench', 8 FROM range(?) t(i)",
+            [t0, t0, rows],
+        )
+        first = (rows // n_src) // 3  # a stretch in the middle of the history
+        for n_keys in (125, 20_000):
+            i = list(range(n_keys))
+            keys = pa.table(
+                {
+                    "i": pa.array(i, pa.int64()),
+                    "source": pa.array([f"bench-n{k % n_src:04d}" for k in i], pa.string()),
+                    "seq": pa.array([first + k // n_src for k in i], pa.int64()),
+                    "ts": pa.array(
+                        [int((t0 + first + k // n_src) * 1e6) for k in i],
+                        pa.timestamp("us", tz="UTC"),
+                    ),
+                }
+            )
+            best = float("inf")
+            for _ in range(3):
+                start = time.perf_counter()
+                found = store.stored_messages("gpu", keys)
+                best = min(best, time.perf_counter() - start)
+            assert len(found) == n_keys, (len(found), n_keys)
+            out[f"lookup_{n_keys}_keys_s"] = best
+        ing = Ingester(store, None, IngestLimits(max_past_s=0, max_future_s=0))
+        items = [
+            good(k % n_src, first + k // n_src, 8, t0 + first + k // n_src) for k in range(20_000)
+        ]
+        start = time.perf_counter()
+        ing.ingest(items)
+        out["ingest_20000_duplicates_s"] = time.perf_counter() - start
+        assert ing.counters.duplicates == 20_000 and ing.counters.dedup_lookups == 1
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--duration", type=float, default=300.0, help="live phase [s] (default 300)")
@@ -373,6 +428,12 @@ def main() -> int:
     ap.add_argument("--gpus", type=int, default=8, help="GPUs per source (125 x 8 = 1,000)")
     ap.add_argument("--hostile-share", type=float, default=0.01, help="share of hostile messages")
     ap.add_argument("--nesting-rounds", type=int, default=3, help="rounds of the nesting figure")
+    ap.add_argument(
+        "--lookup-rows",
+        type=int,
+        default=0,
+        help="also time the dedup's ingest-log lookup over a log of this many messages",
+    )
     ap.add_argument("--json", type=Path, help="write the results here")
     args = ap.parse_args()
 
@@ -408,6 +469,9 @@ def main() -> int:
     if args.nesting_rounds:
         print("nesting: offline ...")
         out["nesting_offline"] = nesting_offline(max(args.nesting_rounds, 3), args.gpus)
+    if args.lookup_rows:
+        print(f"dedup lookups over {args.lookup_rows:,} ingest-log rows ...")
+        out["lookup_cost"] = lookup_cost(args.lookup_rows)
     s, lv = out["store"], out["live"]
     problems = []
     if lv["lag_max_s"] is None or lv["lag_max_s"] >= 2.0:

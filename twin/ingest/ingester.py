@@ -146,8 +146,8 @@ class _Pending:
     """What a built batch will change once committed."""
 
     keys: list[int] = field(default_factory=list)
-    #: (kind, source) -> [highest seq, latest ts us] of the messages stored by this batch
-    high: dict[tuple[str, str], list[int]] = field(default_factory=dict)
+    #: kind -> source -> [highest seq, latest ts us] of the messages stored by this batch
+    high: dict[str, dict[str, list[int]]] = field(default_factory=dict)
     #: keys of the messages of this batch so far (duplicates within one batch)
     batch_keys: set[int] = field(default_factory=set)
     dead_hashes: dict[tuple[str, str], None] = field(default_factory=dict)
@@ -188,13 +188,16 @@ class Ingester:
         for kind, source, seq, ts in store.recent_message_keys():
             self._remember([hash((kind, source, seq, _epoch_us(ts.astimezone(UTC))))], now)
         # per stream: the highest seq and latest ts stored; a message past either is new
-        self._high: dict[tuple[str, str], tuple[int, int]] = {
-            (kind, source): (seq, ts_us) for kind, source, seq, ts_us in store.message_high_water()
-        }
+        # (kind -> source -> (seq, ts us))
+        self._high: dict[str, dict[str, tuple[int, int]]] = {k: {} for k in KINDS}
+        self._streams = 0
+        for kind, source, seq, ts_us in store.message_high_water():
+            self._high.setdefault(kind, {})[source] = (seq, ts_us)
+            self._streams += 1
         #: whether every stream stored has its mark (else one without a mark is looked up)
-        self._high_complete = len(self._high) <= DEDUP_MAX_STREAMS
+        self._high_complete = self._streams <= DEDUP_MAX_STREAMS
         if not self._high_complete:
-            self._high.clear()
+            self._forget_marks()
         for topic, sha in reversed(store.recent_dead_letters(DEAD_REPEAT_MEMORY)):
             self._dead_seen[(topic, sha)] = None
 
@@ -226,11 +229,14 @@ class Ingester:
         live traffic) is new; the others (a re-publish, a redelivery after a restart, a second
         import) are looked up in the store's ingest log, all of the batch in one query.
         The new keys go to ``pending`` (remembered once committed)."""
-        seen, high, batch_keys = self._seen, self._high, pending.batch_keys
+        seen, batch_keys = self._seen, pending.batch_keys
+        high = self._high.setdefault(kind, {})
+        marks = pending.high.setdefault(kind, {})
         complete = self._high_complete
         dups: set[int] = set()
-        new: list[tuple[int, int, str, int, int]] = []
+        add_key = pending.keys.append
         lookup: list[tuple[int, str, int, int]] = []
+        later: list[tuple[int, int, str, int, int]] = []
         for key in keys:
             i, source, seq, ts = key
             h = hash((kind, source, seq, ts))
@@ -238,13 +244,22 @@ class Ingester:
                 dups.add(i)
                 continue
             batch_keys.add(h)
-            mark = high.get((kind, source))
-            if mark is None:
-                if not complete:
-                    lookup.append(key)
-            elif seq <= mark[0] and ts <= mark[1]:
+            mark = high.get(source)
+            if (mark is None and not complete) or (
+                mark is not None and seq <= mark[0] and ts <= mark[1]
+            ):  # behind both marks: ask the store (after the loop, all at once)
                 lookup.append(key)
-            new.append((i, h, source, seq, ts))
+                later.append((i, h, source, seq, ts))
+                continue
+            add_key(h)
+            m = marks.get(source)
+            if m is None:
+                marks[source] = [seq, ts]
+            else:
+                if seq > m[0]:
+                    m[0] = seq
+                if ts > m[1]:
+                    m[1] = ts
         if lookup:
             self.counters.dedup_lookups += 1
             cols = list(zip(*lookup, strict=True))
@@ -257,21 +272,24 @@ class Ingester:
                 }
             )
             dups.update(self.store.stored_messages(kind, table))
-        marks = pending.high
-        for i, h, source, seq, ts in new:
-            if i in dups:
-                continue
-            pending.keys.append(h)
-            stream = (kind, source)
-            m = marks.get(stream)
-            if m is None:
-                marks[stream] = [seq, ts]
-            else:
-                if seq > m[0]:
-                    m[0] = seq
-                if ts > m[1]:
-                    m[1] = ts
+            for i, h, source, seq, ts in later:
+                if i in dups:
+                    continue
+                add_key(h)
+                m = marks.get(source)
+                if m is None:
+                    marks[source] = [seq, ts]
+                else:
+                    m[0], m[1] = max(m[0], seq), max(m[1], ts)
         return dups
+
+    def _forget_marks(self) -> None:
+        """Drop every high-water mark (past DEDUP_MAX_STREAMS): from now on a stream without
+        one is looked up in the store, never taken as new."""
+        for marks in self._high.values():
+            marks.clear()
+        self._streams = 0
+        self._high_complete = False
 
     @property
     def dedup_keys(self) -> int:
@@ -678,16 +696,17 @@ class Ingester:
         for reason in batch.dead["reason"]:
             c.dead_letters[reason] += 1
         self._remember(pending.keys, time.monotonic())
-        high = self._high
-        for stream, (seq, ts) in pending.high.items():
-            mark = high.get(stream)
-            if mark is None:
-                if len(high) >= DEDUP_MAX_STREAMS:  # forget them all: look streams up instead
-                    high.clear()
-                    self._high_complete = False
-                high[stream] = (seq, ts)
-            elif seq > mark[0] or ts > mark[1]:
-                high[stream] = (max(seq, mark[0]), max(ts, mark[1]))
+        for kind, marks in pending.high.items():
+            high = self._high.setdefault(kind, {})
+            for source, (seq, ts) in marks.items():
+                mark = high.get(source)
+                if mark is None:
+                    if self._streams >= DEDUP_MAX_STREAMS:  # forget them: look streams up
+                        self._forget_marks()
+                    self._streams += 1
+                    high[source] = (seq, ts)
+                elif seq > mark[0] or ts > mark[1]:
+                    high[source] = (max(seq, mark[0]), max(ts, mark[1]))
         dead_seen = self._dead_seen
         for h in pending.dead_hashes:
             dead_seen[h] = None
