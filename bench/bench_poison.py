@@ -72,10 +72,12 @@ def now_s() -> float:
 
 
 def good(node: int, seq: int, gpus: int, ts: float | None = None) -> tuple[str, bytes]:
+    """One poll of a source, as the collectors write it (an RFC 3339 timestamp)."""
     src = f"bench-n{node:04d}"
     samples = [{"id": f"{src}:{g}", **QUANTITIES} for g in range(gpus)]
+    when = datetime.fromtimestamp(now_s() if ts is None else ts, UTC)
     return topic_for(SITE, "gpu", src), encode(
-        collector="bench", source=src, seq=seq, ts=now_s() if ts is None else ts, samples=samples
+        collector="bench", source=src, seq=seq, ts=when, samples=samples
     )
 
 
@@ -382,7 +384,7 @@ def lookup_cost(rows: int) -> dict:
     out: dict = {"ingest_log_rows": rows}
     n_src = 125
     with tempfile.TemporaryDirectory() as d, Store(Path(d) / "l.duckdb") as store:
-        t0 = now_s() - rows / n_src
+        t0 = float(int(now_s() - rows / n_src))  # whole seconds: as the JSON carries them
         store.con.execute(
             "INSERT INTO ingest_log SELECT 'bench-n' || lpad(CAST(i % 125 AS VARCHAR), 4, '0'),"
             " 'gpu', i // 125, to_timestamp(? + (i // 125)), to_timestamp(? + (i // 125)),"

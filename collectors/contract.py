@@ -659,6 +659,44 @@ def nesting_depth(payload: bytes) -> int:
     return int(np.cumsum(step).max(initial=0))
 
 
+def _deep_lines(all_payloads: list[bytes]) -> list[bool] | None:
+    """Per payload: whether it nests deeper than :data:`MAX_DEPTH` (None when none does).
+    Only payloads with more brackets than that are scanned, together, in a few numpy passes
+    over them joined (:func:`nesting_depth` per payload, each line counted from its own start,
+    so a malformed line does not shift the next)."""
+    import numpy as np
+
+    many = [
+        j
+        for j, p in enumerate(all_payloads)
+        if p.count(b"[") + p.count(b"{") > MAX_DEPTH  # at most that deep otherwise
+    ]
+    if not many:
+        return None
+    payloads = [all_payloads[j] for j in many]
+    m = len(payloads)
+    texts = [p.replace(b"\\\\", b"").replace(b'\\"', b"") for p in payloads]
+    lens = np.fromiter(map(len, texts), dtype=np.int64, count=m) + 1
+    raw = np.frombuffer(b"\n".join(texts) + b"\n", dtype=np.uint8)
+    starts = np.concatenate(([0], np.cumsum(lens)[:-1]))
+    is_q = raw == ord('"')
+    q = np.cumsum(is_q, dtype=np.int32)
+    odd_before = ((q[starts] - is_q[starts]) & 1).astype(np.int8)  # quotes before each line
+    inside = ((q & 1).astype(np.int8) ^ np.repeat(odd_before, lens)).astype(bool)
+    step = ((raw == ord("[")) | (raw == ord("{"))).astype(np.int32)
+    step -= (raw == ord("]")) | (raw == ord("}"))
+    step[inside] = 0
+    depth = np.cumsum(step, dtype=np.int32)
+    # the deepest point of each line, from the depth where it starts
+    deep = np.maximum.reduceat(depth, starts) - (depth[starts] - step[starts]) > MAX_DEPTH
+    if not deep.any():
+        return None
+    out = [False] * len(all_payloads)
+    for j in np.flatnonzero(deep).tolist():
+        out[many[j]] = True
+    return out
+
+
 def check_depth(payload: bytes) -> None:
     """Raise ContractError(``too_deep``) when ``payload`` nests deeper than :data:`MAX_DEPTH`
     (a payload with no more brackets than that is not scanned)."""
@@ -1350,15 +1388,33 @@ class _ArrowPart:
         srcs: list[str],
         lo: int,
         hi: int,
+        deep_checked: bool = False,
     ) -> tuple[list[_ArrowPart], list[int]]:
         """The accepted parts of the messages ``idx`` (topic sources ``srcs``), in item order,
-        and the item indices left to the per-message path."""
+        and the item indices left to the per-message path. When Arrow cannot parse them, the
+        payloads nested deeper than MAX_DEPTH (found in one numpy pass) are left out first:
+        those alone then cost one more parse, not a split down to SPLIT_MIN around each."""
         part, rest, parsed = cls.build(decoder, kind, items, idx, srcs, lo, hi)
         if parsed or len(idx) < 2 * cls.SPLIT_MIN:
             return ([part] if part is not None else []), rest
+        if not deep_checked:
+            deep = _deep_lines([items[i][1] for i in idx])
+            if deep is not None:
+                keep = [j for j, d in enumerate(deep) if not d]
+                parts, rest = cls.split(
+                    decoder,
+                    kind,
+                    items,
+                    [idx[j] for j in keep],
+                    [srcs[j] for j in keep],
+                    lo,
+                    hi,
+                    deep_checked=True,
+                )
+                return parts, rest + [i for i, d in zip(idx, deep, strict=True) if d]
         h = len(idx) // 2
-        a, rest_a = cls.split(decoder, kind, items, idx[:h], srcs[:h], lo, hi)
-        b, rest_b = cls.split(decoder, kind, items, idx[h:], srcs[h:], lo, hi)
+        a, rest_a = cls.split(decoder, kind, items, idx[:h], srcs[:h], lo, hi, True)
+        b, rest_b = cls.split(decoder, kind, items, idx[h:], srcs[h:], lo, hi, True)
         return a + b, rest_a + rest_b
 
     @classmethod
