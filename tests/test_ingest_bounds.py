@@ -477,3 +477,42 @@ def test_nesting_1_in_100_over_mqtt_is_dead_lettered_without_extra_transactions(
         assert s.sample_counts()["gpu"] == 6000
         assert s.con.execute("SELECT max(length(source)) FROM gpu").fetchall()[0][0] < 256
         assert s.con.execute("SELECT max(length(source)) FROM ingest_log").fetchall()[0][0] < 256
+
+
+def test_nested_payloads_among_plain_ones_cost_the_arrow_path_one_more_parse(monkeypatch):
+    """6,000 good messages as collectors write them (the Arrow path) with 60 nested 300 deep
+    interleaved: the nested ones are found in one pass and left out, so the good ones are
+    parsed as columns in two parses, not split around each bad one (bench/bench_poison.py
+    measures what that costs)."""
+    from collectors import contract
+
+    calls = []
+    real = contract._ArrowPart.build.__func__
+
+    def build(cls, decoder, kind, items, idx, *rest):
+        calls.append(len(idx))
+        return real(cls, decoder, kind, items, idx, *rest)
+
+    monkeypatch.setattr(contract._ArrowPart, "build", classmethod(build))
+    start = datetime.now(UTC)
+    items = []
+    for i in range(6000):
+        src = f"node-{i % 125}"
+        items.append(
+            (
+                topic_for(SITE, "gpu", src),
+                encode(
+                    collector="t",
+                    source=src,
+                    seq=i // 125,
+                    ts=start + timedelta(seconds=i // 125),
+                    samples=[{"id": f"{src}:{g}", "power_w": 300.0} for g in range(8)],
+                ),
+            )
+        )
+        if i % 100 == 99:
+            items.append(deep(100_000 + i))
+    batch = BatchDecoder(SITE).decode_batch(items)
+    assert len(batch.messages) == 6000
+    assert {e.reason for _, e in batch.refused} == {"too_deep"} and len(batch.refused) == 60
+    assert calls == [6060, 6000], calls
