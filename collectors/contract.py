@@ -1230,35 +1230,12 @@ class BatchDecoder:
                         np.flatnonzero((vals < q.lower) | (vals > q.bound)), f"out_of_range: {name}"
                     )
                 cols[name] = pa.array(vals, mask=missing if missing.any() else None)
-        ext: dict[str, list[Any]] = {
-            k: [] for k in ("ts", "kind", "source", "id", "quantity", "value")
-        }
+        ext: dict[str, list[Any]] = {}
         ext_msg: list[int] = []
-        if not keys <= allowed:
-            sources = {m[0]: m[2] for m in msgs}
-            for r, s in enumerate(rows):
-                if s.keys() <= allowed:
-                    continue
-                for name, v in s.items():
-                    if name in allowed:
-                        continue
-                    if (
-                        type(v) not in (float, int)
-                        or not -EXTRA_BOUND <= v <= EXTRA_BOUND
-                        or len(name) > MAX_EXTRA_NAME
-                    ):
-                        refuse([r], f"out_of_range: {name[:40]}")
-                        continue
-                    ext["ts"].append(int(ts[r]))
-                    ext["kind"].append(kind)
-                    ext["source"].append(sources[row_msg[r]])
-                    ext["id"].append(ids[r])
-                    ext["quantity"].append(name)
-                    ext["value"].append(float(v))
-                    ext_msg.append(row_msg[r])
-            for m, count in Counter(ext_msg).items():
-                if count > MAX_EXTRA_VALUES:
-                    bad.setdefault(m, f"too_many_extras: {count} values")
+        if not keys <= allowed:  # some sample has quantities the contract does not name
+            ext, ext_msg = _extra_rows(kind, msgs, rows, row_msg, ts, ids, refuse, bad)
+        else:
+            ext = {k: [] for k in ("ts", "kind", "source", "id", "quantity", "value")}
         if bad:
             return bad
         srcs = [m[2] for m in msgs]
@@ -1272,6 +1249,51 @@ class BatchDecoder:
             **cols,
         }
         return out, ext, row_msg, ext_msg
+
+
+def _extra_rows(
+    kind: str,
+    msgs: list[tuple[int, str, str, str, int, int, list]],
+    rows: list[dict],
+    row_msg: list[int],
+    ts: Any,
+    ids: list[Any],
+    refuse: Any,
+    bad: dict[int, str],
+) -> tuple[dict[str, list[Any]], list[int]]:
+    """The rows of ``extra_readings`` (quantities the contract does not name) of one kind's
+    samples, and each row's message; a bad value or name is refused per row (``refuse``), a
+    message past :data:`MAX_EXTRA_VALUES` marked in ``bad``."""
+    allowed = _ALLOWED_KEYS[kind]
+    ext: dict[str, list[Any]] = {k: [] for k in ("ts", "kind", "source", "id", "quantity", "value")}
+    ext_msg: list[int] = []
+    sources = None
+    for r, s in enumerate(rows):
+        if s.keys() <= allowed:
+            continue
+        if sources is None:
+            sources = {m[0]: m[2] for m in msgs}
+        for name, v in s.items():
+            if name in allowed:
+                continue
+            if (
+                type(v) not in (float, int)
+                or not -EXTRA_BOUND <= v <= EXTRA_BOUND
+                or len(name) > MAX_EXTRA_NAME
+            ):
+                refuse([r], f"out_of_range: {name[:40]}")
+                continue
+            ext["ts"].append(int(ts[r]))
+            ext["kind"].append(kind)
+            ext["source"].append(sources[row_msg[r]])
+            ext["id"].append(ids[r])
+            ext["quantity"].append(name)
+            ext["value"].append(float(v))
+            ext_msg.append(row_msg[r])
+    for m, count in Counter(ext_msg).items():
+        if count > MAX_EXTRA_VALUES:
+            bad.setdefault(m, f"too_many_extras: {count} values")
+    return ext, ext_msg
 
 
 def _drop_rows(

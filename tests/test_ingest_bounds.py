@@ -516,3 +516,40 @@ def test_nested_payloads_among_plain_ones_cost_the_arrow_path_one_more_parse(mon
     assert len(batch.messages) == 6000
     assert {e.reason for _, e in batch.refused} == {"too_deep"} and len(batch.refused) == 60
     assert calls == [6060, 6000], calls
+
+
+@pytest.mark.mqtt
+@pytest.mark.slow
+def test_a_bug_on_one_message_shows_in_health_and_the_rest_is_stored(broker, tmp_path, monkeypatch):
+    """The service's ingest meets a message it fails on (a bug, simulated by a decoder that
+    raises on it): that message is dead-lettered ``ingest_error``, counted as an error of
+    loop ``ingest`` (what /healthz and ``dctwin_loop_errors_total`` report), and every other
+    message of the batch is stored."""
+    store = Store(tmp_path / "bug.duckdb")
+    ingester = Ingester(store, None)
+    real = ingester.decoder.decode_batch
+    marker = b'"seq":25,'
+
+    def buggy(batch_items, **kw):
+        if any(marker in p for _, p in batch_items):
+            raise KeyError("a bug")
+        return real(batch_items, **kw)
+
+    monkeypatch.setattr(ingester.decoder, "decode_batch", buggy)
+    health = ServiceHealth()
+    svc = MqttIngestService(
+        broker_config(broker),
+        ingester,
+        ServiceOptions(client_id="bug-test", flush_interval_s=0.2),
+        health=health,
+    )
+    svc.start()
+    try:
+        publish(broker, [good(i) for i in range(50)])
+        c = ingester.counters
+        assert wait_until(lambda: c.stored_messages == 49 and c.dead_letters.total() == 1, 30)
+        assert c.dead_letters == {"ingest_error": 1}
+        assert health.snapshot()["loops"]["ingest"]["errors_total"] >= 1
+    finally:
+        svc.stop()
+        store.close()
