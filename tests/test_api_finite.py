@@ -72,6 +72,7 @@ def _body_routes(client: httpx.Client) -> list[tuple[str, str, list[str]]]:
     return out
 
 
+@pytest.mark.slow  # about 4 s: every field of every body route, four tokens each
 def test_every_body_route_answers_non_finite_numbers_with_422_naming_the_field(api):
     routes = _body_routes(api)
     paths = {p for _, p, _ in routes}
