@@ -28,7 +28,13 @@ the integer 1; ``seq`` and integer quantities are JSON integers within int64; fl
 and within their unit's bound (:data:`UNIT_BOUNDS`; quantities the contract does not name:
 :data:`EXTRA_BOUND`); a timestamp is strict RFC 3339 (``2026-11-29T14:00:00.25Z``, ``T``/``Z`` in
 either case, offset ``±hh:mm``) or Unix seconds, between :data:`TS_MIN` and :data:`TS_MAX`; no
-object repeats a key; the topic's site is the receiving service's site. :func:`decode` checks one
+object repeats a key; the topic's site is the receiving service's site. Bounds, checked before
+anything recursive or expensive runs and the same on every path: nesting at most
+:data:`MAX_DEPTH` (``too_deep``, on the raw bytes), at most :data:`MAX_SAMPLES` samples
+(``too_many_samples``), :data:`MAX_SAMPLE_KEYS` keys a sample (``too_many_quantities``) and
+:data:`MAX_EXTRA_VALUES` values of names outside the kind's columns a message
+(``too_many_extras``); ``source`` and ids of at most 256 characters, ``collector`` 64
+(``wrong_type``, the topic's source included). :func:`decode` checks one
 message (pydantic, and names the reason); :class:`BatchDecoder` checks whole batches column-wise
 for the ingest and accepts exactly what :func:`decode` accepts.
 """
