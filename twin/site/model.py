@@ -34,6 +34,7 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 from collectors.contract import (
     cdu_sample_ids,
     gpu_id,
+    is_outlet_label,
     pdu_sample_ids,
     split_leg_id,
     split_sub_id,
@@ -292,7 +293,8 @@ class Site(_Strict):
     def is_known(self, kind: str, sample_id: str) -> bool:
         """True when ``sample_id`` of ``kind`` names something in this site.
 
-        PDU outlets (``<pdu>/outlet<n>``) are accepted for any PDU the site lists, and the
+        PDU outlets (``<pdu>/outlet<n>``, :func:`collectors.contract.is_outlet_label`) are
+        accepted for any PDU the site lists, and the
         line-to-line legs of a delta unit (``<pdu>/L1-L2``, two of its phases) for any PDU with
         more than one phase. A leg is not a phase: the phase tables never list it.
         """
@@ -305,7 +307,7 @@ class Site(_Strict):
                 pdu = self.pdu_by_name.get(leg[0])
                 return pdu is not None and max(leg[1], leg[2]) <= pdu.phases
             parent, element = split_sub_id(sample_id)
-            return (element or "").startswith("outlet") and parent in self.pdu_by_name
+            return is_outlet_label(element or "") and parent in self.pdu_by_name
         return False
 
     # ---- cross-reference checks ----------------------------------------------------------
