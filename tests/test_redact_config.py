@@ -53,7 +53,14 @@ def assert_no_fragment(text: str) -> None:
             assert frag not in text, (frag, text[-2000:])
 
 
-def test_the_redaction_blanks_any_8_character_run_of_a_registered_secret():
+def test_the_redaction_blanks_any_8_character_run_of_a_registered_secret(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    # the registry is process-wide: start from an empty one, whatever other tests registered
+    import twin.redact as redact
+
+    monkeypatch.setattr(redact, "_secrets", set())
+    monkeypatch.setattr(redact, "_fragments", set())
     key = "q9" + PD_KEY[2:]
     register_secret(key)
     out = redact_text(f"found at '{key[1:]}' and '{key[:-1]}' and {key[5:14]} here")
