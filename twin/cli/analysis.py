@@ -132,16 +132,27 @@ def fleets(
     site: SiteOpt = None,
     window: Annotated[float, typer.Option(help="Seconds of activity to look at.")] = 86400.0,
     threshold: Annotated[
-        float, typer.Option(help="Flag a fleet whose activity p95 stays under this (0..1).")
-    ] = 0.3,
+        float, typer.Option(help="Flag a fleet whose mean activity is under this (0..1).")
+    ] = 0.4,
     target_util: Annotated[
-        float, typer.Option(help="Utilization the remaining GPUs would run at (0..1).")
+        float,
+        typer.Option(help="Utilization of its p95 load the remaining GPUs would run at (0..1)."),
     ] = 0.7,
+    min_coverage: Annotated[
+        float | None,
+        typer.Option(
+            help="Seconds of data needed to judge a fleet [default: 20/24 of the window].",
+            show_default=False,
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
     fmt: FormatOpt = None,
     limit: LimitOpt = None,
 ) -> None:
-    """Underused inference fleets: GPUs that would serve their p95 load, and the kW freed."""
+    """Underused inference fleets: mean activity under the threshold and GPUs to give back at
+    the target utilization of their p95 load (GPUs, GPU-hours and kW). A fleet with too little
+    data in the window is "not judged". A fleet's `underuse:` block in the site file overrides
+    the threshold, target and coverage."""
     from twin.fleets import fleets_command_payload
 
     site_path = site or DEMO_SITE
@@ -149,14 +160,26 @@ def fleets(
     if not db.exists():
         raise fail(f"--db {db}: no such store")
     try:
-        payload = fleets_command_payload(db, site_path, window, threshold, target_util)
+        payload = fleets_command_payload(
+            db, site_path, window, threshold, target_util, min_coverage_s=min_coverage
+        )
     except ValueError as e:
         raise fail(str(e)) from None
     if as_json:
         typer.echo(json.dumps(payload, default=str))
         return
-    rows = [dict(f, state="UNDERUSED" if f["flagged"] else "ok") for f in payload["fleets"]]
-    cols = [Column("fleet", "fleet"), Column("state", "state"), Column("reason", "reason")]
+    rows = [
+        dict(f, state="UNDERUSED" if f["flagged"] else "ok" if f["judged"] else "not judged")
+        for f in payload["fleets"]
+    ]
+    cols = [
+        Column("fleet", "fleet"),
+        Column("state", "state"),
+        Column("gpus_to_reclaim", "GPUs", number(0), "right"),
+        Column("gpu_hours_to_reclaim", "GPU-h", number(0), "right"),
+        Column("kw_freed", "kW", number(1), "right"),
+        Column("reason", "reason"),
+    ]
     emit_rows(rows, cols, resolve_format(fmt), limit, title="inference fleets", what="fleets")
 
 
