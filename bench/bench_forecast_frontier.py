@@ -58,6 +58,11 @@ def read(path: Path = DATA) -> tuple[np.ndarray, np.ndarray]:
 def frontier_site() -> Site:
     """25 racks of one node each (node ``cdu-NN`` carries channel NN) and a training fleet of
     all of them."""
+    return Site.model_validate(frontier_site_dict())
+
+
+def frontier_site_dict() -> dict:
+    """The site file of :func:`frontier_site`, as a dict."""
     racks = [
         {
             "name": f"r{k:02d}",
@@ -78,14 +83,12 @@ def frontier_site() -> Site:
         }
         for k in range(1, N_CH + 1)
     ]
-    return Site.model_validate(
-        {
-            "name": "frontier",
-            "halls": [{"name": "hall-1", "rows": [{"name": "row-a", "racks": racks}]}],
-            "pdus": pdus,
-            "fleets": [{"name": "all", "role": "training", "members": [r["name"] for r in racks]}],
-        }
-    )
+    return {
+        "name": "frontier",
+        "halls": [{"name": "hall-1", "rows": [{"name": "row-a", "racks": racks}]}],
+        "pdus": pdus,
+        "fleets": [{"name": "all", "role": "training", "members": [r["name"] for r in racks]}],
+    }
 
 
 def load_store(store: Store, path: Path = DATA) -> tuple[np.ndarray, np.ndarray]:

@@ -747,16 +747,16 @@ def _skill_forecast_at(
             if m == "persistence":
                 continue
             have_now = np.isfinite(now[m][lo:hi]).all(axis=0)
-            # paired per-origin gain over persistence; origins closer than the bucket's last
-            # lead share what they score, so they count as spacing / lead of one
+            # paired per-origin gain over persistence, mean over its standard error (a
+            # Diebold-Mariano-style test; the origins' windows overlap when spacing < lead, so
+            # it is a screen against noise, not an exact test)
             both_o = both.any(axis=1)
             gain = np.where(both, rp - rm, 0).sum(axis=1) / np.maximum(both.sum(axis=1), 1)
             g_mean = np.where(both_o, gain, 0).sum(axis=0) / np.maximum(n_orig, 1)
             g_var = np.where(both_o, (gain - g_mean) ** 2, 0).sum(axis=0) / np.maximum(
                 n_orig - 1, 1
             )
-            n_eff = n_orig * min(1.0, score_spacing / hi)
-            sure = g_mean > z_gain * np.sqrt(g_var / np.maximum(n_eff, 1.0))
+            sure = g_mean > z_gain * np.sqrt(g_var / np.maximum(n_orig, 1))
             better = ok & have_now & sure & (sk > best + margin)
             best = np.where(better, sk, best)
             pick[better] = m
@@ -917,8 +917,7 @@ def forecast_skill(
     Per series and lead bucket (ends at 15 min, 1 h, 6 h, 1 day, 1 week and the horizon) the
     candidate with the best skill ``1 - MAE/MAE_persistence`` wins if it beats persistence by
     more than ``margin`` on at least ``min_origins`` origins, and its mean gain per origin is
-    more than ``z_gain`` standard errors (origins closer than the bucket's lead count as
-    overlapping); otherwise the forecast is persistence.
+    more than ``z_gain`` standard errors; otherwise the forecast is persistence.
 
     Intervals: split conformal on the chosen model's out-of-sample residuals at the scoring
     origins, scaled per lead by the series' mean absolute h-step change (so a bucket's pooled

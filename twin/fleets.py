@@ -17,8 +17,8 @@ For every inference fleet of the site, over ``[now - window_s, now)``:
   power, which is what powering them down (with their share of the hosts) or repurposing them
   frees. The load moved onto the remaining GPUs raises their power a little; that is not
   subtracted.
-- a fleet is judged only when its data cover ``min_coverage_s`` of the window (buckets with
-  data x step; default 20 h of a 24 h window, the same share of any other), else it is "not
+- a fleet is judged only when its data cover ``min_coverage_s`` of the window (10-minute
+  buckets with data; default 20 h of a 24 h window, the same share of any other), else it is "not
   judged: N h of data";
 - a fleet is flagged when its mean activity is below ``threshold`` (default 0.4: the seeds this
   project answers state that inference rarely exceeds 40 % utilization) and at least one GPU
@@ -55,7 +55,7 @@ ASSUMPTIONS = [
     " per time bucket; p50/p95 are over the buckets of the window",
     "gpus_needed = ceil(p95 load / target_util), at least 1 and at most the fleet",
     "flagged when mean activity < threshold and at least one GPU can be reclaimed; judged only"
-    " with min_coverage_s of data (buckets with data x step)",
+    " with min_coverage_s of data (10-minute buckets with any sample)",
     "gpu_hours_to_reclaim = gpus_to_reclaim x window hours",
     "kw_freed = reclaimed GPUs x (mean measured board power per GPU + (mean node input power"
     " - mean GPU board power of its node) per GPU): the reclaimed GPUs' share of the fleet's"
@@ -68,6 +68,9 @@ ASSUMPTIONS = [
 DEFAULT_THRESHOLD = 0.4
 #: Utilization the remaining GPUs may run at, of the fleet's p95 load (headroom for bursts).
 DEFAULT_TARGET_UTIL = 0.7
+#: Coverage is counted in buckets of this length with any sample (or of the step, if longer):
+#: a fleet sampled every 2 min covers its hours, one seen for 1 h covers 1 h. [s]
+COVERAGE_BUCKET_S = 600.0
 #: Share of the window that must have data before a fleet is judged: 20 h of 24 h.
 DEFAULT_COVERAGE_SHARE = 20.0 / 24.0
 
@@ -80,8 +83,9 @@ class FleetUsage(BaseModel):
     buckets: int = Field(description="time buckets with data")
     covered_s: float = Field(
         0.0,
-        description="seconds of the window the figures really cover (time buckets with data x"
-        " the bucket step): a fleet seen for 1 minute is judged on 1 minute, whatever the window",
+        description="seconds of the window the figures really cover (first to last sample plus"
+        " one step, at most the 10-minute buckets with data x 600 s): a fleet seen for 1 hour"
+        " is judged on 1 hour, whatever the window",
     )
     covered: str = Field("", description='covered_s as a person says it ("20 min", "24 h")')
     activity_source: str | None = Field(description="sm_active | util_pct | mixed")
@@ -143,10 +147,11 @@ def _fleet_queries(
     start: datetime,
     end: datetime,
     step_s: float,
+    coverage_bucket_s: float = 600.0,
 ) -> tuple[dict[str, tuple], dict[str, tuple]]:
     """Per fleet: (buckets, mean, p50, p95 activity, GPUs reporting, sm_active and util_pct
-    sample counts, span of the samples in s), and (mean board power per GPU, non-GPU node power
-    per GPU)."""
+    sample counts, span of the samples in s, ``coverage_bucket_s`` buckets with data), and
+    (mean board power per GPU, non-GPU node power per GPU)."""
     con = store.con
     step_us = round(step_s * 1e6)
     rows = con.execute(
@@ -163,9 +168,10 @@ def _fleet_queries(
         "   (SELECT count(DISTINCT id) FROM g WHERE g.fleet = f.fleet AND g.a IS NOT NULL),"
         "   (SELECT sum(n_sm) FROM g WHERE g.fleet = f.fleet),"
         "   (SELECT sum(n_util) FROM g WHERE g.fleet = f.fleet),"
-        "   (SELECT epoch(max(t1)) - epoch(min(t0)) FROM g WHERE g.fleet = f.fleet)"
+        "   (SELECT epoch(max(t1)) - epoch(min(t0)) FROM g WHERE g.fleet = f.fleet),"
+        "   (SELECT count(DISTINCT (g.b * $5) // $6) FROM g WHERE g.fleet = f.fleet)"
         " FROM f GROUP BY f.fleet",
-        [gpu_ids, gpu_fleet, start, end, step_us],
+        [gpu_ids, gpu_fleet, start, end, step_us, round(coverage_bucket_s * 1e6)],
     ).fetchall()
     act = {r[0]: r[1:] for r in rows}
     # power: mean board power per GPU, and node input power beyond its GPUs' boards
@@ -218,7 +224,8 @@ def underused_fleets(
         gpu_fleet += [f.name] * len(ids)
         gpu_node += [name] * len(ids)
         n_gpus[f.name] += len(ids)
-    act, power = _fleet_queries(store, gpu_ids, gpu_fleet, gpu_node, start, end, step_s)
+    cov_s = max(COVERAGE_BUCKET_S, step_s)
+    act, power = _fleet_queries(store, gpu_ids, gpu_fleet, gpu_node, start, end, step_s, cov_s)
     out: list[FleetUsage] = []
     for f in fleets:
         g = n_gpus[f.name]
@@ -249,7 +256,7 @@ def underused_fleets(
                 )
             )
             continue
-        buckets, mean_a, p50, p95, reporting, n_sm, n_util, _span_s = a
+        buckets, mean_a, p50, p95, reporting, n_sm, n_util, span_s, cov_buckets = a
         rule = f.underuse
         thr = rule.threshold if rule and rule.threshold is not None else threshold
         tgt = rule.target_util if rule and rule.target_util is not None else target_util
@@ -267,7 +274,8 @@ def underused_fleets(
         gpu_w, non_gpu_w = power.get(f.name, (None, None))
         per_gpu_w = (gpu_w or 0.0) + max(0.0, non_gpu_w or 0.0)
         kw = reclaim * per_gpu_w / 1000.0 if gpu_w is not None else None
-        covered = min(window_s, float(buckets) * step_s)  # buckets with data
+        # first to last sample, less the 10-minute buckets without any
+        covered = min(window_s, float(span_s or 0.0) + step_s, float(cov_buckets) * cov_s)
         judged = covered >= need_s - 1e-6
         flagged = judged and mean_a < thr and reclaim > 0
         if not judged:
