@@ -86,9 +86,10 @@ def test_rows_that_cannot_be_told_apart_are_refused_naming_the_columns(tmp_path)
     res = invoke("import", "nvidia-smi", log, "--node", "n", "--db", db)
     assert res.exit_code != 0
     assert "share a timestamp and a GPU id" in res.output and "'gpu'" in res.output, res.output
-    assert not db.exists() or Store(db, read_only=True).con.execute(
-        "SELECT count(*) FROM gpu"
-    ).fetchall()[0][0] == 0
+    assert (
+        not db.exists()
+        or Store(db, read_only=True).con.execute("SELECT count(*) FROM gpu").fetchall()[0][0] == 0
+    )
 
 
 @pytest.mark.parametrize("bad", ["2024-07-01T20:00:00+08", "2024-07-01T25:00:00+08:00"])
