@@ -6,13 +6,14 @@ scalar or a numpy array; arrays broadcast against each other.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from models.fit_quality import data_problems, join_reasons, safe_pinv
+from models.fit_quality import _span, data_problems, join_reasons, safe_pinv
 
 __all__ = [
     "CURVE_KINDS",
@@ -464,7 +465,9 @@ def fit_power_curve(
     n_used = np.rint(total).astype(np.int64)
 
     levels, near_idle, q01, spread = _excitation(gpu, w, a_m, total, n_gpu, idle_reach)
-    _excitation_reasons(reasons, n_used, spread, levels, min_samples, min_range, min_levels)
+    _excitation_reasons(
+        reasons, n_used, spread, levels, min_samples, min_range, min_levels, dt_s=dt_s
+    )
 
     bins = _Bins(gpu, w, ln_a, p_m, n_gpu)
     if stage1 is None:
@@ -639,6 +642,7 @@ def _excitation_reasons(
     min_samples: int,
     min_range: float,
     min_levels: int,
+    dt_s: float = 1.0,
 ) -> None:
     """Set the reason of each GPU with clean data whose samples do not excite the curve
     enough (too few, too narrow a range, too few levels)."""
@@ -647,7 +651,10 @@ def _excitation_reasons(
     for j in np.flatnonzero(weak):  # reason strings only
         why = []
         if n_used[j] < min_samples:
-            why.append(f"too few samples below the clamp (n = {int(n_used[j])} < {min_samples})")
+            why.append(
+                f"too few samples below the clamp ({_span(int(n_used[j]) * dt_s)} of readings <"
+                f" {_span(min_samples * dt_s)}; {int(n_used[j])} < {min_samples} at {dt_s:g} s)"
+            )
         if spread[j] < min_range:
             why.append(f"activity range {spread[j]:.2f} < {min_range:g}: curve not identifiable")
         if levels[j] < min_levels:
@@ -1184,6 +1191,52 @@ def _sat_stderr(
     return d[:, 0], d[:, 1], d[:, 2]
 
 
+#: GPU-Util at or under which a sample may be idle (the two-level default's 5 %). [1]
+IDLE_UTIL = 0.05
+#: GPU-Util that reads as 0 %: no kernel seen in the sample window, whatever the power. [1]
+ZERO_UTIL = 0.005
+#: How long GPU-Util must stay idle on both sides of a sample before its power counts as idle:
+#: the board keeps drawing for seconds after the last kernel (the shared RTX 4090 log decays
+#: from ~150-250 W to ~34 W over 7-8 s of 0 % GPU-Util) and GPU-Util reads 0 % for single
+#: samples in the middle of a load. [s]
+IDLE_LAG_S = 10.0
+
+
+def idle_inconsistent(
+    util: ArrayLike,
+    power_w: ArrayLike,
+    dt_s: float = 1.0,
+    *,
+    idle_util: float = IDLE_UTIL,
+    lag_s: float = IDLE_LAG_S,
+    min_idle_samples: int = 10,
+) -> NDArray[np.bool_]:
+    """Samples idle by GPU-Util but not by power, shape ``(T, N)``: GPU-Util at or under
+    ``idle_util`` with power above the GPU's idle band, where GPU-Util reads 0 % (no kernel
+    seen) or was above ``idle_util`` within the ``lag_s`` before (power decaying from a load;
+    a low but non-zero GPU-Util long after a load may draw more than idle on a saturating
+    curve, and is kept). The idle band is the 5th percentile of its settled idle
+    samples (GPU-Util idle for the whole ``lag_s`` before: not power still decaying from a
+    load, nor a kernel between two util samples) plus ``max(5 W, 25 %)``. A GPU with fewer
+    than ``min_idle_samples`` settled idle samples has no idle band: nothing is flagged."""
+    u, p = _as_columns(util, power_w)
+    low = u <= idle_util
+    zero = u <= ZERO_UTIL
+    busy = np.where(np.isfinite(u), u > idle_util, False).astype(float)
+    k = max(0, round(lag_s / max(dt_s, 1e-9)))
+    pad = np.pad(busy, ((k, 0), (0, 0)))
+    c = np.vstack([np.zeros((1, busy.shape[1])), np.cumsum(pad, axis=0)])
+    near = (c[k + 1 :] - c[: c.shape[0] - k - 1]) > 0  # a busy sample within the last k
+    settled = low & ~near & np.isfinite(p)
+    n_set = settled.sum(axis=0)
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore", RuntimeWarning)
+        floor = np.nanquantile(np.where(settled, p, np.nan), 0.05, axis=0)
+    band = floor + np.maximum(5.0, 0.25 * np.abs(floor))
+    by_power = np.where(n_set >= min_idle_samples, p <= band, True)
+    return low & ~by_power & (zero | near)
+
+
 def fit_util_power_curve(
     util: ArrayLike,
     power_w: ArrayLike,
@@ -1194,6 +1247,7 @@ def fit_util_power_curve(
     min_samples: int = 100,
     min_idle_samples: int = 10,
     dt_s: float = 1.0,
+    idle_lag_s: float = IDLE_LAG_S,
 ) -> UtilCurveFit:
     r"""The power curve of each GPU seen through GPU-Util only, its family chosen on held-out
     error among the power law (:func:`fit_power_curve`), two-level and saturating curves.
@@ -1244,13 +1298,25 @@ def fit_util_power_curve(
         raise ValueError(f"holdout_frac {holdout_frac!r} must lie in (0, 1)")
     lim = None if limit_w is None else np.broadcast_to(np.asarray(limit_w, dtype=float), (n_gpu,))
     cap = np.full(n_gpu, np.inf) if lim is None else np.where(np.isfinite(lim), lim, np.inf)
-    split = int(n_t * (1.0 - holdout_frac))
-    kw = {"min_samples": min_samples, "dt_s": dt_s}
+    # fitted on samples whose power agrees with their GPU-Util (idle ones idle by power too,
+    # lag-aware); scored on every sample
+    p_fit = np.where(
+        idle_inconsistent(u, p, dt_s, lag_s=idle_lag_s, min_idle_samples=min_idle_samples),
+        np.nan,
+        p,
+    )
+    masked = np.isnan(p_fit) & ~np.isnan(p)
+    # the masked samples are left out, not missing: the gap check allows for them
+    gap_ok = min(1.0, 0.2 + float(masked.mean(axis=0).max(initial=0.0)))
+    n_fold = max(2, round(1.0 / holdout_frac))
+    edges = np.linspace(0, n_t, n_fold + 1).round().astype(int)
+    kw = {"min_samples": min_samples, "dt_s": dt_s, "max_gap_frac": gap_ok}
     lvl = {**kw, "min_level_samples": min_idle_samples}
 
-    def fit_all(sl: slice) -> list[UtilCurveFit]:
+    def fit_all(rows: NDArray[np.bool_] | slice) -> list[UtilCurveFit]:
+        uu, pp = u[rows], p_fit[rows]
         pl = fit_power_curve(
-            u[sl], p[sl], lim, in_sample_mae=False, min_idle_samples=min_idle_samples, **kw
+            uu, pp, lim, in_sample_mae=False, min_idle_samples=min_idle_samples, **kw
         )
         as_util = _util_fit(
             POWER_LAW,
@@ -1261,13 +1327,30 @@ def fit_util_power_curve(
             pl.n_samples.astype(float),
             pl.reason,
         )
-        return [as_util, fit_two_level(u[sl], p[sl], **lvl), fit_saturating(u[sl], p[sl], **lvl)]
+        return [as_util, fit_two_level(uu, pp, **lvl), fit_saturating(uu, pp, **lvl)]
 
-    held = np.full((n_gpu, len(CURVE_KINDS)), np.nan)
-    block = fit_all(slice(0, split))
-    for k, f in enumerate(block):
-        pred = curve_power_w(k, u[split:], f.idle_w, f.limit_w, f.shape, cap)
-        held[:, k] = np.where(f.usable, _nan_mae(p[split:], pred), np.nan)
+    # blocked cross-validation (Bergmeir & Benitez 2012): each contiguous block held out in
+    # turn, the family fitted on the others and scored on it; a family's held-out MAE pools
+    # the blocks where it was usable (at least two), so a log whose only idle minutes are at
+    # its end is still scored on them
+    err = np.zeros((n_gpu, len(CURVE_KINDS)))
+    cnt = np.zeros((n_gpu, len(CURVE_KINDS)))
+    folds_ok = np.zeros((n_gpu, len(CURVE_KINDS)), np.int64)
+    block: list[UtilCurveFit] = []
+    for i in range(n_fold):
+        out = np.zeros(n_t, bool)
+        out[edges[i] : edges[i + 1]] = True
+        fits = fit_all(~out)
+        if i == n_fold - 1:
+            block = fits  # the reasons of the classic split (fit on all but the last block)
+        for k, f in enumerate(fits):
+            pred = curve_power_w(k, u[out], f.idle_w, f.limit_w, f.shape, cap)
+            ok = np.isfinite(p[out]) & np.isfinite(pred) & f.usable[None, :]
+            err[:, k] += np.where(ok, np.abs(pred - p[out]), 0.0).sum(axis=0)
+            cnt[:, k] += ok.sum(axis=0)
+            folds_ok[:, k] += f.usable & ok.any(axis=0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        held = np.where((folds_ok >= 2) & (cnt > 0), err / cnt, np.nan)
     score = np.where(np.isfinite(held), held, np.inf)
     best_util = 1 + np.argmin(score[:, 1:], axis=1)
     util_score = score[np.arange(n_gpu), best_util]

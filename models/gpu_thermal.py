@@ -1388,9 +1388,14 @@ def _fit_rc_one(
             # residual and shrink with the power's variation
             facts = f"power std {p_std[j]:.3g} W, residual std {res_std[j]:.2g} K"
             if not fitted[j]:
+                pj = p_w[:, j] if p_w.ndim == 2 and p_w.shape[1] == cols.size else p_w[:, 0]
+                pj = pj[np.isfinite(pj)]
+                span = f"{float(pj.min()):.0f}-{float(pj.max()):.0f} W" if pj.size else "none"
                 why.append(
                     "fit failed (R or C not positive and finite"
-                    + (", from the physical seed: the linear seed was not)" if seed_bad[j] else ")")
+                    + (", from the physical seed: the linear seed was not" if seed_bad[j] else "")
+                    + f"; data: power {span}, {int(n_used[cols[j]])} temperature samples,"
+                    f" {facts}, fitted R {r[j]:.3g} K/W, time constant {tau[j]:.3g} s)"
                 )
             if capped[j]:
                 why.append(
