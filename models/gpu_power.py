@@ -1367,6 +1367,12 @@ def _nan_mae(meas: F64, pred: F64) -> F64:
     return np.where(n > 0, err / np.maximum(n, 1), np.nan)
 
 
+_FEW_BLOCKS = (
+    "usable in fewer than 2 of the cross-validation fits (each without one block): no held-out"
+    " error to choose it on"
+)
+
+
 def _pick(
     fits: list[UtilCurveFit], chosen: NDArray[np.intp], held: F64, block: list[UtilCurveFit]
 ) -> UtilCurveFit:
@@ -1385,7 +1391,7 @@ def _pick(
             # the power law's reason on the whole window; the util families' on the block
             # they were judged on (one may fit the whole window yet not its first part)
             r = "; ".join(
-                f"{name}: {(fits if i == 0 else block)[i].reason[j]}"
+                f"{name}: {(fits if i == 0 else block)[i].reason[j] or _FEW_BLOCKS}"
                 for i, name in enumerate(CURVE_KINDS)
             )
         reasons.append(r)
