@@ -693,6 +693,123 @@ class _Candidates:
         return self._cache[c]
 
 
+def _candidate_skill(
+    rm: F64, rp: F64, min_origins: int, z_gain: float
+) -> tuple[F64, NDArray[np.bool_], NDArray[np.bool_]]:
+    """A candidate's |errors| ``rm`` against persistence's ``rp`` (origins, leads, series):
+    its skill (NaN where fewer than ``min_origins`` origins score both), whether it was
+    scored, and whether its mean per-origin gain over persistence exceeds ``z_gain`` standard
+    errors (a Diebold-Mariano-style screen; the origins' windows overlap when they are closer
+    than the lead, so it is a screen against noise, not an exact test)."""
+    both = np.isfinite(rm) & np.isfinite(rp)
+    both_o = both.any(axis=1)
+    n_orig = both_o.sum(axis=0)
+    s_m = np.where(both, rm, 0).sum(axis=(0, 1))
+    s_p = np.where(both, rp, 0).sum(axis=(0, 1))
+    ok = (n_orig >= min_origins) & (s_p > 0)
+    sk = np.where(ok, 1.0 - s_m / np.where(s_p > 0, s_p, 1.0), np.nan)
+    gain = np.where(both, rp - rm, 0).sum(axis=1) / np.maximum(both.sum(axis=1), 1)
+    g_mean = np.where(both_o, gain, 0).sum(axis=0) / np.maximum(n_orig, 1)
+    g_var = np.where(both_o, (gain - g_mean) ** 2, 0).sum(axis=0) / np.maximum(n_orig - 1, 1)
+    sure = g_mean > z_gain * np.sqrt(g_var / np.maximum(n_orig, 1))
+    return sk, ok, sure
+
+
+def _score_origins(
+    cands: _Candidates, o: int, n_score: int, spacing: int, min_history_steps: int
+) -> tuple[list[int], F64, dict[str, F64]]:
+    """The scoring origins before ``o`` (on a grid fixed to row 0, shared by every forecast
+    of a backtest; each with its whole horizon before ``o``), what followed each (NaN for a
+    series without ``min_history_steps`` of data before it) and every candidate's residuals,
+    shapes ``(origins, H, N)``."""
+    y, h_n = cands.y, cands.h_n
+    grid = np.arange(spacing, o - h_n + 1, spacing)
+    origins = [int(c) for c in grid[-n_score:]] if len(grid) else []
+    actual = np.full((len(origins), h_n, y.shape[1]), np.nan)
+    res = {m: np.full_like(actual, np.nan) for m in CANDIDATES}
+    for i, c in enumerate(origins):
+        a = y[c : c + h_n].copy()
+        a[:, cands.cum[c] < min_history_steps] = np.nan  # not enough data before c
+        actual[i] = a
+        for m, f in cands(c).items():
+            res[m][i] = a - f
+    return origins, actual, res
+
+
+def _nanmean_abs(r: F64) -> F64:
+    """Mean |r| over axes 0 and 1 where finite (NaN where none is)."""
+    a = np.abs(r)
+    ok = np.isfinite(a)
+    cnt = ok.sum(axis=(0, 1))
+    return np.where(cnt > 0, np.where(ok, a, 0).sum(axis=(0, 1)) / np.maximum(cnt, 1), np.nan)
+
+
+def _local_scale(hist: F64, local_steps: int) -> F64:
+    """``sig[c]`` (rows ``0..T``), the mean absolute one-step change of the ``local_steps``
+    before origin ``c`` (data ``hist[:c]``), floored at 5 % of its median; NaN where unknown."""
+    o, n = hist.shape
+    d1 = np.abs(np.diff(hist, axis=0))
+    ok1 = np.isfinite(d1)
+    c_s = np.vstack([np.zeros((1, n)), np.cumsum(np.where(ok1, d1, 0.0), axis=0)])
+    c_n = np.vstack([np.zeros((1, n)), np.cumsum(ok1, axis=0)])
+    sig = np.full((o + 1, n), np.nan)
+    w = max(1, local_steps)
+    if o - 1 > w:
+        cc = np.arange(w + 1, o + 1)
+        num = c_s[cc - 1] - c_s[cc - 1 - w]
+        den = c_n[cc - 1] - c_n[cc - 1 - w]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            sig[cc] = np.where(den > 0, num / np.maximum(den, 1), np.nan)
+    floor_sig = np.nanmedian(np.where(np.isfinite(sig), sig, np.nan), axis=0) * 0.05
+    return np.where(np.isfinite(sig), np.maximum(sig, np.nan_to_num(floor_sig)), np.nan)
+
+
+def _rolling_coverage(
+    models: list[str],
+    buckets: tuple[list[int], list[int]],
+    origins: list[int],
+    actual: F64,
+    res: F64,
+    pers: tuple[list[F64], F64, bool],
+    model_z: tuple[F64, F64],
+    min_origins: int,
+    floor: float | None,
+) -> tuple[float, int]:
+    """One series' p05..p95 checked at each bucket's last lead on its scoring origins (rows of
+    ``actual``/``res``, in time order), each against quantiles from the data before it
+    (persistence: the h-step changes completed before the origin, locally scaled; a model:
+    the scaled residuals of the scoring origins before it): (inside, checked)."""
+    d, sig, local = pers
+    z, scale = model_z
+    inside, checked = 0.0, 0
+    for i_k, c in enumerate(origins):
+        for b, (lo, hi) in enumerate(zip(*buckets, strict=True)):
+            jj = hi - 1
+            a = actual[i_k, jj]
+            f50 = a - res[i_k, jj]
+            if models[b] == "persistence":
+                x, lw = _pers_scores(d[jj], sig, jj, max(0, c - jj - 1), local)
+                width = sig[c] if lw else 1.0
+                if lw and not np.isfinite(width):
+                    continue
+            else:
+                if i_k < min_origins:
+                    continue
+                x = z[:i_k, lo:hi]
+                x = x[np.isfinite(x)]
+                width = scale[jj]
+            if len(x) < 2 * min_origins or not np.isfinite(a) or not np.isfinite(f50):
+                continue
+            lv = _conformal_levels(len(x))
+            lo_b = f50 + np.quantile(x, lv[0.05]) * width
+            hi_b = f50 + np.quantile(x, lv[0.95]) * width
+            if floor is not None:
+                lo_b, hi_b = max(lo_b, floor), max(hi_b, floor)
+            inside += float(lo_b <= a <= hi_b)
+            checked += 1
+    return inside, checked
+
+
 @_quiet_nan
 def _skill_forecast_at(
     cands: _Candidates,
@@ -713,19 +830,8 @@ def _skill_forecast_at(
     n = y.shape[1]
     los, his = _horizon_buckets(h_n, step_s)
     nb = len(los)
-    # scoring origins: on a grid fixed to row 0 (shared by every forecast of a backtest), each
-    # with its whole horizon before o
-    grid = np.arange(score_spacing, o - h_n + 1, score_spacing)
-    origins = [int(c) for c in grid[-n_score:]] if len(grid) else []
+    origins, actual, res = _score_origins(cands, o, n_score, score_spacing, min_history_steps)
     n_o = len(origins)
-    actual = np.full((n_o, h_n, n), np.nan)
-    res = {m: np.full((n_o, h_n, n), np.nan) for m in CANDIDATES}
-    for i, c in enumerate(origins):
-        a = y[c : c + h_n].copy()
-        a[:, cands.cum[c] < min_history_steps] = np.nan  # not enough data before c
-        actual[i] = a
-        for m, f in cands(c).items():
-            res[m][i] = a - f
     valid_o = np.isfinite(actual).any(axis=1)  # (n_o, n): origins with data before and after
     origins_scored = valid_o.sum(axis=0).astype(np.int64)
     now = cands(o)
@@ -741,27 +847,11 @@ def _skill_forecast_at(
         best = np.zeros(n)
         pick = np.array(["persistence"] * n, dtype=object)
         for m in CANDIDATES:
-            rm = np.abs(res[m][:, lo:hi])
-            both = np.isfinite(rm) & np.isfinite(rp)
-            n_orig = both.any(axis=1).sum(axis=0)
-            s_m = np.where(both, rm, 0).sum(axis=(0, 1))
-            s_p = np.where(both, rp, 0).sum(axis=(0, 1))
-            ok = (n_orig >= min_origins) & (s_p > 0)
-            sk = np.where(ok, 1.0 - s_m / np.where(s_p > 0, s_p, 1.0), np.nan)
+            sk, ok, sure = _candidate_skill(np.abs(res[m][:, lo:hi]), rp, min_origins, z_gain)
             skills[m][b] = sk
             if m == "persistence":
                 continue
             have_now = np.isfinite(now[m][lo:hi]).all(axis=0)
-            # paired per-origin gain over persistence, mean over its standard error (a
-            # Diebold-Mariano-style test; the origins' windows overlap when spacing < lead, so
-            # it is a screen against noise, not an exact test)
-            both_o = both.any(axis=1)
-            gain = np.where(both, rp - rm, 0).sum(axis=1) / np.maximum(both.sum(axis=1), 1)
-            g_mean = np.where(both_o, gain, 0).sum(axis=0) / np.maximum(n_orig, 1)
-            g_var = np.where(both_o, (gain - g_mean) ** 2, 0).sum(axis=0) / np.maximum(
-                n_orig - 1, 1
-            )
-            sure = g_mean > z_gain * np.sqrt(g_var / np.maximum(n_orig, 1))
             better = ok & have_now & sure & (sk > best + margin)
             best = np.where(better, sk, best)
             pick[better] = m
@@ -772,15 +862,8 @@ def _skill_forecast_at(
             chosen_res[:, lo:hi, j] = res[m][:, lo:hi, j]
             if np.isfinite(skills["persistence"][b, j]):
                 skill[b, j] = 0.0 if m == "persistence" else skills[m][b, j]
-        rp_ok = np.isfinite(rp)
-        cnt = rp_ok.sum(axis=(0, 1))
-        with np.errstate(all="ignore"):
-            mae_p[b] = np.where(cnt > 0, np.where(rp_ok, rp, 0).sum(axis=(0, 1)) / cnt, np.nan)
-            rc = np.abs(chosen_res[:, lo:hi])
-            cc = np.isfinite(rc).sum(axis=(0, 1))
-            mae[b] = np.where(
-                cc > 0, np.where(np.isfinite(rc), rc, 0).sum(axis=(0, 1)) / cc, np.nan
-            )
+        mae_p[b] = _nanmean_abs(rp)
+        mae[b] = _nanmean_abs(chosen_res[:, lo:hi])
     # ---- the interval ----
     hist = y[:o]
     d = _h_step_changes(hist, h_n)  # persistence's residuals at every past origin, per lead
@@ -793,20 +876,7 @@ def _skill_forecast_at(
     # h-step change over the mean absolute one-step change of the ``local_steps`` before its
     # origin, so the interval follows the load's present volatility; sig[c] belongs to the
     # origin c (data y[:c]); the change d[jj][k] to the origin k + 1
-    d1 = np.abs(np.diff(hist, axis=0))
-    ok1 = np.isfinite(d1)
-    c_s = np.vstack([np.zeros((1, n)), np.cumsum(np.where(ok1, d1, 0.0), axis=0)])
-    c_n = np.vstack([np.zeros((1, n)), np.cumsum(ok1, axis=0)])
-    sig = np.full((o + 1, n), np.nan)
-    w = max(1, local_steps)
-    if o - 1 > w:
-        cc = np.arange(w + 1, o + 1)
-        num = c_s[cc - 1] - c_s[cc - 1 - w]
-        den = c_n[cc - 1] - c_n[cc - 1 - w]
-        with np.errstate(invalid="ignore", divide="ignore"):
-            sig[cc] = np.where(den > 0, num / np.maximum(den, 1), np.nan)
-    floor_sig = np.nanmedian(np.where(np.isfinite(sig), sig, np.nan), axis=0) * 0.05
-    sig = np.where(np.isfinite(sig), np.maximum(sig, np.nan_to_num(floor_sig)), np.nan)
+    sig = _local_scale(hist, local_steps)
     sig_now = sig[o]
     local = np.isfinite(sig_now) & (sig_now > 0)
     q = {qq: np.zeros((h_n, n)) for qq in QUANTILES}
@@ -849,36 +919,17 @@ def _skill_forecast_at(
             basis[j] = "empirical h-step changes"
         else:
             basis[j] = "conformal on scoring origins"
-        # rolling check at each bucket's last lead: origin k against quantiles from the data
-        # before it (persistence: the h-step changes completed before k; a model: the
-        # residuals of the scoring origins before k)
-        ks = np.nonzero(valid_o[:, j])[0]
-        for i_k, k in enumerate(ks):
-            c = origins[k]
-            for b, (lo, hi) in enumerate(zip(los, his, strict=True)):
-                jj = hi - 1
-                a = actual[k, jj, j]
-                f50 = a - chosen_res[k, jj, j]
-                if model[b][j] == "persistence":
-                    x, lw = _pers_scores(d[jj][:, j], sig[:, j], jj, max(0, c - jj - 1), local[j])
-                    width = sig[c, j] if lw else 1.0
-                    if lw and not np.isfinite(width):
-                        continue
-                else:
-                    if i_k < min_origins:
-                        continue
-                    x = z[ks[:i_k], lo:hi, j]
-                    x = x[np.isfinite(x)]
-                    width = scale[jj, j]
-                if len(x) < 2 * min_origins or not np.isfinite(a) or not np.isfinite(f50):
-                    continue
-                lv = _conformal_levels(len(x))
-                lo_b = f50 + np.quantile(x, lv[0.05]) * width
-                hi_b = f50 + np.quantile(x, lv[0.95]) * width
-                if floor is not None:
-                    lo_b, hi_b = max(lo_b, floor), max(hi_b, floor)
-                cover_in[j] += float(lo_b <= a <= hi_b)
-                cover_n[j] += 1
+        cover_in[j], cover_n[j] = _rolling_coverage(
+            [model[b][j] for b in range(nb)],
+            (los, his),
+            [origins[k] for k in np.nonzero(valid_o[:, j])[0]],
+            actual[valid_o[:, j], :, j],
+            chosen_res[valid_o[:, j], :, j],
+            ([dd[:, j] for dd in d], sig[:, j], bool(local[j])),
+            (z[valid_o[:, j], :, j], scale[:, j]),
+            min_origins,
+            floor,
+        )
     p05 = np.minimum(p50 + q[0.05], p50)
     p90 = np.maximum(p50 + q[0.9], p50)
     p95 = np.maximum(p50 + q[0.95], p90)

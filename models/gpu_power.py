@@ -465,9 +465,8 @@ def fit_power_curve(
     n_used = np.rint(total).astype(np.int64)
 
     levels, near_idle, q01, spread = _excitation(gpu, w, a_m, total, n_gpu, idle_reach)
-    _excitation_reasons(
-        reasons, n_used, spread, levels, min_samples, min_range, min_levels, dt_s=dt_s
-    )
+    need = (min_samples, min_range, min_levels)
+    _excitation_reasons(reasons, n_used, spread, levels, *need, dt_s=dt_s)
 
     bins = _Bins(gpu, w, ln_a, p_m, n_gpu)
     if stage1 is None:

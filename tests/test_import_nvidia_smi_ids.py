@@ -8,10 +8,22 @@ import json
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from typer.testing import CliRunner
 
+from twin.cli import app
 from twin.store import Store
 
-from .test_import_nvidia_smi import RTX4090_LOG, invoke, needs_log
+from .conftest import REPO
+
+#: a real `nvidia-smi ... --format=csv -l 1` log (no licence seen: read in place, never copied)
+RTX4090_LOG = REPO.parent / "shared" / "reference" / "nvidia_smi" / "rtx4090_1hz_load_cycle.csv"
+needs_log = pytest.mark.skipif(
+    not RTX4090_LOG.is_file(), reason=f"the reference log {RTX4090_LOG} is not here"
+)
+
+
+def invoke(*args: object):
+    return CliRunner().invoke(app, [str(a) for a in args])
 
 
 @needs_log
