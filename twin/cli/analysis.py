@@ -141,7 +141,7 @@ def fleets(
     min_coverage: Annotated[
         float | None,
         typer.Option(
-            help="Seconds of data needed to judge a fleet [default: 20/24 of the window].",
+            help="Seconds of data needed to judge a fleet (default: 20/24 of the window).",
             show_default=False,
         ),
     ] = None,
@@ -216,7 +216,7 @@ def forecast(
         str | None,
         typer.Option(
             help="Forecast (or backtest) from this past time, ISO 8601 (no offset: UTC), using"
-            " only the data before it [default: the newest node sample].",
+            " only the data before it (default: the newest node sample).",
             show_default=False,
         ),
     ] = None,
