@@ -6,6 +6,7 @@ scalar or a numpy array; arrays broadcast against each other.
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -908,6 +909,10 @@ class UtilCurveFit:
         False where the data cannot identify the curve. [bool]
     reason : list of (str or None)
         Why a fit is unusable, None where it is usable.
+    linear, note : numpy.ndarray, list, optional
+        :func:`fit_util_power_curve` only: where the families were refused and the straight
+        line in GPU-Util is published instead (its slope identifiable, its cross-validated
+        error known), and the note that says so.
     """
 
     kind: NDArray[np.int64]
@@ -921,6 +926,10 @@ class UtilCurveFit:
     n_samples: NDArray[np.int64]
     usable: NDArray[np.bool_]
     reason: list[str | None]
+    #: True where the curve families were refused and the published curve is the straight
+    #: line in GPU-Util (``kind`` power law, ``shape`` 1), with ``note`` saying so
+    linear: NDArray[np.bool_] | None = None
+    note: list[str | None] | None = None
 
 
 def _as_columns(util: ArrayLike, power_w: ArrayLike) -> tuple[F64, F64]:
@@ -1355,7 +1364,96 @@ def fit_util_power_curve(
     util_score = score[np.arange(n_gpu), best_util]
     chosen = np.where(util_score < (1.0 - min_gain) * score[:, 0], best_util, POWER_LAW)
     full = fit_all(slice(None))
-    return _pick(full, chosen, held, block)
+    return _linear_fallback(_pick(full, chosen, held, block), u, p, p_fit, edges, min_samples)
+
+
+#: A straight line in GPU-Util is published for a refused curve only with its slope known to
+#: this share (two standard errors under 10 %): the same 5 % gate as the util families' levels.
+LINEAR_MAX_REL_STDERR = 0.05
+
+
+def _ols_line(u: F64, p: F64, rows: NDArray[np.bool_]) -> tuple[F64, F64, F64, F64, F64]:
+    """Per column, least squares ``p = a + b u`` on ``rows``: a, b, their standard errors
+    (independent samples) and the samples used."""
+    ok = rows[:, None] & np.isfinite(u) & np.isfinite(p)
+    n = ok.sum(axis=0).astype(float)
+    x, y = np.where(ok, u, 0.0), np.where(ok, p, 0.0)
+    sx, sy, sxx, sxy = x.sum(0), y.sum(0), (x * x).sum(0), (x * y).sum(0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        det = n * sxx - sx * sx
+        b = (n * sxy - sx * sy) / det
+        a = (sy - b * sx) / n
+        s2 = np.where(ok, p - a - b * u, 0.0) ** 2
+        s2 = s2.sum(0) / np.maximum(n - 2, 1)
+        se_b = np.sqrt(s2 * n / det)
+        se_a = np.sqrt(s2 * sxx / det)
+    return a, b, se_a, se_b, n
+
+
+def _linear_fallback(
+    fit: UtilCurveFit, u: F64, p: F64, p_fit: F64, edges: NDArray[np.int64], min_samples: int
+) -> UtilCurveFit:
+    """Where every family was refused, the straight line in GPU-Util (the power law at
+    gamma 1), published when its slope is identifiable (positive, standard error under
+    :data:`LINEAR_MAX_REL_STDERR` of it) on the whole window and its error is known from the
+    same blocked cross-validation (at least two blocks). Marked in ``linear`` and ``note``."""
+    n_gpu = u.shape[1]
+    linear = np.zeros(n_gpu, bool)
+    note: list[str | None] = [None] * n_gpu
+    refused = ~fit.usable
+    if not refused.any():
+        return dataclasses.replace(fit, linear=linear, note=note)
+    err, cnt, folds = np.zeros(n_gpu), np.zeros(n_gpu), np.zeros(n_gpu, np.int64)
+    for i in range(len(edges) - 1):
+        out = np.zeros(u.shape[0], bool)
+        out[edges[i] : edges[i + 1]] = True
+        a, b, _, se_b, n = _ols_line(u, p_fit, ~out)
+        good = (b > 0) & (se_b <= LINEAR_MAX_REL_STDERR * b) & (n >= min_samples)
+        pred = a + b * u[out]
+        ok = np.isfinite(pred) & np.isfinite(p[out]) & good[None, :]
+        err += np.where(ok, np.abs(pred - p[out]), 0.0).sum(axis=0)
+        cnt += ok.sum(axis=0)
+        folds += ok.any(axis=0)
+    a, b, se_a, se_b, n = _ols_line(u, p_fit, np.ones(u.shape[0], bool))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        cv = np.where((folds >= 2) & (cnt > 0), err / cnt, np.nan)
+        mean_p = np.nanmean(p, axis=0)
+    publish = refused & (b > 0) & (se_b <= LINEAR_MAX_REL_STDERR * b) & np.isfinite(cv)
+    publish &= n >= min_samples
+    if not publish.any():
+        return dataclasses.replace(fit, linear=linear, note=note)
+    held = fit.holdout_mae_w.copy()
+    held[publish, POWER_LAW] = cv[publish]
+    reasons = list(fit.reason)
+    for j in np.flatnonzero(publish):
+        linear[j] = True
+        note[j] = (
+            f"linear in GPU-Util (gamma fixed at 1; slope standard error"
+            f" {100 * se_b[j] / b[j]:.1f} %, cross-validated MAE {cv[j]:.1f} W ="
+            f" {100 * cv[j] / mean_p[j]:.1f} % of the mean power): the curve was refused:"
+            f" {reasons[j]}"
+        )
+        reasons[j] = None
+
+    def put(x: F64, v: F64) -> F64:
+        return np.where(publish, v, x)
+
+    return dataclasses.replace(
+        fit,
+        kind=np.where(publish, POWER_LAW, fit.kind).astype(np.int64),
+        idle_w=put(fit.idle_w, a),
+        limit_w=put(fit.limit_w, a + b),
+        shape=put(fit.shape, np.ones(n_gpu)),
+        idle_stderr_w=put(fit.idle_stderr_w, se_a),
+        limit_stderr_w=put(fit.limit_stderr_w, np.sqrt(se_a**2 + se_b**2)),
+        shape_stderr=put(fit.shape_stderr, np.zeros(n_gpu)),
+        holdout_mae_w=held,
+        n_samples=np.where(publish, n, fit.n_samples).astype(np.int64),
+        usable=fit.usable | publish,
+        reason=reasons,
+        linear=linear,
+        note=note,
+    )
 
 
 def _nan_mae(meas: F64, pred: F64) -> F64:

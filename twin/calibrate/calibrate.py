@@ -355,7 +355,9 @@ def power_curves(
             dt_s=step_s,
         )
         out["holdout_mae_w"][cols] = uf.holdout_mae_w
-        util = uf.kind != POWER_LAW
+        # a util-only family, or the straight line published where every family was refused
+        linear = uf.linear if uf.linear is not None else np.zeros(cols.size, bool)
+        util = (uf.kind != POWER_LAW) | linear
         for name in out:
             if name != "holdout_mae_w":
                 out[name][cols[util]] = getattr(uf, name)[util]
@@ -363,6 +365,8 @@ def power_curves(
         # family's reason (not the power law's alone: the util families were tried too)
         for j in np.flatnonzero(util | ~uf.usable):
             reason[cols[j]] = uf.reason[j]
+        for j in np.flatnonzero(linear):  # usable, and marked as the line it is
+            reason[cols[j]] = uf.note[j] if uf.note is not None else None
     return UtilCurveFit(**out, reason=reason)
 
 
