@@ -1302,6 +1302,22 @@ def _refuse_stuck(
                 arr[j] = np.nan
 
 
+def _fit_failed(
+    seed_bad: bool, p_w: NDArray, j: int, n: int, facts: str, r: float, tau: float
+) -> str:
+    """ "fit failed" with the data facts that explain it: the power range, the samples, the
+    residual, and where R and the time constant ended."""
+    pj = p_w[:, j] if p_w.ndim == 2 and p_w.shape[1] > j else p_w[:, 0]
+    pj = pj[np.isfinite(pj)]
+    span = f"{float(pj.min()):.0f}-{float(pj.max()):.0f} W" if pj.size else "none"
+    return (
+        "fit failed (R or C not positive and finite"
+        + (", from the physical seed: the linear seed was not" if seed_bad else "")
+        + f"; data: power {span}, {n} temperature samples, {facts}, fitted R {r:.3g} K/W,"
+        f" time constant {tau:.3g} s)"
+    )
+
+
 def _fit_rc_one(
     temp: F64,
     reasons: list[str | None],
@@ -1388,15 +1404,8 @@ def _fit_rc_one(
             # residual and shrink with the power's variation
             facts = f"power std {p_std[j]:.3g} W, residual std {res_std[j]:.2g} K"
             if not fitted[j]:
-                pj = p_w[:, j] if p_w.ndim == 2 and p_w.shape[1] == cols.size else p_w[:, 0]
-                pj = pj[np.isfinite(pj)]
-                span = f"{float(pj.min()):.0f}-{float(pj.max()):.0f} W" if pj.size else "none"
-                why.append(
-                    "fit failed (R or C not positive and finite"
-                    + (", from the physical seed: the linear seed was not" if seed_bad[j] else "")
-                    + f"; data: power {span}, {int(n_used[cols[j]])} temperature samples,"
-                    f" {facts}, fitted R {r[j]:.3g} K/W, time constant {tau[j]:.3g} s)"
-                )
+                data = (p_w, j, int(n_used[cols[j]]), facts, r[j], tau[j])
+                why.append(_fit_failed(bool(seed_bad[j]), *data))
             if capped[j]:
                 why.append(
                     f"not converged in {iterations} iterations (the last step still lowered "
