@@ -196,10 +196,28 @@ class Link(_Strict):
     capacity_gbps: float = Field(gt=0)
 
 
+class FleetUnderuse(_Strict):
+    """How an inference fleet is judged underused (twin.fleets); absent fields take the
+    report's defaults."""
+
+    threshold: float | None = Field(
+        default=None, gt=0, le=1, description="flag when mean activity is below this (0..1)"
+    )
+    target_util: float | None = Field(
+        default=None, gt=0, le=1, description="utilization the remaining GPUs may run at (0..1)"
+    )
+    min_coverage_s: float | None = Field(
+        default=None, gt=0, description="seconds of data in the window needed to judge [s]"
+    )
+
+
 class Fleet(_Strict):
     name: Name = Field(pattern=_SLUG)
     role: Literal["training", "inference"]
     members: list[Name] = Field(min_length=1, description="node or rack names")
+    underuse: FleetUnderuse | None = Field(
+        default=None, description="per-fleet underuse rule (inference fleets)"
+    )
 
 
 class Shard(_Strict):
