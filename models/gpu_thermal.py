@@ -1415,16 +1415,19 @@ def _fit_rc_one(
                     f"not converged in {iterations} iterations (the last step still lowered "
                     "the sum of squares by more than the tolerance): raise iterations"
                 )
-            if r_bad[j]:
-                why.append(
-                    f"R not identifiable (standard error {100 * se_r[j] / r[j]:.1f} % > "
-                    f"{100 * max_rel_stderr_r:g} %; {facts})"
-                )
-            if c_bad[j]:
-                why.append(
-                    f"C not identifiable (standard error {100 * se_c[j] / c[j]:.1f} % > "
-                    f"{100 * max_rel_stderr_c:g} %; {facts})"
-                )
+            for name, bad, se, v, gate in (
+                ("R", r_bad, se_r, r, max_rel_stderr_r),
+                ("C", c_bad, se_c, c, max_rel_stderr_c),
+            ):
+                if not bad[j]:
+                    continue
+                if not se[j] > 0:  # a singular fit: no direction of the data constrains it
+                    why.append(f"{name} not identifiable (the data do not constrain it; {facts})")
+                else:
+                    why.append(
+                        f"{name} not identifiable (standard error {100 * se[j] / v[j]:.1f} % > "
+                        f"{100 * gate:g} %; {facts})"
+                    )
             if at_bound[j]:
                 why.append(
                     f"C not identifiable (time constant {tau[j]:.3g} s at the bound of the fit)"

@@ -239,7 +239,7 @@ def test_demo_day_replay_pages_each_fault_as_one_incident_before_its_crossing(
     assert firing <= {
         "cdu cdu-2",
         "pdu pdu-d08-a",
-        "node trn-a03-n2",
+        "rack a03",  # the residual and R drift group by rack (one page per rack, naming it)
         "fleet infer-chat",
         "fleet infer-embed",
     }, firing
