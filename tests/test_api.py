@@ -125,7 +125,7 @@ def test_site_and_latest_state(client: httpx.Client, svc: Service) -> None:
         (
             "/api/v1/series",
             {"kind": "gpu", "quantity": "temp_c", "ids": "trn-r01-n1:0,ghost"},
-            400,
+            404,
             "unknown gpu id(s): ghost",
         ),
         (
@@ -150,6 +150,8 @@ def test_site_and_latest_state(client: httpx.Client, svc: Service) -> None:
             "agg= needs resolution 1m or 1h",
         ),
         ("/api/v1/headroom", {"kind": "fridge"}, 400, "unknown kind 'fridge'"),
+        ("/api/v1/headroom", {"rack": "a99"}, 404, "no rack 'a99' in site"),
+        ("/api/v1/headroom", {"cdu": "cdu-9"}, 404, "no CDU 'cdu-9' in site"),
         ("/api/v1/racks/r99", {}, 404, "no rack 'r99'"),
         ("/api/v1/forecast", {"horizon_s": "0"}, 422, "greater than 0"),
         ("/api/v1/fleets", {"target_util": "2"}, 422, "less than or equal to 1"),
