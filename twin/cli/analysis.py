@@ -1,70 +1,175 @@
-"""The twin's answers on a store: `dctwin headroom`, `hotspots`, `fleets` and `forecast`."""
+"""The twin's answers: `dctwin headroom`, `hotspots`, `fleets` and `forecast`, read from a
+running service's API (``--api URL``, ``DCTWIN_API_URL``) or computed on a store file (``--db``),
+in the same rows and columns either way (:mod:`twin.cli.source`)."""
 
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
-from twin.cli.common import (
-    DEMO_SITE,
-    DbOpt,
-    SiteOpt,
-    err,
-    fail,
-    load_site_file,
-    open_existing_store,
-)
-from twin.cli.output import Column, Format, FormatOpt, LimitOpt, emit_rows, number, resolve_format
+from twin.bands import BAND_STYLE, Band, bands, limit_unit
+from twin.cli.common import DEMO_SITE, SiteOpt, err, fail, load_site_file
+from twin.cli.output import Column, Format, FormatOpt, LimitOpt, emit_rows, resolve_format
+from twin.cli.source import DEFAULT_DB, ApiOpt, ReadDbOpt, Source, open_read_store, pick_source
+
+JsonOpt = Annotated[
+    bool, typer.Option("--json", help="Print the source's JSON answer as one object.")
+]
+
+
+def _band_style(row: dict[str, Any]) -> str:
+    band = row.get("band")
+    return BAND_STYLE[Band(band)] if band else ""
+
 
 _HEADROOM_COLUMNS = [
     Column("kind", "kind"),
     Column("id", "id"),
+    Column("rack", "rack"),
+    Column("cdu", "CDU"),
     Column("quantity", "quantity"),
-    Column("headroom_now", "headroom", number(2), "right"),
+    Column("value_now", "now", digits=1),
+    Column("limit", "limit", digits=1),
+    Column("limit_unit", "limit unit"),
+    Column("headroom_now", "headroom", digits=2, style=_band_style),
     Column("unit", "unit"),
-    Column("limit", "limit", number(1), "right"),
-    Column("headroom_min_p50", "min p50", number(2), "right"),
-    Column("headroom_min_p90", "min p90", number(2), "right"),
-    Column("breach_in_s_p90", "breach p90 [s]", number(0), "right"),
+    Column("used_pct", "used %", digits=1, style=_band_style),
+    Column("band", "band", style=_band_style),
+    Column("headroom_min_p50", "min p50", digits=2),
+    Column("headroom_min_p90", "min p90", digits=2),
+    Column("breach_in_s_p90", "breach p90 [s]", digits=0),
 ]
 
+_BAND_RANK = {Band.red: 0, Band.amber: 1, Band.neutral: 2, None: 3}
 
-def _tightest_first(row: dict) -> tuple:
-    """Breaching within the horizon first, then by headroom as a share of the limit."""
-    h, lim = row["headroom_now"], row["limit"]
-    share = h / abs(lim) if h is not None and lim else float("inf")
-    return (row["breach_in_s_p90"] is None, share, row["kind"], row["id"])
+
+def _worst_first(row: dict[str, Any]) -> tuple:
+    """Breached now first, then breaching within the horizon at p90 (soonest first), then by
+    band (red, amber, neutral), then by headroom in the limit's own unit (K, A, kW, ...)."""
+    h, b90 = row["headroom_now"], row["breach_in_s_p90"]
+    breached = h is not None and h <= 0
+    return (
+        not breached,
+        b90 is None,
+        b90 if b90 is not None else 0.0,
+        _BAND_RANK[Band(row["band"]) if row["band"] else None],
+        row["unit"],
+        h if h is not None else float("inf"),
+        row["kind"],
+        row["id"],
+    )
+
+
+def _with_band(row: dict[str, Any]) -> dict[str, Any]:
+    b = bands()
+    used = b.used_pct(row.get("value_now"), row.get("limit"), row["unit"])
+    band = b.band(used)
+    return {
+        **row,
+        "limit_unit": limit_unit(row["unit"]),
+        "used_pct": used,
+        "band": None if band is None else band.value,
+    }
+
+
+#: The kinds of limit (``twin.headroom.Kind``, not imported here: `dctwin --help` runs on an
+#: install without the service's libraries).
+HEADROOM_KINDS = ("gpu", "pdu_phase", "rack", "cdu", "loop", "link")
 
 
 def headroom(
-    db: DbOpt = Path("dctwin.duckdb"),
+    api: ApiOpt = None,
+    db: ReadDbOpt = None,
     site: SiteOpt = None,
+    kind: Annotated[
+        str | None,
+        typer.Option(
+            help=f"Only this kind of limit: {', '.join(HEADROOM_KINDS)}.", show_default=False
+        ),
+    ] = None,
+    rack: Annotated[
+        str | None, typer.Option(help="Only the limits of this rack.", show_default=False)
+    ] = None,
+    cdu: Annotated[
+        str | None, typer.Option(help="Only the limits of this CDU.", show_default=False)
+    ] = None,
     shard: Annotated[
         str | None,
         typer.Option(
             show_default=False,
-            help="The store is this shard's (`dctwin serve --shard`): model its sub-site and"
-            " list only its own components.",
+            help="--db only: the store is this shard's (`dctwin serve --shard`): model its"
+            " sub-site and list only its own components.",
         ),
     ] = None,
-    horizon: Annotated[float, typer.Option(help="Seconds ahead.")] = 3600.0,
-    step: Annotated[float, typer.Option(help="Seconds between path points.")] = 60.0,
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    horizon: Annotated[float, typer.Option(help="--db only: seconds ahead.")] = 3600.0,
+    step: Annotated[float, typer.Option(help="--db only: seconds between path points.")] = 60.0,
+    as_json: JsonOpt = False,
     fmt: FormatOpt = None,
     limit: LimitOpt = None,
 ) -> None:
-    """Headroom of every GPU, PDU phase, rack, CDU, loop and link: now, its minimum over the
-    horizon, and the time to breach at p50 and p90 of the load forecast.
+    """Headroom of every GPU, PDU phase, rack, CDU, loop and link: now, its share of the limit
+    used and its band, its minimum over the horizon, and the time to breach at p90 load.
 
-    Rows come tightest first: those that breach within the horizon at p90, then by headroom
-    as a share of the limit. On a terminal the table holds what fits (--limit to change) and
-    says how many rows it left out; piped, every row is written as TSV."""
+    With --api (or DCTWIN_API_URL): the service's latest report; with --db: computed now.
+    Rows come worst first: breached now, then breaching within the horizon at p90 (soonest
+    first), then red, amber and neutral (twin/bands.py: < 70 % of the limit used neutral,
+    70-90 % amber, > 90 % red; a temperature counted above 25 °C), then by headroom in the
+    limit's own unit. On a terminal the table holds what fits (--limit to change) and says how
+    many rows it left out; piped, every row is written as TSV."""
+    if kind is not None and kind not in HEADROOM_KINDS:
+        raise fail(f"--kind {kind!r}: expected one of {', '.join(HEADROOM_KINDS)}")
+    src = pick_source(api, db)
+    if src.api is not None:
+        if shard is not None:
+            raise fail("--shard is for --db: a shard's service lists its own components")
+        body = src.get("/api/v1/headroom", {"kind": kind, "rack": rack, "cdu": cdu})
+        if body["computed_at"] is None:
+            raise fail(f"{src.where()} has no headroom report yet (its first detection pass)")
+        title = (
+            f"headroom at {_hms(body['data_until'])} UTC (report of {_hms(body['computed_at'])})"
+        )
+        raw = body["rows"]
+    else:
+        body, title, raw = _headroom_of_store(src, site, shard, kind, rack, cdu, horizon, step)
+    if as_json:
+        typer.echo(json.dumps(body, default=str))
+        return
+    rows = sorted((_with_band(r) for r in raw), key=_worst_first)
+    out_fmt = resolve_format(fmt)
+    if out_fmt is not Format.table:
+        err.print(title, highlight=False)
+    emit_rows(rows, _HEADROOM_COLUMNS, out_fmt, limit, title=title, what="limits")
+    for p in body.get("problems", []):
+        err.print(f"[yellow]{p}[/]")
+
+
+def _hms(ts: Any) -> str:
+    t = datetime.fromisoformat(ts) if isinstance(ts, str) else ts
+    return f"{t:%Y-%m-%d %H:%M:%S}"
+
+
+def _headroom_of_store(
+    src: Source,
+    site: Path | None,
+    shard: str | None,
+    kind: str | None,
+    rack: str | None,
+    cdu: str | None,
+    horizon: float,
+    step: float,
+) -> tuple[dict[str, Any], str, list[dict[str, Any]]]:
+    """(the report as JSON, the title, its rows filtered) computed on the store file."""
     from twin.headroom import compute_headroom
 
     site_obj = load_site_file(site or DEMO_SITE, required=True)
+    if rack is not None and rack not in {r.name for r in site_obj.racks}:
+        raise fail(f"--rack: no rack {rack!r} in site {site_obj.name!r}")
+    if cdu is not None and cdu not in site_obj.cdu_by_name:
+        raise fail(f"--cdu: no CDU {cdu!r} in site {site_obj.name!r}")
     view = None
     if shard is not None:
         from twin.site.shards import ShardError, shard_view
@@ -74,61 +179,120 @@ def headroom(
         except ShardError as e:
             raise fail(f"--shard: {e}") from None
         site_obj = view.site
-    with open_existing_store(db) as store:
+    with open_read_store(src.db or DEFAULT_DB) as store:
         try:
             report = compute_headroom(store, site_obj, horizon_s=horizon, step_s=step)
         except ValueError as e:
             raise fail(str(e)) from None
-    if view is not None:
-        report.rows = [r for r in report.rows if view.owns_entity(r.kind, r.id)]
-    if as_json:
-        typer.echo(report.model_dump_json())
-        return
-    rows = sorted((r.model_dump() for r in report.rows), key=_tightest_first)
+    report.rows = [
+        r
+        for r in report.rows
+        if (view is None or view.owns_entity(r.kind, r.id))
+        and (kind is None or r.kind == kind)
+        and (rack is None or r.rack == rack)
+        and (cdu is None or r.cdu == cdu)
+    ]
     title = f"headroom at {report.data_until:%Y-%m-%d %H:%M:%S} UTC, load: {report.load_basis}"
-    out_fmt = resolve_format(fmt)
-    if out_fmt is Format.tsv:
-        err.print(title, highlight=False)
-    emit_rows(rows, _HEADROOM_COLUMNS, out_fmt, limit, title=title, what="limits")
-    for p in report.problems:
-        err.print(f"[yellow]{p}[/]")
+    body = report.model_dump(mode="json")
+    return body, title, body["rows"]
+
+
+#: The unit of a hot spot's value, reference and excess, per reason.
+_HOTSPOT_UNIT = {"r_drift": "K/W"}
+
+_HOTSPOT_COLUMNS = [
+    Column("kind", "kind"),
+    Column("id", "id"),
+    Column("rack", "rack"),
+    Column("reason", "reason"),
+    Column("value", "value", digits=2),
+    Column("reference", "reference", digits=2),
+    Column("excess", "excess", digits=2),
+    Column("unit", "unit"),
+    Column("sigma_k", "σ [K]", digits=2),
+    Column("sigmas", "residual [σ]", digits=1),
+    Column("detail", "detail"),
+]
+
+
+def _hotspot_rows(hotspots: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Numeric rows, worst first: temperatures (K) by excess, largest first, then drifts of
+    thermal resistance (K/W)."""
+    rows = [
+        {
+            **h,
+            "unit": _HOTSPOT_UNIT.get(h["reason"], "K"),
+            "sigma_k": h.get("sigma"),
+            "sigmas": h.get("residual_sigma"),
+        }
+        for h in hotspots
+    ]
+    return sorted(rows, key=lambda r: (r["unit"] != "K", -abs(r["excess"]), r["kind"], r["id"]))
 
 
 def hotspots(
-    db: DbOpt = Path("dctwin.duckdb"),
+    api: ApiOpt = None,
+    db: ReadDbOpt = None,
     site: SiteOpt = None,
     k_sigma: Annotated[float, typer.Option(help="Residual over the model, in sigma.")] = 3.0,
     minutes: Annotated[int, typer.Option(help="For this many minutes in a row.")] = 5,
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    as_json: JsonOpt = False,
     fmt: FormatOpt = None,
     limit: LimitOpt = None,
 ) -> None:
     """GPUs and racks running hotter than they should (catalog limit, calibrated model,
-    thermal-resistance drift, ASHRAE inlet)."""
-    from twin.hotspots import find_hotspots
+    thermal-resistance drift, ASHRAE inlet), worst first: the excess over the reference in K
+    (in K/W for a drift of thermal resistance), the residual's sigma [K] and how many sigma
+    the smallest minute stayed above the model.
 
-    site_obj = load_site_file(site or DEMO_SITE, required=True)
-    with open_existing_store(db) as store:
-        try:
-            report = find_hotspots(store, site_obj, k_sigma=k_sigma, minutes=minutes)
-        except ValueError as e:
-            raise fail(str(e)) from None
-    if as_json:
-        typer.echo(report.model_dump_json())
-        return
-    if not report.hotspots:
-        err.print("no hot spots")
+    With --api: the service's latest detection pass (computed now when --k-sigma or --minutes
+    differ from the defaults); with --db: computed on the store file."""
+    src = pick_source(api, db)
+    if src.api is not None:
+        changed = k_sigma != 3.0 or minutes != 5
+        params = {"k_sigma": k_sigma, "minutes": minutes} if changed else {}
+        report = src.get("/api/v1/hotspots", params)
     else:
-        cols = [Column("kind", "kind"), Column("id", "id"), Column("reason", "reason")]
-        cols.append(Column("detail", "detail"))
-        rows = [h.model_dump() for h in report.hotspots]
-        emit_rows(rows, cols, resolve_format(fmt), limit, title="hot spots", what="hot spots")
-    for p in report.problems:
+        from twin.hotspots import find_hotspots
+
+        site_obj = load_site_file(site or DEMO_SITE, required=True)
+        with open_read_store(src.db or DEFAULT_DB) as store:
+            try:
+                found = find_hotspots(store, site_obj, k_sigma=k_sigma, minutes=minutes)
+            except ValueError as e:
+                raise fail(str(e)) from None
+        report = found.model_dump(mode="json")
+    if as_json:
+        typer.echo(json.dumps(report, default=str))
+        return
+    out_fmt = resolve_format(fmt)
+    if not report["hotspots"]:
+        err.print("no hot spots")
+    if report["hotspots"] or out_fmt is not Format.table:
+        rows = _hotspot_rows(report["hotspots"])
+        emit_rows(rows, _HOTSPOT_COLUMNS, out_fmt, limit, title="hot spots", what="hot spots")
+    for p in report["problems"]:
         err.print(f"[yellow]{p}[/]")
 
 
+_FLEET_COLUMNS = [
+    Column("fleet", "fleet"),
+    Column("role", "role"),
+    Column("state", "state", style=lambda r: "yellow" if r["flagged"] else ""),
+    Column("gpus", "GPUs", digits=0),
+    Column("gpus_reporting", "reporting", digits=0),
+    Column("activity_p95", "activity p95", digits=2),
+    Column("gpus_needed", "GPUs needed", digits=0),
+    Column("gpus_to_reclaim", "GPUs to reclaim", digits=0),
+    Column("kw_freed", "kW freed", digits=1),
+    Column("covered", "covered"),
+    Column("reason", "reason"),
+]
+
+
 def fleets(
-    db: DbOpt = Path("dctwin.duckdb"),
+    api: ApiOpt = None,
+    db: ReadDbOpt = None,
     site: SiteOpt = None,
     window: Annotated[float, typer.Option(help="Seconds of activity to look at.")] = 86400.0,
     threshold: Annotated[
@@ -137,44 +301,137 @@ def fleets(
     target_util: Annotated[
         float, typer.Option(help="Utilization the remaining GPUs would run at (0..1).")
     ] = 0.7,
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    as_json: JsonOpt = False,
     fmt: FormatOpt = None,
     limit: LimitOpt = None,
 ) -> None:
-    """Underused inference fleets: GPUs that would serve their p95 load, and the kW freed."""
-    from twin.fleets import fleets_command_payload
+    """Fleet utilization and underused inference fleets: the GPUs that would serve their p95
+    load, the GPUs that frees and the kW, underused fleets first (most kW first).
 
-    site_path = site or DEMO_SITE
-    load_site_file(site_path, required=True)
-    if not db.exists():
-        raise fail(f"--db {db}: no such store")
-    try:
-        payload = fleets_command_payload(db, site_path, window, threshold, target_util)
-    except ValueError as e:
-        raise fail(str(e)) from None
+    With --api: the service's latest detection pass (computed now when an option differs
+    from its default); with --db: computed on the store file."""
+    src = pick_source(api, db)
+    if src.api is not None:
+        params: dict[str, Any] = {}
+        if (window, threshold, target_util) != (86400.0, 0.3, 0.7):
+            params = {"window_s": window, "threshold": threshold, "target_util": target_util}
+        payload = src.get("/api/v1/fleets", params)
+    else:
+        from twin.fleets import fleets_command_payload
+
+        site_path = site or DEMO_SITE
+        load_site_file(site_path, required=True)
+        open_read_store(src.db or DEFAULT_DB).close()  # a missing or held file: a clear message
+        try:
+            payload = fleets_command_payload(
+                src.db or DEFAULT_DB, site_path, window, threshold, target_util
+            )
+        except ValueError as e:
+            raise fail(str(e)) from None
     if as_json:
         typer.echo(json.dumps(payload, default=str))
         return
     rows = [dict(f, state="UNDERUSED" if f["flagged"] else "ok") for f in payload["fleets"]]
-    cols = [Column("fleet", "fleet"), Column("state", "state"), Column("reason", "reason")]
-    emit_rows(rows, cols, resolve_format(fmt), limit, title="inference fleets", what="fleets")
+    rows.sort(key=lambda r: (not r["flagged"], -(r["kw_freed"] or 0.0), r["fleet"]))
+    emit_rows(rows, _FLEET_COLUMNS, resolve_format(fmt), limit, title="fleets", what="fleets")
+
+
+_FORECAST_COLUMNS = [
+    Column("entity", "entity"),
+    Column("id", "id"),
+    Column("role", "role"),
+    Column("model", "model"),
+    Column("last_kw", "last kW", digits=1),
+    Column("p50_end_kw", "p50 at horizon kW", digits=1),
+    Column("p90_peak_kw", "p90 peak kW", digits=1),
+    Column("p95_peak_kw", "p95 peak kW", digits=1),
+    Column("p95_peak_at", "p95 peak at (UTC)"),
+    Column("checkpoint_period_s", "checkpoint period [s]", digits=0),
+]
+
+
+def _kw(v: float | None) -> float | None:
+    return None if v is None else v / 1000.0
+
+
+def _peak(values: list[float | None], times: list[str]) -> tuple[float | None, str | None]:
+    best = None
+    for v, t in zip(values, times, strict=True):
+        if v is not None and (best is None or v > best[0]):
+            best = (v, t)
+    return (None, None) if best is None else (best[0], best[1])
+
+
+def _forecast_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per fleet and rack: last, p50 at the horizon, the p90 and p95 peaks [kW]."""
+    rows = []
+    for e in result["entities"]:
+        p90, _ = _peak(e["p90_w"], e["t"])
+        p95, at = _peak(e["p95_w"], e["t"])
+        p50_end = next((v for v in reversed(e["p50_w"]) if v is not None), None)
+        rows.append(
+            {
+                "entity": e["entity"],
+                "id": e["id"],
+                "role": e["role"],
+                "model": e["model"],
+                "last_kw": _kw(e["last_w"]),
+                "p50_end_kw": _kw(p50_end),
+                "p90_peak_kw": _kw(p90),
+                "p95_peak_kw": _kw(p95),
+                "p95_peak_at": None if at is None else _hms(at),
+                "checkpoint_period_s": e["checkpoint_period_s"],
+            }
+        )
+    return rows
 
 
 def forecast(
-    db: DbOpt = Path("dctwin.duckdb"),
+    api: ApiOpt = None,
+    db: ReadDbOpt = None,
     site: SiteOpt = None,
     horizon: Annotated[float, typer.Option(help="Seconds ahead.")] = 6 * 3600.0,
     step: Annotated[float, typer.Option(help="Seconds per forecast step.")] = 300.0,
     backtest: Annotated[
-        bool, typer.Option(help="Backtest on the store's history instead of forecasting.")
+        bool,
+        typer.Option(help="--db only: backtest on the store's history instead of forecasting."),
     ] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the whole forecast (every step) as JSON.")
+    ] = False,
+    fmt: FormatOpt = None,
+    limit: LimitOpt = None,
 ) -> None:
-    """Load forecast (p05/p50/p90/p95 W) per fleet and per rack, or its backtest."""
+    """Load forecast per fleet and per rack: a row each with the last power, the p50 at the
+    horizon and the p90 and p95 peaks [kW] and when (--json: p05/p50/p90/p95 W at every
+    step), or with --backtest its skill against the seasonal naive forecast (JSON)."""
+    src = pick_source(api, db)
+    if src.api is not None:
+        if backtest:
+            raise fail("--backtest reads the store's history: give --db PATH (a copy of the file)")
+        result = src.get("/api/v1/forecast", {"horizon_s": horizon, "step_s": step})
+    else:
+        result = _forecast_of_store(src.db or DEFAULT_DB, site, horizon, step, backtest)
+        if backtest:
+            typer.echo(json.dumps(result, default=str))
+            return
+    if as_json:
+        typer.echo(json.dumps(result, default=str))
+        return
+    title = f"forecast from {_hms(result['now'])} UTC, {horizon / 3600:g} h ahead"
+    out_fmt = resolve_format(fmt)
+    if out_fmt is not Format.table:
+        err.print(title, highlight=False)
+    emit_rows(_forecast_rows(result), _FORECAST_COLUMNS, out_fmt, limit, title=title)
+
+
+def _forecast_of_store(
+    db: Path, site: Path | None, horizon: float, step: float, backtest: bool
+) -> dict[str, Any]:
     from twin.forecast import forecast_site, run_backtest
 
     site_obj = load_site_file(site or DEMO_SITE, required=True)
-    with open_existing_store(db) as store:
+    with open_read_store(db) as store:
         newest = store.con.execute("SELECT max(ts) FROM node").fetchall()[0][0]
         if newest is None:
             raise fail(f"--db {db}: no node power samples to forecast from")
@@ -185,7 +442,4 @@ def forecast(
                 result = forecast_site(store, site_obj, now=newest, horizon_s=horizon, step_s=step)
         except ValueError as e:
             raise fail(str(e)) from None
-    if as_json:
-        typer.echo(result.model_dump_json())
-        return
-    typer.echo(result.model_dump_json(indent=1))
+    return result.model_dump(mode="json")
