@@ -97,6 +97,9 @@ def test_a_held_store_says_to_use_the_api(live: dict) -> None:
     assert r.returncode == 2, r.stdout
     assert "held by a running service" in r.stderr and "--api" in r.stderr
     assert "Traceback" not in r.stderr
+    # --db wins over DCTWIN_API_URL: the file is what was asked for, and it says so
+    r = run("status", "--db", str(live["db"]), env={"DCTWIN_API_URL": live["url"]})
+    assert r.returncode == 2 and "held by a running service" in r.stderr
     r = run("headroom", "--db", str(live["db"]), "--site", str(SMALL_SITE))
     assert r.returncode == 2 and "--api" in r.stderr and "Traceback" not in r.stderr
 

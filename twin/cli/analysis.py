@@ -333,7 +333,17 @@ def fleets(
         return
     rows = [dict(f, state="UNDERUSED" if f["flagged"] else "ok") for f in payload["fleets"]]
     rows.sort(key=lambda r: (not r["flagged"], -(r["kw_freed"] or 0.0), r["fleet"]))
-    emit_rows(rows, _FLEET_COLUMNS, resolve_format(fmt), limit, title="fleets", what="fleets")
+    flagged = [r for r in rows if r["flagged"]]
+    gpus = sum(r["gpus_to_reclaim"] or 0 for r in flagged)
+    kw = sum(r["kw_freed"] or 0.0 for r in flagged)
+    title = (
+        f"fleets: {len(flagged)} underused of {len(rows)}, {gpus:,} GPUs and {kw:,.1f} kW to"
+        " reclaim in the underused ones"
+    )
+    out_fmt = resolve_format(fmt)
+    if out_fmt is not Format.table:
+        err.print(title, highlight=False)
+    emit_rows(rows, _FLEET_COLUMNS, out_fmt, limit, title=title, what="fleets")
 
 
 _FORECAST_COLUMNS = [
