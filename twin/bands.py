@@ -50,11 +50,6 @@ BAND_STYLE: dict[Band, str] = {Band.neutral: "", Band.amber: "yellow", Band.red:
 TEMPERATURE_UNITS = frozenset({"K", "°C", "degC", "C"})
 
 
-def limit_unit(unit: str) -> str:
-    """The unit of a limit itself: °C for a temperature (its headroom is in K), else ``unit``."""
-    return "°C" if unit in TEMPERATURE_UNITS else unit
-
-
 class LimitBands(BaseSettings):
     """Where the bands start, in percent of the limit used (environment ``DCTWIN_BAND_*``)."""
 

@@ -11,7 +11,7 @@ from typing import Annotated, Any
 
 import typer
 
-from twin.bands import BAND_STYLE, Band, bands, limit_unit
+from twin.bands import BAND_STYLE, TEMPERATURE_UNITS, Band, bands
 from twin.cli.common import DEMO_SITE, SiteOpt, err, fail, load_site_file
 from twin.cli.output import Column, Format, FormatOpt, LimitOpt, emit_rows, resolve_format
 from twin.cli.source import DEFAULT_DB, ApiOpt, ReadDbOpt, Source, open_read_store, pick_source
@@ -43,6 +43,11 @@ _HEADROOM_COLUMNS = [
     Column("headroom_min_p90", "min p90", digits=2),
     Column("breach_in_s_p90", "breach p90 [s]", digits=0),
 ]
+
+def limit_unit(unit: str) -> str:
+    """The unit of a limit itself: °C for a temperature (its headroom is in K), else ``unit``."""
+    return "°C" if unit in TEMPERATURE_UNITS else unit
+
 
 _BAND_RANK = {Band.red: 0, Band.amber: 1, Band.neutral: 2, None: 3}
 
