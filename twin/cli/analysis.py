@@ -44,6 +44,7 @@ _HEADROOM_COLUMNS = [
     Column("breach_in_s_p90", "breach p90 [s]", digits=0),
 ]
 
+
 def limit_unit(unit: str) -> str:
     """The unit of a limit itself: °C for a temperature (its headroom is in K), else ``unit``."""
     return "°C" if unit in TEMPERATURE_UNITS else unit
