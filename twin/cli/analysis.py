@@ -12,9 +12,18 @@ from typing import Annotated, Any
 import typer
 
 from twin.bands import BAND_STYLE, TEMPERATURE_UNITS, Band, bands
-from twin.cli.common import DEMO_SITE, SiteOpt, err, fail, load_site_file
+from twin.cli.common import DEMO_SITE, err, fail, load_site_file
 from twin.cli.output import Column, Format, FormatOpt, LimitOpt, emit_rows, resolve_format
 from twin.cli.source import DEFAULT_DB, ApiOpt, ReadDbOpt, Source, open_read_store, pick_source
+
+SiteOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--site",
+        help="--db only: the site YAML file (default: the demo site); a service knows its own.",
+        show_default=False,
+    ),
+]
 
 JsonOpt = Annotated[
     bool, typer.Option("--json", help="Print the source's JSON answer as one object.")
