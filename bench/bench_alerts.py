@@ -74,6 +74,7 @@ import math
 import sys
 import time
 from dataclasses import asdict
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +83,8 @@ sys.path.insert(0, str(ROOT))
 
 from twin.replay.fault_score import STEP_KINDS, FaultCase, run_day, score  # noqa: E402
 from twin.site import load_site  # noqa: E402
+
+DEMO_BUNDLE = ROOT / "sample_telemetry" / "demo_bundle"
 
 DEMO_SITE = ROOT / "sample_telemetry" / "demo_site.yaml"
 DEMO_RULES = ROOT / "deploy" / "alert_rules.yaml"
@@ -139,11 +142,135 @@ def table(res: dict[str, Any]) -> str:
         "targets:",
         *[f"  {'met   ' if ok else 'MISSED'} {name}" for name, ok in s["targets"].items()],
         "",
-        f"{res['days']} day(s) x {res['hours']} h, simulated every {res['tick_s']:g} s, sampled"
+        f"step faults, crossing to first page [s]: {res['step_faults']['delays_s']}"
+        f" (p95 {res['step_faults']['p95_s']}, target <= 60; not paged:"
+        f" {res['step_faults']['not_paged']})",
+        f"{res['path']} path: {res['days']} day(s) x {res['hours']} h, simulated every"
+        f" {res['tick_s']:g} s, sampled"
         f" every {res['resolution_s']:g} s, {res['gpus']} GPUs,"
         f" seed {res['seed']}, rules {res['rules']}; {res['wall_s']:.0f} s",
     ]
     return "\n".join(lines)
+
+
+def run_day_live(
+    site_path: Path,
+    rules_path: Path,
+    day: int,
+    seed: int,
+    hours: float,
+    resolution_s: float,
+    tick_s: float,
+    per_kind: int,
+    margin_s: float,
+    seed_bundle: Path | None,
+) -> tuple[list[FaultCase], list[dict[str, Any]], dict[str, Any]]:
+    """One day on the live path: the same faults and simulation as :func:`run_day` (same
+    seeds), but every poll goes to the service's own ingester and the service's calibration
+    scheduler and detection passes (full and breached-now) run on the simulated clock as
+    `dctwin serve` runs them, from a calibration seeded from ``seed_bundle`` (the demo's
+    start); the pages are what the service's alert engine wrote to ``alert_history``."""
+    import tempfile
+
+    import numpy as np
+
+    from harness.live_path import drive
+    from twin.replay import fault_score as fs
+    from twin.simulator.faults import Fault
+
+    site = load_site(site_path)
+    day_s = hours * 3600.0
+    t0 = fs.START + timedelta(days=day)
+    rng = np.random.default_rng([seed, day])
+    cal_s = min(fs.CALIBRATION_S, day_s / 4)
+    faults: list[Fault] = fs.draw_faults(site, rng, day_s, per_kind, cal_s)
+    sim_seed = int(rng.integers(2**31))
+    truth = fs.TruthRecorder(site)
+    c0 = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        run = drive(
+            site_path,
+            Path(tmp) / "live.duckdb",
+            start=t0,
+            duration_s=day_s,
+            rules=rules_path,
+            seed=sim_seed,
+            faults=faults,
+            seed_calibration=seed_bundle,
+            tick_s=tick_s,
+            resolution_s=resolution_s,
+            on_tick=lambda t_s, sim: truth.add(t_s, sim.true_state()),
+        )
+    alerts = [
+        {
+            "at": n["at"],
+            "status": n["status"],
+            "rule": n["rule"],
+            "severity": n["severity"],
+            "group": f"{n['group']['kind']} {n['group']['id']}",
+            "members": n.get("members") or [],
+            "summary": n["summary"],
+            "repeat": n.get("repeat", 0),
+            "flapping": n.get("flapping", False),
+        }
+        for n in run.notifications
+    ]
+    tr = truth.done()
+    cases = []
+    for f in faults:
+        end_s = (
+            day_s
+            if (f.kind in fs.RAMPED_KINDS or f.duration_s is None)
+            else f.start_s + f.duration_s
+        )
+        case = FaultCase(day, f.kind, f.target, f.start_s, min(end_s, day_s), str(f))
+        case.related = fs.related_entities(site, f.kind, f.target)
+        case.crossing_s, case.crossing = fs.crossing(site, tr, case, margin_s)
+        cases.append(case)
+    known = fs._known_ids(site)
+    untied = fs.attribute(cases, alerts, t0, known, margin_s)
+    from twin.alerts import load_rules
+
+    fs.classify_untied(site, tr, load_rules(rules_path), untied, known)
+    for u in untied:
+        u["day"] = day
+    info = {
+        "day": day,
+        "start": t0.isoformat(),
+        "sim_seed": sim_seed,
+        "notifications": len(alerts),
+        "pages": sum(1 for a in alerts if fs.is_page(a)),
+        "tickets": sum(1 for a in alerts if fs.is_ticket(a)),
+        "tickets_by_rule": fs._by_rule([a for a in alerts if fs.is_ticket(a)]),
+        "page_keys": sorted(
+            {f"{a['rule']}|{a['group']}" for a in alerts if fs.is_page(a) and not a["repeat"]}
+        ),
+        "calibrations": run.calibrations,
+        "passes": run.passes,
+        "fast_passes": run.fast_passes,
+        "timing_s": {**run.timing_s, "total_s": round(time.perf_counter() - c0, 1)},
+    }
+    return cases, untied, info
+
+
+def step_page_delays(cases: list[FaultCase]) -> dict[str, Any]:
+    """Step faults (cold_plate, phase_overload) that crossed a limit: seconds from the crossing
+    to the first page, each, and their p95 (None: none crossed)."""
+    import numpy as np
+
+    delays = [
+        min(c.pages) - c.crossing_s
+        for c in cases
+        if c.kind in STEP_KINDS and c.crossing_s is not None and c.pages
+    ]
+    missed = sum(
+        1 for c in cases if c.kind in STEP_KINDS and c.crossing_s is not None and not c.pages
+    )
+    return {
+        "delays_s": [round(d, 1) for d in delays],
+        "p95_s": round(float(np.percentile(delays, 95)), 1) if delays else None,
+        "not_paged": missed,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -183,6 +310,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--keep", type=Path, default=None, help="keep each day's bundle under this directory"
     )
+    ap.add_argument(
+        "--path",
+        choices=("live", "replay", "both"),
+        default="live",
+        help="live: the service's own ingest, calibration and detection passes over a store,"
+        " seeded from the demo bundle, on the simulated clock (what `dctwin serve` pages);"
+        " replay: the what-if replay's detectors over a recorded bundle; both: each, and the"
+        " difference of their pages (default live)",
+    )
     args = ap.parse_args(argv)
     problems = []
     if args.days < 1:
@@ -213,12 +349,52 @@ def main(argv: list[str] | None = None) -> int:
     except (RuleFileError, ValueError) as e:
         print(f"bench_alerts: {e}", file=sys.stderr)
         return 1
+    paths = ("live", "replay") if args.path == "both" else (args.path,)
+    results = {p: _run_path(p, args, site) for p in paths}
+    for res in results.values():
+        print(table(res))
+    if len(results) == 2:
+        cmp = compare_paths(results["live"], results["replay"])
+        results["comparison"] = cmp  # type: ignore[assignment]
+        print(
+            f"\nlive vs replay, pages (first notices, by rule and group): live {cmp['live']},"
+            f" replay {cmp['replay']}, in both {cmp['both']}; only live: {cmp['only_live']};"
+            f" only replay: {cmp['only_replay']}"
+        )
+    if args.json is not None:
+        out = results if len(results) > 1 else results[paths[0]]
+        text = json.dumps(out, indent=1, default=str)
+        if str(args.json) == "-":
+            print(text)
+        else:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(text)
+    return 0
+
+
+def compare_paths(live: dict[str, Any], replay: dict[str, Any]) -> dict[str, Any]:
+    """The pages of the two paths, day by day, as (day, rule, group) keys."""
+    keys = {
+        name: {(d["day"], k) for d in res["per_day"] for k in d["page_keys"]}
+        for name, res in (("live", live), ("replay", replay))
+    }
+    return {
+        "live": len(keys["live"]),
+        "replay": len(keys["replay"]),
+        "both": len(keys["live"] & keys["replay"]),
+        "only_live": sorted(f"day {d}: {k}" for d, k in keys["live"] - keys["replay"]),
+        "only_replay": sorted(f"day {d}: {k}" for d, k in keys["replay"] - keys["live"]),
+    }
+
+
+def _run_path(path: str, args: argparse.Namespace, site: Any) -> dict[str, Any]:
+    """Every simulated day through one path, scored."""
     w0 = time.perf_counter()
     cases: list[FaultCase] = []
     untied: list[dict[str, Any]] = []
     days_info = []
     for day in range(args.days):
-        c, u, info = run_day(
+        common = (
             args.site,
             args.rules,
             day,
@@ -228,14 +404,22 @@ def main(argv: list[str] | None = None) -> int:
             args.tick_s,
             args.faults_per_kind,
             args.margin_min * 60.0,
-            args.keep,
         )
+        if path == "live":
+            c, u, info = run_day_live(*common, DEMO_BUNDLE if args.site == DEMO_SITE else None)
+        else:
+            c, u, info = run_day(*common, args.keep)
         cases += c
         untied += u
         days_info.append(info)
-        print(f"day {day}: {info['pages']} pages, {info['timing_s']}", file=sys.stderr, flush=True)
+        print(
+            f"{path} day {day}: {info['pages']} pages, {info['timing_s']}",
+            file=sys.stderr,
+            flush=True,
+        )
     gpus = sum(n.spec.gpus for n in site.nodes)
     res = {
+        "path": path,
         "days": args.days,
         "hours": args.hours,
         "seed": args.seed,
@@ -276,17 +460,10 @@ def main(argv: list[str] | None = None) -> int:
             for u in untied
         ],
         "per_day": days_info,
+        "step_faults": step_page_delays(cases),
         "wall_s": round(time.perf_counter() - w0, 1),
     }
-    print(table(res))
-    if args.json is not None:
-        text = json.dumps(res, indent=1, default=str)
-        if str(args.json) == "-":
-            print(text)
-        else:
-            args.json.parent.mkdir(parents=True, exist_ok=True)
-            args.json.write_text(text)
-    return 0
+    return res
 
 
 if __name__ == "__main__":

@@ -149,7 +149,7 @@ _SUFFIXES_LONGEST_FIRST = sorted(SUFFIX_UNITS, key=len, reverse=True)
 def unit_of(name: str, kind: str | None = None) -> str | None:
     """The unit of a quantity: the contract's for ``kind`` (when it names one), else the one
     its name ends with (:data:`SUFFIX_UNITS`); None when the name carries none."""
-    if kind is not None and (q := QUANTITIES.get(kind, {}).get(name)) is not None:
+    if kind is not None and (q := named_quantity(kind, name)) is not None:
         return q.unit
     for suffix in _SUFFIXES_LONGEST_FIRST:
         if name.endswith(suffix):
@@ -217,6 +217,50 @@ QUANTITIES: dict[str, dict[str, Quantity]] = {
         "errors": _q("1", "error counter", integer=True, nonneg=True),
     },
 }
+
+#: Quantities the contract names and checks (unit, bound, sign) whose values the store keeps in
+#: its long table (``extra_readings``), not in a typed column of the kind's table: readings only
+#: some devices have. Their names are not in :data:`QUANTITIES`.
+LONG_QUANTITIES: dict[str, dict[str, Quantity]] = {
+    "pdu": {
+        # a 3-phase wye unit's measured neutral conductor: on the unit or the infeed's cord id,
+        # never on a line id (a neutral is not a line)
+        "neutral_current_a": _q("A", "RMS current of the neutral conductor", nonneg=True),
+    },
+}
+
+
+def named_quantity(kind: str, name: str) -> Quantity | None:
+    """The contract's quantity ``name`` of ``kind``: typed (:data:`QUANTITIES`) or long
+    (:data:`LONG_QUANTITIES`); None for a name the contract does not know."""
+    return QUANTITIES.get(kind, {}).get(name) or LONG_QUANTITIES.get(kind, {}).get(name)
+
+
+def _long_quantity_error(kind: str, name: str, value: Any) -> ContractError | None:
+    """Why a value of a long quantity breaks the contract (None when it does not)."""
+    q = LONG_QUANTITIES.get(kind, {}).get(name)
+    if q is None or type(value) not in (int, float):
+        return None
+    if value < q.lower:
+        reason = "negative_value" if q.nonnegative and value < 0 else "out_of_range"
+        return ContractError(reason, f"{name} = {value} is below {q.lower} {q.unit}")
+    if value > q.bound:
+        return ContractError("out_of_range", f"{name} = {value} is beyond {q.bound} {q.unit}")
+    return None
+
+
+def _extra_refusal(kind: str, name: str, value: Any) -> str | None:
+    """``"<reason>: <detail>"`` when a quantity outside the kind's columns breaks the contract
+    (not a finite number within EXTRA_BOUND, a name too long, a long quantity out of range)."""
+    if (
+        type(value) not in (float, int)
+        or not -EXTRA_BOUND <= value <= EXTRA_BOUND
+        or len(name) > MAX_EXTRA_NAME
+    ):
+        return f"out_of_range: {name[:40]}"
+    err = _long_quantity_error(kind, name, value)
+    return None if err is None else f"{err.reason}: {err.detail}"
+
 
 #: Dead-letter reasons, each with what it means.
 DEAD_LETTER_REASONS: dict[str, str] = {
@@ -662,6 +706,9 @@ def decode(topic: str, payload: bytes, site: str | None = None) -> Decoded:
                         "wrong_type",
                         f"quantity name {name[:40]!r}... longer than {MAX_EXTRA_NAME} characters",
                     )
+                err = _long_quantity_error(kind, name, s.__pydantic_extra__[name])
+                if err is not None:
+                    raise ContractError(err.reason, f"samples: {err.detail}")
             d.update(s.__pydantic_extra__)
         samples.append(d)
     return Decoded(topic_site, kind, source, msg.collector, msg.seq, msg.ts, samples)
@@ -1066,12 +1113,9 @@ class BatchDecoder:
                 for name, v in s.items():
                     if name in allowed:
                         continue
-                    if (
-                        type(v) not in (float, int)
-                        or not -EXTRA_BOUND <= v <= EXTRA_BOUND
-                        or len(name) > MAX_EXTRA_NAME
-                    ):
-                        refuse([r], f"out_of_range: {name[:40]}")
+                    why = _extra_refusal(kind, name, v)
+                    if why is not None:
+                        refuse([r], why)
                         continue
                     ext["ts"].append(int(ts[r]))
                     ext["kind"].append(kind)

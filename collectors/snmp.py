@@ -25,7 +25,13 @@ in the site file), ``<pdu>/outlet<n>`` outlets. The first temperature/humidity p
 ``<pdu>/thd<n>``, ``<pdu>/temp<n>``, one table per probe type; a quantity the unit's id already
 has from an earlier table goes to the probe's own id). A label checked against the unit's wiring
 (``leg_when`` / ``line_when`` over a ``scalars`` value such as Geist's ``pduMeterType``) that
-names a line on a delta unit, or a leg on a wye unit, is refused with the reason. A second
+names a line on a delta unit, or a leg on a wye unit, is refused with the reason. Labels are
+read with the profile's grammars (``Phase A``, ``AA:L1-L2``, ``TowerA_InfeedB``); a label no
+grammar accepts is refused with the label quoted, and a row without the label its id needs is
+refused and logged once for the row: a table index never stands in for it. A row whose label
+names the neutral publishes its current as ``neutral_current_a`` on the unit or cord id, never
+on a line. A power factor is published in 0..1 (a signed one as its magnitude where the profile
+says so); one outside is refused with the raw value. A second
 inlet, input cord or daisy-chained unit gets a prefix: ``<pdu>/inlet2/L1``,
 ``<pdu>/unit2/cord1/L1``, ``<pdu>/module2/L1``.
 
@@ -42,6 +48,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import re
 from typing import Any
 
 from pysnmp.error import PySnmpError
@@ -57,11 +64,12 @@ from pysnmp.hlapi.v3arch.asyncio import (
 from pysnmp.proto.rfc1905 import EndOfMibView, NoSuchInstance, NoSuchObject
 
 from collectors.base import CollectorError, Message, MessageBuilder
-from collectors.contract import QUANTITIES, line_element
+from collectors.contract import line_element, named_quantity
 from collectors.snmp_profiles import (
     UNITS,
     Column,
     Label,
+    Neutral,
     Profile,
     Table,
     contract_unit,
@@ -183,7 +191,9 @@ class SnmpPduCollector:
         # config columns: read for the rows seen, once; again when a row is new to them
         for table in self.profile.tables:
             rows = {i for c in table.columns for i in values[c.oid]}
-            config = [*table.keys.values(), *(lab.oid for lab in table.labels.values())]
+            config = [*table.keys.values()]
+            for lab in table.labels.values():
+                config += [lab.oid, *lab.alternates]
             for col in table.columns:
                 config += [o for o in (col.decimals, col.units) if o]
             for oid in table.scalars.values():  # one instance: its column, read once
@@ -292,7 +302,15 @@ class SnmpPduCollector:
                 if value is None:
                     continue
                 pattern = col.sample or table.sample
-                if table.first and col.quantity not in firsts:
+                quantity = col.quantity
+                neutral = _neutral_of(table, pattern, fields)
+                if neutral is not None:
+                    label, rule = neutral
+                    if col.quantity not in rule.quantities:
+                        self._refuse(what, f"{label} names the neutral: it has no {col.quantity}")
+                        continue
+                    quantity, pattern = rule.quantities[col.quantity], rule.sample
+                elif table.first and col.quantity not in firsts:
                     firsts.add(col.quantity)
                     # the unit's own id, unless an earlier table's probe already filled it
                     # there (Geist THD and temperature-only probes): then the row's own id
@@ -306,34 +324,62 @@ class SnmpPduCollector:
                     sid = pattern.format(src=self.source, chain=chain, **fields)
                 except KeyError as e:
                     reason = unlabelled.get(str(e.args[0]), f"no value for {e}")
-                    self._refuse(what, f"sample pattern {pattern!r}: {reason}")
+                    # one row, one reason: logged once for the row, not once per column
+                    row = f"{table.name} row {'.'.join(map(str, index))}"
+                    self._refuse(row, f"sample pattern {pattern!r}: {reason}")
                     continue
-                q = QUANTITIES["pdu"].get(col.quantity)
+                if col.magnitude:
+                    value = abs(value)
+                if quantity == "power_factor" and not 0.0 <= value <= 1.0:
+                    self._refuse(what, f"power factor {value} (raw {raw}) is outside 0..1")
+                    continue
+                q = named_quantity("pdu", quantity)
                 if q is not None and q.nonnegative and value < 0:
-                    self._refuse(what, f"{col.quantity} cannot be negative ({value})")
+                    self._refuse(what, f"{quantity} cannot be negative ({value})")
                     continue
-                samples.setdefault(sid, {"id": sid}).setdefault(col.quantity, value)
+                samples.setdefault(sid, {"id": sid}).setdefault(quantity, value)
 
     def _labels(self, table: Table, index: _OID, fields: dict[str, Any]) -> dict[str, str]:
-        """Fill ``fields`` with each label's contract element (``L1``, ``L1-L2``); the reasons
-        for labels that name none (logged only when a column's id needs them)."""
+        """Fill ``fields`` with each label's contract element (``L1``, ``L1-L2``, ``N``); the
+        reasons for labels that name none (logged only when a column's id needs them)."""
         why: dict[str, str] = {}
         for name, lab in table.labels.items():
-            raw = self._cache.get(lab.oid, {}).get(index)
-            text = lab.map.get(_int(raw, None), "") if lab.map and raw is not None else _text(raw)
-            element = None if text is None else line_element(text)
-            if element is None and lab.fallback is not None:
-                element = lab.fallback.format(**fields)
+            text, oid = None, lab.oid
+            key = tuple(fields[p] for p in lab.index) if lab.index else index
+            for oid in (lab.oid, *lab.alternates):
+                raw = self._cache.get(oid, {}).get(key)
+                if raw is not None and lab.map:
+                    text = lab.map.get(_int(raw, None), "")
+                else:
+                    text = _text(raw)
+                if text:
+                    break
+            if not text:
+                where = ", ".join((lab.oid, *lab.alternates))
+                why[name] = f"no label at {where} for this row (its index is not an id)"
+                continue
+            element = self._element(lab, text)
             wrong = _wiring_mismatch(lab, element, fields)
             if wrong:
-                why[name] = f"label {text!r} at {lab.oid} names {wrong}"
+                why[name] = f"label {text!r} at {oid} names {wrong}"
+            elif element == "N" and lab.neutral is None:
+                why[name] = f"label {text!r} at {oid} names the neutral, not a line or leg"
             elif element is not None:
                 fields[name] = element
             else:
-                why[name] = (
-                    f"label {text if text is not None else raw!r} at {lab.oid} names no line or leg"
-                )
+                why[name] = f"label {text!r} at {oid} names no line or leg"
         return why
+
+    def _element(self, lab: Label, text: str) -> str | None:
+        """The element a label's text names under its grammars (none: the contract's, and
+        ``N`` the neutral)."""
+        if not lab.accept:
+            return "N" if text.strip().upper() == "N" else line_element(text)
+        for g in lab.accept:
+            element = self.profile.grammars[g].element(text)
+            if element is not None:
+                return element
+        return None
 
     def _check_state(self, col: Column, index: _OID, values: dict[str, dict[_OID, Any]]) -> None:
         """_Reject when the row's sensor state says there is no reading."""
@@ -384,7 +430,7 @@ class SnmpPduCollector:
 def _wiring_mismatch(lab: Label, element: str | None, fields: dict[str, Any]) -> str | None:
     """Why a line/leg label contradicts the unit's wiring (``leg_when`` / ``line_when``: e.g.
     a delta unit's phase named as a line), or None when it does not."""
-    if element is None:
+    if element is None or element == "N":
         return None
     is_leg = "-" in element
     for want_leg, rule in ((True, lab.leg_when), (False, lab.line_when)):
@@ -395,11 +441,21 @@ def _wiring_mismatch(lab: Label, element: str | None, fields: dict[str, Any]) ->
     return None
 
 
+def _neutral_of(table: Table, pattern: str, fields: dict[str, Any]) -> tuple[str, Neutral] | None:
+    """(label, rule) when a label the id pattern uses names the neutral on this row."""
+    for name in re.findall(r"{([^{}]*)}", pattern):
+        lab = table.labels.get(name)
+        if lab is not None and lab.neutral is not None and fields.get(name) == "N":
+            return name, lab.neutral
+    return None
+
+
 def _selected(col: Column, fields: dict[str, Any]) -> bool:
-    """The row has the values ``when`` asks for and none that ``unless`` excludes."""
+    """The row has the values ``when`` asks for and none that ``unless`` excludes (a row
+    without a key either names cannot be told apart: not selected)."""
     if any(fields.get(k) not in v for k, v in col.when.items()):
         return False
-    return not any(fields.get(k) in v for k, v in col.unless.items())
+    return not any(fields.get(k) is None or fields[k] in v for k, v in col.unless.items())
 
 
 def _text(value: Any) -> str | None:

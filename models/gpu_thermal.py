@@ -1302,6 +1302,20 @@ def _refuse_stuck(
                 arr[j] = np.nan
 
 
+def _quantum(temp: F64) -> F64:
+    """(G,) each column's reading step when all its readings sit on one (1, 0.5 or 0.1 K:
+    NVML's whole degrees, a BMC's tenths), else 0 (a continuous reading)."""
+    t = np.asarray(temp, dtype=np.float64)
+    finite = np.isfinite(t)
+    out = np.zeros(t.shape[1])
+    with np.errstate(invalid="ignore"):
+        for q in (1.0, 0.5, 0.1):
+            x = t / q
+            on_grid = (~finite | (np.abs(x - np.round(x)) < 1e-6)).all(axis=0) & finite.any(axis=0)
+            out = np.where((out == 0) & on_grid, q, out)
+    return out
+
+
 def _fit_rc_one(
     temp: F64,
     reasons: list[str | None],
@@ -1365,7 +1379,10 @@ def _fit_rc_one(
         tau = np.exp(ln_tau)
         c = tau / r
         n = cur["n"]
-        sigma2 = cur["sse"] / np.maximum(n - 4.0, 1.0)
+        # a quantized sensor (whole °C from NVML) cannot tell the fit more than its step: the
+        # residual variance is at least the quantization's, q^2 / 12, so a flat, quantized
+        # temperature at flat power (any R fits it exactly) gives a wide standard error
+        sigma2 = np.maximum(cur["sse"] / np.maximum(n - 4.0, 1.0), _quantum(t_g) ** 2 / 12.0)
         rho = np.clip(cur["lag"] / np.maximum(cur["sse"], 1e-300), 0.0, 0.99)
         infl = (1.0 + rho) / (1.0 - rho)
         cov = safe_pinv(cur["gram"]) * (sigma2 * infl)[:, None, None]
@@ -1375,8 +1392,11 @@ def _fit_rc_one(
         se_c = c * np.sqrt(np.maximum(var_lnc, 0.0))
         one = _one_step_std(mom, r, c, off, dt)
         fitted = np.isfinite(r) & (r > 1e-6) & np.isfinite(c)
-        r_bad = fitted & ~(se_r <= max_rel_stderr_r * r)
-        c_bad = fitted & ~(se_c <= max_rel_stderr_c * c)
+        # a standard error of exactly 0 is a singular Gram matrix (the pseudo-inverse gives 0
+        # along the direction the data do not constrain: flat power and a flat, quantized
+        # temperature), not a perfect fit: such an R or C is not identifiable either
+        r_bad = fitted & ~((se_r > 0) & (se_r <= max_rel_stderr_r * r))
+        c_bad = fitted & ~((se_c > 0) & (se_c <= max_rel_stderr_c * c))
         at_bound = fitted & ~((ln_tau > lo + 1e-6) & (ln_tau < hi - 1e-6))
         capped = fitted & ~converged
         fit_reason: list[str | None] = [None] * cols.size

@@ -286,6 +286,7 @@ def test_live_detector_emits_every_limit_now_and_its_time_to_breach() -> None:
             headroom_min_p90=None,
             breach_in_s_p50=b50,
             breach_in_s_p90=b90,
+            basis="persistence, calibrated" if kind == "gpu" else "",
         )
 
     rows = [
@@ -318,6 +319,7 @@ def test_live_detector_emits_every_limit_now_and_its_time_to_breach() -> None:
             residual_sigma={},
             rack_inlet_c={},
             problems=[],
+            model_run=2,  # a fit on this site's telemetry: the GPU forecast is armed
         ),
         pumps=[],
         fleets=None,
@@ -379,10 +381,15 @@ rules:
     z = np.full((60, 2), np.nan)
     z[20:40, 0] = 5.0  # 20 minutes over 4 sigma, then no report
     z[:, 1] = 1.0
-    feed.offer_series("hotspot.gpu.residual_sigma", "gpu", ["trn-r01-n1:0", "trn-r01-n1:1"], z)
+    ids = ["trn-r01-n1:0", "trn-r01-n1:1"]
+    feed.offer_series("hotspot.gpu.residual_sigma", "gpu", ids, z, excess=z * 1.0)
     assert [w[2] for w in feed.watched] == ["trn-r01-n1:0"]  # the quiet GPU is not kept
     sent = feed.evaluate()
     assert [(a["status"], a["at"][11:16]) for a in sent] == [("firing", "14:30")]
+    # 5 sigma of a 0.5 K sigma is 2.5 K: under the rule's default 3 K excess, no page
+    small = alert_feed.AlertFeed(rules, d)
+    small.offer_series("hotspot.gpu.residual_sigma", "gpu", ids, z, excess=z * 0.5)
+    assert small.evaluate() == []
     with pytest.raises(ValueError, match="one row per evaluation minute"):
         feed.offer_series("hotspot.gpu.residual_sigma", "gpu", ["x"], np.zeros((59, 1)))
     # labels per column, (M, N) arrays formatted per name, rendered for the kept columns only

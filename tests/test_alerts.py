@@ -287,7 +287,7 @@ rules:
     metric: drift.gpu.r_k_per_w
     entity_kind: gpu
     resolve_if_absent_s: 3600
-    summary: "GPU {entity_id}: R drifted {value:.0%} ({labels[reason]})"
+    summary: "GPU {entity_id}: R drifted {value:.0%} (fleet {labels[fleet_r_k_per_w]} K/W)"
 """
     e = engine(topo, text)
     ev = Observation(
@@ -296,11 +296,11 @@ rules:
         entity_id="trn-r01-n1:3",
         value=0.25,
         ts=at(0),
-        labels={"reason": "above fleet median"},
+        labels={"r_k_per_w": "0.0500", "fleet_r_k_per_w": "0.0400"},
     )
     [n] = e.evaluate([ev], at(0))
-    assert n.summary == "GPU trn-r01-n1:3: R drifted 25% (above fleet median)"
-    assert n.context == {"reason": "above fleet median"}
+    assert n.summary == "GPU trn-r01-n1:3: R drifted 25% (fleet 0.0400 K/W)"
+    assert n.context == {"r_k_per_w": "0.0500", "fleet_r_k_per_w": "0.0400"}
     assert e.evaluate([], at(1800)) == []
     [r] = e.evaluate([], at(4000))
     assert r.status == "resolved" and r.ends_at == at(3600)

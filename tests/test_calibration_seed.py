@@ -287,7 +287,9 @@ def _calibration_page_text(url: str, monkeypatch: pytest.MonkeyPatch) -> str:
     assert not at.exception, [e.message for e in at.exception]
     # an empty store has no hot spots to show yet: that section says so in its error box
     assert all("hotspots" in str(e.value) for e in at.error), [e.value for e in at.error]
-    return "\n".join(str(e.value) for e in (*at.info, *at.caption, *at.markdown))
+    return "\n".join(
+        str(e.value) for e in (*at.info, *at.warning, *at.success, *at.caption, *at.markdown)
+    )
 
 
 @pytest.mark.slow  # the console page against two services, about 5 s
@@ -299,11 +301,17 @@ def test_the_calibration_page_says_seeded_and_names_the_time_of_the_first_fit(
         db=tmp_path / "seeded.duckdb",
         site=site,
         api_port=0,
-        detect_every_s=0,
+        detect_every_s=3600,  # the alert engine, no pass within the test
+        rules=REPO / "deploy" / "alert_rules.yaml",
         seed_calibration=DEMO_BUNDLE,
     )
     with Service(seeded) as svc:
         text = _calibration_page_text(str(svc.url), monkeypatch)
+    # the seeded run arms no model-based rule; the page says which wait
+    assert (
+        "Model-based alert rules: gpu_slowdown_forecast, gpu_hotspot_residual, gpu_r_drift"
+        " wait for the first fit on this site's telemetry (run 1 is seeded from a recording"
+    ) in text, text
     assert re.search(
         rf"Calibration seeded from the demo bundle \({re.escape(str(DEMO_BUNDLE))}\) at {HHMM};"
         rf" first fit on live data expected at {HHMM}\.",

@@ -14,6 +14,7 @@ import json
 import logging
 import math
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -62,6 +63,12 @@ def agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
     tmp = tmp_path_factory.mktemp("snmpsim")
     data = tmp / "data"
     shutil.copytree(FIXTURES, data)
+    yield from _serve(data, tmp, "apc-rpdu2", "apc-rpdu2")
+
+
+def _serve(data: Path, tmp: Path, profile: str, community: str) -> Iterator[int]:
+    """snmpsim serving ``data`` (read in place) on a free port; yields the port once a poll of
+    ``community`` with ``profile`` answers, and stops the agent afterwards."""
     port = _free_udp_port()
     log = (tmp / "snmpsim.log").open("w")
     proc = subprocess.Popen(
@@ -79,8 +86,8 @@ def agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
         probe = SnmpPduCollector(
             "127.0.0.1",
             site="lab",
-            profile="apc-rpdu2",
-            community="apc-rpdu2",
+            profile=profile,
+            community=community,
             port=port,
             timeout_s=0.5,
             retries=0,
@@ -579,7 +586,7 @@ def test_phase_name_must_agree_with_the_meter_type(
     l1 = next(x for x in d.samples if x["id"] == f"{P}/L1")
     assert l1.get("voltage_v") is None  # a leg's voltage never lands on the line
     said = " ".join(r.getMessage() for r in caplog.records)
-    assert "pduPhaseVoltage.1 skipped" in said
+    assert "pduPhaseTable row 1 skipped" in said  # one row, one reason: said once
     assert "names a leg (L1-L2) where meter = 1 calls for a line" in said
 
 
@@ -667,8 +674,8 @@ def test_apc_cpdu_delta_keeps_line_current_and_refuses_leg_readings(agent: int) 
         assert s[f"{P}/{line}"] == {"id": f"{P}/{line}", "current_a": 6.93}
     assert not [i for i in s if "-L" in i]
     check(s, {P: {"power_w": 4560.0, "apparent_power_va": 4800.0, "energy_kwh": 5432.1}})
-    assert "pduInputPhaseStatusVoltage.1.1 skipped" in proc.stderr
-    assert "pduInputPhaseStatusActivePower.1.3 skipped" in proc.stderr
+    assert "pduInputPhaseStatusTable row 1.1 skipped" in proc.stderr
+    assert "pduInputPhaseStatusTable row 1.3 skipped" in proc.stderr
     assert "names a line (L1) where wiring = 2 calls for a leg" in proc.stderr
 
 
@@ -823,6 +830,14 @@ def test_profiles_are_data_files_with_sources() -> None:
         "sentry4-delta",
         "geist-v5-delta",
         "apc-cpdu-delta",
+        # label grammars, neutrals and tables written otherwise (the tests at the end)
+        "geist-v5-letters",
+        "geist-v5-pairs",
+        "sentry4-prefixed",
+        "sentry3-names",
+        "eaton-epdu-outlets",
+        "apc-rpdu2-legacy",
+        "raritan-pdu2-neutral",
     }
     with pytest.raises(ValueError, match="unknown SNMP profile"):
         SnmpPduCollector("127.0.0.1", site="lab", profile="nope", community="public")
@@ -877,3 +892,137 @@ def test_delta_leg_ids_resolve_and_are_not_phases() -> None:
     table = phase_table(site)
     assert not [i for i in table.ids if "-L" in i]
     assert f"{P}/L1" in table.ids
+
+
+# ---- label grammars, neutrals and tables on units written otherwise (our own fixtures) --------
+
+
+@pytest.mark.slow
+def test_geist_lower_case_phase_letters_and_a_line_table_without_names(agent: int) -> None:
+    """pduPhaseName "phase a".."phase c" on a wye unit; no pduLineName: rows refused, said."""
+    proc = cli(agent, "geist-v5", "geist-v5-letters")
+    s = samples_of(proc)
+    for line, volts, amps in (("L1", 230.1, 6.25), ("L2", 229.8, 6.1), ("L3", 230.5, 5.98)):
+        # a wye phase's current is its line's: current_a too, from the phase table
+        check(s, {f"{P}/{line}": {"voltage_v": volts, "phase_current_a": amps, "current_a": amps}})
+    assert not [i for i in s if i.rsplit("/", 1)[-1].isdigit()], sorted(s)  # no row numbers
+    for row in (1, 2, 3):
+        assert f"pduLineTable row {row} skipped" in proc.stderr
+    assert proc.stderr.count("pduLineTable row 1 skipped") == 1  # once per row, not per column
+    assert "no label at 1.3.6.1.4.1.21239.5.2.3.4.1.2 for this row" in proc.stderr
+
+
+@pytest.mark.slow
+def test_geist_phase_letter_pairs_are_delta_legs(agent: int) -> None:
+    """ "Phase AB".."Phase CA" on a delta unit are its legs; "Line 1".. its lines."""
+    s = poll(agent, "geist-v5", "geist-v5-pairs")
+    for leg in ("L1-L2", "L2-L3", "L3-L1"):
+        check(s, {f"{P}/{leg}": {"voltage_v": 208.0, "phase_current_a": 4.0, "power_w": 790.0}})
+    for line in ("L1", "L2", "L3"):
+        assert s[f"{P}/{line}"] == {"id": f"{P}/{line}", "current_a": 6.93}
+
+
+@pytest.mark.slow
+def test_sentry4_phase_labels_after_a_unit_and_cord_prefix(agent: int) -> None:
+    """st4PhaseLabel "BA:L1-L2", "ba:l2-l3", "BA : L3 - L1" and st4LineLabel "AA:L1",
+    "aa:l2", "AA : L3", "AA:N": the prefix is read over."""
+    s = poll(agent, "sentry4", "sentry4-prefixed")
+    for line in ("L1", "L2", "L3"):
+        assert s[f"{P}/{line}"] == {"id": f"{P}/{line}", "current_a": 2.81}
+    assert "neutral_current_a" not in s[P]  # st4LineCurrent of "AA:N" is -1 (no reading)
+    for leg in ("L1-L2", "L2-L3", "L3-L1"):
+        check(s, {f"{P}/{leg}": {"voltage_v": 415.0, "phase_current_a": 1.62, "power_w": 645.0}})
+    assert {i for i in s if i.startswith(f"{P}/L")} == {
+        *(f"{P}/{x}" for x in ("L1", "L2", "L3", "L1-L2", "L2-L3", "L3-L1"))
+    }
+
+
+@pytest.mark.slow
+def test_sentry3_infeeds_by_name_neutral_and_system_total(agent: int) -> None:
+    """No PIPS line ids, a tower renamed "Master": infeeds read by name in either case, the
+    neutral's current on the unit, a renamed infeed refused with its name quoted, and the
+    system total as the unit's power (the tower has no power column)."""
+    proc = cli(agent, "sentry3", "sentry3-names")
+    s = samples_of(proc)
+    check(
+        s,
+        {
+            P: {"power_w": 3456.0, "neutral_current_a": 3.45},  # systemTotalPower; 345 cA
+            f"{P}/L1": {"current_a": 6.93, "voltage_v": 208.0},  # "Master_InfeedA"
+            f"{P}/L2": {"current_a": 6.93},  # "master_infeedb"
+            f"{P}/L3": {"voltage_v": 208.0},  # "Master_InfeedC" (its load state is readError)
+        },
+    )
+    assert "power_factor" not in s[P]  # systemPowerFactor is a setting: not read
+    assert not [i for i in s if re.search(r"/L[4-9]$|/\d+$", i)], sorted(s)  # no L4, no rows
+    assert "infeedTable row 1.5 skipped" in proc.stderr
+    assert "label 'spare feed' at 1.3.6.1.4.1.1718.3.2.2.1.3 names no line or leg" in proc.stderr
+
+
+@pytest.mark.slow
+def test_eaton_outlets_chained_unit_and_power_factor_magnitude(agent: int) -> None:
+    """outletCurrent / outletVA / outletWatts / outletWh / outletPowerFactor of units 0 and 1;
+    a signed power factor's magnitude; one beyond 1 refused with its raw value."""
+    proc = cli(agent, "eaton-epdu", "eaton-epdu-outlets")
+    s = samples_of(proc)
+    check(
+        s,
+        {
+            # 1500 mA, 345 VA, 331 W, 123456 Wh, -960 thousandths
+            f"{P}/outlet1": {
+                "current_a": 1.5,
+                "apparent_power_va": 345.0,
+                "power_w": 331.0,
+                "energy_kwh": 123.456,
+                "power_factor": 0.96,
+            },
+            f"{P}/outlet2": {"current_a": 0.42, "power_factor": 0.95},
+            f"{P}/unit1/outlet1": {"current_a": 1.501, "power_w": 331.0},
+            f"{P}/outlet3": {"current_a": 0.0},
+        },
+    )
+    assert "power_factor" not in s[f"{P}/outlet3"]
+    assert "outletPowerFactor.0.3 skipped: power factor 1.2 (raw -1200) is outside 0..1" in (
+        proc.stderr
+    )
+
+
+@pytest.mark.slow
+def test_apc_rpdu2_reads_the_legacy_bank_table_when_present(agent: int) -> None:
+    """An rPDU2 unit without rPDU2BankStatus rows: its banks from rPDULoadStatus."""
+    s = poll(agent, "apc-rpdu2", "apc-rpdu2-legacy")
+    # rPDULoadStatusLoad tenths of A: bank 1 61, bank 2 62; phase 1 (bank 0) as rPDU2's
+    check(s, {f"{P}/cb1": {"current_a": 6.1}, f"{P}/cb2": {"current_a": 6.2}})
+    check(s, {f"{P}/L1": {"current_a": 12.3, "voltage_v": 230.0}})
+
+
+@pytest.mark.slow
+def test_raritan_neutral_pole_is_the_inlets_neutral(agent: int) -> None:
+    """inletPoleLine lineL1(1), lineNeutral(4) (a single-phase inlet, as a real PXE-1847
+    reads): pole 2's current is the unit's neutral_current_a, never line L2; a voltage on the
+    neutral pole is refused with the reason."""
+    proc = cli(agent, "raritan-pdu2", "raritan-pdu2-neutral")
+    s = samples_of(proc)
+    check(s, {P: {"neutral_current_a": 4.2}, f"{P}/L1": {"current_a": 4.1, "voltage_v": 230.0}})
+    assert not [i for i in s if re.search(r"/L[2-9]$", i)], sorted(s)
+    assert "names the neutral: it has no voltage_v" in proc.stderr
+
+
+@pytest.mark.slow
+def test_an_unlabelled_row_is_said_once_for_the_row(
+    agent: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A Geist line row without pduLineName: one WARNING for the row (not one per column), then
+    DEBUG on later polls; never an id made of its row number."""
+    c = SnmpPduCollector(
+        "127.0.0.1", site="lab", profile="geist-v5", community="geist-v5-letters", port=agent
+    )
+    try:
+        with caplog.at_level(logging.DEBUG, logger="collectors.snmp"):
+            for _ in range(2):
+                ids = {x["id"] for x in decode(*c.poll()[0]).samples}
+                assert not [i for i in ids if i.rsplit("/", 1)[-1].isdigit()], ids
+    finally:
+        c.close()
+    said = [r for r in caplog.records if "pduLineTable row 2 skipped" in r.getMessage()]
+    assert [r.levelno for r in said] == [logging.WARNING, logging.DEBUG]

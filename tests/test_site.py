@@ -128,8 +128,9 @@ def test_demo_racks_have_ab_pdus_and_liquid_racks_a_cdu(demo: Site) -> None:
 
 def test_demo_cdus_at_full_load(demo: Site) -> None:
     # cdu-1, -2 and -4 are sized for their racks' full load with margin; cdu-3 is sized on the
-    # recorded inference load (90 % at the demo bundle's daily peak) and runs at 91 % of its
-    # rating at nameplate full load: the what-if examples need a CDU with little room left
+    # recorded inference load (80 % at the demo bundle's daily peak: a healthy day stays clear
+    # of the 10 % capacity_low page) and runs at 81 % of its rating at nameplate full load:
+    # the what-if examples need a CDU with little room left
     heat_kw: dict[str, float] = defaultdict(float)
     for rack in demo.racks:
         if rack.cdu is not None:
@@ -139,7 +140,7 @@ def test_demo_cdus_at_full_load(demo: Site) -> None:
     for cdu in demo.cdus:
         assert cdu.capacity_kw is not None
         load = heat_kw[cdu.name] / cdu.capacity_kw
-        lo, hi = (0.85, 0.95) if cdu.name == "cdu-3" else (0.4, 0.8)
+        lo, hi = (0.78, 0.85) if cdu.name == "cdu-3" else (0.4, 0.8)
         assert lo <= load <= hi, f"{cdu.name}: {heat_kw[cdu.name]:.1f} kW of {cdu.capacity_kw}"
 
 

@@ -52,6 +52,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -86,7 +87,7 @@ from twin.alerts.metrics import (
     HOTSPOT_RACK_INLET_C,
 )
 from twin.alerts.model import Observation
-from twin.chain import pumps_running
+from twin.chain import phase_table, pumps_running
 from twin.coverage import NoTelemetry, missing_kinds, newest_sample
 from twin.fleet_drain import fleet_drain_observations
 from twin.fleets import FleetReport, span_text, underused_fleets
@@ -266,6 +267,10 @@ def observations(d: Detection) -> list[Observation]:
         )
 
     beyond = 2.0 * d.headroom.horizon_s
+    hs = d.hotspots
+    # model-based metrics (MODEL_METRICS) only from a fit on this site's telemetry, and only
+    # for GPUs whose fit was usable: a seeded or catalog model serves headroom, never a page
+    armed = hs.model_run is not None
 
     def breach(metric: str, kind: str, sid: str, b: float | None, **labels: str) -> None:
         """A time-to-breach observation: twice the horizon, labelled, when none is forecast."""
@@ -277,8 +282,16 @@ def observations(d: Detection) -> list[Observation]:
         if r.headroom_now is None:
             continue
         if r.kind == "gpu":
-            obs(HEADROOM_GPU_K_TO_SLOWDOWN, "gpu", r.id, r.headroom_now, limit_c=f"{r.limit:g}")
-            breach(HEADROOM_GPU_TIME_TO_BREACH_P90_S, "gpu", r.id, r.breach_in_s_p90)
+            obs(
+                HEADROOM_GPU_K_TO_SLOWDOWN,
+                "gpu",
+                r.id,
+                r.headroom_now,
+                limit_c=f"{r.limit:g}",
+                temp_c=f"{r.value_now:.1f}" if r.value_now is not None else "not reported",
+            )
+            if armed and r.id not in hs.not_judged and r.basis.endswith("calibrated"):
+                breach(HEADROOM_GPU_TIME_TO_BREACH_P90_S, "gpu", r.id, r.breach_in_s_p90)
         elif r.kind == "pdu_phase":
             obs(HEADROOM_PDU_PHASE_A_TO_LIMIT, "pdu_phase", r.id, r.headroom_now)
             breach(
@@ -310,17 +323,24 @@ def observations(d: Detection) -> list[Observation]:
         elif r.kind == "link":
             obs(HEADROOM_LINK_GBPS_TO_LIMIT, "link", r.id, r.headroom_now)
             breach(HEADROOM_LINK_TIME_TO_BREACH_P50_S, "link", r.id, r.breach_in_s_p50)
-    hs = d.hotspots
-    for gid, z in hs.residual_sigma.items():
-        lab = {}
-        if gid in hs.measured_c:
-            lab = {
-                "measured_c": f"{hs.measured_c[gid]:.1f}",
-                "model_c": f"{hs.model_c[gid]:.1f}",
-                "sigma_k": f"{hs.sigma_k[gid]:.2f}",
-            }
-        obs(HOTSPOT_GPU_RESIDUAL_SIGMA, "gpu", gid, z, **lab)
-    for gid, v in hs.r_drift.items():
+    for gid, z in hs.residual_sigma.items() if armed else ():
+        out.append(
+            Observation(
+                metric=HOTSPOT_GPU_RESIDUAL_SIGMA,
+                entity_kind="gpu",
+                entity_id=gid,
+                value=z,
+                excess=hs.excess_k[gid],
+                ts=ts,
+                labels={
+                    "excess_k": f"{hs.excess_k[gid]:.1f}",
+                    "sigma_k": f"{hs.sigma_k[gid]:.2f}",
+                    "measured_c": f"{hs.measured_c[gid]:.1f}",
+                    "model_c": f"{hs.model_c[gid]:.1f}",
+                },
+            )
+        )
+    for gid, v in hs.r_drift.items() if armed else ():
         obs(
             DRIFT_GPU_R,
             "gpu",
@@ -367,6 +387,83 @@ def observations(d: Detection) -> list[Observation]:
     return out
 
 
+#: The metrics the breached-now pass owns (:func:`now_observations`): each a limit crossed in
+#: the newest sample, so a step fault pages within seconds of the sample that shows it, not
+#: after the minute pass. With the pass on, the full pass takes these from it too (one
+#: figure, one implementation).
+NOW_METRICS = frozenset(
+    {HEADROOM_GPU_K_TO_SLOWDOWN, HEADROOM_PDU_PHASE_A_TO_LIMIT, CDU_PUMPS_RUNNING}
+)
+#: How far back the breached-now pass looks for a device's newest sample: a poller every 10 s
+#: and one late sample. [s]
+NOW_WINDOW_S = 30.0
+
+
+def now_observations(
+    store: Store, site: Site, now: datetime, window_s: float = NOW_WINDOW_S
+) -> list[Observation]:
+    """The breached-now metrics from each device's newest sample in the last ``window_s``:
+    K from each GPU's max operating temperature (catalog), A left to each PDU line's or
+    breaker's derated limit, and running pumps per CDU. A device without a sample in the
+    window gives no observation (a missing reading is not a breach, nor a clear)."""
+    start = now - timedelta(seconds=window_s)
+    out: list[Observation] = []
+
+    def obs(metric: str, kind: str, sid: str, value: float, **labels: str) -> None:
+        out.append(
+            Observation(
+                metric=metric,
+                entity_kind=kind,  # type: ignore[arg-type]
+                entity_id=sid,
+                value=value,
+                ts=now,
+                labels=labels,
+            )
+        )
+
+    temp = store.latest_readings("gpu", "temp_c", start, now)
+    if temp:
+        for nd in site.nodes:
+            limit = nd.gpu_spec.max_operating_temp_c
+            for gid in nd.gpu_ids():
+                t = temp.get(gid)
+                if t is not None:
+                    obs(
+                        HEADROOM_GPU_K_TO_SLOWDOWN,
+                        "gpu",
+                        gid,
+                        limit - t,
+                        limit_c=f"{limit:g}",
+                        temp_c=f"{t:.1f}",
+                    )
+    current = store.latest_readings("pdu", "current_a", start, now)
+    if current:
+        table = phase_table(site)
+        for pid, limit in zip(table.ids, table.limit_a, strict=True):
+            a = current.get(pid)
+            if a is not None:
+                obs(
+                    HEADROOM_PDU_PHASE_A_TO_LIMIT,
+                    "pdu_phase",
+                    pid,
+                    float(limit) - a,
+                    limit_a=f"{limit:g}",
+                    current_a=f"{a:.1f}",
+                )
+    for p in pump_states(store, site, now, window_s):
+        extra = {"unknown": ",".join(p.unknown)} if p.unknown else {}
+        obs(
+            CDU_PUMPS_RUNNING,
+            "cdu",
+            p.cdu,
+            float(p.running + len(p.unknown)),
+            pumps=str(p.pumps),
+            stopped=",".join(p.stopped),
+            **extra,
+        )
+    return out
+
+
 def only_owned(d: Detection, owns: Callable[[str, str], bool]) -> Detection:
     """``d`` with the headroom rows, hot spots and pumps of what ``owns`` says is this shard's
     (a shard computes the racks it reads for its spanning CDUs and PDUs, but reports its own)."""
@@ -394,6 +491,7 @@ class DetectionScheduler:
         site: Site,
         *,
         interval_s: float = 60.0,
+        fast_every_s: float = 0.0,
         horizon_s: float = 3600.0,
         engine: AlertEngine | None = None,
         health: ServiceHealth | None = None,
@@ -407,6 +505,9 @@ class DetectionScheduler:
         #: a shard's (entity kind, id) -> whether it reports it (twin.site.shards); None: all
         self.owns = owns
         self.interval_s = interval_s
+        #: the breached-now pass's cadence (0: none; the full pass evaluates those metrics)
+        self.fast_every_s = fast_every_s if engine is not None else 0.0
+        self.fast_runs = 0
         self.horizon_s = horizon_s
         self.engine = engine
         self.health = health
@@ -449,20 +550,38 @@ class DetectionScheduler:
         if self.engine is not None:
             try:
                 obs = observations(d)
-                if self.owns is not None:
-                    obs = [o for o in obs if self.owns(o.entity_kind, o.entity_id)]
-                sent = self.engine.evaluate(obs, now=d.now)
+                if self.fast_every_s > 0:  # the breached-now figures, as the fast pass has them
+                    obs = [o for o in obs if o.metric not in NOW_METRICS]
+                    obs += now_observations(self.store, self.site, d.now)
+                self._evaluate(obs, d.now)
             except Exception as e:
                 failures["alerts"] = e
-            else:
-                for n in sent:
-                    log.warning("alert %s %s: %s", n.status, n.dedup_key, n.summary)
         if "coverage" not in failures:
             self._report_missing(d.missing)
         self.runs += 1
         self.last = d
         self._report(failures)
         return d
+
+    def _evaluate(self, obs: list[Observation], now: datetime) -> None:
+        assert self.engine is not None
+        if self.owns is not None:
+            obs = [o for o in obs if self.owns(o.entity_kind, o.entity_id)]
+        for n in self.engine.evaluate(obs, now=now):
+            log.warning("alert %s %s: %s", n.status, n.dedup_key, n.summary)
+
+    def run_fast_once(self) -> int:
+        """The breached-now pass (:func:`now_observations`) on the newest samples, evaluated;
+        returns the observations judged (0: no telemetry yet, or no engine)."""
+        if self.engine is None:
+            return 0
+        now = newest_sample(self.store)
+        if now is None:
+            return 0
+        obs = now_observations(self.store, self.site, now.astimezone(UTC))
+        self._evaluate(obs, now.astimezone(UTC))
+        self.fast_runs += 1
+        return len(obs)
 
     def _report_missing(self, missing: dict[str, str]) -> None:
         for kind in sorted(self._missing - missing.keys()):
@@ -501,9 +620,26 @@ class DetectionScheduler:
             self.health.error(LOOP, text)
 
     def _loop(self) -> None:
+        """The full pass every ``interval_s``; between them, the breached-now pass every
+        ``fast_every_s`` (a failing fast pass is logged once and retried; the full pass goes
+        on)."""
         lower_this_thread(self.nice)
-        while not self._stop.wait(self.interval_s):
+        tick = self.fast_every_s if 0 < self.fast_every_s < self.interval_s else self.interval_s
+        next_full = time.monotonic() + self.interval_s
+        fast_error = ""
+        while not self._stop.wait(max(0.0, min(tick, next_full - time.monotonic()))):
+            if time.monotonic() >= next_full - 1e-3:
+                next_full = time.monotonic() + self.interval_s
+                try:
+                    self.run_once()
+                except Exception as e:  # never take the service down
+                    self._report({"pass": e})
+                continue
             try:
-                self.run_once()
-            except Exception as e:  # never take the service down
-                self._report({"pass": e})
+                self.run_fast_once()
+                fast_error = ""
+            except Exception as e:
+                text = _describe(e)
+                if text != fast_error:
+                    log.error("breached-now pass failed; retried in %g s: %s", tick, text)
+                fast_error = text

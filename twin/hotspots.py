@@ -40,6 +40,7 @@ from pydantic import BaseModel
 from models import gpu_thermal
 from models import thermal_watch as tw
 from models.cooling_change import FLAT_FRACTION, cooling_steps
+from twin.alerts.metrics import RESIDUAL_MIN_EXCESS_K
 from twin.calibrate.calibrate import gpu_flow_ratio, gpu_reference, index_site
 from twin.calibrate.windows import hold_fill, infer_step_s, load_window
 from twin.coverage import newest_sample
@@ -48,8 +49,16 @@ from twin.store import Store
 
 #: Upper end of the ASHRAE TC 9.9 recommended inlet range (18-27 °C), 2021 thermal guidelines.
 ASHRAE_RECOMMENDED_MAX_C = 27.0
-#: Floor of the residual's standard deviation: the sensors' 1 K resolution, averaged. [K]
-MIN_SIGMA_K = 0.3
+#: NVML and DCGM report the GPU core temperature in whole degrees Celsius (NVML
+#: ``nvmlDeviceGetTemperature``: unsigned int, °C). [K]
+SENSOR_RESOLUTION_K = 1.0
+#: Floor of the residual's standard deviation: half the sensor's step. A steady die read
+#: through a 1 °C sensor without dither gives the same reading every second, so a minute mean
+#: is off by up to half a step, whatever the averaging (docs/physics.md §2.7). [K]
+MIN_SIGMA_K = SENSOR_RESOLUTION_K / 2.0
+#: A residual hot spot also needs this absolute excess over the model in each judged minute
+#: (the shipped residual rule's default ``min_excess_k``; reasoning at its definition). [K]
+MIN_EXCESS_K = RESIDUAL_MIN_EXCESS_K
 #: sigma = RMSE; for normal errors RMSE = sqrt(pi / 2) * MAE.
 RMSE_PER_MAE = math.sqrt(math.pi / 2.0)
 #: A GPU whose R re-estimate is this far over its fleet's median is listed as an ``r_drift``
@@ -104,7 +113,9 @@ class HotSpotReport(BaseModel):
     minutes: int
     hotspots: list[HotSpot]
     residual_sigma: dict[str, float]  # every GPU with a calibrated model: min minute residual/σ
-    # ... and for those GPUs, the last minute's mean measured and modelled temperature and σ
+    # ... the same minimum in K (= residual_sigma x sigma_k), and the last minute's mean
+    # measured and modelled temperature and σ
+    excess_k: dict[str, float] = {}
     measured_c: dict[str, float] = {}
     model_c: dict[str, float] = {}
     sigma_k: dict[str, float] = {}
@@ -115,6 +126,15 @@ class HotSpotReport(BaseModel):
     r_drift: dict[str, float] = {}
     rack_inlet_c: dict[str, float]  # every rack with an inlet reading: the last minute's warmest
     problems: list[str]
+    #: the calibration run the model-based detectors judged with: the newest run fitted on this
+    #: store's telemetry (None: none yet; a seeded run never arms them)
+    model_run: int | None = None
+    #: why the model-based detectors (residual, R drift) judge nothing or not every GPU ("":
+    #: every GPU with telemetry is judged)
+    model_note: str = ""
+    #: GPUs the model does not judge because their fit was refused: id -> the fit's reason
+    not_judged: dict[str, str] = {}
+    min_excess_k: float = MIN_EXCESS_K
 
 
 def find_hotspots(
@@ -124,10 +144,19 @@ def find_hotspots(
     now: datetime | None = None,
     k_sigma: float = 3.0,
     minutes: int = 5,
+    min_excess_k: float = MIN_EXCESS_K,
 ) -> HotSpotReport:
-    """Every hot spot of ``site`` from the store's newest data and calibration."""
-    if k_sigma <= 0 or minutes < 1:
-        raise ValueError(f"k_sigma ({k_sigma}) must be > 0 and minutes ({minutes}) >= 1")
+    """Every hot spot of ``site`` from the store's newest data and calibration.
+
+    The model-based detectors (residual, R drift) judge only with a calibration fitted on this
+    store's telemetry (:meth:`twin.store.Store.latest_fit_run_id`): a run seeded from another
+    recording serves headroom, never a residual. A GPU whose fit was refused is not judged
+    (listed in ``not_judged`` with the fit's reason)."""
+    if k_sigma <= 0 or minutes < 1 or min_excess_k < 0:
+        raise ValueError(
+            f"k_sigma ({k_sigma}) must be > 0, minutes ({minutes}) >= 1 and min_excess_k"
+            f" ({min_excess_k}) >= 0"
+        )
     if now is None:  # the newest sample of any kind: rack inlets need no GPU data
         newest = newest_sample(store)
         if newest is None:
@@ -150,9 +179,14 @@ def find_hotspots(
 
     # ---- above the calibrated model, and R drifting over its fleet (last minutes' aggregates)
     run = store.latest_calibration_run_id()
-    found, figures, missing = _watch(store, run, idx, racks, end, k_sigma, minutes)
+    fit = store.latest_fit_run_id()
+    model_run = fit if fit is not None and fit == run else None
+    found, figures, missing, not_judged = _watch(
+        store, model_run, idx, racks, end, k_sigma, minutes, min_excess_k
+    )
     out += found
     problems += missing
+    note = _model_note(store, run, model_run, not_judged)
     out += _cooling_changes(store, run, idx, nodes, racks, end)
 
     # ---- rack inlet air over the ASHRAE recommended envelope
@@ -165,6 +199,7 @@ def find_hotspots(
         minutes=minutes,
         hotspots=out,
         residual_sigma=figures["residual_sigma"],
+        excess_k=figures["excess_k"],
         measured_c=figures["measured_c"],
         model_c=figures["model_c"],
         sigma_k=figures["sigma_k"],
@@ -173,7 +208,31 @@ def find_hotspots(
         r_drift=figures["r_drift"],
         rack_inlet_c=inlet,
         problems=problems,
+        model_run=model_run,
+        model_note=note,
+        not_judged=not_judged,
+        min_excess_k=min_excess_k,
     )
+
+
+def _model_note(
+    store: Store, run: int | None, model_run: int | None, not_judged: dict[str, str]
+) -> str:
+    """Why the model-based detectors judge nothing, or not every GPU ("" when they do)."""
+    if model_run is None:
+        if run is None:
+            return "no calibration yet: the model-based rules wait for the first fit"
+        return (
+            f"calibration run {run} is seeded from another recording: the model-based rules"
+            " (residual, R drift, GPU temperature forecast) wait for the first fit on this"
+            " site's telemetry"
+        )
+    if not_judged:
+        return (
+            f"{len(not_judged)} GPU(s) not judged by the model: their fit in run {model_run} was"
+            " refused (see their reasons)"
+        )
+    return ""
 
 
 def _over_limit(
@@ -272,22 +331,26 @@ def _watch(
     end: datetime,
     k_sigma: float,
     minutes: int,
-) -> tuple[list[HotSpot], dict[str, dict[str, float]], list[str]]:
+    min_excess_k: float = MIN_EXCESS_K,
+) -> tuple[list[HotSpot], dict[str, dict[str, float]], list[str], dict[str, str]]:
     """The model-residual and R-drift detectors on the last minutes' aggregates
     (``models.thermal_watch``), vectorized over GPUs.
 
     - residual: each minute's mean temperature against the calibrated model's (run ``run``)
       for the minute's mean heat, coolant and loop flow; the figure is the smallest of the
-      last ``minutes`` minutes over sigma (the GPU's held-out fit error x sqrt(pi/2), at least
-      :data:`MIN_SIGMA_K`). The model's R is the lower of the run's and the median of the
-      GPU's own fits so far: a refit on a degrading cold plate must not teach the model the
-      fault and hide it.
+      last ``minutes`` minutes (``excess_k``) over sigma (the GPU's published held-out fit
+      error x sqrt(pi/2), at least :data:`MIN_SIGMA_K`, the sensor's half step). A hot spot
+      needs both ``k_sigma`` and ``min_excess_k``. The model's R is the lower of the run's and
+      the median of the GPU's own fits so far: a refit on a degrading cold plate must not teach
+      the model the fault and hide it. ``run`` None (no fit on this site's data): nothing is
+      judged; a GPU without a usable fit in ``run`` is not judged either.
     - drift: R re-estimated over the last :data:`DRIFT_WINDOW_MIN` minutes (at the
       calibration's flow) against its fleet's median of the same estimate.
 
-    Returns the hot spots, the figures per GPU (``residual_sigma``, ``measured_c``,
-    ``model_c``, ``sigma_k``, ``r_k_per_w``, ``fleet_r_k_per_w``, ``r_drift``: id -> value)
-    and what could not be judged."""
+    Returns the hot spots, the figures per GPU (``residual_sigma``, ``excess_k``,
+    ``measured_c``, ``model_c``, ``sigma_k``, ``r_k_per_w``, ``fleet_r_k_per_w``,
+    ``r_drift``: id -> value), what could not be judged, and the GPUs whose refused fit keeps
+    them from being judged (id -> the fit's reason)."""
     problems: list[str] = []
     n_min = max(minutes, DRIFT_WINDOW_MIN)
     start = end - timedelta(minutes=n_min)  # the last minute ends with the newest second
@@ -299,30 +362,16 @@ def _watch(
     node = _minute_window(store, "node", start, n_min, quantities=["inlet_temp_c"])
     pdu = _minute_window(store, "pdu", start, n_min, quantities=["inlet_temp_c"])
     ref = gpu_reference(idx, cdu, node, pdu)
-    params: dict[tuple[str, str], float] = {}
-    mae: dict[str, float] = {}
-    history: dict[str, float] = {}
-    if run is not None:
-        params = {
-            (i_, p): v
-            for (_, i_, p), v in store.calibration_params(
-                run, kind="gpu", params=("r_k_per_w", "c_j_per_k", "offset_k", "flow_ref_lpm")
-            ).items()
-            if v is not None
-        }
-        mae = {
-            q["id"]: q["mae"]
-            for q in store.calibration_quality(run, kind="gpu")
-            if q["quantity"].startswith("temp_c@") and q["mae"] is not None
-        }
-        history = store.calibration_param_medians("gpu", "r_k_per_w")
+    params, mae, history, not_judged = _model_inputs(store, run)
 
     def per_gpu(name: str, default: float) -> np.ndarray:
         return np.array([params.get((gid, name), default) for gid in ids], dtype=float)
 
     r = per_gpu("r_k_per_w", np.nan)
     hist = np.array([history.get(gid, np.nan) for gid in ids])
-    r = np.where(np.isfinite(hist), np.fmin(r, hist), r)
+    # a GPU without a usable fit in this run stays unjudged (NaN): np.fmin would take its
+    # history alone, a model this run refused
+    r = np.where(np.isfinite(hist) & np.isfinite(r), np.fmin(r, hist), r)
     c, off = per_gpu("c_j_per_k", np.nan), per_gpu("offset_k", 0.0)
     sigma = np.array(
         [max(MIN_SIGMA_K, RMSE_PER_MAE * mae[gid]) if gid in mae else np.nan for gid in ids]
@@ -343,7 +392,10 @@ def _watch(
     with np.errstate(all="ignore"):
         drift = r_est / fleet - 1.0
     if run is None:
-        problems.append("no calibration run yet: the model-residual detector has nothing to use")
+        problems.append(
+            "no calibration fitted on this site's telemetry yet: the model-residual and R-drift"
+            " detectors judge nothing"
+        )
     elif not np.isfinite(t_m[-minutes:]).any():
         problems.append(f"no GPU data in the last {minutes} min: no model-residual check")
     figures: dict[str, dict[str, float]] = {}
@@ -353,7 +405,9 @@ def _watch(
         figures[name] = dict(zip([ids[i] for i in j], values[j].tolist(), strict=True))
 
     judged = np.isfinite(z)
+    excess = z * sigma
     keep("residual_sigma", z, judged)
+    keep("excess_k", excess, judged)
     keep("measured_c", t_m[-1], judged)
     keep("model_c", model[-1], judged)
     keep("sigma_k", sigma, judged)
@@ -362,7 +416,8 @@ def _watch(
     keep("fleet_r_k_per_w", fleet, has_r)
     keep("r_drift", drift, has_r)
     out: list[HotSpot] = []
-    for i in np.flatnonzero(judged & (z >= k_sigma)):  # only the flagged GPUs
+    flagged = judged & (z >= k_sigma) & (excess >= min_excess_k)
+    for i in np.flatnonzero(flagged):  # only the flagged GPUs
         meas, mod = float(t_m[-1, i]), float(model[-1, i])
         out.append(
             HotSpot(
@@ -371,18 +426,19 @@ def _watch(
                 reason="above_model",
                 value=meas,
                 reference=mod,
-                excess=meas - mod,
+                excess=float(excess[i]),
                 sigma=float(sigma[i]),
                 residual_sigma=float(z[i]),
                 rack=racks[idx.gpu_rack[i]].name,
                 detail=(
-                    f"{meas - mod:.1f} K above its calibrated model ({meas:.1f} °C measured, "
-                    f"{mod:.1f} °C modelled in the last minute; {z[i]:.1f} sigma or more in "
-                    f"each of the last {minutes} min; sigma {sigma[i]:.2f} K)"
+                    f"{excess[i]:.1f} K ({z[i]:.1f} sigma, sigma {sigma[i]:.2f} K) or more above"
+                    f" its calibrated model in each loaded minute of the last {minutes} min;"
+                    f" last minute {meas:.1f} °C measured, {mod:.1f} °C modelled"
                 ),
             )
         )
-    for i in np.flatnonzero(has_r & (drift > R_DRIFT_BAND)):
+    # R drift is judged against a fit on this site's data too (its offset is the fit's)
+    for i in np.flatnonzero(has_r & (drift > R_DRIFT_BAND) & (run is not None)):
         out.append(
             HotSpot(
                 kind="gpu",
@@ -398,7 +454,36 @@ def _watch(
                 ),
             )
         )
-    return out, figures, problems
+    return out, figures, problems, not_judged
+
+
+def _model_inputs(
+    store: Store, run: int | None
+) -> tuple[dict[tuple[str, str], float], dict[str, float], dict[str, float], dict[str, str]]:
+    """What the residual judges with, from run ``run`` (nothing when None): the usable GPU
+    parameters ((id, param) -> value), each GPU's held-out temperature MAE, each GPU's R
+    history (the median of its fits on this store), and the GPUs whose fit was refused."""
+    if run is None:
+        return {}, {}, {}, {}
+    params = {
+        (i_, p): v
+        for (_, i_, p), v in store.calibration_params(
+            run, kind="gpu", params=("r_k_per_w", "c_j_per_k", "offset_k", "flow_ref_lpm")
+        ).items()
+        if v is not None
+    }
+    mae = {
+        q["id"]: q["mae"]
+        for q in store.calibration_quality(run, kind="gpu")
+        if q["quantity"].startswith("temp_c@") and q["mae"] is not None
+    }
+    history = store.calibration_param_medians("gpu", "r_k_per_w")
+    not_judged = {
+        row["id"]: row["reason"] or "fit refused"
+        for row in store.calibration_param_rows(run)
+        if row["kind"] == "gpu" and row["param"] == "r_k_per_w" and not row["usable"]
+    }
+    return params, mae, history, not_judged
 
 
 def _cooling_changes(

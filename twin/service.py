@@ -81,8 +81,13 @@ class ServiceConfig:
     calibrate_window_s: float = 7200.0
     calibrate_holdout_s: float = 1200.0
     detect_every_s: float = 60.0
+    #: the breached-now pass's cadence (twin.detect.now_observations): limits crossed in the
+    #: newest sample page within seconds; 0: only the full pass judges them
+    fast_every_s: float = 10.0
     rules: Path | None = None
     hooks: Path | None = None
+    #: the console's base URL: every page links the component's console page (None: no link)
+    console_url: str | None = None
     api: bool = True
     api_host: str = "127.0.0.1"
     api_port: int = 8420
@@ -235,6 +240,7 @@ class Service:
                 self.store,
                 site,
                 interval_s=cfg.detect_every_s,
+                fast_every_s=cfg.fast_every_s,
                 engine=self.engine,
                 health=self.health,
                 owns=self.shard.owns_entity if self.shard is not None else None,
@@ -261,7 +267,9 @@ class Service:
                 " not sent"
             )
         outbox = Outbox(self.store.cursor(), hook_list, router=setup.router)
-        self.engine = AlertEngine(rule_set, Topology.from_site(site), outbox)
+        self.engine = AlertEngine(
+            rule_set, Topology.from_site(site), outbox, console_url=self.config.console_url
+        )
         self.delivery = Delivery(outbox, interval_s=1.0, health=self.health)
         from twin.alerts.reload import AlertReloader
 

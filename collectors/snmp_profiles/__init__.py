@@ -10,11 +10,19 @@ so the scaling of every value is explicit and reviewable in the data file. ``dec
 from the agent where the MIB says so (Raritan ``...SensorDecimalDigits``); where the agent states
 the unit (``units``) it is checked against ``units_map``; where it states a sensor state
 (``state``) a state listed in ``unavailable`` leaves the value out. ``labels`` read a
-DisplayString column that names a line or a line-to-line leg (``L1``, ``L1-N``, ``L1-L2``) and
-turn it into the contract's element (``L1`` or ``L1-L2``, see :func:`collectors.contract.
-line_element`), so that a delta unit's leg readings never land on a line id; ``scalars`` read one
-instance of another table for every row (Geist ``pduMeterType``), and a label's ``leg_when`` /
-``line_when`` refuse a label that contradicts that wiring (a line on a delta unit).
+DisplayString column that names a line, a line-to-line leg or the neutral and turn it into the
+contract's element (``L1`` or ``L1-L2``), so that a delta unit's leg readings never land on a
+line id. How a vendor writes such a label is data: the profile's ``grammars`` (regular
+expressions whose groups ``a``/``b``/``neutral`` say what the label names: ``Phase A``,
+``AA:L1-L2``, ``TowerA_Neutral``; see :class:`Grammar`), named in the label's ``accept`` (none:
+the contract's ``L1`` / ``L1-N`` / ``L1-L2``, :func:`collectors.contract.line_element`);
+``alternates`` are further columns read when the first has no text for the row. A label may
+not share a name with an index part, so a row without its label is refused, never published
+under its row number. A label's ``neutral`` says where a neutral row goes (the unit or cord,
+``current_a`` as ``neutral_current_a``). ``scalars`` read one instance of another table for
+every row (Geist ``pduMeterType``), and a label's ``leg_when`` / ``line_when`` refuse a label
+that contradicts that wiring (a line on a delta unit). A column's ``magnitude`` publishes a
+signed power factor's magnitude (Eaton); a power factor outside 0..1 is refused.
 
 This module needs only pydantic and PyYAML (not pysnmp): the CLI lists the profiles from it.
 """
@@ -35,7 +43,9 @@ __all__ = [
     "PROFILE_DIR",
     "UNITS",
     "Column",
+    "Grammar",
     "Label",
+    "Neutral",
     "Profile",
     "ProfileError",
     "Source",
@@ -121,6 +131,11 @@ class Column(BaseModel):
     )
     sample: str | None = Field(None, description="sample-id pattern overriding the table's")
     invalid: tuple[int, ...] = Field((-1,), description="raw values meaning 'no reading'")
+    magnitude: bool = Field(
+        False,
+        description="publish the value's magnitude: a power factor whose sign says leading or "
+        "lagging (Eaton); a magnitude beyond 0..1 is still refused with the raw value",
+    )
 
     _oids = field_validator("oid", "decimals", "units", "state")(_check_oid)
 
@@ -138,8 +153,87 @@ class Column(BaseModel):
         return self
 
 
+class Grammar(BaseModel):
+    """How a vendor writes a line, leg or neutral label, as a regular expression.
+
+    ``match`` must match the whole label (surrounding blanks are stripped first; case is ignored
+    unless ``ignore_case`` is false). Its named groups say what the label names: ``a`` a line
+    (``1``..``9`` or a letter of ``letters``), ``b`` the second end (``N``: a wye phase, line to
+    neutral, so the line ``a``; another line: the leg ``L<a>-L<b>``), ``neutral`` (matched at
+    all) the neutral conductor. Anything else in the pattern (a tower or cord prefix such as
+    ``AA:`` or ``TowerA_``) is read over and ignored.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    match: str
+    letters: dict[str, int] = Field(
+        default_factory=dict, description="a line written as a letter -> its number (A -> 1)"
+    )
+    ignore_case: bool = True
+
+    @field_validator("match")
+    @classmethod
+    def _compiles(cls, value: str) -> str:
+        try:
+            groups = re.compile(value).groupindex
+        except re.error as e:
+            raise ValueError(f"{value!r} is not a regular expression: {e}") from None
+        if not {"a", "neutral"} & set(groups):
+            raise ValueError(f"{value!r} has neither a group 'a' (a line) nor 'neutral'")
+        return value
+
+    @functools.cached_property
+    def pattern(self) -> re.Pattern[str]:
+        return re.compile(self.match, re.IGNORECASE if self.ignore_case else 0)
+
+    def element(self, label: str) -> str | None:
+        """The contract element the label names (``L1``, ``L1-L2``, ``N`` for the neutral);
+        None when this grammar does not accept it."""
+        m = self.pattern.fullmatch(label.strip())
+        if m is None:
+            return None
+        groups = m.groupdict()
+        if groups.get("neutral") is not None:
+            return "N"
+        a = self._line(groups.get("a"))
+        if a is None:
+            return None
+        other = groups.get("b")
+        if other is None or other.upper() == "N":
+            return f"L{a}"
+        b = self._line(other.upper().removeprefix("L") if other[:1] in "Ll" else other)
+        return None if b is None or a == b else f"L{a}-L{b}"
+
+    def _line(self, text: str | None) -> int | None:
+        if text is None:
+            return None
+        if text.isdigit():
+            return int(text) if int(text) >= 1 else None
+        return next((n for k, n in self.letters.items() if k.upper() == text.upper()), None)
+
+
+class Neutral(BaseModel):
+    """Where a row whose label names the neutral goes: never to a line id."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    sample: str = Field(description="pattern of the id that carries the neutral (unit or cord)")
+    quantities: dict[str, str] = Field(
+        description="column quantity -> the neutral's quantity (current_a -> neutral_current_a); "
+        "other columns of a neutral row are refused"
+    )
+
+
 class Label(BaseModel):
-    """A DisplayString column naming a line (``L1``, ``L1-N``) or a leg (``L1-L2``)."""
+    """A column naming a line (``L1``, ``L1-N``, ``Phase A``), a leg (``L1-L2``) or the neutral.
+
+    The text is read with the profile's ``grammars`` named in ``accept`` (in order; none named:
+    the contract's own ``L1`` / ``L1-N`` / ``L1-L2``). ``alternates`` are further columns of the
+    same row read the same way when ``oid`` has no text for the row (absent or empty). A row
+    whose label names nothing is refused when a column's id needs the label, with the label
+    quoted: the row's index never stands in for it.
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -148,9 +242,18 @@ class Label(BaseModel):
         default_factory=dict,
         description="an integer enumeration column: value -> label (e.g. Eaton phase1to2 -> L1-L2)",
     )
-    fallback: str | None = Field(
-        None, description="pattern over the index parts when the agent gives no usable label"
+    accept: tuple[str, ...] = Field(
+        (), description="names of the profile's grammars the text is read with, in order"
     )
+    alternates: tuple[str, ...] = Field(
+        (), description="OIDs of further label columns of the row, read when oid has no text"
+    )
+    index: tuple[str, ...] = Field(
+        (),
+        description="the index parts that key the label's column when its table has fewer "
+        "than the row's (Raritan inletPoleLine: pdu, inlet, pole); none: the row's index",
+    )
+    neutral: Neutral | None = Field(None, description="where a neutral row's readings go")
     leg_when: dict[str, tuple[int, ...]] = Field(
         default_factory=dict,
         description="key or scalar -> values for which the label must name a leg (delta unit)",
@@ -160,7 +263,17 @@ class Label(BaseModel):
         description="key or scalar -> values for which the label must name a line (wye unit)",
     )
 
-    _oids = field_validator("oid")(_check_oid)
+    @field_validator("oid")
+    @classmethod
+    def _oid_ok(cls, value: str) -> str:
+        return _check_oid(value) or value
+
+    @field_validator("alternates")
+    @classmethod
+    def _alternate_oids(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for oid in value:
+            _check_oid(oid)
+        return value
 
 
 class Table(BaseModel):
@@ -215,13 +328,22 @@ class Table(BaseModel):
     @model_validator(mode="after")
     def _names_known(self) -> Table:
         names = {"src", "chain", *self.index, *self.keys, *self.labels, *self.scalars}
+        for label in self.labels:
+            if label in {*self.index, *self.keys, *self.scalars}:
+                raise ValueError(
+                    f"label {label!r} has the name of an index part, key or scalar: a row "
+                    "without the label would take that number as its id"
+                )
         for label, lab in self.labels.items():
+            if not set(lab.index) <= set(self.index):
+                raise ValueError(f"label {label!r} index {lab.index} is not made of {self.index}")
             for k in (*lab.leg_when, *lab.line_when):
                 if k not in {*self.index, *self.keys, *self.scalars}:
                     raise ValueError(
                         f"label {label!r} tests {k!r}: not an index part, key or scalar"
                     )
-        for pattern in (self.sample, self.first, *(c.sample for c in self.columns)):
+        neutrals = [lab.neutral.sample for lab in self.labels.values() if lab.neutral]
+        for pattern in (self.sample, self.first, *(c.sample for c in self.columns), *neutrals):
             if pattern is None:
                 continue
             for field in re.findall(r"{([^{}]*)}", pattern):
@@ -252,7 +374,22 @@ class Profile(BaseModel):
     aliases: tuple[str, ...] = ()
     description: str
     source: Source
+    grammars: dict[str, Grammar] = Field(
+        default_factory=dict, description="name -> how this vendor writes line/leg labels"
+    )
     tables: tuple[Table, ...] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _grammars_known(self) -> Profile:
+        for table in self.tables:
+            for name, lab in table.labels.items():
+                for g in lab.accept:
+                    if g not in self.grammars:
+                        raise ValueError(
+                            f"table {table.name!r} label {name!r} accepts grammar {g!r}: not "
+                            f"one of the profile's grammars {sorted(self.grammars)}"
+                        )
+        return self
 
 
 def _loc(loc: tuple[Any, ...], data: Any) -> str:

@@ -14,6 +14,10 @@ def body() -> None:
     cal = ui.fetch("/api/v1/calibration")
     if cal is None:
         return
+    rules = cal.get("model_rules")
+    if rules and rules["rules"]:  # which model-based alert rules judge, which wait
+        text = "Model-based alert rules: " + rules["note"] + "."
+        (st.success if rules["armed"] else st.warning)(text)
     run = cal["run"]
     if run is None:
         st.info(cal["note"][:1].upper() + cal["note"][1:] + ".")

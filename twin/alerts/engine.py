@@ -60,6 +60,7 @@ import duckdb
 
 from collectors.contract import split_sub_id
 from twin.alerts.db import AlertDb
+from twin.alerts.metrics import METRICS
 from twin.alerts.model import (
     GroupRef,
     Member,
@@ -167,6 +168,8 @@ class _Group:
     sent_at: datetime | None = None  # the last page or reminder (repeat_interval_s)
     repeat: int = 0  # reminders sent
     acknowledged: bool = False  # no more reminders
+    #: a recurrence kept, not sent (recur_as_ticket_s): no reminder and no resolve either
+    quiet: bool = False
 
     @property
     def key(self) -> str:
@@ -242,7 +245,42 @@ class _Flap:
         return cls(**d)
 
 
-_STATE_TYPES: dict[str, Any] = {"i": _Instance, "g": _Group, "h": _Hold, "f": _Flap}
+@dataclass
+class _Recent:
+    """The last page and ticket of a rule on a group, for ``recur_as_ticket_s``."""
+
+    rule: str
+    kind: str
+    id: str
+    paged_at: datetime
+    ticket_at: datetime | None = None
+    last_at: datetime | None = None  # the latest incident (paged, ticketed or kept quiet)
+
+    @property
+    def key(self) -> str:
+        return _SEP.join(("r", self.rule, self.kind, self.id))
+
+    def to_json(self) -> str:
+        d = asdict(self)
+        for k in ("paged_at", "ticket_at", "last_at"):
+            d[k] = d[k].isoformat() if d[k] is not None else None
+        return json.dumps(d)
+
+    @classmethod
+    def from_json(cls, s: str) -> _Recent:
+        d = json.loads(s)
+        for k in ("paged_at", "ticket_at", "last_at"):
+            d[k] = _dt(d.get(k))
+        return cls(**d)
+
+
+_STATE_TYPES: dict[str, Any] = {
+    "i": _Instance,
+    "g": _Group,
+    "h": _Hold,
+    "f": _Flap,
+    "r": _Recent,
+}
 
 
 # ---- silences ------------------------------------------------------------------------------
@@ -355,8 +393,11 @@ class AlertEngine:
         clock: Clock = _now,
         *,
         db: AlertDb | None = None,
+        console_url: str | None = None,
     ) -> None:
         self.rules = rules
+        #: the console's base URL (``dctwin serve --console-url``): pages link the component
+        self.console_url = console_url.rstrip("/") if console_url else None
         self.topology = topology
         self.outbox = outbox
         self.clock = clock
@@ -366,7 +407,10 @@ class AlertEngine:
         self._groups: dict[str, _Group] = {}
         self._holds: dict[str, _Hold] = {}
         self._flaps: dict[str, _Flap] = {}
+        self._recent: dict[str, _Recent] = {}
         self._dirty: set[str] = set()
+        #: the time of the last evaluation (what "firing for" of open incidents counts to)
+        self._evaluated_at: datetime | None = None
         self._index = rules.index()
         # evaluate runs in the detection thread, active/acknowledge in the API's threads
         self._lock = threading.RLock()
@@ -411,6 +455,7 @@ class AlertEngine:
         self, observations: Iterable[Observation], now: datetime | None
     ) -> list[Notification]:
         now = (now or self.clock()).astimezone(UTC)
+        self._evaluated_at = now
         rules = self.rules.by_name()
         cleared: dict[str, datetime] = {}  # group key -> when its last member cleared
 
@@ -455,6 +500,12 @@ class AlertEngine:
             if hold.until <= now:
                 del self._holds[key]
                 self._dirty.add(key)
+        for key, rec in list(self._recent.items()):
+            rrule = rules.get(rec.rule)
+            window = rrule.recur_as_ticket_s if rrule is not None else None
+            if window is None or (now - (rec.last_at or rec.paged_at)).total_seconds() >= window:
+                del self._recent[key]  # a window without the state: the next one pages again
+                self._dirty.add(key)
         for key, flap in list(self._flaps.items()):
             frule = rules.get(flap.rule)
             stale = frule is None or frule.flap_changes is None
@@ -479,17 +530,17 @@ class AlertEngine:
         if rule.min_coverage_s is not None and not _covers(obs, rule.min_coverage_s):
             return  # too little data to judge yet: neither fire nor clear
         if inst is None:
-            if not rule.breached(obs.value):
+            if not rule.breached(obs.value, obs.excess):
                 return
             inst = _Instance(
                 rule.name, obs.entity_kind, obs.entity_id, "pending", obs.ts, obs.value, obs.ts
             )
             self._instances[key] = inst
-        elif inst.state == "pending" and not rule.breached(obs.value):
+        elif inst.state == "pending" and not rule.breached(obs.value, obs.excess):
             clear(inst, obs.ts)
             return
         elif inst.state == "firing":
-            if rule.still_breached(obs.value):
+            if rule.still_breached(obs.value, obs.excess):
                 if inst.clearing_since is not None:  # back within keep_firing_for: same alert
                     inst.clearing_since = None
                     self._flap_change(rule, inst, obs.ts, hot=True)
@@ -603,7 +654,7 @@ class AlertEngine:
             if flapping:  # stable again: flapping ends, the count starts again
                 del self._flaps["f" + gkey[1:]]
                 self._dirty.add("f" + gkey[1:])
-            if group.notified:
+            if group.notified and not group.quiet:
                 ends = cleared.get(gkey, group.cleared_at or now)
                 out.append(self._resolved(group, ends, flapping))
 
@@ -638,7 +689,7 @@ class AlertEngine:
                 if added:  # listed in the resolve; not paged again
                     group.members.update(self._members_json(added))
                     self._dirty.add(gkey)
-                if self._remind(rule, group, now) and live and not flapping:
+                if self._remind(rule, group, now) and live and not flapping and not group.quiet:
                     group.repeat += 1
                     out.append(self._fire(rule, group, live, now, flapping))
                     self._dirty.add(gkey)
@@ -649,9 +700,40 @@ class AlertEngine:
             # muted by its breach would page once the breach resolved, for what is over)
             breached = [m for m in live if m.clearing_since is None]
             if breached and waited:
-                out.append(self._fire(rule, group, live, now, flapping))
+                note = self._recurrence(rule, group, self._fire(rule, group, live, now, flapping))
+                if note is not None:
+                    out.append(note)
                 self._dirty.add(gkey)
         return out
+
+    def _recurrence(self, rule: Rule, group: _Group, note: Notification) -> Notification | None:
+        """``recur_as_ticket_s``: the first incident of a rule on a group pages; while the
+        state keeps coming back (each within the window of the last), the next ones are a
+        ticket (severity info) at most once per window, and the rest are kept quiet (listed
+        by the API, never sent). A window without it, and the next one pages again."""
+        window = rule.recur_as_ticket_s
+        if window is None:
+            return note
+        now = note.starts_at if group.sent_at is None else group.sent_at
+        key = _SEP.join(("r", rule.name, group.kind, group.id))
+        rec = self._recent.get(key)
+        self._dirty.add(key)
+        if rec is None:
+            self._recent[key] = _Recent(rule.name, group.kind, group.id, now, last_at=now)
+            return note
+        rec.last_at = now
+        if rec.ticket_at is not None and (now - rec.ticket_at).total_seconds() < window:
+            group.quiet = True
+            return None
+        rec.ticket_at = now
+        group.severity = "info"
+        return note.model_copy(
+            update={
+                "severity": "info",
+                "summary": f"{note.summary} (recurring: paged {utc_iso(rec.paged_at)};"
+                f" now a ticket, at most one per {window / 3600:g} h)",
+            }
+        )
 
     def _remind(self, rule: Rule, group: _Group, now: datetime) -> bool:
         """A reminder is due (repeat_interval_s since the last page, not acknowledged)."""
@@ -678,27 +760,12 @@ class AlertEngine:
         """The incident's page, or (once paged) a reminder: same dedup key and start, the
         members seen so far, ``repeat`` counting reminders."""
         reminder = group.notified
-        above = rule.op in (">", ">=")
-        live = sorted(live, key=lambda m: (-m.value if above else m.value, m.entity_id))
+        live = self._worst_first(rule, live)
         worst = live[0]
         common = dict(worst.labels)
         for m in live[1:]:
             common = {k: v for k, v in common.items() if m.labels.get(k) == v}
-        ctx = {
-            "rule": rule.name,
-            "entity_kind": worst.entity_kind,
-            "entity_id": worst.entity_id,
-            "value": worst.value,
-            "threshold": rule.threshold,
-            "severity": rule.severity,
-            "group_kind": group.kind,
-            "group_id": group.id,
-            "count": len(live),
-            "labels": common,
-        }
-        summary = render_summary(rule.summary, ctx)
-        if len(live) > 1 and "{count" not in rule.summary:
-            summary += f" (+{len(live) - 1} more in {kind_word(group.kind)} {group.id})"
+        summary = self._summary(rule, group, live)
         entity = (group.kind, group.id)
         affected = ", ".join(f"{m.entity_id} ({m.value:g})" for m in live)
         description = (
@@ -707,6 +774,10 @@ class AlertEngine:
             f" ({rule.metric} {rule.op} {rule.threshold:g}): {affected}"
         )
         labels = {**rule.labels, "group_kind": group.kind, "group_id": group.id}
+        spec = METRICS.get(rule.metric)
+        cdus = self.topology.cdus_of(entity)
+        if cdus and group.kind != "cdu":
+            labels["cdu"] = ",".join(cdus)  # a rack's page names the CDU that cools it
         if group.kind in ("cdu", "pdu", "pdu_phase", "fleet", "loop"):
             racks = self.topology.children_of_kind(
                 (group.kind if group.kind != "loop" else "cdu", split_sub_id(group.id)[0]),
@@ -738,12 +809,49 @@ class AlertEngine:
             starts_at=group.starts_at,
             labels=labels,
             context=common,
+            unit=spec.unit if spec is not None else None,
+            url=self._url(entity),
+            runbook_url=rule.runbook_url,
             repeat=group.repeat,
             flapping=flapping,
         )
 
+    def _url(self, entity: Entity) -> str | None:
+        if self.console_url is None:
+            return None
+        return self.console_url + self.topology.console_path(entity)
+
+    @staticmethod
+    def _worst_first(rule: Rule, members: list[_Instance]) -> list[_Instance]:
+        above = rule.op in (">", ">=")
+        return sorted(members, key=lambda m: (-m.value if above else m.value, m.entity_id))
+
+    @staticmethod
+    def _summary(rule: Rule, group: _Group, live: list[_Instance]) -> str:
+        """The incident's one line from its worst member now (``live`` worst first): the
+        template over that member's value and labels, and how many more share the incident."""
+        worst = live[0]
+        ctx = {
+            "rule": rule.name,
+            "entity_kind": worst.entity_kind,
+            "entity_id": worst.entity_id,
+            "value": worst.value,
+            "threshold": rule.threshold,
+            "severity": rule.severity,
+            "group_kind": group.kind,
+            "group_id": group.id,
+            "count": len(live),
+            "labels": worst.labels,
+        }
+        summary = render_summary(rule.summary, ctx)
+        if len(live) > 1 and "{count" not in rule.summary:
+            summary += f" (+{len(live) - 1} more in {kind_word(group.kind)} {group.id})"
+        return summary
+
     def _resolved(self, group: _Group, ends_at: datetime, flapping: bool) -> Notification:
         assert group.starts_at is not None
+        rule = self.rules.by_name().get(group.rule)
+        spec = METRICS.get(rule.metric) if rule is not None else None
         return Notification(
             status="resolved",
             dedup_key=group.dedup_key,
@@ -759,6 +867,9 @@ class AlertEngine:
             ends_at=max(ends_at, group.starts_at),
             labels=group.labels,
             context=group.context,
+            unit=spec.unit if spec is not None else None,
+            url=self._url((group.kind, group.id)),
+            runbook_url=rule.runbook_url if rule is not None else None,
             flapping=flapping,
         )
 
@@ -784,22 +895,52 @@ class AlertEngine:
             return self._active()
 
     def _active(self) -> list[dict[str, Any]]:
-        return [
-            {
+        """Each open incident as it stands at the last evaluation: its summary rendered again
+        from its worst member's current value (the page's own line is ``paged_summary``), the
+        current value with its unit, and how long it has been firing."""
+        rules = self.rules.by_name()
+        firing: dict[str, list[_Instance]] = {}
+        for inst in self._instances.values():
+            rule = rules.get(inst.rule)
+            if inst.state == "firing" and rule is not None:
+                gkey = self._group_key(rule, (inst.entity_kind, inst.entity_id))
+                firing.setdefault(gkey, []).append(inst)
+        now = self._evaluated_at
+        out = []
+        for key, g in self._groups.items():
+            rule = rules.get(g.rule)
+            members = firing.get(key, [])
+            started = g.starts_at or g.first_fired_at
+            row: dict[str, Any] = {
                 "dedup_key": g.dedup_key,
                 "rule": g.rule,
                 "severity": g.severity,
                 "group": {"kind": g.kind, "id": g.id},
                 "notified": g.notified,
-                "starts_at": utc_iso(g.starts_at or g.first_fired_at),
+                "starts_at": utc_iso(started),
                 "members": sorted(g.members),
                 "racks": self.topology.racks_of((g.kind, g.id)),
+                "cdus": self.topology.cdus_of((g.kind, g.id)),
                 "summary": g.summary or None,
+                "paged_summary": g.summary or None,
+                "value": None,
+                "unit": None,
+                "firing_for_s": (
+                    max(0.0, (now - started).total_seconds()) if now is not None else None
+                ),
+                "evaluated_at": utc_iso(now) if now is not None else None,
                 "flapping": self._flapping(key),
                 "repeat": g.repeat,
+                "runbook_url": rule.runbook_url if rule is not None else None,
             }
-            for key, g in self._groups.items()
-        ]
+            if rule is not None and members:
+                live = self._worst_first(rule, members)
+                row["summary"] = self._summary(rule, g, live)
+                row["value"] = live[0].value
+                spec = METRICS.get(rule.metric)
+                row["unit"] = spec.unit if spec is not None else None
+            out.append(row)
+        return out
 
     # ---- persistence ---------------------------------------------------------------------
 
@@ -808,9 +949,13 @@ class AlertEngine:
             return
         for key, kind, state in self.db.query("SELECT key, kind, state FROM alert_state"):
             obj = _STATE_TYPES[kind].from_json(state)
-            {"i": self._instances, "g": self._groups, "h": self._holds, "f": self._flaps}[kind][
-                key
-            ] = obj
+            {
+                "i": self._instances,
+                "g": self._groups,
+                "h": self._holds,
+                "f": self._flaps,
+                "r": self._recent,
+            }[kind][key] = obj
 
     def _commit(self, notifications: list[Notification], now: datetime) -> None:
         dirty, self._dirty = self._dirty, set()
@@ -818,7 +963,13 @@ class AlertEngine:
             if self.outbox is not None and notifications:
                 self.outbox.enqueue_many(notifications, now)
             return
-        live: dict[str, Any] = {**self._instances, **self._groups, **self._holds, **self._flaps}
+        live: dict[str, Any] = {
+            **self._instances,
+            **self._groups,
+            **self._holds,
+            **self._flaps,
+            **self._recent,
+        }
         try:
             with self.db.transaction() as cur:
                 for key in sorted(dirty):

@@ -550,10 +550,17 @@ class SlackHook(Hook):
         assert n is not None
         icon = ":white_check_mark:" if n.status == "resolved" else _SLACK_ICON[n.severity]
         head = f"[{_status_word(n)}] [{n.severity}] {n.summary}"
+        links = " · ".join(
+            f"<{url}|{text}>"
+            for url, text in ((n.url, "console"), (n.runbook_url, "runbook"))
+            if url
+        )
         context = (
             f"site `{n.site}` · rule `{n.rule}` · since {utc_iso(n.starts_at)}"
             + (f" · resolved {utc_iso(n.ends_at)}" if n.ends_at else "")
+            + (f" · values in {n.unit}" if n.unit else "")
             + f" · dedup_key `{n.dedup_key}` · event `{ev.event_id}`"
+            + (f" · {links}" if links else "")
         )
         body = {
             "text": _clip(f"{icon} {head}", 3000),
@@ -598,6 +605,8 @@ class PagerDutyHook(Hook):
                 "custom_details": {
                     "description": n.description,
                     "members": {m.entity_id: m.value for m in n.members},
+                    "unit": n.unit,
+                    "runbook_url": n.runbook_url,
                     "labels": n.labels,
                     "event_id": ev.event_id,
                     "repeat": n.repeat,
@@ -605,6 +614,15 @@ class PagerDutyHook(Hook):
                 },
             }
             body["client"] = cfg.client
+            if n.url:
+                body["client_url"] = n.url
+            links = [
+                {"href": u, "text": t}
+                for u, t in ((n.url, "console"), (n.runbook_url, "runbook"))
+                if u
+            ]
+            if links:
+                body["links"] = links
         return self._url(), body
 
     def _accepted(self, resp: httpx.Response) -> bool:
@@ -637,9 +655,15 @@ class AlertmanagerHook(Hook):
         annotations = {
             "summary": n.summary,
             "description": n.description,
-            "members": ", ".join(f"{m.entity_id}={m.value:g}" for m in n.members),
+            "members": ", ".join(
+                f"{m.entity_id}={m.value:g}{' ' + n.unit if n.unit else ''}" for m in n.members
+            ),
             **{k: v for k, v in n.context.items() if k not in ("summary", "description")},
         }
+        if n.unit:
+            annotations["unit"] = n.unit
+        if n.runbook_url:
+            annotations["runbook_url"] = n.runbook_url
         if n.repeat:  # annotations may change between re-sends; labels may not
             annotations["repeat"] = str(n.repeat)
         if n.flapping:
@@ -653,8 +677,8 @@ class AlertmanagerHook(Hook):
             alert["endsAt"] = utc_iso(n.ends_at or now)
         elif cfg.resend_interval_s is not None:
             alert["endsAt"] = utc_iso(now + timedelta(seconds=4 * cfg.resend_interval_s))
-        if cfg.generator_url:
-            alert["generatorURL"] = cfg.generator_url
+        if n.url or cfg.generator_url:  # the component's console page first
+            alert["generatorURL"] = n.url or cfg.generator_url
         return self._url().rstrip("/") + "/api/v2/alerts", [alert]
 
 

@@ -12,6 +12,7 @@ Adding a metric: add a constant and a :class:`MetricSpec` to :data:`METRICS`, th
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -42,9 +43,20 @@ __all__ = [
     "HOTSPOT_GPU_RESIDUAL_SIGMA",
     "HOTSPOT_RACK_INLET_C",
     "METRICS",
+    "MODEL_METRICS",
+    "RESIDUAL_MIN_EXCESS_K",
     "MetricSpec",
     "metric_problem",
 ]
+
+
+#: A residual page needs this absolute excess over the model in each judged minute besides k
+#: sigma (a residual rule's default ``min_excess_k``): three steps of the 1 °C die sensor,
+#: above what the die and coolant sensors' quantization (up to 0.5 K each in a minute mean)
+#: and a healthy GPU's minute error against its fitted model (about 1 K held out on the real
+#: A100 trace) add up to, and well under the 5-15 K a degraded cold plate adds at load
+#: (docs/physics.md §2.7). [K]
+RESIDUAL_MIN_EXCESS_K = 3.0
 
 
 @dataclass(frozen=True)
@@ -55,6 +67,8 @@ class MetricSpec:
     kinds: tuple[EntityKind, ...]
     unit: str
     meaning: str
+    #: labels every observation of the metric carries (what a summary may quote)
+    labels: tuple[str, ...] = ()
 
 
 HEADROOM_GPU_K_TO_SLOWDOWN = "headroom.gpu.k_to_slowdown"
@@ -206,8 +220,29 @@ _SPECS = (
     ),
 )
 
+#: The labels each metric's observations always carry, live (twin.detect.observations) and in
+#: a what-if (twin.replay): a rule summary may quote only these (checked at load), so no page
+#: renders a value nobody reported. Live observations carry more context (``limit_c``,
+#: ``free_kw``, ``stopped`` ...) into the payloads' labels.
+_LABELS: dict[str, tuple[str, ...]] = {
+    HOTSPOT_GPU_RESIDUAL_SIGMA: ("excess_k", "sigma_k", "measured_c", "model_c"),
+    DRIFT_GPU_R: ("r_k_per_w", "fleet_r_k_per_w"),
+    FLEET_UNDERUSED_GPUS: ("kw_freed", "covered_s", "covered"),
+    FLEET_DRAIN_DROP: ("level_now", "level_before", "basis", "window"),
+}
+
 #: metric name -> its spec; the rule loader validates against this.
-METRICS: Mapping[str, MetricSpec] = MappingProxyType({s.name: s for s in _SPECS})
+METRICS: Mapping[str, MetricSpec] = MappingProxyType(
+    {s.name: dataclasses.replace(s, labels=_LABELS.get(s.name, ())) for s in _SPECS}
+)
+
+#: Metrics judged through a fitted model of the GPU (residual, R drift, the GPU temperature
+#: forecast through the RC model): emitted only from a calibration fitted on this site's
+#: telemetry, and only for GPUs whose fit was usable (a seeded or catalog model serves
+#: headroom, never such a page).
+MODEL_METRICS: frozenset[str] = frozenset(
+    {HOTSPOT_GPU_RESIDUAL_SIGMA, DRIFT_GPU_R, HEADROOM_GPU_TIME_TO_BREACH_P90_S}
+)
 
 
 def metric_problem(

@@ -77,6 +77,9 @@ class Observation(BaseModel):
     entity_kind: EntityKind
     entity_id: str = Field(min_length=1, description="the id the site file gives the entity")
     value: float
+    #: residual metrics: the absolute excess over the model that ``value`` (sigmas) stands
+    #: for, in the quantity's unit (K); a residual rule's ``min_excess_k`` is checked on it
+    excess: float | None = None
     ts: UtcDatetime
     labels: LabelSet = Field(default_factory=dict)
 
@@ -134,6 +137,15 @@ class Notification(BaseModel):
     context: dict[str, str] = Field(
         default_factory=dict, description="observation labels its members share (may change)"
     )
+    unit: str | None = Field(
+        default=None, description="unit of the members' values and of the rule's threshold"
+    )
+    url: str | None = Field(
+        default=None,
+        description="the component's page in the console (serve --console-url), where the"
+        " operator looks first; Alertmanager's generatorURL",
+    )
+    runbook_url: str | None = Field(default=None, description="the rule's runbook, if it gives one")
     repeat: int = Field(
         default=0,
         ge=0,

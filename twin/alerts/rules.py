@@ -18,10 +18,15 @@ A rule file::
         resolve_if_absent_s: null        # resolve when the entity reports nothing this long
         keep_firing_for_s: 0             # once firing, stay firing this long after it clears
         repeat_interval_s: null          # remind: re-send the firing page this often
+        recur_as_ticket_s: null          # a recurring state: paged once, then within this
+                                         # window at most one ticket (info) per window
         flap_changes: null               # flap detection: this many state changes ...
         flap_window_s: 3600              # ... within this window mark the incident flapping
         flap_stable_s: null              # a flapping incident resolves once clear this long
                                          # (default: flap_window_s)
+        min_excess_k: 3                  # residual only: the excess over the model in K
+                                         # must reach this too (default 3 K; physics §2.7)
+        runbook_url: https://wiki.example.com/runbooks/gpu_temp_high  # sent with every page
         summary: "GPU {entity_id} {value:.1f} K from slowdown"
         labels: {team: facilities}       # static labels, carried into every payload; names
                                          # match [a-zA-Z_][a-zA-Z0-9_]* (Prometheus rule)
@@ -35,7 +40,10 @@ Types set validation and defaults; evaluation is the same for all (one state mac
 - ``threshold``: as written.
 - ``forecast_breach``: a time-to-breach metric under a horizon; ``horizon_s`` is required,
   ``op`` defaults to ``<=`` and ``value`` to ``horizon_s``.
-- ``residual``: a k-sigma residual held ``for_s`` (m minutes); ``op`` must be ``>``/``>=``.
+- ``residual``: a k-sigma residual held ``for_s`` (m minutes); ``op`` must be ``>``/``>=``;
+  it fires only where the excess over the model is also at least ``min_excess_k`` kelvin
+  (default :data:`twin.alerts.metrics.RESIDUAL_MIN_EXCESS_K`): k sigma alone pages a
+  fraction of a kelvin where sigma is small.
 - ``fleet_underuse`` takes ``min_coverage_s``: a fleet is judged only once its figures cover
   that many seconds of data (until then it neither fires nor clears).
 - ``drift`` and ``fleet_underuse``: event-like observations (a calibration drift event, an
@@ -68,7 +76,9 @@ time, which a replay sets to the recorded time):
 
 Summary templates are :meth:`str.format` strings over ``rule``, ``entity_kind``,
 ``entity_id``, ``value``, ``threshold``, ``severity``, ``group_kind``, ``group_id``,
-``count`` (members) and ``labels`` (``{labels[fleet]}``; a missing label renders as ``?``).
+``count`` (members) and ``labels`` (``{labels[kw_freed]}``): the worst member's observation
+labels; a summary may quote only the labels its metric always carries
+(:data:`twin.alerts.metrics.METRICS`, ``MetricSpec.labels``), else the rule is refused.
 
 ``metric`` must be one of :data:`twin.alerts.metrics.METRICS` (what the detectors and what-if
 emit) and ``entity_kind`` one the metric is emitted for: a rule that could never fire is refused.
@@ -94,6 +104,7 @@ the kinds of limit the file leaves uncovered.
 
 from __future__ import annotations
 
+import math
 import operator
 import string
 from collections.abc import Callable, Iterator, Mapping
@@ -104,7 +115,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from twin.alerts.metrics import metric_problem
+from twin.alerts.metrics import METRICS, RESIDUAL_MIN_EXCESS_K, metric_problem
 from twin.alerts.model import EntityKind, LabelSet, Severity
 
 __all__ = [
@@ -168,6 +179,13 @@ class Rule(BaseModel):
     repeat_interval_s: float | None = Field(
         default=None, gt=0, description="re-send a firing incident's page this often"
     )
+    recur_as_ticket_s: float | None = Field(
+        default=None,
+        gt=0,
+        description="a state that recurs (a CDU near capacity at each daily peak): after an"
+        " incident of this rule on a group was paged, a new one within this many s is sent as"
+        " a ticket (severity info), at most one ticket per window; the rest are kept, not sent",
+    )
     flap_changes: int | None = Field(
         default=None, ge=2, description="state changes within flap_window_s that mean flapping"
     )
@@ -180,6 +198,19 @@ class Rule(BaseModel):
         gt=0,
         description="fleet_underuse: judge a fleet only once its figures cover this many"
         " seconds of data (the observation's covered_s label)",
+    )
+    min_excess_k: float | None = Field(
+        default=None,
+        ge=0,
+        description="residual: fire only when the excess over the model is also at least this"
+        " many K (default RESIDUAL_MIN_EXCESS_K, 3 K; docs/physics.md §2.7): k sigma alone"
+        " pages a fraction of a kelvin where sigma is small",
+    )
+    runbook_url: str | None = Field(
+        default=None,
+        max_length=2000,
+        pattern=r"^https?://",
+        description="the rule's runbook, sent with every page (Alertmanager's runbook_url)",
     )
     summary: str = "{rule} on {entity_id}: {value:g}"
     labels: LabelSet = Field(default_factory=dict)
@@ -196,6 +227,8 @@ class Rule(BaseModel):
             data.setdefault("op", "<=")
             if "horizon_s" in data:
                 data.setdefault("value", data["horizon_s"])
+        elif kind == "residual":
+            data.setdefault("min_excess_k", RESIDUAL_MIN_EXCESS_K)
         elif kind in ("drift", "fleet_underuse"):
             data.setdefault("op", ">")
             data.setdefault("value", 0.0)
@@ -207,6 +240,10 @@ class Rule(BaseModel):
     def _consistent(self) -> Rule:
         if self.type == "forecast_breach" and self.horizon_s is None:
             raise ValueError("horizon_s: required for type forecast_breach")
+        if self.min_excess_k is not None and self.type != "residual":
+            raise ValueError(
+                "min_excess_k: only for type residual (its observations carry the excess in K)"
+            )
         if self.min_coverage_s is not None and self.type != "fleet_underuse":
             raise ValueError(
                 "min_coverage_s: only for type fleet_underuse (its observations carry covered_s)"
@@ -233,8 +270,18 @@ class Rule(BaseModel):
                 )
         try:
             render_summary(self.summary, _sample_context(self))
+            quoted = summary_labels(self.summary)
         except (KeyError, IndexError, ValueError, AttributeError) as exc:
             raise ValueError(f"summary: bad template {self.summary!r}: {exc!r}") from None
+        spec = METRICS.get(self.metric)
+        unknown = sorted(quoted - set(spec.labels)) if spec is not None else []
+        if unknown:
+            carried = ", ".join(spec.labels) if spec and spec.labels else "none"
+            raise ValueError(
+                f"summary: quotes label(s) {', '.join(unknown)} that {self.metric} observations"
+                f" do not always carry (they carry: {carried}); a page would show a value"
+                " nobody reported"
+            )
         return self
 
     # ---- evaluation helpers ---------------------------------------------------------------
@@ -253,20 +300,37 @@ class Rule(BaseModel):
     def clear_threshold(self) -> float:
         return self.threshold if self.clear_value is None else self.clear_value
 
-    def breached(self, value: float) -> bool:
-        """The firing condition."""
+    def breached(self, value: float, excess: float | None = None) -> bool:
+        """The firing condition (a residual rule: k sigma and ``min_excess_k`` both)."""
         assert self.op is not None
-        return OPS[self.op](value, self.threshold)
+        return OPS[self.op](value, self.threshold) and self._excess_ok(excess)
 
-    def still_breached(self, value: float) -> bool:
-        """While firing: True until the value is past ``clear_value``."""
+    def still_breached(self, value: float, excess: float | None = None) -> bool:
+        """While firing: True until the value is past ``clear_value`` (a residual rule: or its
+        excess under ``min_excess_k``)."""
         assert self.op is not None
-        return OPS[self.op](value, self.clear_threshold)
+        return OPS[self.op](value, self.clear_threshold) and self._excess_ok(excess)
+
+    def _excess_ok(self, excess: float | None) -> bool:
+        if self.min_excess_k is None:
+            return True
+        return excess is not None and math.isfinite(excess) and excess >= self.min_excess_k
 
 
 class _AnyLabels(dict[str, str]):
     def __missing__(self, key: str) -> str:
-        return "?"
+        # never a bare "?": say which value is missing (the rule loader refuses a summary
+        # quoting a label its metric does not always carry, so this is a detector's gap)
+        return f"({key} not reported)"
+
+
+def summary_labels(template: str) -> set[str]:
+    """The label names a summary template quotes (``{labels[x]}``)."""
+    out: set[str] = set()
+    for _, field, _, _ in string.Formatter().parse(template):
+        if field and field.startswith("labels["):
+            out.add(field[len("labels[") :].split("]", 1)[0])
+    return out
 
 
 def _sample_context(rule: Rule) -> dict[str, Any]:

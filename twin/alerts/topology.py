@@ -27,6 +27,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Literal
+from urllib.parse import quote
 
 from collectors.contract import phase_ids, phase_label, split_sub_id, sub_id
 from twin.site.model import Site
@@ -185,6 +186,35 @@ class Topology:
         if kind in ("node", "gpu"):
             return [i for k, i in self.ancestors(entity, "power") if k == "rack"][:1]
         return []
+
+    def cdus_of(self, entity: Entity) -> list[str]:
+        """The CDUs that cool what an incident on ``entity`` concerns (a CDU, loop or pump:
+        its CDU; otherwise the CDUs above its racks). Empty where nothing is liquid-cooled."""
+        kind, name = entity
+        if kind in ("cdu", "loop"):
+            return [split_sub_id(name)[0]]
+        racks = self.racks_of(entity)
+        return sorted(
+            {i for r in racks for k, i in self.cooling.get(("rack", r), []) if k == "cdu"}
+        )
+
+    def console_path(self, entity: Entity) -> str:
+        """The console page (path and query) where an incident on ``entity`` is looked at: a
+        rack's page for racks, nodes and GPUs; the cooling page of a CDU; the power page of a
+        PDU; a fleet on the fleets page; links on the network page."""
+        kind, name = entity
+        if kind in ("rack", "node", "gpu"):
+            racks = self.racks_of(entity)
+            return f"/rack?rack={quote(racks[0])}" if racks else "/alerts"
+        if kind in ("cdu", "loop"):
+            return f"/cooling?cdu={quote(split_sub_id(name)[0])}"
+        if kind in ("pdu", "pdu_phase"):
+            return f"/power?pdu={quote(split_sub_id(name)[0])}"
+        if kind == "fleet":
+            return f"/fleets?fleet={quote(name)}"
+        if kind == "link":
+            return f"/network?link={quote(name)}"
+        return "/alerts"
 
     def describe(self, entity: Entity) -> str:
         """One line naming the entity and what hangs below it, for a page's description."""

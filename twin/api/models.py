@@ -452,6 +452,18 @@ class CalibrationRun(BaseModel):
     seeded_at: datetime | None = Field(description="when a seeded run was stored")
 
 
+class ModelRules(BaseModel):
+    """The alert rules judged through a fitted model (residual, R drift, the GPU temperature
+    forecast): armed only by a calibration fitted on this store's telemetry."""
+
+    armed: bool = Field(description="the newest run is a fit on this site's telemetry")
+    run_id: int | None = Field(description="the run they judge with (None: not armed)")
+    rules: list[str] = Field(description="the rule file's model-based rules")
+    waiting: list[str] = Field(description="those waiting for the first fit (empty once armed)")
+    gpus_not_judged: int = Field(description="GPUs whose fit was refused: the model skips them")
+    note: str
+
+
 class CalibrationResponse(BaseModel):
     run: CalibrationRun | None = Field(description="None: no calibration stored yet")
     runs: int
@@ -466,6 +478,9 @@ class CalibrationResponse(BaseModel):
     )
     classes: list[ClassCalibration]
     events: list[CalibrationEventOut]
+    model_rules: ModelRules | None = Field(
+        None, description="whether the model-based alert rules judge yet (None: no rules)"
+    )
 
 
 # ---- alerts ----------------------------------------------------------------------------------
@@ -491,7 +506,22 @@ class ActiveAlert(BaseModel):
         description="the racks the incident concerns: those its CDU, loop or PDU serves,"
         " its fleet's, or the rack of its node or GPU",
     )
-    summary: str | None = Field(None, description="the page's one-line summary, once paged")
+    cdus: list[str] = Field(
+        default_factory=list, description="the CDUs that cool what the incident concerns"
+    )
+    summary: str | None = Field(
+        None,
+        description="one line from the worst member now, rendered again at every evaluation"
+        " (None before it is paged and while no member fires)",
+    )
+    paged_summary: str | None = Field(None, description="the line the page (or reminder) sent")
+    value: float | None = Field(None, description="the worst member's value now, in unit")
+    unit: str | None = Field(None, description="unit of value and of the rule's threshold")
+    firing_for_s: float | None = Field(
+        None, description="seconds from the incident's start to the last evaluation"
+    )
+    evaluated_at: datetime | None = Field(None, description="the last evaluation's time")
+    runbook_url: str | None = Field(None, description="the rule's runbook, when it gives one")
     flapping: bool = Field(False, description="flap detection marked it: no reminders")
     repeat: int = Field(0, description="reminders sent (repeat_interval_s)")
     acknowledged: Ack | None

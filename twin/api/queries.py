@@ -335,14 +335,63 @@ def calibration_status(
     return fits, expected, note
 
 
+def model_rule_status(db: Store, rules: Any | None) -> dict[str, Any] | None:
+    """Whether the model-based rules of ``rules`` (residual, R drift, GPU temperature
+    forecast: :data:`twin.alerts.metrics.MODEL_METRICS`) judge yet: only with the newest run
+    fitted on this store's telemetry, and never a GPU whose fit was refused."""
+    if rules is None:
+        return None
+    from twin.alerts.metrics import MODEL_METRICS
+
+    names = [r.name for r in rules if r.metric in MODEL_METRICS]
+    latest, fit = db.latest_calibration_run_id(), db.latest_fit_run_id()
+    armed = fit is not None and fit == latest
+    refused = 0
+    if armed:
+        assert fit is not None
+        refused = sum(
+            1
+            for p in db.calibration_param_rows(fit)
+            if p["kind"] == "gpu" and p["param"] == "r_k_per_w" and not p["usable"]
+        )
+    if not names:
+        note = "the rule file has no model-based rule"
+    elif armed:
+        note = f"judged with calibration run {fit}, fitted on this site's telemetry"
+        if refused:
+            note += f"; {refused} GPU(s) whose fit was refused are not judged by the model"
+    elif latest is None:
+        note = f"{', '.join(names)} wait for the first fit (no calibration yet)"
+    else:
+        note = (
+            f"{', '.join(names)} wait for the first fit on this site's telemetry (run"
+            f" {latest} is seeded from a recording: it serves headroom and forecasts, never"
+            " such a page)"
+        )
+    return {
+        "armed": armed,
+        "run_id": fit if armed else None,
+        "rules": names,
+        "waiting": [] if armed else names,
+        "gpus_not_judged": refused,
+        "note": note,
+    }
+
+
 def calibration_summary(
-    db: Store, site: Site | None, calibrator: Any | None = None
+    db: Store, site: Site | None, calibrator: Any | None = None, rules: Any | None = None
 ) -> dict[str, Any]:
     """The newest run: per device class, parameter spread, fit quality and usable share;
-    with ``calibrator`` (the service's scheduler), when the first fit on live data is due."""
+    with ``calibrator`` (the service's scheduler), when the first fit on live data is due;
+    with ``rules``, whether their model-based rules judge yet (:func:`model_rule_status`)."""
     runs = db.calibration_runs()
     fits, expected, note = calibration_status(db, runs, calibrator)
-    head = {"fits": fits, "first_fit_expected_at": expected, "note": note}
+    head = {
+        "fits": fits,
+        "first_fit_expected_at": expected,
+        "note": note,
+        "model_rules": model_rule_status(db, rules),
+    }
     if not runs:
         return {"run": None, "runs": 0, "classes": [], "events": [], **head}
     run = runs[0]

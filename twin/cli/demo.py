@@ -130,6 +130,15 @@ def demo(
     detect_every: Annotated[
         float, typer.Option(help="Headroom, hot spots and alerts every this many s.")
     ] = 60.0,
+    hooks: Annotated[
+        Path | None,
+        typer.Option(
+            help="Alert hook file (webhook, Slack, PagerDuty, Alertmanager; see"
+            " deploy/alert_hooks.yaml): the demo's pages go to these hooks, each linking"
+            " the component's console page. Default: alerts are kept in the store and shown"
+            " on the console's Alerts page only."
+        ),
+    ] = None,
     console_writes: Annotated[
         bool,
         typer.Option(
@@ -173,6 +182,8 @@ def demo(
     rules_path = rules or DEMO_RULES
     if not rules_path.exists():
         raise fail(f"--rules {rules_path}: no such file")
+    if hooks is not None:
+        _check_hooks(hooks)
     stop = threading.Event()
     on_stop_signals(stop)  # SIGTERM, SIGINT (unless ignored) and SIGHUP: stop everything
     try:
@@ -198,6 +209,7 @@ def demo(
             console_writes=console_writes,
             fault=fault or [],
             detect_every=detect_every,
+            hooks=hooks,
             seed_bundle=seed_bundle,
         )
     finally:
@@ -224,12 +236,15 @@ def _demo_run(
     fault: list[str],
     detect_every: float,
     seed_bundle: Path | None,
+    hooks: Path | None = None,
 ) -> None:
     """Start the demo's children into ``procs`` and watch them until ``stop`` or the end."""
     import secrets
 
     api_port = free_port(api_port)
     api_url = f"http://127.0.0.1:{api_port}"
+    if console:  # chosen before the service starts: its pages link the console
+        console_port = free_port(console_port)
     token = os.environ.get("DCTWIN_API_TOKEN") or secrets.token_urlsafe(18)
     env = {
         **os.environ,
@@ -264,6 +279,8 @@ def _demo_run(
             *("--api-port", str(api_port)),
             *("--whatif-reports", str(data_dir / "whatif")),
             *(("--seed-calibration", str(seed_bundle)) if seed_bundle else ()),
+            *(("--hooks", str(hooks)) if hooks else ()),
+            *(("--console-url", f"http://127.0.0.1:{console_port}") if console else ()),
         ],
         env,
     )
@@ -280,7 +297,6 @@ def _demo_run(
     )
     console_line = "  console    off (--no-console)\n"
     if console:
-        console_port = free_port(console_port)
         # The console never gets the service's token unless asked (--console-writes).
         console_env = {k: v for k, v in env.items() if k != "DCTWIN_API_TOKEN"}
         console_env.pop("DCTWIN_CONSOLE_TOKEN", None)
@@ -301,6 +317,7 @@ def _demo_run(
         f"{'' if b.address.endswith(':1883') else ' (1883 is taken)'}\n"
         f"  simulator  site {site_path} publishing dctwin/v1/# at {speed:g}x real time\n"
         f"  service    ingesting into {db}, alert rules {rules_path}\n"
+        f"  hooks      {hooks or 'none (--hooks FILE sends pages; the console lists them)'}\n"
         f"  calibrate  {_seed_line(seed_bundle)}\n"
         f"  api        {api_url} (OpenAPI at {api_url}/docs, {api_url}/metrics)\n"
         f"{console_line}"
@@ -319,6 +336,20 @@ def _demo_run(
             if p.poll() is not None:
                 raise fail(f"the {name} exited with code {p.returncode}", 1)
         readiness.poll()
+
+
+def _check_hooks(path: Path) -> None:
+    """Refuse a hook file that the service would refuse, before anything starts (its error
+    passes through the secret redaction: it may quote a routing key)."""
+    from twin.alerts.hooks import load_hooks
+    from twin.alerts.rules import RuleFileError
+
+    if not path.exists():
+        raise fail(f"--hooks {path}: no such file")
+    try:
+        load_hooks(path)
+    except (RuleFileError, ValueError, OSError) as e:
+        raise fail(f"--hooks {path}: {e}") from None
 
 
 def _demo_seed(site) -> Path | None:

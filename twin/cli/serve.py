@@ -153,6 +153,23 @@ ApiAllowedHostsOpt = Annotated[
 ]
 
 
+FastEveryOpt = Annotated[
+    float,
+    typer.Option(
+        help="Between those passes, judge the breached-now limits (GPU temperature, PDU"
+        " line and breaker current, CDU pumps) on the newest samples every this many s, so"
+        " a step over a limit pages within seconds; 0: only the full pass judges them."
+    ),
+]
+ConsoleUrlOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="The console's base URL as on-call reaches it (e.g. http://dctwin.example:8501):"
+        " every page links the component's console page (Alertmanager's generatorURL)."
+    ),
+]
+
+
 def serve(
     broker: BrokerOpt = None,
     db: DbOpt = Path("dctwin.duckdb"),
@@ -192,6 +209,7 @@ def serve(
             " (needs --site); 0: off."
         ),
     ] = 60.0,
+    fast_every: FastEveryOpt = 10.0,
     rules: Annotated[
         Path | None,
         typer.Option(
@@ -202,6 +220,7 @@ def serve(
     hooks: Annotated[
         Path | None, typer.Option(help="Alert hook file (e.g. deploy/alert_hooks.yaml).")
     ] = None,
+    console_url: ConsoleUrlOpt = None,
     api: Annotated[bool, typer.Option("--api/--no-api", help="Serve the HTTP API.")] = True,
     api_host: Annotated[
         str, typer.Option(help="Address the HTTP API listens on (default: localhost only).")
@@ -234,6 +253,10 @@ def serve(
     token = resolve_api_token(api_token, api_token_file)
     if calibrate_holdout >= calibrate_window:
         raise fail("--calibrate-holdout must be shorter than --calibrate-window")
+    if fast_every < 0:
+        raise fail(f"--fast-every {fast_every:g}: expected 0 (off) or a positive number of s")
+    if console_url is not None and not console_url.startswith(("http://", "https://")):
+        raise fail(f"--console-url {console_url!r}: expected an http:// or https:// URL")
     site_obj = load_site_file(site)
     if shard is not None:
         _check_shard(site_obj, shard)
@@ -258,8 +281,10 @@ def serve(
         calibrate_window_s=calibrate_window,
         calibrate_holdout_s=calibrate_holdout,
         detect_every_s=detect_every,
+        fast_every_s=fast_every,
         rules=rules,
         hooks=hooks,
+        console_url=console_url,
         api=api,
         api_host=api_host,
         api_port=api_port,

@@ -2,12 +2,13 @@
 
 :class:`collectors.contract.BatchDecoder` checks JSON messages; a recording that is already
 columns (a bundle's Parquet) is checked here against the same rules, read from the contract
-itself (:data:`~collectors.contract.QUANTITIES` with their bounds, :data:`EXTRA_BOUND`,
-:data:`MAX_EXTRA_NAME`, :data:`TS_MIN`/:data:`TS_MAX`, the sample models' id length), without
-building a message. :func:`suspect_rows` only *flags* rows: the ingest sends the messages that
-hold a flagged row through the message path (:meth:`twin.ingest.Ingester.ingest`), which names
-the reason and dead-letters them exactly as it would live data. A flag is never a verdict, so a
-conservative flag (a message that may be too large) costs time, never a wrong row.
+itself (:data:`~collectors.contract.QUANTITIES` and ``LONG_QUANTITIES`` with their bounds,
+:data:`EXTRA_BOUND`, :data:`MAX_EXTRA_NAME`, :data:`TS_MIN`/:data:`TS_MAX`, the sample models'
+id length), without building a message. :func:`suspect_rows` only *flags* rows: the ingest
+sends the messages that hold a flagged row through the message path
+(:meth:`twin.ingest.Ingester.ingest`), which names the reason and dead-letters them exactly as
+it would live data. A flag is never a verdict, so a conservative flag (a message that may be too
+large) costs time, never a wrong row.
 """
 
 from __future__ import annotations
@@ -21,10 +22,10 @@ from collectors.contract import (
     INT64_MAX,
     MAX_EXTRA_NAME,
     MAX_PAYLOAD_BYTES,
-    QUANTITIES,
     SAMPLE_MODELS,
     TS_MAX,
     TS_MIN,
+    named_quantity,
 )
 
 _EPOCH_US = {"min": int(TS_MIN.timestamp()) * 1_000_000, "max": int(TS_MAX.timestamp()) * 1_000_000}
@@ -54,7 +55,7 @@ def _flag_float(arr: pa.Array, lower: float, upper: float) -> np.ndarray:
 
 def _flag_column(kind: str, name: str, arr: pa.Array) -> np.ndarray:
     """Rows of one column whose value the contract would refuse (nulls never are)."""
-    q = QUANTITIES[kind].get(name)
+    q = named_quantity(kind, name)  # typed, or long (kept in extra_readings, checked alike)
     t = arr.type
     numeric = pa.types.is_integer(t) or pa.types.is_floating(t)
     present = np.asarray(arr.is_valid().to_numpy(zero_copy_only=False), dtype=bool)

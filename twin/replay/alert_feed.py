@@ -60,6 +60,8 @@ class AlertFeed:
         self.watched: list[tuple[str, str, str, np.ndarray]] = []
         #: labels of watched series, by index in :attr:`watched`: name -> one value per minute
         self.labels: dict[int, dict[str, list[str]]] = {}
+        #: residual series' excess over the model [K], by index in :attr:`watched`
+        self.excess: dict[int, np.ndarray] = {}
         self._index = rules.index() if rules is not None else {}
 
     @property
@@ -86,8 +88,10 @@ class AlertFeed:
         values: np.ndarray,
         labels: dict[str, Any] | None = None,
         label_format: dict[str, str] | None = None,
+        excess: np.ndarray | None = None,
     ) -> None:
         """values (M, N), one row per evaluation minute (:attr:`rows`); NaN: no observation.
+        ``excess`` (M, N): a residual metric's excess in K (:attr:`Observation.excess`).
 
         ``labels``: observation labels by name, each either one text per minute (a list of M
         strings, the same for every id) or per column, an (M, N) numeric array rendered with
@@ -139,6 +143,8 @@ class AlertFeed:
                 col[name] = [format(float(x), spec) if np.isfinite(x) else "" for x in lab[:, j]]
             if col:
                 self.labels[len(self.watched)] = col
+            if excess is not None:
+                self.excess[len(self.watched)] = np.asarray(excess[:, j], dtype=float)
             self.watched.append((metric, kind, ids[j], vals[:, j]))
 
     def evaluate(self) -> list[dict[str, Any]]:
@@ -159,6 +165,7 @@ class AlertFeed:
                     entity_kind=kind,  # type: ignore[arg-type]
                     entity_id=sid,
                     value=float(v[i]),
+                    excess=float(self.excess[j][i]) if j in self.excess else None,
                     ts=now,
                     labels={k: x[i] for k, x in self.labels.get(j, {}).items()},
                 )

@@ -673,6 +673,9 @@ def run_day(
         "pages": sum(1 for a in result.alerts if is_page(a)),
         "tickets": sum(1 for a in result.alerts if is_ticket(a)),
         "tickets_by_rule": _by_rule([a for a in result.alerts if is_ticket(a)]),
+        "page_keys": sorted(
+            {f"{a['rule']}|{a['group']}" for a in result.alerts if is_page(a) and not a["repeat"]}
+        ),
         "timing_s": {k: round(v, 1) for k, v in timing.items()},
     }
     return cases, untied, info

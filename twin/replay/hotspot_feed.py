@@ -43,6 +43,7 @@ from twin.replay.recording import Recording
 
 #: str.format spec of each label (K and °C to 0.1, R to 0.1 mK/W).
 LABEL_FORMAT = {
+    "excess_k": ".1f",
     "measured_c": ".1f",
     "model_c": ".1f",
     "sigma_k": ".2f",
@@ -68,6 +69,8 @@ class HotspotSeries:
     ids: list[str]
     values: np.ndarray
     labels: dict[str, np.ndarray] = field(default_factory=dict)
+    #: residual: the excess over the model in K that ``values`` (sigmas) stands for, ``(M, N)``
+    excess: np.ndarray | None = None
 
 
 def labels_at(s: HotspotSeries, i: int, j: int) -> dict[str, str]:
@@ -168,6 +171,7 @@ def hotspot_series(
     with np.errstate(all="ignore"):
         drift = r_est / fleet - 1.0
     sig_lab = np.broadcast_to(sigma.astype(np.float32)[None, :], shape)
+    excess = res_sig * sig_lab  # the smallest minute residual in K, as the live detector's
     ids = list(idx.gpu_ids)
     return [
         HotspotSeries(
@@ -175,7 +179,8 @@ def hotspot_series(
             "gpu",
             ids,
             res_sig,
-            {"measured_c": meas, "model_c": model, "sigma_k": sig_lab},
+            {"excess_k": excess, "sigma_k": sig_lab, "measured_c": meas, "model_c": model},
+            excess=excess,
         ),
         HotspotSeries(
             DRIFT_GPU_R,

@@ -680,7 +680,7 @@ def _fleet_underuse(
             "covered_s": [f"{c:.0f}" for c in covered],
             "covered": [span_text(c) for c in covered],
             "kw_freed": [
-                f"{r * w / 1000.0:.1f}" if np.isfinite(r * w) else "?"
+                f"{r * w / 1000.0:.1f}" if np.isfinite(r * w) else "unknown (no GPU power)"
                 for r, w in zip(reclaim, gpu_w, strict=True)
             ],
         }
@@ -805,7 +805,9 @@ def _offer_hotspots(d: Recording, changes: list[Any], feed: AlertFeed) -> None:
     if "hotspot-series" not in d.cache:
         d.cache["hotspot-series"] = hotspot_feed.hotspot_series(d)
     for s in d.cache["hotspot-series"]:  # the GPUs some rule could fire on, with their labels
-        feed.offer_series(s.metric, s.kind, s.ids, s.values, s.labels, hotspot_feed.LABEL_FORMAT)
+        feed.offer_series(
+            s.metric, s.kind, s.ids, s.values, s.labels, hotspot_feed.LABEL_FORMAT, s.excess
+        )
 
 
 def run(

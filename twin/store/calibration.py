@@ -78,6 +78,15 @@ class CalibrationTables:
         run_id = self.con.execute("SELECT max(run_id) FROM calibration_runs").fetchall()[0][0]
         return None if run_id is None else int(run_id)
 
+    def latest_fit_run_id(self) -> int | None:
+        """The newest run fitted on this store's telemetry (``source = 'fit'``); None while the
+        store has none (no run yet, or only a seeded one). Model-based alert rules (residual,
+        R drift, the GPU temperature forecast) judge only such a run's parameters."""
+        run_id = self.con.execute(
+            "SELECT max(run_id) FROM calibration_runs WHERE coalesce(source, 'fit') = 'fit'"
+        ).fetchall()[0][0]
+        return None if run_id is None else int(run_id)
+
     def calibration_params(
         self,
         run_id: int,
@@ -120,10 +129,12 @@ class CalibrationTables:
         return [dict(zip(PARAM_COLUMNS, r, strict=True)) for r in rows]
 
     def calibration_param_medians(self, kind: str, param: str) -> dict[str, float]:
-        """id -> the median of its usable values of ``param`` over every run (its history)."""
+        """id -> the median of its usable values of ``param`` over the runs fitted on this
+        store's telemetry (its history; a seeded run is another recording's, not this site's)."""
         rows = self.con.execute(
-            "SELECT id, median(value) FROM calibration_params WHERE kind = ? AND param = ?"
-            " AND usable AND value IS NOT NULL GROUP BY id",
+            "SELECT id, median(value) FROM calibration_params p JOIN calibration_runs r"
+            " USING (run_id) WHERE kind = ? AND param = ? AND usable AND value IS NOT NULL"
+            " AND coalesce(r.source, 'fit') = 'fit' GROUP BY id",
             [kind, param],
         ).fetchall()
         return {i: float(v) for i, v in rows}

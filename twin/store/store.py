@@ -265,6 +265,20 @@ class Store(CalibrationTables):
     def sample_counts(self) -> dict[str, int]:
         return {k: self.con.execute(f"SELECT count(*) FROM {k}").fetchall()[0][0] for k in KINDS}
 
+    def latest_readings(
+        self, kind: str, quantity: str, start: datetime, end: datetime
+    ) -> dict[str, float]:
+        """id -> the newest non-null ``quantity`` of ``kind`` in ``(start, end]``: what a
+        breached-now check reads (one row per device comes back, not one per sample)."""
+        if kind not in KINDS or quantity not in quantity_columns(kind):
+            raise ValueError(f"{kind} has no quantity {quantity!r}")
+        rows = self.con.execute(
+            f'SELECT id, arg_max("{quantity}", ts) FROM {kind} WHERE ts > ? AND ts <= ?'
+            f' AND "{quantity}" IS NOT NULL GROUP BY id',
+            [start, end],
+        ).fetchall()
+        return {i: float(v) for i, v in rows}
+
     def status(self, unknown_limit: int = STATUS_UNKNOWN_LIMIT) -> dict[str, Any]:
         """What the store holds: samples per kind, time range, dead letters, unknown ids (the
         ``unknown_limit`` most recently seen, and how many there are in all)."""

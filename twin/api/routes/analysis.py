@@ -112,5 +112,12 @@ def fleets(
 def calibration(api: Api) -> dict[str, Any]:
     """The newest calibration: parameter spread and held-out fit quality (MAE, CV(RMSE))
     per device class, unusable parameters with their reasons, drift events; whether it is
-    a fit on live data or seeded from a bundle, and when the first fit is expected."""
-    return queries.calibration_summary(api.ctx.db(), api.ctx.site, api.ctx.calibrator)
+    a fit on live data or seeded from a bundle, and when the first fit is expected; which
+    model-based alert rules judge, and which wait for the first fit on this site's data."""
+    engine = api.ctx.engine
+    return queries.calibration_summary(
+        api.ctx.db(),
+        api.ctx.site,
+        api.ctx.calibrator,
+        rules=engine.rules if engine is not None else None,
+    )
