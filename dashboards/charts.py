@@ -318,28 +318,38 @@ def floor_svg(
     legend: str,
     low: str,
     high: str,
+    fills: Sequence[str | None] | None = None,
+    legend_items: Sequence[tuple[str, str]] = (),
+    tile_bands: Sequence[str | None] | None = None,
 ) -> str:
     """The racks of a hall on their grid as an SVG: each tile coloured by its value along
-    ``scale`` (grey when missing), its name and value in black or white for contrast, a link
-    to its Rack page, and a legend bar from ``low`` to ``high``."""
+    ``scale`` (grey when missing), or by its own colour in ``fills`` (fixed bands: then the
+    legend is ``legend_items``, label and colour, and ``tile_bands`` names each tile's band in
+    ``data-band``), its name and value in black or white for contrast, a link to its Rack
+    page, and a legend bar from ``low`` to ``high``."""
     v = pd.Series(list(values), dtype="float64")
     lo, hi = (float(v.min()), float(v.max())) if v.notna().any() else (0.0, 0.0)
     c0, r0 = min(cols), min(rows)
     width = (max(cols) - c0 + 1) * (TILE_PX + GAP_PX)
     height = (max(rows) - r0 + 1) * (TILE_PX + GAP_PX)
     parts = []
-    for name, c, r, val, label in zip(names, cols, rows, v, labels, strict=True):
-        fill = (
-            MISSING_FILL
-            if pd.isna(val)
-            else scale_colour(scale, 0.5 if hi == lo else (val - lo) / (hi - lo))
-        )
+    for i, (name, c, r, val, label) in enumerate(zip(names, cols, rows, v, labels, strict=True)):
+        if fills is not None:
+            fill = fills[i] or MISSING_FILL
+        else:
+            fill = (
+                MISSING_FILL
+                if pd.isna(val)
+                else scale_colour(scale, 0.5 if hi == lo else (val - lo) / (hi - lo))
+            )
         ink = text_colour(fill)
         x, y = (c - c0) * (TILE_PX + GAP_PX), (r - r0) * (TILE_PX + GAP_PX)
         n, lab = html.escape(name), html.escape(label)
+        band = tile_bands[i] if tile_bands is not None else None
+        band_attr = f' data-band="{band}"' if band else ""
         parts.append(
             f'<a href="/rack?rack={n}" target="_self" style="text-decoration:none">'
-            f'<g class="rack" data-rack="{n}">'
+            f'<g class="rack" data-rack="{n}"{band_attr}>'
             f"<title>{n}: {lab}</title>"
             f'<rect x="{x}" y="{y}" width="{TILE_PX}" height="{TILE_PX}" rx="4" fill="{fill}"'
             f' stroke="#444" stroke-width="1"/>'
@@ -355,6 +365,29 @@ def floor_svg(
     gid = f"grad-{scale}"
     lw = 260
     ly = height + 6
+    if legend_items:
+        keys = []
+        for k, (text, colour) in enumerate(legend_items):
+            x = k * 150
+            keys.append(
+                f'<rect x="{x}" y="{ly + 32}" width="18" height="14" fill="{colour}"'
+                f' stroke="#444"/><text x="{x + 24}" y="{ly + 44}" font-size="12"'
+                f' fill="currentColor">{html.escape(text)}</text>'
+            )
+        legend_svg = (
+            f'<text x="0" y="{ly + 14}" font-size="13" fill="currentColor">'
+            f"{html.escape(legend)}</text>" + "".join(keys)
+        )
+        width = max(width, 150 * len(legend_items))
+        total_h = height + 60
+        return (
+            f'<svg class="dctwin-floor" xmlns="http://www.w3.org/2000/svg"'
+            f' width="{max(width, 420)}" height="{total_h}"'
+            f' viewBox="0 0 {max(width, 420)} {total_h}" role="img">'
+            + "".join(parts)
+            + legend_svg
+            + "</svg>"
+        )
     legend_svg = (
         f'<defs><linearGradient id="{gid}">{stops}</linearGradient></defs>'
         f'<text x="0" y="{ly + 14}" font-size="13" fill="currentColor">{html.escape(legend)}</text>'
@@ -414,12 +447,26 @@ def plotly_lines(fig: dict[str, Any]) -> tuple[pd.DataFrame, dict[str, Any]]:
     x_title = _title(layout, "xaxis")
     y_title = _title(layout, "yaxis")
     title = layout.get("title", {})
+    # the report draws on clock time (UTC) when it knows the recording's start
+    on_time = layout.get("xaxis", {}).get("type") == "date"
+    frame = pd.DataFrame(rows, columns=["x", "y", "name"])
+    if on_time:
+        frame["x"] = pd.to_datetime(frame["x"], utc=True)
+    x_enc: dict[str, Any] = {"field": "x", "type": "quantitative", "title": x_title}
+    if on_time:
+        x_enc = {
+            "field": "x",
+            "type": "temporal",
+            "title": x_title,
+            "scale": {"type": "utc"},
+            "axis": {"format": "%H:%M"},
+        }
     spec = {
         "height": 300,
         "title": title.get("text") if isinstance(title, dict) else title,
         "mark": {"type": "line", "strokeWidth": 2},
         "encoding": {
-            "x": {"field": "x", "type": "quantitative", "title": x_title},
+            "x": x_enc,
             "y": {"field": "y", "type": "quantitative", "title": y_title, "scale": {"zero": False}},
             "color": {
                 "field": "name",
@@ -436,9 +483,11 @@ def plotly_lines(fig: dict[str, Any]) -> tuple[pd.DataFrame, dict[str, Any]]:
             },
             "tooltip": [
                 {"field": "name", "title": "run"},
-                {"field": "x", "title": x_title or "x", "format": ".2f"},
+                {"field": "x", "title": x_title or "x", "format": ".2f"}
+                if not on_time
+                else {"field": UTC_TEXT.format("x"), "title": x_title or "time"},
                 {"field": "y", "title": y_title or "y", "format": ",.4~g"},
             ],
         },
     }
-    return pd.DataFrame(rows, columns=["x", "y", "name"]), spec
+    return frame, spec

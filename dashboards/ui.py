@@ -14,6 +14,7 @@ import streamlit as st
 from streamlit.errors import StreamlitAPIException
 
 from dashboards.client import Api, ApiError
+from twin.bands import BAND_HEX, Band, bands
 
 #: Seconds between a page's automatic refreshes (``DCTWIN_CONSOLE_REFRESH_S``).
 REFRESH_S = float(os.environ.get("DCTWIN_CONSOLE_REFRESH_S", "15"))
@@ -229,8 +230,61 @@ TABLE_CSS = (
     ".dctwin-table thead{position:sticky;top:0}"
     ".dctwin-table th{font-weight:600;opacity:0.8}"
 )
-#: Fill of a bar drawn in a cell (a share of a limit; Streamlit's primary red, translucent).
+#: Fill of a bar drawn in a cell that is not a share of a limit (Streamlit's primary red).
 BAR_FILL = "rgba(255, 75, 75, 0.35)"
+#: Opacity of a band's colour as a bar's fill behind a figure (the figure stays readable).
+BAND_ALPHA = 0.45
+
+
+def used_pct(value: Any, limit: Any, unit: str) -> float | None:
+    """Share of a limit used [%], as the bands define it (``twin.bands``: a temperature above
+    its reference, anything else against zero); None where it cannot be had."""
+    try:
+        v, lim = float(value), float(limit)
+    except (TypeError, ValueError):
+        return None
+    return bands().used_pct(v, lim, unit)
+
+
+def band_of(pct: Any) -> str | None:
+    """The band ("neutral", "amber", "red") of a share of a limit used [%]; None if missing."""
+    try:
+        b = bands().band(None if pct is None else float(pct))
+    except (TypeError, ValueError):
+        return None
+    return None if b is None else b.value
+
+
+def band_hex(band: str | None) -> str | None:
+    return None if band is None else BAND_HEX[Band(band)]
+
+
+def band_fill(band: str | None, alpha: float = BAND_ALPHA) -> str:
+    """A band's colour, translucent (a bar's fill); a light grey for no band."""
+    h = band_hex(band)
+    if h is None:
+        return "rgba(128, 128, 128, 0.15)"
+    r, g, b = (int(h[i : i + 2], 16) for i in (1, 3, 5))
+    return f"rgba({r}, {g}, {b}, {alpha})"
+
+
+def bands_caption() -> str:
+    """The bands in words, for a caption under what they colour."""
+    b = bands()
+    return (
+        f"colours: limit used < {b.amber_pct:g} % grey, {b.amber_pct:g}–{b.red_pct:g} % amber,"
+        f" > {b.red_pct:g} % red (temperatures counted above {b.temp_ref_c:g} °C;"
+        " DCTWIN_BAND_AMBER_PCT, DCTWIN_BAND_RED_PCT)"
+    )
+
+
+#: Units of a headroom that is a temperature difference: its limit is a temperature in °C.
+TEMPERATURE_HEADROOM = ("K", "°C")
+
+
+def limit_unit(unit: str) -> str:
+    """The unit of a limit itself: °C for a temperature (its headroom is in K), else ``unit``."""
+    return "°C" if unit in TEMPERATURE_HEADROOM else unit
 
 
 #: Streamlit's default page backgrounds per theme: the fill of a table's header, kept in view
@@ -255,14 +309,19 @@ def _column_digits(s: pd.Series) -> int:
 
 def _td(text: str, why: str | None = None, right: bool = False, bar: float | None = None) -> str:
     """One cell, its text escaped; a dash with ``why`` as its tooltip; a bar behind it when
-    ``bar`` is a share in percent (0..100)."""
+    ``bar`` is a share of a limit in percent, in its band's colour (``data-band`` names it)."""
     style = []
+    band = None
     if right:
         style.append("text-align:right;white-space:nowrap")
     if bar is not None and math.isfinite(bar):
         w = min(max(bar, 0.0), 100.0)
-        style.append(f"background:linear-gradient(90deg,{BAR_FILL} {w:.1f}%,transparent {w:.1f}%)")
+        band = band_of(bar)
+        fill = band_fill(band)
+        style.append(f"background:linear-gradient(90deg,{fill} {w:.1f}%,transparent {w:.1f}%)")
     attr = f' style="{";".join(style)}"' if style else ""
+    if band is not None:
+        attr += f' data-band="{band}"'
     if why is not None:
         return f'<td{attr}><span title="{html.escape(why)}">{MISSING}</span></td>'
     return f"<td{attr}>{html.escape(' '.join(text.split()))}</td>"
@@ -318,15 +377,56 @@ def table_html(
     )
 
 
+#: The sort control's first choice: the order the page gave (worst first).
+WORST_FIRST = "worst first"
+
+
+def sort_choices(df: pd.DataFrame, names: dict[str, str] | None = None) -> list[str]:
+    """The sort control's choices: worst first, then each column up and down."""
+    names = names or {}
+    out = [WORST_FIRST]
+    for col in df.columns:
+        title = str(names.get(col, col))
+        out += [f"{title} ↑", f"{title} ↓"]
+    return out
+
+
+def sort_frame(df: pd.DataFrame, choice: str, names: dict[str, str] | None = None) -> pd.DataFrame:
+    """``df`` in the order ``choice`` names (:func:`sort_choices`); missing values last."""
+    if choice == WORST_FIRST:
+        return df
+    names = names or {}
+    title, arrow = choice.rsplit(" ", 1)
+    col = next((c for c in df.columns if str(names.get(c, c)) == title), None)
+    if col is None:
+        return df
+    s = df[col]
+    key = pd.to_numeric(s, errors="coerce") if pd.api.types.is_numeric_dtype(s) else s.astype(str)
+    order = key.sort_values(ascending=arrow == "↑", na_position="last", kind="stable").index
+    return df.loc[order]
+
+
 def table(
     df: pd.DataFrame,
     names: dict[str, str] | None = None,
     missing_why: str = "no value: not reported or not applicable",
     max_rows: int = TABLE_ROWS,
     bars: tuple[str, ...] = (),
+    sort_key: str | None = None,
 ) -> None:
     """A table with the console's number format, drawn as static HTML (:func:`table_html`):
-    Streamlit's interactive grid is the slowest element of a page to load (issue 15)."""
+    Streamlit's interactive grid is the slowest element of a page to load (issue 15). Rows
+    come in ``df``'s order (the pages give them worst first); with ``sort_key`` a control
+    above the table sorts them by any column, up or down."""
+    if sort_key is not None and len(df) > 1:
+        choice = st.selectbox(
+            "Sort rows by",
+            sort_choices(df, names),
+            key=sort_key,
+            label_visibility="collapsed",
+            help="rows come worst first; sort by any column instead",
+        )
+        df = sort_frame(df, choice, names)
     st.html(table_html(df, names, missing_why, max_rows, bars))
 
 
@@ -343,34 +443,14 @@ def plural(n: int, word: str, many: str | None = None) -> str:
     return f"{n:,} {word if n == 1 else (many or word + 's')}"
 
 
-SEVERITY_RANK = {"critical": 0, "warning": 1, "info": 2}
 #: Streamlit's named text colours per severity (critical in red, as in Alertmanager and Grafana).
 SEVERITY_COLOUR = {"critical": "red", "warning": "orange", "info": "blue"}
-
-
-def by_severity(alerts: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Alerts ordered by severity (critical first), then newest first within a severity."""
-    newest_first = sorted(alerts, key=lambda a: a.get("starts_at") or "", reverse=True)
-    return sorted(newest_first, key=lambda a: SEVERITY_RANK.get(a.get("severity", ""), 9))
 
 
 def severity_badge(severity: str) -> str:
     """The severity as a coloured badge (Streamlit markdown)."""
     colour = SEVERITY_COLOUR.get(severity, "gray")
     return f":{colour}-badge[{severity.upper()}]"
-
-
-def alert_scope(a: dict[str, Any]) -> str:
-    """Where an alert is: its group and the racks it concerns ("CDU cdu-1 · racks a01, a02")."""
-    word = {"cdu": "CDU", "pdu": "PDU", "pdu_phase": "PDU phase", "gpu": "GPU"}.get(
-        a["group_kind"], a["group_kind"]
-    )
-    racks = a.get("racks") or []
-    text = f"{word} **{a['group_id']}**"
-    if racks and a["group_kind"] != "rack":
-        shown = ", ".join(racks[:12]) + (" …" if len(racks) > 12 else "")
-        text += f" · {'rack' if len(racks) == 1 else 'racks'} {shown}"
-    return text
 
 
 def ago(ts: str | None) -> str:

@@ -227,7 +227,10 @@ def test_series_json_picks_the_resolution_by_range(client: httpx.Client) -> None
 
 def test_headroom_history_is_the_tightest_limit_per_kind(client: httpx.Client) -> None:
     """GET /api/v1/headroom/history: per kind, each stored report's tightest limit as the share
-    of its limit used, the same ranking as the overview's ten tightest."""
+    of its limit used, the same ranking as the overview's ten tightest (as twin.bands counts
+    it: a temperature above the bands' reference, never a share of a Celsius value)."""
+    from twin.bands import bands
+
     hist = ok(client.get("/api/v1/headroom/history", params={"hours": 24}))
     kinds = {k["kind"]: k for k in hist["kinds"]}
     assert {"gpu", "pdu_phase", "rack", "cdu", "loop", "link"} <= set(kinds)
@@ -235,7 +238,11 @@ def test_headroom_history_is_the_tightest_limit_per_kind(client: httpx.Client) -
     for kind, k in kinds.items():
         assert len(k["t"]) == len(k["used_pct"]) >= 1 and k["t"] == sorted(k["t"])
         mine = [r for r in rows if r["kind"] == kind and r["headroom_now"] is not None]
-        used = max(100 * (1 - r["headroom_now"] / abs(r["limit"])) for r in mine if r["limit"])
+        used = max(
+            bands().used_pct(r["limit"] - r["headroom_now"], r["limit"], r["unit"])
+            for r in mine
+            if r["limit"]
+        )
         assert k["used_pct"][-1] == pytest.approx(used), kind
     assert client.get("/api/v1/headroom/history", params={"hours": 0}).status_code == 422
     assert ok(client.get("/api/v1/headroom/history", params={"hours": 1e-6}))["kinds"] == []
@@ -441,6 +448,11 @@ def test_alerts_ack_needs_the_token(client: httpx.Client, svc: Service) -> None:
     assert active[PUMP_KEY]["flapping"] is False and active[PUMP_KEY]["repeat"] == 0
     # the incident names the racks its CDU cools (r02 is air-cooled) and the page's summary
     assert active[PUMP_KEY]["racks"] == ["r01"] and "pump" in active[PUMP_KEY]["summary"]
+    # what the console's triage list orders and shows by: each member's current value and
+    # the rule's metric, comparison and threshold (one pump of two running, fires below 2)
+    pump = active[PUMP_KEY]
+    assert pump["values"] == {"cdu-1": 1.0}
+    assert (pump["metric"], pump["op"], pump["threshold"]) == ("cdu.pumps_running", "<", 2.0)
     fired = [e for e in alerts["history"] if e["dedup_key"] == PUMP_KEY]
     assert fired and fired[0]["status"] == "firing" and "pump" in fired[0]["summary"]
     url = f"/api/v1/alerts/{PUMP_KEY}/ack"

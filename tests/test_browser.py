@@ -29,13 +29,15 @@ from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 
 from dashboards import pageload
+from twin.bands import BAND_HEX, LimitBands
 from twin.cli.demo import CONSOLE_STREAMLIT_OPTIONS
 from twin.service import Service
 
 from .conftest import API_TOKEN as TOKEN
-from .conftest import REPO
+from .conftest import REPO, RULES
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = [
@@ -71,29 +73,74 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def triage_rules(path: Path) -> Path:
+    """deploy's rules with more to triage: GPUs within 40 K of slowdown (so most racks have a
+    warning incident with several members) and an info rule on every rack's feeds, beside the
+    critical pump alert; an operator must still read the pump first."""
+    doc = yaml.safe_load(RULES.read_text())
+    for r in doc["rules"]:
+        if r["name"] == "gpu_temp_high":
+            r.update(value=40, clear_value=45, for_s=0, group_wait_s=0, keep_firing_for_s=0)
+    doc["rules"].append(
+        {
+            "name": "rack_feed_info",
+            "type": "threshold",
+            "metric": "headroom.rack.kw_to_limit",
+            "entity_kind": "rack",
+            "op": "<=",
+            "value": 1000,
+            "severity": "info",
+            "summary": "rack {entity_id}: {value:.0f} kW to its feeds' limit",
+        }
+    )
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
 @pytest.fixture(scope="module")
 def svc(
     tmp_path_factory: pytest.TempPathFactory, start_service: Callable[..., Service]
 ) -> Iterator[Service]:
+    where = tmp_path_factory.mktemp("browser")
     s = start_service(
-        tmp_path_factory.mktemp("browser") / "browser.duckdb",
+        where / "browser.duckdb",
         site_path=DEMO_SITE,
         minutes=6,
         faults=("pump_failure:cdu-1/pump1@3m",),
+        rules=triage_rules(where / "rules.yaml"),
     )
     yield s
     s.stop()
+
+
+def band_thresholds(svc: Service) -> tuple[float, float]:
+    """Amber and red thresholds [%] between the racks' largest shares of a limit used, so
+    that the floor map has racks in each of the three bands."""
+    used = sorted(
+        r["limit_used_max_pct"]
+        for r in httpx.get(f"{svc.url}/api/v1/racks", timeout=10).json()["racks"]
+        if r["limit_used_max_pct"] is not None
+    )
+    assert len(set(used)) >= 3, used
+    n = len(used)
+    amber = (used[n // 3 - 1] + used[n // 3]) / 2
+    red = (used[2 * n // 3 - 1] + used[2 * n // 3]) / 2
+    return round(amber, 4), round(red, 4)
 
 
 @pytest.fixture(scope="module")
 def console(svc: Service, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     port = _free_port()
     log = tmp_path_factory.mktemp("streamlit") / "streamlit.log"
+    amber, red = band_thresholds(svc)
     env = {
         **os.environ,
         "DCTWIN_API_URL": svc.url,
         "DCTWIN_CONSOLE_TOKEN": TOKEN,
         "DCTWIN_CONSOLE_REFRESH_S": "600",  # no refresh in the middle of a click
+        # bands set between the racks' figures: the floor map shows all three
+        "DCTWIN_BAND_AMBER_PCT": str(amber),
+        "DCTWIN_BAND_RED_PCT": str(red),
     }
     proc = subprocess.Popen(
         [
@@ -326,10 +373,10 @@ def test_floor_map_shows_every_rack(  # type: ignore[no-untyped-def]
     tiles = plot.locator("g.rack").evaluate_all(
         "els => els.map(e => [...e.querySelectorAll('text')].map(t => t.textContent))"
     )
-    # each tile is the rack's name over its value ("a01" then "32.4 kW")
+    # each tile is the rack's name over its worst limit used ("a01" then "61 %")
     racks = {r.name for r in svc.site.racks}
     assert len(tiles) == len(racks) == 32 and {t[0] for t in tiles} == racks
-    assert all(re.fullmatch(r"[\d,.]+ kW|–", t[1]) for t in tiles), tiles
+    assert all(re.fullmatch(r"[\d,.]+ %|–", t[1]) for t in tiles), tiles
     # a tile opens its rack
     assert plot.locator('a[href="/rack?rack=a01"]').count() == 1
     shot(page, artifacts, "floor-map")
@@ -344,8 +391,8 @@ def test_an_alert_is_acknowledged_from_the_alerts_page(  # type: ignore[no-untyp
     assert page.get_by_text(PUMP_KEY).count() >= 1
     before = page.get_by_role("button", name="Acknowledge").count()
     assert before >= 1
-    # Streamlit marks a widget's container with its key ("/" becomes "-")
-    key = "st-key-ack_" + PUMP_KEY.replace("/", "-")
+    # Streamlit marks a widget's container with its key: the pump's group (rule|CDU|cdu-1)
+    key = "st-key-ack_cdu_pump_lost-CDU-cdu-1"
     page.locator(f".{key}").get_by_role("button", name="Acknowledge").click()
     page.get_by_text(f"Acknowledged {PUMP_KEY}").wait_for(timeout=30_000)
     settle(page, "Alerts")
@@ -356,3 +403,136 @@ def test_an_alert_is_acknowledged_from_the_alerts_page(  # type: ignore[no-untyp
     active = httpx.get(f"{svc.url}/api/v1/alerts", timeout=10).json()["active"]
     pump = next(a for a in active if a["dedup_key"] == PUMP_KEY)
     assert pump["acknowledged"]["acked_by"] == "console"
+
+
+SEVERITY_RANK = {"CRITICAL": 0, "WARNING": 1, "INFO": 2}
+
+
+def test_alert_groups_and_counts_in_severity_order(  # type: ignore[no-untyped-def]
+    console: str, page, svc: Service, artifacts: Path
+) -> None:
+    """The Alerts page as drawn: one card per rule and rack/CDU/fleet, critical first, each
+    card's member count the members the API lists for its alerts, the counts per severity;
+    the Overview's alert stat in the worst severity's colour."""
+    active = httpx.get(f"{svc.url}/api/v1/alerts", timeout=10).json()["active"]
+    page.goto(f"{console}/alerts")
+    settle(page, "Alerts")
+    cards = page.locator('[class*="st-key-group-"]')
+    n = cards.count()
+    assert n >= 3
+    heads = [
+        cards.nth(i).locator('[data-testid="stMarkdownContainer"]').first.inner_text()
+        for i in range(n)
+    ]
+    sev = [re.match(r"\W*(CRITICAL|WARNING|INFO)\b", h).group(1) for h in heads]  # type: ignore[union-attr]
+    assert sev == sorted(sev, key=SEVERITY_RANK.__getitem__), sev
+    assert {"CRITICAL", "WARNING"} <= set(sev)
+    assert "cdu_pump_lost" in heads[0] and "cdu-1" in heads[0]
+    # member counts: the members of the API's alerts under that rule and scope
+    members: dict[tuple[str, str], set[str]] = {}
+    for a in active:
+        scope = a["group_id"] if a["group_kind"] in ("rack", "cdu", "fleet") else a["racks"][0]
+        members.setdefault((a["rule"], scope), set()).update(a["members"])
+    # the first screens of the list, the rest counted (the info groups come last)
+    assert n == min(len(members), 20)
+    if len(members) > n:
+        assert page.get_by_text(f"{len(members) - n} more groups: narrow the filters").count()
+    for h in heads:
+        rule, scope, count = re.search(
+            r"(\w+) on (?:rack|CDU|fleet) (\S+?)(?: ·.*?)? · (\d+) members?", h
+        ).groups()  # type: ignore[union-attr]
+        assert int(count) == len(members[(rule, scope)]), h
+    # the groups of one rule with many members: fewer cards than alerts' members
+    assert n < sum(len(m) for m in members.values())
+    counts = page.get_by_text("Open alerts by severity:").first.inner_text()
+    for word in ("critical", "warning", "info"):
+        expected = sum(a["severity"] == word for a in active)
+        assert re.search(rf"{word}\W+{expected}\b", counts, re.I), (word, expected, counts)
+    shot(page, artifacts, "alerts-groups")
+    page.goto(console)
+    settle(page, "Overview")
+    stat = page.locator(".dctwin-alert-stat .value").first
+    assert stat.inner_text().strip() == str(len(active))
+    assert rgb(stat.evaluate("e => getComputedStyle(e).color")) == (213.0, 94.0, 0.0)
+    assert f"{sum(a['severity'] == 'critical' for a in active)} critical" in shown_text(page)
+
+
+def test_floor_and_table_band_colours_follow_the_fractions(  # type: ignore[no-untyped-def]
+    console: str, page, svc: Service, artifacts: Path
+) -> None:
+    """Each floor tile is filled with the colour of its rack's band, from the API's largest
+    share of a limit used and the console's bands (set between the racks' figures, so all
+    three appear); the table's bars carry the same bands."""
+    amber, red = band_thresholds(svc)
+    bands = LimitBands(amber_pct=amber, red_pct=red)
+    racks = httpx.get(f"{svc.url}/api/v1/racks", timeout=10).json()["racks"]
+    want = {
+        r["name"]: bands.band(r["limit_used_max_pct"]) for r in racks if r["limit_used_max_pct"]
+    }
+    assert {b.value for b in want.values()} == {"neutral", "amber", "red"}
+    page.goto(f"{console}/floor")
+    settle(page, "Floor")
+    tiles = page.locator("svg.dctwin-floor g.rack").evaluate_all(
+        "els => els.map(e => [e.dataset.rack, e.dataset.band || null,"
+        " e.querySelector('rect').getAttribute('fill')])"
+    )
+    assert len(tiles) == 32
+    for name, band, fill in tiles:
+        if name in want:
+            assert band == want[name].value, (name, band, want[name])
+            assert fill.lower() == BAND_HEX[want[name]].lower(), (name, fill)
+    shot(page, artifacts, "floor-bands")
+    page.get_by_text("All racks as a table").click()
+    cells = page.locator("td[data-band]")
+    cells.first.wait_for(timeout=10_000)
+    got = cells.evaluate_all(
+        "els => els.map(e => [e.closest('tr').children[0].innerText, e.dataset.band])"
+    )
+    assert len(got) == len(want)
+    for name, band in got:
+        assert band == want[name].value, (name, band)
+
+
+def test_the_rack_page_shows_the_apis_limits_and_an_unknown_rack_is_an_error(  # type: ignore[no-untyped-def]
+    console: str, page, svc: Service, artifacts: Path
+) -> None:
+    rows = httpx.get(f"{svc.url}/api/v1/headroom", params={"rack": "a03"}, timeout=10).json()
+    gpu = {r["id"]: r for r in rows["rows"] if r["kind"] == "gpu"}
+    page.goto(f"{console}/rack?rack=a03")
+    settle(page, "Rack")
+    marks = page.locator("svg.dctwin-chart line.mark").evaluate_all(
+        "els => els.map(e => [e.dataset.x, parseFloat(e.dataset.value)])"
+    )
+    gpu_marks = [(x, v) for x, v in marks if x in gpu]
+    assert len(gpu_marks) == len(gpu) > 0
+    for x, v in gpu_marks:
+        assert v == pytest.approx(gpu[x]["limit"]), x  # the tick is the API's limit
+    tight = min(gpu.values(), key=lambda r: r["headroom_now"])
+    assert f"{tight['headroom_now']:.1f} K to slowdown" in shown_text(page)
+    assert problems(page) == []
+    shot(page, artifacts, "rack-a03-limits")
+    page.goto(f"{console}/rack?rack=zz99")
+    page.get_by_role("heading", name="Rack").first.wait_for(timeout=60_000)
+    page.locator('[data-testid="stAlertContentError"]').first.wait_for(timeout=30_000)
+    pageload.wait_drawn(page)
+    assert any("No rack 'zz99' in the site" in p for p in problems(page)), problems(page)
+    assert "IT power" not in shown_text(page)  # no other rack shown in its place
+    shot(page, artifacts, "rack-unknown")
+
+
+def test_the_fleets_headline_equals_its_table(  # type: ignore[no-untyped-def]
+    console: str, page, artifacts: Path
+) -> None:
+    page.goto(f"{console}/fleets")
+    settle(page, "Fleets")
+    metric = page.locator('[data-testid="stMetric"]').filter(has_text="GPUs to reclaim").first
+    headline = int(metric.locator('[data-testid="stMetricValue"]').inner_text().replace(",", ""))
+    table = page.locator(".dctwin-table table").filter(has_text="gpus_to_reclaim").first
+    head = table.locator("th").all_inner_texts()
+    col = head.index("gpus_to_reclaim")
+    cells = table.locator("tbody tr").evaluate_all(
+        f"rows => rows.map(r => r.children[{col}].innerText)"
+    )
+    total = sum(int(c.replace(",", "")) for c in cells if c.strip() not in ("–", ""))
+    assert headline == total > 0
+    shot(page, artifacts, "fleets-headline")

@@ -7,9 +7,11 @@ import json
 import re
 import time
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from html.parser import HTMLParser
 from pathlib import Path
 
+import httpx
 import pandas as pd
 import pyarrow as pa
 import pyarrow.ipc
@@ -202,7 +204,12 @@ def test_overview(env: Service) -> None:
     at = run(DASH / "pages" / "overview.py")
     m = metrics(at)
     assert m["IT power"].endswith("kW") and m["Cooling load (CDUs)"].endswith("kW")
-    assert m["Active alerts"] == "1" and m["Data age"].endswith("s")
+    assert m["Data age"].endswith("s")
+    # the alert stat: its count in the worst severity's colour, the count per severity under it
+    stat = next(el.proto.body for el in at.get("html") if "dctwin-alert-stat" in el.proto.body)
+    assert 'data-severity="critical"' in stat and ">1</div>" in stat
+    assert "color:#D55E00" in stat  # the critical colour
+    assert "1 critical · 0 warning · 0 info · 1 unacknowledged" in text(at)
     assert "cdu_pump_lost" in text(at) and "Closest to their limits" in text(at)
     # the critical alert in the critical colour, naming its CDU and the rack it cools
     line = next(md.value for md in at.markdown if "cdu_pump_lost" in md.value)
@@ -269,14 +276,6 @@ def test_number_formatter() -> None:
     assert ui.fmt(1151234.0, "kW") == "1,151,234 kW" and ui.fmt(0.0123, "") == "0.01"
     assert ui.fmt(-0.001, "K") == "0.00 K" and ui.fmt(3.14159, "°C", 0) == "3 °C"
     assert ui.plural(1, "member") == "1 member" and ui.plural(3, "rack") == "3 racks"
-    alerts = [
-        {"severity": "info", "starts_at": "2026-01-01T00:03:00+00:00"},
-        {"severity": "critical", "starts_at": "2026-01-01T00:01:00+00:00"},
-        {"severity": "warning", "starts_at": "2026-01-01T00:02:00+00:00"},
-        {"severity": "critical", "starts_at": "2026-01-01T00:04:00+00:00"},
-    ]
-    order = [(a["severity"], a["starts_at"][14:16]) for a in ui.by_severity(alerts)]
-    assert order == [("critical", "04"), ("critical", "01"), ("warning", "02"), ("info", "03")]
 
 
 def test_tables_are_escaped_static_html_with_units_and_dashes() -> None:
@@ -331,17 +330,19 @@ def test_charts_are_svg_with_utc_axes_units_limits_and_escaped_names() -> None:
 
 def test_floor_shows_every_rack_coloured_by_the_chosen_metric(env: Service) -> None:
     at = run(DASH / "pages" / "floor.py")
+    # the floor opens on the worst headroom: each rack's largest share of a limit used
+    assert at.selectbox(key="floor_metric").value == "limit_used_max_pct"
     svg = next(md.value for md in at.markdown if "dctwin-floor" in md.value)
     assert set(re.findall(r'data-rack="([^"]+)"', svg)) == {r.name for r in env.site.racks}
     assert 'href="/rack?rack=r01"' in svg  # each tile opens its rack
-    assert "IT power [kW]" in svg and "None" not in svg
-    assert "IT power" in text(at)
+    assert "None" not in svg and "Worst limit used" in text(at)
+    # colours are the fixed bands, never the spread of today's values
+    assert set(re.findall(r'data-band="([^"]+)"', svg)) <= {"neutral", "amber", "red"}
+    assert re.findall(r'data-band="([^"]+)"', svg)
     at.selectbox(key="floor_metric").set_value("gpu_headroom_min_k").run()
     assert not at.exception
-    assert "GPU headroom to slowdown [K]" in next(
-        md.value for md in at.markdown if "dctwin-floor" in md.value
-    )
-    assert at.selectbox(key="floor_rack").options == ["r01", "r02"]
+    assert "GPU headroom to slowdown" in text(at)
+    assert set(at.selectbox(key="floor_rack").options) == {"r01", "r02"}
     assert_no_plotly(at)
 
 
@@ -401,7 +402,11 @@ def test_power(env: Service) -> None:
     used = [v for _, v in phases["bars"]]
     assert used and used == sorted(used, reverse=True)  # the most loaded first
     (table,) = tables(at)  # every phase and breaker, in the table below the bars
-    assert {"current [A]", "limit [A]", "used [%]"} <= set(table["header"])
+    assert {"current [A]", "limit [A]", "limit used [%]"} <= set(table["header"])
+    # worst first by the margin in the limit's own unit (A), and a control to sort otherwise
+    head = [float(v.replace(",", "")) for v in column(table, "headroom [A]") if v != "–"]
+    assert head == sorted(head)
+    assert at.selectbox(key="power_sort").value == "worst first"
     assert {x for x, _ in phases["bars"]} <= set(column(table, "id"))
     assert all(re.fullmatch(r"[\d,.]+", v) for v in column(table, "current [A]"))
     assert_no_plotly(at)
@@ -435,7 +440,7 @@ def test_fleets(env: Service) -> None:
 def test_alerts_acknowledge_and_silence(env: Service) -> None:
     at = run(DASH / "pages" / "alerts.py")
     buttons = [b for b in at.button if b.label == "Acknowledge"]
-    assert len(buttons) == 1 and PUMP_KEY in buttons[0].key
+    assert len(buttons) == 1 and "cdu_pump_lost" in buttons[0].key
     buttons[0].click().run()
     assert not at.exception and not at.error
     assert f"Acknowledged {PUMP_KEY}" in text(at)
@@ -445,13 +450,24 @@ def test_alerts_acknowledge_and_silence(env: Service) -> None:
     at.button[-1].click().run()  # the form's submit
     assert "Silenced {'rule': 'gpu_temp_high'}" in text(at)
     assert any(b.label == "End" for b in at.button)
+    # the silence beside the group: the rule on the group's own id
+    silence = next(b for b in at.button if b.key.startswith("silence_cdu_pump_lost"))
+    assert silence.label == "Silence 2 h"
+    silence.click().run()
+    assert "Silenced cdu_pump_lost on cdu-1 for 2 h" in text(at)
+    sil = httpx.get(f"{env.url}/api/v1/silences", timeout=10).json()["silences"]
+    assert {"rule": "cdu_pump_lost", "group_id": "cdu-1"} in [x["matchers"] for x in sil]
 
 
 def test_alerts_without_a_token_say_so(env: Service, monkeypatch) -> None:
     monkeypatch.delenv("DCTWIN_CONSOLE_TOKEN")
     monkeypatch.setenv("DCTWIN_API_TOKEN", TOKEN)  # the service's token is never the console's
     at = run(DASH / "pages" / "alerts.py")
-    assert "No DCTWIN_CONSOLE_TOKEN" in text(at)
+    # no write offered that the API would refuse; the way to enable them said instead
+    assert "dctwin demo --console-writes" in text(at)
+    assert not [b for b in at.button if b.label in ("Acknowledge", "End", "Add silence")]
+    assert not [b for b in at.button if b.label.startswith("Silence")]
+    assert "cdu_pump_lost" in text(at)  # still listed
 
 
 def test_calibration(env: Service) -> None:
@@ -537,7 +553,9 @@ def test_a_page_whose_api_is_down_shows_an_error_box(
 
 
 def test_the_console_talks_only_to_the_api() -> None:
-    """dashboards/ imports neither the store nor DuckDB nor the twin: it reads the HTTP API."""
+    """dashboards/ imports neither the store nor DuckDB nor the twin: it reads the HTTP API.
+    The one exception is ``twin.bands`` (pure Python, pydantic only): the one definition of
+    the limit-used bands that the console, the floor map and the CLI colour by."""
     import ast
 
     for path in DASH.rglob("*.py"):
@@ -552,6 +570,8 @@ def test_the_console_talks_only_to_the_api() -> None:
             )
             for name in names:
                 top = name.split(".")[0]
+                if name == "twin.bands":
+                    continue
                 assert top not in {"duckdb", "twin", "collectors", "models"}, (path, name)
 
 
@@ -578,3 +598,117 @@ def test_a_page_says_how_old_its_data_is_and_turns_amber_when_stale(
     monkeypatch.setenv("DCTWIN_CONSOLE_STALE_S", "0.001")  # everything is older than that
     at = run(DASH / "pages" / "cooling.py")
     assert ":orange[" in text(at) and "stale, older than 0.001 s" in text(at)
+
+
+def test_rack_limits_and_headroom_are_the_apis_and_an_unknown_rack_is_an_error(
+    env: Service,
+) -> None:
+    at = run(DASH / "pages" / "rack.py", rack="r01")
+    rows = httpx.get(f"{env.url}/api/v1/headroom", params={"rack": "r01"}, timeout=10).json()
+    limits = {r["id"]: r["limit"] for r in rows["rows"] if r["kind"] == "gpu"}
+    gpus = charts(at)[0]
+    assert gpus["marks"] and {x: v for x, v in gpus["marks"]} == {
+        x: pytest.approx(limits[x]) for x, _ in gpus["marks"]
+    }
+    tight = min((r for r in rows["rows"] if r["kind"] == "gpu"), key=lambda r: r["headroom_now"])
+    assert f"{tight['headroom_now']:.1f} K to slowdown" in text(at)
+    # GPUs worst first by their headroom in K
+    gpu_table = next(t for t in tables(at) if "headroom [K]" in t["header"])
+    head = [float(v) for v in column(gpu_table, "headroom [K]") if v != "–"]
+    assert head == sorted(head)
+    bad = AppTest.from_file(str(DASH / "pages" / "rack.py"), default_timeout=60)
+    bad.query_params["rack"] = "zz99"
+    bad.run()
+    assert not bad.exception
+    assert bad.error and "No rack 'zz99' in the site" in bad.error[0].value
+    assert "IT power" not in metrics(bad)  # no other rack shown in its place
+
+
+def test_fleets_headline_is_its_tables_sum(env: Service) -> None:
+    at = run(DASH / "pages" / "fleets.py")
+    (table,) = [t for t in tables(at) if "gpus_to_reclaim" in t["header"]]
+    total = sum(int(v.replace(",", "")) for v in column(table, "gpus_to_reclaim") if v != "–")
+    assert metrics(at)["GPUs to reclaim"] == f"{total:,}"
+
+
+def test_alerts_group_per_rule_and_scope_worst_first() -> None:
+    """Ten GPU alerts in two racks, a critical CDU alert and a forecast: three rules, four
+    groups; critical first, then the soonest breach, then the smallest margin."""
+    from dashboards import triage
+
+    def gpu(i: int, rack: str, k: float) -> dict:
+        return {
+            "dedup_key": f"d/gpu_temp_high/gpu/{rack}-n1:{i}",
+            "rule": "gpu_temp_high",
+            "severity": "warning",
+            "group_kind": "gpu",
+            "group_id": f"{rack}-n1:{i}",
+            "members": [f"{rack}-n1:{i}"],
+            "racks": [rack],
+            "starts_at": "2026-12-03T10:00:00+00:00",
+            "values": {f"{rack}-n1:{i}": k},
+            "metric": "headroom.gpu.k_to_slowdown",
+            "op": "<=",
+            "threshold": 5.0,
+        }
+
+    alerts = [gpu(i, "a03", 4.0 - i / 10) for i in range(6)]
+    alerts += [gpu(i, "b01", 1.5) for i in range(4)]
+    alerts.append(
+        {
+            "dedup_key": "d/cdu_pump_lost/cdu/cdu-1",
+            "rule": "cdu_pump_lost",
+            "severity": "critical",
+            "group_kind": "cdu",
+            "group_id": "cdu-1",
+            "members": ["cdu-1"],
+            "racks": ["a01", "a02"],
+            "starts_at": "2026-12-03T11:00:00+00:00",
+            "values": {"cdu-1": 1.0},
+            "metric": "cdu.pumps_running",
+            "op": "<",
+            "threshold": 2.0,
+        }
+    )
+    alerts.append(
+        {
+            "dedup_key": "d/gpu_slowdown_forecast/gpu/c01-n1:0",
+            "rule": "gpu_slowdown_forecast",
+            "severity": "warning",
+            "group_kind": "gpu",
+            "group_id": "c01-n1:0",
+            "members": ["c01-n1:0"],
+            "racks": ["c01"],
+            "starts_at": "2026-12-03T11:30:00+00:00",
+            "values": {"c01-n1:0": 1800.0},
+            "metric": "headroom.gpu.time_to_breach_p90_s",
+            "op": "<=",
+        }
+    )
+    now = datetime(2026, 12, 3, 12, tzinfo=UTC)
+    groups = triage.group_alerts(alerts, now)
+    got = [(g.rule, g.scope_kind, g.scope_id, len(g.members)) for g in groups]
+    assert got == [
+        ("cdu_pump_lost", "CDU", "cdu-1", 1),
+        ("gpu_temp_high", "rack", "b01", 4),  # breached now, 1.5 K left
+        ("gpu_temp_high", "rack", "a03", 6),  # breached now, 3.5 K left
+        ("gpu_slowdown_forecast", "rack", "c01", 1),  # 30 min to the breach
+    ]
+    assert groups[2].worst == ("a03-n1:5", 3.5) and groups[2].unit == "K"
+    assert groups[2].firing_s(now) == 7200
+    assert triage.severity_counts(alerts) == {"critical": 1, "warning": 11, "info": 0}
+    assert triage.worst_severity(alerts) == "critical"
+    # the same alerts as one incident per rack with members (the engine's grouping) group
+    # the same way
+    merged = dict(alerts[0], members=[f"a03-n1:{i}" for i in range(6)], group_kind="rack")
+    merged["group_id"] = "a03"
+    merged["values"] = {f"a03-n1:{i}": 4.0 - i / 10 for i in range(6)}
+    (g,) = triage.group_alerts([merged], now)
+    assert (g.scope_kind, g.scope_id, len(g.members), g.worst) == (
+        "rack",
+        "a03",
+        6,
+        ("a03-n1:5", 3.5),
+    )
+    only = triage.filter_groups(groups, severities=["warning"], scopes=["rack a03"])
+    assert [x.scope_id for x in only] == ["a03"]

@@ -38,7 +38,7 @@ import pytest
 pytest.importorskip("snmpsim", reason="snmpsim (dev extra) serves the test SNMP agent")
 
 from collectors.contract import decode
-from tests.test_collect_snmp import ASYNCIO_LEAK, RESPONDER, _serve
+from tests.snmp_agent import ASYNCIO_LEAK, RESPONDER, _serve
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 

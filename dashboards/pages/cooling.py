@@ -18,7 +18,14 @@ def body() -> None:
         st.info("No CDUs in the site model: the site is air-cooled.")
         return
     ui.freshness(data["data_until"])
-    cdus = data["cdus"]
+    # worst first: the least heat headroom (kW, the capacity's own unit), then return headroom
+    cdus = sorted(
+        data["cdus"],
+        key=lambda c: (
+            c["headroom_kw"] if c["headroom_kw"] is not None else float("inf"),
+            c["return_headroom_k"] if c["return_headroom_k"] is not None else float("inf"),
+        ),
+    )
     wanted = st.query_params.get("cdu")  # deep link: ?cdu=cdu-1 shows that CDU
     if wanted and any(c["name"] == wanted for c in cdus):
         cdus = [c for c in cdus if c["name"] == wanted]

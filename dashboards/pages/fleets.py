@@ -31,11 +31,29 @@ def body() -> None:
     if df.empty:
         st.info("The site has no inference fleets.")
     else:
+        # the table's order: underused fleets first, then the most GPUs to reclaim
+        df = df.sort_values(
+            ["flagged", "gpus_to_reclaim"], ascending=[False, False], na_position="last"
+        )
         flagged = df[df["flagged"]]
+        reclaim = int(df["gpus_to_reclaim"].fillna(0).sum())
+        freed = float(df["kw_freed"].fillna(0).sum())
         c = st.columns(3)
         c[0].metric("Underused fleets", f"{len(flagged)} / {len(df)}")
-        c[1].metric("GPUs to reclaim", int(flagged["gpus_to_reclaim"].fillna(0).sum()))
-        c[2].metric("Power freed", ui.fmt(float(flagged["kw_freed"].fillna(0).sum()), "kW"))
+        # the headline is the table's column summed: the same fleets, the same figures
+        ui.stat(
+            c[1],
+            "GPUs to reclaim",
+            f"{reclaim:,}",
+            f"all {ui.plural(len(df), 'inference fleet')} in the table; in underused ones:"
+            f" {int(flagged['gpus_to_reclaim'].fillna(0).sum()):,}",
+        )
+        ui.stat(
+            c[2],
+            "Power freed",
+            ui.fmt(freed, "kW"),
+            "the power of those GPUs, summed over the table",
+        )
         df["activity p50 [%]"] = 100 * df["activity_p50"]
         df["activity p95 [%]"] = 100 * df["activity_p95"]
         act = df.melt(
@@ -75,6 +93,7 @@ def body() -> None:
             ],
             {"gpu_power_mean_w": "GPU power mean [W]", "kw_freed": "freed [kW]"},
             missing_why="not computed: no data for this fleet, or not flagged",
+            sort_key="fleets_sort",
         )
     fc = ui.fetch("/api/v1/forecast")
     if fc is None:

@@ -44,6 +44,12 @@ def body() -> None:
         sort="-y",
     )
     charts.draw(df.sort_values("utilization_pct", ascending=False).head(BARS), spec, "links")
+    # worst first: the least headroom in Gb/s (the limit's own unit), then the most errors
+    df = df.sort_values(
+        ["headroom_gbps", "errors"], ascending=[True, False], na_position="last", kind="stable"
+    )
+    cols = ["name", "headroom_gbps", "utilization_pct", "errors"]
+    df = df[cols + [c for c in df.columns if c not in cols]]
     ui.table(
         df,
         {
@@ -54,6 +60,8 @@ def body() -> None:
             "headroom_gbps": "headroom [Gb/s]",
         },
         missing_why="no reading from this link yet",
+        bars=("utilization_pct",),
+        sort_key="network_sort",
     )
 
 

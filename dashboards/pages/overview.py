@@ -6,7 +6,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from dashboards import charts, ui
+from dashboards import charts, triage, ui
 
 ui.page("Overview", "🏠")
 
@@ -79,6 +79,55 @@ def trends(ov: dict) -> None:
             st.caption("no headroom report yet")
 
 
+#: Alert groups listed on the Overview (the Alerts page lists them all).
+ALERT_GROUPS = 8
+#: The alert stat's colour per worst severity (Okabe-Ito vermillion, orange, blue).
+SEVERITY_HEX = {"critical": "#D55E00", "warning": "#E69F00", "info": "#0072B2"}
+
+
+def alert_stat(al: dict, active: list[dict]) -> None:
+    """The number of active alerts in the colour of the worst severity among them, with the
+    count per severity under it."""
+    if not al["enabled"]:
+        st.metric("Active alerts", "off")
+        st.caption("no --rules")
+        return
+    worst = triage.worst_severity(active)
+    colour = SEVERITY_HEX.get(worst or "", "inherit")
+    counts = triage.severity_counts(active)
+    st.html(
+        f'<div class="dctwin-alert-stat" data-severity="{worst or "none"}">'
+        '<div style="font-size:0.875rem">Active alerts</div>'
+        f'<div class="value" style="font-size:2.25rem;line-height:1.4;color:{colour}">'
+        f"{len(active):,}</div></div>"
+    )
+    per = " · ".join(f"{n} {s}" for s, n in counts.items())
+    st.caption(f"{per} · {al['unacknowledged']} unacknowledged")
+
+
+def closest(tight: pd.DataFrame) -> pd.DataFrame:
+    """The tightest limits with their share used as the bands count it (a temperature above
+    its reference, never a share of a Celsius value), worst first; headroom in its unit (K
+    for a temperature), the limit in its own (°C)."""
+    value = tight["limit"] - tight["headroom_now"]
+    tight = tight.assign(
+        **{
+            "limit used": [
+                ui.used_pct(v, lim, u)
+                for v, lim, u in zip(value, tight["limit"], tight["unit"], strict=True)
+            ]
+        }
+    )
+    tight = tight.sort_values(["limit used", "headroom_now"], ascending=[False, True])
+    tight["headroom"] = [
+        ui.fmt(h, u) for h, u in zip(tight["headroom_now"], tight["unit"], strict=True)
+    ]
+    tight["limit"] = [
+        ui.fmt(v, ui.limit_unit(u)) for v, u in zip(tight["limit"], tight["unit"], strict=True)
+    ]
+    return tight
+
+
 def body() -> None:
     ov = ui.fetch("/api/v1/overview")
     if ov is None:
@@ -98,8 +147,9 @@ def body() -> None:
     if used:
         c[2].caption(used)
     al = ov["alerts"]
-    c[3].metric("Active alerts", al["active"] if al["enabled"] else "off")
-    c[3].caption(f"{al['unacknowledged']} unacknowledged" if al["enabled"] else "no --rules")
+    alerts = ui.fetch("/api/v1/alerts", history=0)
+    with c[3]:
+        alert_stat(al, (alerts or {}).get("active", []))
     lag = max((v for v in ov["ingest"]["lag_s"].values() if v is not None), default=None)
     c[4].metric("Data age", ui.fmt(lag, "s", 0))
     c[4].caption(ui.plural(ov["gpus_reporting"], "GPU") + " reporting")
@@ -137,33 +187,39 @@ def body() -> None:
             tight = pd.DataFrame(ov["tightest"])
             if not tight.empty:
                 # bars drawn by the table itself: no chart library to load for them
-                st.markdown("**Closest to their limits** (the ten tightest)")
-                tight["limit used"] = 100 * (1 - tight["headroom_now"] / tight["limit"].abs())
-                tight["headroom"] = [
-                    ui.fmt(h, u) for h, u in zip(tight["headroom_now"], tight["unit"], strict=True)
-                ]
-                tight["limit"] = [
-                    ui.fmt(v, u) for v, u in zip(tight["limit"], tight["unit"], strict=True)
-                ]
+                st.markdown("**Closest to their limits** (the ten tightest, worst first)")
+                tight = closest(tight)
                 ui.table(
                     tight[["kind", "id", "quantity", "limit used", "headroom", "limit"]],
                     {"limit used": "limit used [%]"},
                     bars=("limit used",),
+                    sort_key="overview_tight_sort",
                 )
+                st.caption(ui.bands_caption())
     with right:
         st.subheader("Active alerts")
-        alerts = ui.fetch("/api/v1/alerts", history=0)
         if alerts is not None:
             if not alerts["enabled"]:
                 st.info("Alerting is off: the service runs without --rules.")
             elif not alerts["active"]:
                 st.success("No active alerts.")
-            for a in ui.by_severity(alerts["active"]):
-                ack = " · acknowledged" if a["acknowledged"] else ""
+            groups = triage.group_alerts(alerts["active"])
+            for g in groups[:ALERT_GROUPS]:
+                acked = sum(1 for a in g.alerts if a.get("acknowledged"))
+                ack = f" · {acked} acknowledged" if acked else ""
+                scope = f"{g.scope_kind} **{g.scope_id}**"
+                racks = sorted({r for a in g.alerts for r in a.get("racks") or []})
+                if racks and g.scope_kind != "rack":
+                    scope += f" · {'rack' if len(racks) == 1 else 'racks'} {', '.join(racks[:8])}"
+                    scope += f" and {len(racks) - 8} more" if len(racks) > 8 else ""
                 st.markdown(
-                    f"{ui.severity_badge(a['severity'])} `{a['rule']}` on {ui.alert_scope(a)}"
-                    f" ({ui.plural(len(a['members']), 'member')}){ack}"
+                    f"{ui.severity_badge(g.severity)} `{g.rule}` on {scope}"
+                    f" ({ui.plural(len(g.members), 'member')}){ack}"
                 )
+            if len(groups) > ALERT_GROUPS:
+                st.caption(f"{ui.plural(len(groups) - ALERT_GROUPS, 'more group')}: see Alerts")
+            if groups:
+                ui.link("alerts", "all alerts, grouped, with acknowledge and silence")
         st.subheader("Ingest")
         ing = ov["ingest"]
         c1, c2, c3 = st.columns(3)

@@ -48,6 +48,10 @@ def body() -> None:
         st.info("No PDUs in the site model.")
         return
     df["used_pct"] = 100 * df["current_a"] / df["limit_a"]
+    # worst first: the least headroom in amperes (the limit's own unit)
+    df = df.sort_values(["headroom_a", "used_pct"], ascending=[True, False], na_position="last")
+    cols = ["id", "headroom_a", "used_pct", "current_a", "limit_a"]
+    df = df[cols + [c for c in df.columns if c not in cols]]
     st.subheader("PDU phases and breakers against 80 % of their rating")
     top = df.sort_values("used_pct", ascending=False).head(BARS)
     if len(df) > BARS:
@@ -75,10 +79,13 @@ def body() -> None:
             "limit_a": "limit [A]",
             "headroom_a": "headroom [A]",
             "breach_in_s_p50": "breach in (p50) [s]",
-            "used_pct": "used [%]",
+            "used_pct": "limit used [%]",
         },
         missing_why="no reading, or (breach in) no breach forecast within the horizon",
+        bars=("used_pct",),
+        sort_key="power_sort",
     )
+    st.caption(ui.bands_caption())
 
 
 ui.live(body)

@@ -11,13 +11,27 @@ ui.page("Rack", "🗄️")
 
 racks = ui.fetch("/api/v1/racks")
 names = [r["name"] for r in racks["racks"]] if racks else []
-wanted = st.query_params.get("rack") or st.session_state.get("rack")
+asked = st.query_params.get("rack")
+wanted = asked or st.session_state.get("rack")
+if names and asked and asked not in names and st.session_state.get("rack_pick") is None:
+    # an unknown id is an error, never another rack shown in its place
+    st.error(
+        f"No rack {asked!r} in the site: the site's racks are {', '.join(names[:12])}"
+        f"{f' and {len(names) - 12} more' if len(names) > 12 else ''}. Pick one below.",
+        icon="⚠️",
+    )
+    wanted = None
 if names:
     rack = st.selectbox(
-        "Rack", names, index=names.index(wanted) if wanted in names else 0, key="rack_pick"
+        "Rack",
+        names,
+        index=names.index(wanted) if wanted in names else None,
+        placeholder="choose a rack",
+        key="rack_pick",
     )
-    st.session_state["rack"] = rack
-    st.query_params["rack"] = rack
+    if rack is not None:
+        st.session_state["rack"] = rack
+        st.query_params["rack"] = rack
 else:
     rack = None
 
@@ -28,6 +42,10 @@ def body() -> None:
     d = ui.fetch(f"/api/v1/racks/{rack}")
     if d is None:
         return
+    # limits and headroom as the API has them now (never a temperature plus a stored headroom)
+    hr = ui.fetch("/api/v1/headroom", rack=rack)
+    rows = (hr or {}).get("rows", [])
+    gpu_hr = {r["id"]: r for r in rows if r["kind"] == "gpu"}
     s = d["rack"]
     ui.freshness(d.get("data_until"))
     st.caption(
@@ -42,11 +60,17 @@ def body() -> None:
         ui.fmt(s["power_limit_kw"], "kW"),
         f"{ui.fmt(s['headroom_kw'], 'kW')} headroom",
     )
+    tight = min(gpu_hr.values(), key=lambda r: r["headroom_now"], default=None)
     ui.stat(
         c[2],
         "Hottest GPU",
         ui.fmt(s["gpu_temp_max_c"], "°C"),
-        f"{ui.fmt(s['gpu_headroom_min_k'], 'K')} to slowdown",
+        (
+            f"{ui.fmt(tight['headroom_now'], 'K')} to slowdown ({tight['id']}, limit"
+            f" {ui.fmt(tight['limit'], '°C')})"
+            if tight is not None
+            else "no headroom report yet"
+        ),
     )
     c[3].metric("Inlet air", ui.fmt(s["inlet_temp_c"], "°C"))
     c[4].metric("Active alerts", s["alerts"])
@@ -55,15 +79,22 @@ def body() -> None:
             ui.link("alerts", "see the alerts")
 
     st.subheader("Nodes and GPUs")
-    rows = []
+    gpus = []
     for n in d["nodes"]:
         for g in n["gpus"]:
-            rows.append({"node": n["name"], **g})
-    gdf = pd.DataFrame(rows)
+            gpus.append({"node": n["name"], **g})
+    gdf = pd.DataFrame(gpus)
     if not gdf.empty:
-        gdf["max_c"] = pd.to_numeric(gdf["temp_c"], errors="coerce") + pd.to_numeric(
-            gdf["headroom_k"], errors="coerce"
-        )
+        # the tick is the limit the API's headroom report has for this GPU
+        gdf["max_c"] = [gpu_hr[g]["limit"] if g in gpu_hr else None for g in gdf["id"]]
+        gdf["headroom_k"] = [gpu_hr[g]["headroom_now"] if g in gpu_hr else None for g in gdf["id"]]
+        gdf["limit used"] = [
+            ui.used_pct(gpu_hr[g]["limit"] - gpu_hr[g]["headroom_now"], gpu_hr[g]["limit"], "K")
+            if g in gpu_hr and gpu_hr[g]["headroom_now"] is not None
+            else None
+            for g in gdf["id"]
+        ]
+        gdf = gdf.sort_values("headroom_k", na_position="last", kind="stable")
         st.caption("bars: GPU temperature; red ticks: its maximum operating temperature")
         spec = charts.bars_with_marks(
             "id", "temp_c", "max_c", "temperature [°C]", "GPU [°C]", "max operating [°C]"
@@ -81,22 +112,29 @@ def body() -> None:
         missing_why="no reading from this node",
     )
     if not gdf.empty:
+        cols = ["id", "node", "headroom_k", "limit used", "temp_c", "max_c", "power_w"]
+        cols += [c for c in gdf.columns if c not in cols and c not in ("index",)]
         ui.table(
-            gdf.drop(columns=["max_c"]),
+            gdf[cols],
             {
                 "power_w": "power [W]",
                 "temp_c": "temp [°C]",
+                "max_c": "max operating [°C]",
                 "mem_temp_c": "HBM [°C]",
                 "util_pct": "util [%]",
-                "power_limit_w": "limit [W]",
+                "power_limit_w": "power limit [W]",
                 "headroom_k": "headroom [K]",
+                "limit used": "limit used [%]",
             },
             missing_why="no reading from this GPU",
+            bars=("limit used",),
+            sort_key="rack_gpu_sort",
         )
 
     st.subheader("PDU phases")
     pdf = pd.DataFrame(d["phases"])
     if not pdf.empty:
+        pdf = pdf.sort_values("headroom_a", na_position="last", kind="stable")
         st.caption("bars: current; red ticks: the 80 % derated limit")
         spec = charts.bars_with_marks(
             "id", "current_a", "limit_a", "current [A]", "current [A]", "derated limit [A]"

@@ -932,6 +932,7 @@ class AlertEngine:
                 "flapping": self._flapping(key),
                 "repeat": g.repeat,
                 "runbook_url": rule.runbook_url if rule is not None else None,
+                "values": {mid: self._value_now(g, mid, m) for mid, m in g.members.items()},
             }
             if rule is not None and members:
                 live = self._worst_first(rule, members)
@@ -941,6 +942,13 @@ class AlertEngine:
                 row["unit"] = spec.unit if spec is not None else None
             out.append(row)
         return out
+
+    def _value_now(self, g: _Group, member: str, paged: dict[str, Any]) -> float | None:
+        """A member's latest observed value (its live instance's), else the value it was
+        paged with."""
+        inst = self._instances.get(_SEP.join(("i", g.rule, paged.get("entity_kind", ""), member)))
+        value = inst.value if inst is not None else paged.get("value")
+        return float(value) if value is not None else None
 
     # ---- persistence ---------------------------------------------------------------------
 

@@ -290,6 +290,16 @@ class RackSummary(BaseModel):
     gpu_util_mean_pct: float | None
     inlet_temp_c: float | None = Field(description="warmest latest inlet reading [°C]")
     pdu_headroom_min_a: float | None = Field(description="smallest phase A to derated limit")
+    limit_used_max_pct: float | None = Field(
+        None,
+        description="the largest share of a limit used among its GPUs, PDU phases and feeds"
+        " [%], as twin.bands counts it (a temperature above the bands' reference)",
+    )
+    limit_used_max_of: str | None = Field(None, description='whose limit that is ("gpu a03-n1:2")')
+    limit_used_pct: dict[str, float] = Field(
+        default_factory=dict,
+        description="per kind of limit (gpu, pdu_phase, rack): the largest share used [%]",
+    )
     alerts: int = Field(description="active incidents naming this rack or its members")
 
 
@@ -525,6 +535,14 @@ class ActiveAlert(BaseModel):
     flapping: bool = Field(False, description="flap detection marked it: no reminders")
     repeat: int = Field(0, description="reminders sent (repeat_interval_s)")
     acknowledged: Ack | None
+    values: dict[str, float | None] = Field(
+        default_factory=dict,
+        description="each member's latest observed value of the rule's metric (else the value"
+        " it was paged with), in the metric's unit",
+    )
+    metric: str | None = Field(None, description="the rule's metric (its name carries its unit)")
+    op: str | None = Field(None, description="the rule's comparison (<, <=, >, >=)")
+    threshold: float | None = Field(None, description="the rule's threshold, in the metric's unit")
 
 
 class AlertEvent(BaseModel):

@@ -17,6 +17,7 @@ from typing import Any
 import pyarrow as pa
 
 from collectors.contract import KINDS, QUANTITIES
+from twin.bands import TEMPERATURE_UNITS, bands
 from twin.site import Site
 from twin.store import Store
 from twin.store.schema import ALERT_ACKS_DDL
@@ -253,9 +254,21 @@ def headroom_latest(
     return computed_at, data_until, [_headroom_row(r) for r in rows]
 
 
+def _used_sql() -> tuple[str, list[Any]]:
+    """SQL of a headroom row's share of its limit used [%], as ``twin.bands`` counts it (a
+    temperature above the bands' reference, anything else against zero), and its parameters."""
+    units = sorted(TEMPERATURE_UNITS)
+    marks = ", ".join("?" for _ in units)
+    sql = (
+        f"100 * (1 - headroom_now / CASE WHEN unit IN ({marks})"
+        " THEN nullif(limit_value - ?, 0) ELSE nullif(abs(limit_value), 0) END)"
+    )
+    return sql, [*units, bands().temp_ref_c]
+
+
 def headroom_summary(db: Store) -> tuple[datetime | None, list[dict[str, Any]], list[dict]]:
     """Per kind of limit: count, smallest headroom now and where, breaches; and the ten limits
-    closest to breach (smallest headroom as a share of the limit)."""
+    closest to breach (the largest share of the limit used, as ``twin.bands`` counts it)."""
     latest_at = db.con.execute("SELECT max(computed_at) FROM headroom").fetchall()[0][0]
     if latest_at is None:
         return None, [], []
@@ -277,10 +290,11 @@ def headroom_summary(db: Store) -> tuple[datetime | None, list[dict[str, Any]], 
         }
         for k, u, n, m, mid, b, b90 in rows
     ]
+    used, params = _used_sql()
     tight = db.con.execute(
         f"SELECT {HEADROOM_COLS} FROM headroom WHERE computed_at = ? AND headroom_now IS NOT NULL"
-        " ORDER BY headroom_now / nullif(abs(limit_value), 0) NULLS LAST, kind, id LIMIT 10",
-        [latest_at],
+        f" ORDER BY {used} DESC NULLS LAST, kind, id LIMIT 10",
+        [latest_at, *params],
     ).fetchall()
     return latest_at, summary, [_headroom_row(r) for r in tight]
 
@@ -288,12 +302,13 @@ def headroom_summary(db: Store) -> tuple[datetime | None, list[dict[str, Any]], 
 def headroom_history(db: Store, since: datetime) -> list[dict[str, Any]]:
     """Per kind of limit, over the stored reports computed since ``since``: the time of each
     report and the share of its limit that the tightest limit of that kind used [%]
-    (``100 * (1 - headroom_now / |limit|)``, the ranking of :func:`headroom_summary`)."""
+    (as ``twin.bands`` counts it, the ranking of :func:`headroom_summary`)."""
+    used, params = _used_sql()
     rows = db.con.execute(
-        "SELECT kind, computed_at, max(100 * (1 - headroom_now / nullif(abs(limit_value), 0)))"
+        f"SELECT kind, computed_at, max({used})"
         " FROM headroom WHERE computed_at >= ? AND headroom_now IS NOT NULL"
         " GROUP BY kind, computed_at ORDER BY kind, computed_at",
-        [since],
+        [*params, since],
     ).fetchall()
     out: list[dict[str, Any]] = []
     for kind, grp in itertools.groupby(rows, key=lambda r: r[0]):

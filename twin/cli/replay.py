@@ -267,17 +267,54 @@ def whatif(
             "--tolerance-k", min=0.0, help="The same for temperatures (GPU, loop return) [K]."
         ),
     ] = 2.0,
+    min_breach: Annotated[
+        str,
+        typer.Option(
+            "--min-breach",
+            help="A new breach shorter than this (600, 600s, 10m, 1.5h) makes a scenario"
+            ' "fits with risks" naming its length, not "does not fit".',
+        ),
+    ] = "5m",
+    tariff_per_kwh: Annotated[
+        float | None,
+        typer.Option(
+            "--tariff-per-kwh",
+            min=0.0,
+            help="Price of 1 kWh: the report prices each scenario's facility energy.",
+        ),
+    ] = None,
+    pue: Annotated[
+        float | None,
+        typer.Option(min=1.0, help="Power usage effectiveness: facility energy = IT energy x PUE."),
+    ] = None,
+    currency: Annotated[
+        str, typer.Option(help="Shown after prices (with --tariff-per-kwh), e.g. EUR.")
+    ] = "",
 ) -> None:
     """Run the baseline and each scenario through the calibrated twin; write report.md and
-    report.html (verdict against the recording, headroom, time over limits, first breach,
-    throttled GPU-hours, alerts, energy)."""
+    report.html (an executive summary; per scenario its verdict with a one-line reason,
+    headroom against the same component's baseline, time over limits, first breach,
+    throttled GPU-hours, alerts, energy and, with --tariff-per-kwh, its cost; figures on
+    clock time)."""
+    from collectors.base import parse_duration_s
     from twin.alerts import RuleFileError, load_rules
     from twin.replay.bundle import Bundle, BundleError
-    from twin.replay.report import write_report
+    from twin.replay.report import Costs, write_report
     from twin.replay.scenario import ScenarioError, load_scenario
     from twin.replay.verdict import Tolerance
     from twin.replay.whatif import load, run
 
+    try:
+        min_breach_s = parse_duration_s(min_breach, "--min-breach")
+    except ValueError as e:
+        raise fail(str(e)) from None
+    if len(currency) > 8:
+        raise fail(f"--currency {currency!r} is longer than 8 characters")
+    costs = (
+        Costs(tariff_per_kwh=tariff_per_kwh, pue=pue, currency=currency)
+        if tariff_per_kwh is not None or pue is not None
+        else None
+    )
     try:
         b = Bundle.load(bundle)
         loaded = [load_scenario(p, b.site) for p in scenarios]
@@ -290,7 +327,7 @@ def whatif(
         raise fail(str(e)) from None
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
-    tol = Tolerance(fraction=tolerance, temp_k=tolerance_k)
+    tol = Tolerance(fraction=tolerance, temp_k=tolerance_k, min_breach_s=min_breach_s)
     columns = (*Progress.get_default_columns()[:1], BarColumn(), MofNCompleteColumn())
     with Progress(*columns, TimeElapsedColumn(), console=err, transient=True) as bar:
         task = bar.add_task("reading the bundle", total=len(loaded) + 2)
@@ -302,7 +339,7 @@ def whatif(
             bar.update(task, advance=1, description=f"scenario {s.name}")
             runs.append(run(data, s, rule_set, tol))
         bar.update(task, advance=1, description="report")
-        md, html = write_report(b, base, runs, out)
+        md, html = write_report(b, base, runs, out, costs)
     if as_json:
         typer.echo(
             json.dumps([r.model_dump(mode="json", exclude={"series"}) for r in [base, *runs]])

@@ -45,7 +45,8 @@ class ComponentChange(BaseModel):
     delta: float
     baseline_time_over_s: float
     time_over_s: float
-    #: "new breach", "worse breach", "already breaching", "less headroom", "within tolerance",
+    #: "new breach", "worse breach", "short breach" (shorter than the duration tolerance, or a
+    #: breach lengthened by less), "already breaching", "less headroom", "within tolerance",
     #: "more headroom"
     change: str
     first_breach: datetime | None = None  # in the scenario
@@ -57,6 +58,9 @@ class KindSummary(BaseModel):
     components: int
     worst_id: str
     worst_min_headroom: float
+    #: the same component's minimum headroom in the baseline run (a scenario's summary; None
+    #: for the baseline's own, or a component the recording does not have, such as a new rack)
+    worst_baseline_min_headroom: float | None = None
     breaching: int
     #: the longest time any one component of this kind spent over its limit (<= the recording)
     time_over_s: float
@@ -80,7 +84,8 @@ class RunResult(BaseModel):
     alerts: list[dict[str, Any]]
     it_energy_kwh: float
     liquid_heat_kwh: float
-    #: GPU-seconds spent held at the slowdown temperature by the thermal controller
+    #: GPU-seconds at the max operating temperature (held there by the thermal controller, or
+    #: read there in the recording): one definition for the baseline and every scenario
     throttled_gpu_s: float
     #: IT energy the throttled GPUs did not draw (their work not done), kWh
     undelivered_energy_kwh: float = 0.0

@@ -2,7 +2,9 @@
 
 A verdict is relative to the recording (docs/physics.md §12.4): a scenario **does not fit**
 when it creates a breach or worsens one the recording already had; it **fits with risks** when
-it takes away more headroom than the tolerance from some component without breaching; else it
+it takes away more headroom than the tolerance from some component without breaching, or when
+its breaches are all shorter than the duration tolerance (``Tolerance.min_breach_s``: a CDU 10 s
+over its capacity is a risk to watch, not a hall that cannot take the change); else it
 **fits**. What the recording itself breached is reported apart, as the recording's.
 """
 
@@ -30,6 +32,12 @@ class Tolerance(BaseModel):
         0.05, ge=0, le=1, description="of the component's limit (A, kW, L/min, Gb/s)"
     )
     temp_k: float = Field(2.0, ge=0, description="for temperatures (GPU, loop return) [K]")
+    min_breach_s: float = Field(
+        300.0,
+        ge=0,
+        description="a new breach shorter than this (or a breach lengthened by less) is a risk,"
+        " not a misfit [s]",
+    )
 
     def of(self, kind: str, limit: float) -> float:
         if kind in ("gpu", "loop"):
@@ -129,7 +137,14 @@ def _rel(c: ComponentResult) -> float:
     return c.min_headroom / c.limit if c.limit else c.min_headroom
 
 
-def summarize(comps: list[ComponentResult]) -> list[KindSummary]:
+def summarize(
+    comps: list[ComponentResult], base: list[ComponentResult] | None = None
+) -> list[KindSummary]:
+    """Per kind of limit: its tightest component (least headroom relative to its limit), how
+    many breach and for how long. ``base``: the baseline's components, to give each kind's
+    worst component its own baseline headroom (the report compares one component, never the
+    scenario's worst against the baseline's worst)."""
+    before = {(c.kind, c.id): c.min_headroom for c in base or [] if np.isfinite(c.min_headroom)}
     by_kind: dict[str, list[ComponentResult]] = {}
     for c in comps:
         if np.isfinite(c.min_headroom):
@@ -146,6 +161,7 @@ def summarize(comps: list[ComponentResult]) -> list[KindSummary]:
                 components=len(cs),
                 worst_id=w.id,
                 worst_min_headroom=w.min_headroom,
+                worst_baseline_min_headroom=before.get((w.kind, w.id)),
                 breaching=len(breaching),
                 time_over_s=max((c.time_over_s for c in breaching), default=0.0),
                 component_over_s=sum(c.time_over_s for c in breaching),
@@ -170,10 +186,15 @@ def compare(
         scale = max(abs(c.limit), 1.0)
         delta = c.min_headroom - b_min if np.isfinite(b_min) else -np.inf
         worse_time = c.time_over_s > b_over + dt_s / 2
+        added_s = c.time_over_s - b_over
         if c.time_over_s > 0 and b_over == 0:
-            change = "new breach"
+            change = "new breach" if c.time_over_s >= tol.min_breach_s else "short breach"
         elif b_over > 0 and (worse_time or delta < -EPS * scale):
-            change = "worse breach"
+            deeper = delta < -max(tol.of(c.kind, c.limit), EPS * scale)
+            if added_s >= tol.min_breach_s or deeper:
+                change = "worse breach"
+            else:
+                change = "short breach" if worse_time else "already breaching"
         elif b_over > 0:
             change = "already breaching"
         elif delta < -max(tol.of(c.kind, c.limit), EPS * scale):
@@ -200,13 +221,40 @@ def compare(
     order = {
         "new breach": 0,
         "worse breach": 1,
-        "less headroom": 2,
-        "already breaching": 3,
-        "within tolerance": 4,
-        "more headroom": 5,
+        "short breach": 2,
+        "less headroom": 3,
+        "already breaching": 4,
+        "within tolerance": 5,
+        "more headroom": 6,
     }
     out.sort(key=lambda x: (order[x.change], x.delta / max(abs(x.limit), 1.0)))
     return out
+
+
+#: The kinds of change that decide a verdict, most serious first, and the verdict each gives.
+DECIDING = {
+    "new breach": "does not fit",
+    "worse breach": "does not fit",
+    "short breach": "fits with risks",
+    "less headroom": "fits with risks",
+}
+
+
+def _example(w: ComponentChange) -> str:
+    """One component's change in a clause: its kind and id, headroom before and after (in K for
+    temperatures), and its time over the limit."""
+    unit = headroom_unit(w.unit)
+    over = (
+        f", over the limit {_dur(w.baseline_time_over_s)} -> {_dur(w.time_over_s)}"
+        if w.baseline_time_over_s
+        else f", {_dur(w.time_over_s)} over the limit"
+        if w.time_over_s
+        else ""
+    )
+    return (
+        f"{w.kind} {w.id}: min headroom {num(w.baseline_min_headroom)} -> "
+        f"{num(w.min_headroom)} {unit}{over}"
+    )
 
 
 def verdict(changes: list[ComponentChange]) -> tuple[str, list[str]]:
@@ -215,30 +263,60 @@ def verdict(changes: list[ComponentChange]) -> tuple[str, list[str]]:
     by: dict[str, list[ComponentChange]] = {}
     for ch in changes:
         by.setdefault(ch.change, []).append(ch)
-    for what in ("new breach", "worse breach", "less headroom"):
+    for what in DECIDING:
         cs = by.get(what, [])
         if not cs:
             continue
         kinds = sorted({c.kind for c in cs})
         w = cs[0]
+        label = "breach shorter than the duration tolerance" if what == "short breach" else what
         reasons.append(
-            f"{what}: {len(cs)} component(s) ({', '.join(kinds)}); e.g. {w.kind} {w.id}: "
-            f"min headroom {w.baseline_min_headroom:.1f} -> {w.min_headroom:.1f} {w.unit}"
-            + (
-                f", over the limit {_dur(w.baseline_time_over_s)} -> {_dur(w.time_over_s)}"
-                if w.baseline_time_over_s
-                else f", {_dur(w.time_over_s)} over the limit"
-                if w.time_over_s
-                else ""
-            )
+            f"{label}: {len(cs)} component(s) ({', '.join(kinds)}); e.g. {_example(w)}"
             + (f", first at {w.first_breach:%Y-%m-%d %H:%M} UTC" if w.first_breach else "")
         )
-    if by.get("new breach") or by.get("worse breach"):
-        return "does not fit", reasons
-    if by.get("less headroom"):
-        return "fits with risks", reasons
+    decided = next((DECIDING[w] for w in DECIDING if by.get(w)), None)
+    if decided is not None:
+        return decided, reasons
     reasons.append("no component loses more headroom than the tolerance; no new breach")
     return "fits", reasons
+
+
+def headline(verdict_: str, changes: list[ComponentChange]) -> str:
+    """The verdict's reason in one line, for the report's summary: the change that decided it
+    (the first of its kind in ``changes``, which :func:`compare` sorts most serious first)."""
+    if verdict_ == "baseline":
+        return "the recording as it happened"
+    for what, gives in DECIDING.items():
+        if gives != verdict_:
+            continue
+        cs = [c for c in changes if c.change == what]
+        if not cs:
+            continue
+        w = cs[0]
+        more = f" (and {len(cs) - 1} more)" if len(cs) > 1 else ""
+        if what == "short breach":
+            extra = _dur(w.time_over_s - w.baseline_time_over_s)
+            return (
+                f"{w.kind} {w.id} over its limit for only {extra}"
+                f" (shorter than the duration tolerance){more}"
+            )
+        return f"{what}: {_example(w)}{more}"
+    if verdict_ == "fits":
+        return "no component loses more headroom than the tolerance; no new breach"
+    return "see the scenario's section"
+
+
+def headroom_unit(unit: str) -> str:
+    """The unit of a headroom or a difference: kelvin for a temperature (°C) limit."""
+    return "K" if unit == "°C" else unit
+
+
+def num(v: float, digits: int = 1) -> str:
+    """A figure with thousands separators and ``digits`` decimals, never "-0.0"."""
+    text = f"{v:,.{digits}f}"
+    if text.startswith("-") and float(text[1:].replace(",", "")) == 0:
+        text = text[1:]
+    return text
 
 
 def _dur(s: float) -> str:

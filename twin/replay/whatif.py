@@ -343,9 +343,8 @@ def _gpus_run(
         # a GPU at its limit is being throttled (by the scenario's controller, or by its own in
         # the recording): that counts as time over the limit, in the baseline and the scenario
         at_limit = res.temp_c >= gp.max_temp_c[sl][None, :] - AT_LIMIT_K
-        judge.add(
-            "gpu", idx.gpu_ids[sl], "°C", res.temp_c, gp.max_temp_c[sl], over=res.held | at_limit
-        )
+        at_max = res.held | at_limit
+        judge.add("gpu", idx.gpu_ids[sl], "°C", res.temp_c, gp.max_temp_c[sl], over=at_max)
         feed.offer(M_GPU_K, "gpu", idx.gpu_ids[sl], gp.max_temp_c[sl][None, :] - res.temp_c)
         if forecast:
             # the live headroom's p90 path: present power x the rack's p90 ratio, within the
@@ -377,7 +376,9 @@ def _gpus_run(
         temp_max = np.fmax(temp_max, np.fmax.reduce(res.temp_c, axis=1))
         held_n += res.held.sum(axis=1)
         mean_t[sl] = np.nanmean(res.temp_c, axis=0)
-        throttled += float(res.throttled_s.sum())
+        # throttled GPU-seconds, one definition for the baseline and every scenario: steps a GPU
+        # spends at its max operating temperature (held there by the controller, or read there)
+        throttled += float(at_max.sum()) * d.dt_s
         undelivered += float(res.undelivered_j.sum())
     fleet_act = {
         f: (s[0] / max(fleet_n[f], 1), s[1] / max(fleet_n[f], 1)) for f, s in act_sum.items()
@@ -831,16 +832,13 @@ def run(
         d.cache["baseline"] = comps
     rack_total = elec["rack_all"].sum(axis=1)
     alerts = ps.alerts
-    kinds = summarize(comps)
+    kinds = summarize(comps, _baseline(d) if scenario is not None else None)
     order = sorted(
         (c for c in comps if np.isfinite(c.min_headroom)),
         key=lambda c: c.min_headroom / c.limit if c.limit else c.min_headroom,
     )
-    gp = d.params.gpu
+    throttled_s = gpu["throttled_s"]
     if scenario is None:
-        with np.errstate(invalid="ignore"):
-            at_max = (d.gpu_temp_c >= gp.max_temp_c[None, :].astype(np.float32)).sum()
-        throttled_s = float(at_max) * d.dt_s
         recorded = [c for c in comps if c.time_over_s > 0]
         verdict_, reasons, changed = "baseline", _baseline_reasons(recorded, throttled_s), []
     else:
@@ -848,12 +846,12 @@ def run(
         changed = compare(base, comps, tol, d.dt_s)
         verdict_, reasons = verdict(changed)
         recorded = [c for c in base if c.time_over_s > 0]
-        throttled_s = gpu["throttled_s"]
-        if throttled_s > 0:
+        if gpu["undelivered_j"] > 0:
             reasons.append(
-                f"the thermal controller holds GPUs at their max operating temperature for "
-                f"{throttled_s / 3600:.1f} GPU-hours; {gpu['undelivered_j'] / 3.6e6:,.1f} kWh"
-                " of GPU energy not delivered (work not done)"
+                f"GPUs at their max operating temperature for {throttled_s / 3600:.1f}"
+                f" GPU-hours (the thermal controller holds them there);"
+                f" {gpu['undelivered_j'] / 3.6e6:,.1f} kWh of GPU energy not delivered"
+                " (work not done)"
             )
     reasons = cool.notes + reasons
     series = _series(

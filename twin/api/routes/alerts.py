@@ -35,6 +35,7 @@ def alerts(
     db = api.ctx.db()
     active = api.active_alerts()
     acked = acks_of_open(db, active)
+    rule_of = {r.name: r for r in api.ctx.engine.rules.rules} if api.ctx.engine is not None else {}
     out_active = [
         m.ActiveAlert(
             dedup_key=a["dedup_key"],
@@ -57,6 +58,10 @@ def alerts(
             flapping=a.get("flapping", False),
             repeat=a.get("repeat", 0),
             acknowledged=acked.get(a["dedup_key"]),
+            values=a.get("values", {}),
+            metric=getattr(rule_of.get(a["rule"]), "metric", None),
+            op=getattr(rule_of.get(a["rule"]), "op", None),
+            threshold=getattr(rule_of.get(a["rule"]), "value", None),
         )
         for a in active
     ]

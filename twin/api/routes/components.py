@@ -20,6 +20,7 @@ from twin.api.deps import (
     bad,
     site_or_404,
 )
+from twin.bands import bands
 from twin.chain import phase_table, pumps_running
 
 router = APIRouter()
@@ -184,6 +185,19 @@ def _rack_summaries(
     rack_hr = {r["id"]: r for r in hrows if r["kind"] == "rack"}
     gpu_hr: dict[str, float] = {}
     pdu_hr: dict[str, float] = {}
+    worst: dict[str, tuple[float, str]] = {}  # rack -> (largest share used [%], whose)
+    by_kind: dict[str, dict[str, float]] = {}  # rack -> kind -> largest share used [%]
+    band = bands()
+
+    def used(rk: str, r: dict[str, Any], h: float) -> None:
+        pct = band.used_pct(None if r["limit"] is None else r["limit"] - h, r["limit"], r["unit"])
+        if pct is None:
+            return
+        if rk not in worst or pct > worst[rk][0]:
+            worst[rk] = (pct, f"{r['kind']} {r['id']}")
+        kinds = by_kind.setdefault(rk, {})
+        kinds[r["kind"]] = max(kinds.get(r["kind"], pct), pct)
+
     for r in hrows:
         h = r["headroom_now"]
         if h is None:
@@ -191,9 +205,13 @@ def _rack_summaries(
         if r["kind"] == "gpu" and r["id"] in idx.gpu_node:
             rk = idx.node_rack[idx.gpu_node[r["id"]][0]]
             gpu_hr[rk] = min(gpu_hr.get(rk, h), h)
+            used(rk, r, h)
         elif r["kind"] == "pdu_phase":
             for rk in idx.racks_of(r["id"]):
                 pdu_hr[rk] = min(pdu_hr.get(rk, h), h)
+                used(rk, r, h)
+        elif r["kind"] == "rack":
+            used(r["id"], r, h)
     alerts: dict[str, int] = {}
     for a in api.active_alerts():
         racks: set[str] = set()
@@ -243,6 +261,9 @@ def _rack_summaries(
                 gpu_util_mean_pct=sum(utils) / len(utils) if utils else None,
                 inlet_temp_c=max(inlets) if inlets else None,
                 pdu_headroom_min_a=pdu_hr.get(r.name),
+                limit_used_max_pct=worst[r.name][0] if r.name in worst else None,
+                limit_used_max_of=worst[r.name][1] if r.name in worst else None,
+                limit_used_pct=by_kind.get(r.name, {}),
                 alerts=alerts.get(r.name, 0),
             )
         )
