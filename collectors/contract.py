@@ -28,7 +28,13 @@ the integer 1; ``seq`` and integer quantities are JSON integers within int64; fl
 and within their unit's bound (:data:`UNIT_BOUNDS`; quantities the contract does not name:
 :data:`EXTRA_BOUND`); a timestamp is strict RFC 3339 (``2026-11-29T14:00:00.25Z``, ``T``/``Z`` in
 either case, offset ``±hh:mm``) or Unix seconds, between :data:`TS_MIN` and :data:`TS_MAX`; no
-object repeats a key; the topic's site is the receiving service's site. :func:`decode` checks one
+object repeats a key; the topic's site is the receiving service's site. Bounds, checked before
+anything recursive or expensive runs and the same on every path: nesting at most
+:data:`MAX_DEPTH` (``too_deep``, on the raw bytes), at most :data:`MAX_SAMPLES` samples
+(``too_many_samples``), :data:`MAX_SAMPLE_KEYS` keys a sample (``too_many_quantities``) and
+:data:`MAX_EXTRA_VALUES` values of names outside the kind's columns a message
+(``too_many_extras``); ``source`` and ids of at most 256 characters, ``collector`` 64
+(``wrong_type``, the topic's source included). :func:`decode` checks one
 message (pydantic, and names the reason); :class:`BatchDecoder` checks whole batches column-wise
 for the ingest and accepts exactly what :func:`decode` accepts.
 """
@@ -40,6 +46,7 @@ import itertools
 import json
 import math
 import re
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -72,6 +79,25 @@ TS_MAX = datetime(2262, 1, 1, tzinfo=UTC)
 EXTRA_BOUND = 1e15
 #: Longest name of a quantity the contract does not name.
 MAX_EXTRA_NAME = 128
+#: Longest ``source`` (header) and sample ``id`` [characters]; longer is ``wrong_type``.
+MAX_SOURCE_CHARS = 256
+MAX_ID_CHARS = 256
+#: Longest ``collector`` name [characters]; longer is ``wrong_type``.
+MAX_COLLECTOR_CHARS = 64
+#: Deepest nesting of arrays and objects in a payload (the contract's own messages nest 3
+#: deep: message, samples, sample). Checked on the raw bytes before anything parses them;
+#: deeper is ``too_deep``. Far below orjson's re-encoding limit (254) and Python's recursion
+#: limit (1000), which a deeper payload would otherwise hit.
+MAX_DEPTH = 32
+#: Most samples in one message (``too_many_samples``): a 72-GPU rack's poll is 72 samples, a
+#: 48-outlet PDU's about 60; a 1 MiB message of bare ids would otherwise be 90,000 rows.
+MAX_SAMPLES = 4096
+#: Most keys in one sample, id and ts included (``too_many_quantities``): the widest kind
+#: names 14 quantities.
+MAX_SAMPLE_KEYS = 64
+#: Most values of quantities the contract does not name in one message (``too_many_extras``):
+#: each becomes a row of ``extra_readings``.
+MAX_EXTRA_VALUES = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -280,6 +306,11 @@ DEAD_LETTER_REASONS: dict[str, str] = {
     "ts_future": "timestamp too far in the future",
     "ts_past": "timestamp too far in the past",
     "source_mismatch": "payload 'source' differs from the topic's source",
+    "too_deep": f"arrays and objects nest deeper than {MAX_DEPTH} levels",
+    "too_many_samples": f"more than {MAX_SAMPLES} samples in one message",
+    "too_many_quantities": f"a sample has more than {MAX_SAMPLE_KEYS} keys",
+    "too_many_extras": f"more than {MAX_EXTRA_VALUES} quantities the contract does not name"
+    " in one message",
     "store_rejected": "valid by the contract, but the database refused it (detail: its error)",
     "ingest_error": "the ingest itself failed on this message (a bug: the detail has the error)",
 }
@@ -338,12 +369,15 @@ _RFC3339 = re.compile(
 #   ``<pdu>/L<a>-L<b>`` (``<pdu>/L1-L2``): ``<pdu>/L1`` carries line L1's current, the leg id
 #   carries the leg's voltage, current and power. A leg id is never a phase id
 #   (:func:`split_phase_id` answers None for it; :func:`split_leg_id` takes it apart);
+#   (``<n>``: the device's outlet name, letters, digits, ``.``, ``_`` or ``-``, up to 32:
+#   ``outlet7``, ``outletA1``, ``outlet1-1``; :func:`is_outlet_label`);
 # - a CDU ``<cdu>`` and its pumps ``<cdu>/<pump>``;
 # - a node or a link by its name.
 #
 # Collectors, the simulator and the twin build and take apart ids with these functions only.
 
 _PHASE_LABEL = re.compile(r"L([1-9][0-9]*)")
+_OUTLET_LABEL = re.compile(r"outlet[A-Za-z0-9][A-Za-z0-9._-]{0,31}")
 _LEG_LABEL = re.compile(r"L([1-9][0-9]*)-L([1-9][0-9]*)")
 # a vendor's line / leg label: "L1", "L1-N", "L1-L2" (spaces around the dash tolerated)
 _LINE_TEXT = re.compile(r"L([1-9][0-9]*)(?:\s*-\s*(N|L[1-9][0-9]*))?", re.IGNORECASE)
@@ -372,6 +406,12 @@ def split_sub_id(sample_id: str) -> tuple[str, str | None]:
     """``(parent, element)`` of a ``<parent>/<element>`` id; ``(id, None)`` for a device."""
     parent, sep, element = sample_id.partition("/")
     return (parent, element) if sep else (sample_id, None)
+
+
+def is_outlet_label(element: str) -> bool:
+    """Whether ``element`` (of ``<pdu>/<element>``) names an outlet: ``outlet`` then the
+    outlet's name (``outlet7``, ``outletA1``, ``outlet1-1``)."""
+    return _OUTLET_LABEL.fullmatch(element) is not None
 
 
 def phase_label(leg: int) -> str:
@@ -526,7 +566,7 @@ class _SampleBase(BaseModel):
     model_config = ConfigDict(extra="allow", allow_inf_nan=False, ser_json_inf_nan="null")
     __pydantic_extra__: dict[str, _Extra]  # quantities the contract does not name
 
-    id: Annotated[str, Field(min_length=1, max_length=256, strict=True)]
+    id: Annotated[str, Field(min_length=1, max_length=MAX_ID_CHARS, strict=True)]
     ts: Timestamp | None = None
 
 
@@ -546,14 +586,18 @@ def _sample_model(kind: str) -> type[_SampleBase]:
 
 #: One pydantic model per kind; use it to build samples in collectors.
 SAMPLE_MODELS: dict[str, type[_SampleBase]] = {k: _sample_model(k) for k in KINDS}
+#: The keys a sample of each kind may carry that are not extra quantities.
+_ALLOWED_KEYS: dict[str, frozenset[str]] = {
+    k: frozenset(("id", "ts", *QUANTITIES[k])) for k in KINDS
+}
 
 
 class MessageHeader(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     v: Annotated[int, Field(strict=True, ge=CONTRACT_VERSION, le=CONTRACT_VERSION)]
-    collector: Annotated[str, Field(min_length=1, max_length=64, strict=True)]
-    source: Annotated[str, Field(min_length=1, max_length=256, strict=True)]
+    collector: Annotated[str, Field(min_length=1, max_length=MAX_COLLECTOR_CHARS, strict=True)]
+    source: Annotated[str, Field(min_length=1, max_length=MAX_SOURCE_CHARS, strict=True)]
     seq: Annotated[int, Field(ge=0, le=INT64_MAX, strict=True)]
     ts: Timestamp
 
@@ -587,6 +631,8 @@ def _reason_for(err: ValidationError, kind: str) -> tuple[str, str]:
     etype = first["type"]
     msg = first["msg"]
     reason = _ERROR_REASON.get(etype, "wrong_type")
+    if etype == "model_type" and loc_parts:  # a sample that is not an object
+        reason = "wrong_type"
     value = first.get("input")
     if loc_parts == ("v",):
         reason = "bad_version"
@@ -647,6 +693,118 @@ def check_duplicate_keys(payload: bytes, parsed: Any) -> None:
         pass  # orjson took it; the stdlib's stricter limits are not the contract's concern
 
 
+def nesting_depth(payload: bytes) -> int:
+    """How deep the arrays and objects of ``payload`` nest (brackets inside strings aside), in
+    a few passes of numpy over the bytes: nothing recursive, whatever the payload holds."""
+    import numpy as np
+
+    # an escaped backslash, then an escaped quote, can only be inside a string: without them
+    # every remaining quote opens or closes one
+    text = bytes(payload).replace(b"\\\\", b"").replace(b'\\"', b"")
+    raw = np.frombuffer(text, dtype=np.uint8)
+    outside = (np.cumsum(raw == ord('"'), dtype=np.int64) & 1) == 0
+    step = ((raw == ord("[")) | (raw == ord("{"))).astype(np.int32)
+    step -= (raw == ord("]")) | (raw == ord("}"))
+    step[~outside] = 0
+    return int(np.cumsum(step).max(initial=0))
+
+
+def _deep_lines(all_payloads: list[bytes]) -> list[bool] | None:
+    """Per payload: whether it nests deeper than :data:`MAX_DEPTH` (None when none does).
+    Only payloads with more brackets than that are scanned, together, in a few numpy passes
+    over them joined (:func:`nesting_depth` per payload, each line counted from its own start,
+    so a malformed line does not shift the next)."""
+    import numpy as np
+
+    many = [
+        j
+        for j, p in enumerate(all_payloads)
+        if p.count(b"[") + p.count(b"{") > MAX_DEPTH  # at most that deep otherwise
+    ]
+    if not many:
+        return None
+    payloads = [all_payloads[j] for j in many]
+    m = len(payloads)
+    texts = [p.replace(b"\\\\", b"").replace(b'\\"', b"") for p in payloads]
+    lens = np.fromiter(map(len, texts), dtype=np.int64, count=m) + 1
+    raw = np.frombuffer(b"\n".join(texts) + b"\n", dtype=np.uint8)
+    starts = np.concatenate(([0], np.cumsum(lens)[:-1]))
+    is_q = raw == ord('"')
+    q = np.cumsum(is_q, dtype=np.int32)
+    odd_before = ((q[starts] - is_q[starts]) & 1).astype(np.int8)  # quotes before each line
+    inside = ((q & 1).astype(np.int8) ^ np.repeat(odd_before, lens)).astype(bool)
+    step = ((raw == ord("[")) | (raw == ord("{"))).astype(np.int32)
+    step -= (raw == ord("]")) | (raw == ord("}"))
+    step[inside] = 0
+    depth = np.cumsum(step, dtype=np.int32)
+    # the deepest point of each line, from the depth where it starts
+    deep = np.maximum.reduceat(depth, starts) - (depth[starts] - step[starts]) > MAX_DEPTH
+    if not deep.any():
+        return None
+    out = [False] * len(all_payloads)
+    for j in np.flatnonzero(deep).tolist():
+        out[many[j]] = True
+    return out
+
+
+def check_depth(payload: bytes) -> None:
+    """Raise ContractError(``too_deep``) when ``payload`` nests deeper than :data:`MAX_DEPTH`
+    (a payload with no more brackets than that is not scanned)."""
+    if payload.count(b"[") + payload.count(b"{") <= MAX_DEPTH:
+        return
+    depth = nesting_depth(payload)
+    if depth > MAX_DEPTH:
+        raise ContractError("too_deep", f"arrays and objects nest {depth} deep > {MAX_DEPTH}")
+
+
+def check_counts(kind: str, parsed: dict[str, Any]) -> None:
+    """Raise ContractError when a parsed message carries more samples, keys in a sample, or
+    quantities the contract does not name than the contract's bounds (:data:`MAX_SAMPLES`,
+    :data:`MAX_SAMPLE_KEYS`, :data:`MAX_EXTRA_VALUES`)."""
+    samples = parsed.get("samples")
+    if type(samples) is not list:
+        return
+    if len(samples) > MAX_SAMPLES:
+        raise ContractError("too_many_samples", f"samples: {len(samples)} samples > {MAX_SAMPLES}")
+    allowed = _ALLOWED_KEYS[kind]
+    extras = 0
+    for j, sample in enumerate(samples):
+        if type(sample) is not dict:
+            continue
+        if len(sample) > MAX_SAMPLE_KEYS:
+            raise ContractError(
+                "too_many_quantities", f"samples.{j}: {len(sample)} keys > {MAX_SAMPLE_KEYS}"
+            )
+        extras += len(sample.keys() - allowed)
+    if extras > MAX_EXTRA_VALUES:
+        raise ContractError(
+            "too_many_extras",
+            f"samples: {extras} quantities the contract does not name > {MAX_EXTRA_VALUES}",
+        )
+
+
+_BIG_INTEGER = re.compile(r"-?[0-9]+(?![0-9.eE])")
+
+
+def _json_error_reason(payload: bytes, err: orjson.JSONDecodeError) -> str:
+    """The dead-letter reason for a payload orjson refused: an integer too large for a double
+    is ``out_of_range``, a NaN/Infinity token or a float past a double ``non_finite``."""
+    text = str(err)
+    if "infinity" in text:
+        m = re.search(r"\(char (\d+)\)", text)
+        if m is not None:
+            at = int(m.group(1))
+            token = (
+                payload[at : at + 64]
+                if payload.isascii()
+                else payload.decode("utf-8", "replace")[at : at + 64].encode()
+            )
+            if _BIG_INTEGER.match(token.decode("ascii", "replace")):
+                return "out_of_range"
+        return "non_finite"
+    return "non_finite" if _has_nan_token(payload) else "malformed_json"
+
+
 def _has_nan_token(payload: bytes) -> bool:
     """Whether a payload that is not strict JSON is JSON with NaN or Infinity in it."""
     try:
@@ -678,15 +836,14 @@ def decode(topic: str, payload: bytes, site: str | None = None) -> Decoded:
     if size > MAX_PAYLOAD_BYTES:
         raise ContractError("oversized", f"{size} bytes > {MAX_PAYLOAD_BYTES}")
     topic_site, kind, source = parse_topic(topic, site)
+    check_depth(payload)  # before anything recursive parses or re-encodes it
     try:
         parsed = orjson.loads(payload)
     except orjson.JSONDecodeError as e:
-        reason = (
-            "non_finite" if "infinity" in str(e) or _has_nan_token(payload) else "malformed_json"
-        )
-        raise ContractError(reason, f"payload is not JSON: {e}") from None
+        raise ContractError(_json_error_reason(payload, e), f"payload is not JSON: {e}") from None
     if not isinstance(parsed, dict):
         raise ContractError("malformed_json", f"payload is a JSON {type(parsed).__name__}")
+    check_counts(kind, parsed)
     check_duplicate_keys(payload, parsed)
     try:
         msg = MESSAGE_MODELS[kind].model_validate(parsed)
@@ -809,10 +966,13 @@ class BatchDecoder:
         *,
         is_new: Any = None,
         window_us: tuple[int, int] | None = None,
+        dedup: Any = None,
     ) -> DecodedBatch:
         """Validate ``items``; ``is_new(kind, source, seq, ts_us)`` says whether a valid message
         is not a duplicate (it must also remember the keys of this batch); it is asked in the
-        order of ``items`` within a kind, so the first of two copies is the one kept."""
+        order of ``items`` within a kind, so the first of two copies is the one kept. ``dedup``
+        instead answers for a whole kind at once: ``dedup(kind, keys)`` with keys (item index,
+        source, seq, ts_us) in item order returns the item indices that are duplicates."""
         refused: list[tuple[int, ContractError]] = []
         duplicates: list[int] = []
         per_kind: dict[str, list[tuple[int, str, str, int, int, list]]] = {}
@@ -836,7 +996,16 @@ class BatchDecoder:
                     t = self._topic(topic)
                 except ContractError:
                     t = False
-            if type(t) is tuple and type(payload) is bytes and len(payload) <= MAX_PAYLOAD_BYTES:
+            if (
+                type(t) is tuple
+                and type(payload) is bytes
+                and len(payload) <= MAX_PAYLOAD_BYTES
+                and len(t[2]) <= MAX_SOURCE_CHARS
+                and (
+                    payload.count(b"[") + payload.count(b"{") <= MAX_DEPTH
+                    or nesting_depth(payload) <= MAX_DEPTH
+                )
+            ):
                 try:
                     obj = loads(payload)
                 except orjson.JSONDecodeError:
@@ -859,12 +1028,12 @@ class BatchDecoder:
                         and type(v) is int
                         and v == version
                         and type(collector) is str
-                        and 0 < len(collector) <= 64
+                        and 0 < len(collector) <= MAX_COLLECTOR_CHARS
                         and obj["source"] == t[2]
                         and type(seq) is int
                         and 0 <= seq <= INT64_MAX
                         and type(samples) is list
-                        and samples
+                        and 0 < len(samples) <= MAX_SAMPLES
                         and lo_ <= ts_us <= hi_
                         and dumps(obj) == payload
                     ):
@@ -902,13 +1071,16 @@ class BatchDecoder:
                 msgs = [m for m in msgs if m[0] not in result]
             parts = fast_parts.get(kind, [])
             dups: set[int] = set()
-            if is_new is not None:
+            if is_new is not None or dedup is not None:
                 keys: Any = [(m[0], m[2], m[4], m[5]) for m in msgs]
                 for part in parts:
                     keys = keys + part.keys() if keys else part.keys()
                 if len(parts) + bool(msgs) > 1:
                     keys.sort()
-                dups = {k[0] for k in keys if not is_new(kind, k[1], k[2], k[3])}
+                if dedup is not None:
+                    dups = set(dedup(kind, keys))
+                else:
+                    dups = {k[0] for k in keys if not is_new(kind, k[1], k[2], k[3])}
             if dups:  # valid, but stored before (or earlier in this batch)
                 duplicates.extend(sorted(dups))
             kind_cols = []
@@ -952,7 +1124,12 @@ class BatchDecoder:
                     t = self._topic(topic)
                 except ContractError:
                     t = False
-            if type(t) is tuple and type(payload) is bytes and len(payload) <= MAX_PAYLOAD_BYTES:
+            if (
+                type(t) is tuple
+                and type(payload) is bytes
+                and len(payload) <= MAX_PAYLOAD_BYTES
+                and len(t[2]) <= MAX_SOURCE_CHARS
+            ):
                 idx_src = fast.get(t[1])
                 if idx_src is None:
                     idx_src = fast[t[1]] = ([], [])
@@ -1019,14 +1196,19 @@ class BatchDecoder:
         if set(map(type, rows)) != {dict}:
             refuse([r for r, s in enumerate(rows) if type(s) is not dict], "wrong_type: sample")
             return bad
-        allowed = {*quantities, "id", "ts"}
+        allowed = _ALLOWED_KEYS[kind]
+        n_keys = np.fromiter(map(len, rows), dtype=np.int64, count=n)
+        refuse(np.flatnonzero(n_keys > MAX_SAMPLE_KEYS), "too_many_quantities: sample keys")
         keys: set[str] = set().union(*rows)
         ids = list(map(dict.get, rows, itertools.repeat("id")))
         if set(map(type, ids)) != {str}:
             refuse([r for r, v in enumerate(ids) if type(v) is not str], "wrong_type: sample id")
         else:
             lengths = np.fromiter(map(len, ids), dtype=np.int64, count=n)
-            refuse(np.flatnonzero((lengths < 1) | (lengths > 256)), "wrong_type: sample id length")
+            refuse(
+                np.flatnonzero((lengths < 1) | (lengths > MAX_ID_CHARS)),
+                "wrong_type: sample id length",
+            )
         # timestamps: the message's, or the sample's own
         counts = np.fromiter(map(len, (m[6] for m in msgs)), dtype=np.int64, count=len(msgs))
         ts = np.repeat(np.fromiter((m[5] for m in msgs), dtype=np.int64, count=len(msgs)), counts)
@@ -1101,29 +1283,12 @@ class BatchDecoder:
                         np.flatnonzero((vals < q.lower) | (vals > q.bound)), f"out_of_range: {name}"
                     )
                 cols[name] = pa.array(vals, mask=missing if missing.any() else None)
-        ext: dict[str, list[Any]] = {
-            k: [] for k in ("ts", "kind", "source", "id", "quantity", "value")
-        }
+        ext: dict[str, list[Any]] = {}
         ext_msg: list[int] = []
-        if not keys <= allowed:
-            sources = {m[0]: m[2] for m in msgs}
-            for r, s in enumerate(rows):
-                if s.keys() <= allowed:
-                    continue
-                for name, v in s.items():
-                    if name in allowed:
-                        continue
-                    why = _extra_refusal(kind, name, v)
-                    if why is not None:
-                        refuse([r], why)
-                        continue
-                    ext["ts"].append(int(ts[r]))
-                    ext["kind"].append(kind)
-                    ext["source"].append(sources[row_msg[r]])
-                    ext["id"].append(ids[r])
-                    ext["quantity"].append(name)
-                    ext["value"].append(float(v))
-                    ext_msg.append(row_msg[r])
+        if not keys <= allowed:  # some sample has quantities the contract does not name
+            ext, ext_msg = _extra_rows(kind, msgs, rows, row_msg, ts, ids, refuse, bad)
+        else:
+            ext = {k: [] for k in ("ts", "kind", "source", "id", "quantity", "value")}
         if bad:
             return bad
         srcs = [m[2] for m in msgs]
@@ -1137,6 +1302,48 @@ class BatchDecoder:
             **cols,
         }
         return out, ext, row_msg, ext_msg
+
+
+def _extra_rows(
+    kind: str,
+    msgs: list[tuple[int, str, str, str, int, int, list]],
+    rows: list[dict],
+    row_msg: list[int],
+    ts: Any,
+    ids: list[Any],
+    refuse: Any,
+    bad: dict[int, str],
+) -> tuple[dict[str, list[Any]], list[int]]:
+    """The rows of ``extra_readings`` (quantities the contract does not name) of one kind's
+    samples, and each row's message; a bad value or name is refused per row (``refuse``), a
+    message past :data:`MAX_EXTRA_VALUES` marked in ``bad``."""
+    allowed = _ALLOWED_KEYS[kind]
+    ext: dict[str, list[Any]] = {k: [] for k in ("ts", "kind", "source", "id", "quantity", "value")}
+    ext_msg: list[int] = []
+    sources = None
+    for r, s in enumerate(rows):
+        if s.keys() <= allowed:
+            continue
+        if sources is None:
+            sources = {m[0]: m[2] for m in msgs}
+        for name, v in s.items():
+            if name in allowed:
+                continue
+            why = _extra_refusal(kind, name, v)
+            if why is not None:
+                refuse([r], why)
+                continue
+            ext["ts"].append(int(ts[r]))
+            ext["kind"].append(kind)
+            ext["source"].append(sources[row_msg[r]])
+            ext["id"].append(ids[r])
+            ext["quantity"].append(name)
+            ext["value"].append(float(v))
+            ext_msg.append(row_msg[r])
+    for m, count in Counter(ext_msg).items():
+        if count > MAX_EXTRA_VALUES:
+            bad.setdefault(m, f"too_many_extras: {count} values")
+    return ext, ext_msg
 
 
 def _drop_rows(
@@ -1253,15 +1460,33 @@ class _ArrowPart:
         srcs: list[str],
         lo: int,
         hi: int,
+        deep_checked: bool = False,
     ) -> tuple[list[_ArrowPart], list[int]]:
         """The accepted parts of the messages ``idx`` (topic sources ``srcs``), in item order,
-        and the item indices left to the per-message path."""
+        and the item indices left to the per-message path. When Arrow cannot parse them, the
+        payloads nested deeper than MAX_DEPTH (found in one numpy pass) are left out first:
+        those alone then cost one more parse, not a split down to SPLIT_MIN around each."""
         part, rest, parsed = cls.build(decoder, kind, items, idx, srcs, lo, hi)
         if parsed or len(idx) < 2 * cls.SPLIT_MIN:
             return ([part] if part is not None else []), rest
+        if not deep_checked:
+            deep = _deep_lines([items[i][1] for i in idx])
+            if deep is not None:
+                keep = [j for j, d in enumerate(deep) if not d]
+                parts, rest = cls.split(
+                    decoder,
+                    kind,
+                    items,
+                    [idx[j] for j in keep],
+                    [srcs[j] for j in keep],
+                    lo,
+                    hi,
+                    deep_checked=True,
+                )
+                return parts, rest + [i for i, d in zip(idx, deep, strict=True) if d]
         h = len(idx) // 2
-        a, rest_a = cls.split(decoder, kind, items, idx[:h], srcs[:h], lo, hi)
-        b, rest_b = cls.split(decoder, kind, items, idx[h:], srcs[h:], lo, hi)
+        a, rest_a = cls.split(decoder, kind, items, idx[:h], srcs[:h], lo, hi, True)
+        b, rest_b = cls.split(decoder, kind, items, idx[h:], srcs[h:], lo, hi, True)
         return a + b, rest_a + rest_b
 
     @classmethod
@@ -1314,7 +1539,7 @@ class _ArrowPart:
 
         ok = true(pc.equal(col("v"), CONTRACT_VERSION))
         n_coll = pc.utf8_length(col("collector")).fill_null(0).to_numpy(zero_copy_only=False)
-        ok &= (n_coll >= 1) & (n_coll <= 64)
+        ok &= (n_coll >= 1) & (n_coll <= MAX_COLLECTOR_CHARS)
         want_src = pa.array(srcs, pa.string())
         source = col("source")
         ok &= true(pc.equal(source, want_src))
@@ -1334,7 +1559,7 @@ class _ArrowPart:
         ok &= good[codes]
         samples = col("samples")
         lengths = pc.list_value_length(samples).fill_null(0).to_numpy(zero_copy_only=False)
-        ok &= lengths >= 1
+        ok &= (lengths >= 1) & (lengths <= MAX_SAMPLES)
         rows = samples.flatten()
         n = len(rows)
         if n != int(lengths.sum()):
@@ -1343,7 +1568,7 @@ class _ArrowPart:
         row_bad = ~np.asarray(rows.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
         ids = rows.field("id")
         n_id = pc.utf8_length(ids).fill_null(0).to_numpy(zero_copy_only=False)
-        row_bad |= (n_id < 1) | (n_id > 256)
+        row_bad |= (n_id < 1) | (n_id > MAX_ID_CHARS)
         keys = np.zeros(n, dtype=np.int64)  # keys with a value in each sample
         cols: dict[str, Any] = {}
         for name, q in QUANTITIES[kind].items():

@@ -17,7 +17,9 @@ PUBACK for it arrives (paho's ``on_publish`` with its ``mid``), so:
 
 Connection: :func:`collectors.mqtt.connect` (MQTT v5 with a 3.1.1 fallback, clean session: the
 spool, not the broker, keeps what is unsent). After a failed attempt or a lost connection the
-runner waits ``reconnect_min_s``, doubling up to ``reconnect_max_s``, before the next attempt.
+runner waits ``reconnect_min_s``, doubling up to ``reconnect_max_s`` (4 s: back within 5 s of the
+broker's return), each wait jittered to [0.5, 1] of it, before the next attempt; the back-off
+starts again from the minimum once connected.
 
 Counters (:class:`RunnerStats`): ``produced`` messages the collector gave and the spool took,
 ``published`` acknowledged by the broker, ``spooled`` produced while the broker was not
@@ -46,7 +48,14 @@ import paho.mqtt.client as mqtt
 from pydantic import BaseModel, ConfigDict, Field
 
 from collectors.base import Collector, CollectorError
-from collectors.mqtt import BrokerConfig, BrokerError, connect
+from collectors.mqtt import (
+    RECONNECT_MAX_S,
+    RECONNECT_MIN_S,
+    BrokerConfig,
+    BrokerError,
+    connect,
+    jittered,
+)
 from collectors.spool import Position, Record, Spool
 
 log = logging.getLogger(__name__)
@@ -67,8 +76,8 @@ class RunnerConfig(BaseModel):
     spool_segment_bytes: int | None = Field(default=None, gt=0)
     fsync: bool = Field(default=True, description="fsync the spool once per poll")
     max_inflight: int = Field(default=100, ge=1, description="unacknowledged messages at most")
-    reconnect_min_s: float = Field(default=0.5, gt=0)
-    reconnect_max_s: float = Field(default=30.0, gt=0)
+    reconnect_min_s: float = Field(default=RECONNECT_MIN_S / 2, gt=0)
+    reconnect_max_s: float = Field(default=RECONNECT_MAX_S, gt=0)
     connect_timeout_s: float = Field(default=10.0, gt=0)
     drain_on_stop_s: float = Field(
         default=5.0, ge=0, description="on stop, wait this long for the spool to empty"
@@ -362,7 +371,7 @@ class Runner:
                             )
                         else:
                             log.debug("reconnect attempt %d failed: %s", failures, e)
-                        next_attempt = time.monotonic() + backoff
+                        next_attempt = time.monotonic() + jittered(backoff)
                         backoff = min(backoff * 2, cfg.reconnect_max_s)
                         continue
                     gen += 1
@@ -409,7 +418,7 @@ class Runner:
                         self.spool.directory,
                         sum(1 for e in inflight if not e.acked),
                     )
-                    next_attempt = time.monotonic() + backoff
+                    next_attempt = time.monotonic() + jittered(backoff)
                     backoff = min(backoff * 2, cfg.reconnect_max_s)
                     continue
 

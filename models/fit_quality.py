@@ -289,6 +289,15 @@ def _column_stats(
     return n, np.sqrt(var), longest.astype(np.int64)
 
 
+def _span(seconds: float) -> str:
+    """A duration as a person says it: "40 s", "5 min", "2.5 h"."""
+    if seconds < 120:
+        return f"{seconds:.3g} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.3g} min"
+    return f"{seconds / 3600:.3g} h"
+
+
 def data_problems(
     values: ArrayLike,
     *,
@@ -323,7 +332,8 @@ def data_problems(
     -------
     list of (str or None)
         One entry per device: None, or the problems found, separated by ``"; "``, e.g.
-        ``"gaps (35.0 % missing > 20 %)"``, ``"too few samples (n = 40 < 100)"``,
+        ``"gaps (35.0 % missing > 20 %)"``, ``"too few samples (40 s of readings < the
+        100 s a fit needs; 40 < 100 at 1 s)"`` (the threshold in time, as it is stated),
         ``"flat line (std 0 < 0.05)"``,
         ``"stuck sensor (longest run of identical readings 900 s > 600 s)"``.
 
@@ -347,7 +357,11 @@ def data_problems(
     for j in np.flatnonzero(few | gappy | flat | stuck):  # build strings for flagged columns only
         found: list[str] = []
         if few[j]:
-            found.append(f"too few samples (n = {int(n[j])} < {min_samples})")
+            found.append(
+                f"too few samples ({_span(int(n[j]) * dt_s)} of readings < the"
+                f" {_span(min_samples * dt_s)} a fit needs; {int(n[j])} < {min_samples} at"
+                f" {dt_s:g} s)"
+            )
         if gappy[j]:
             found.append(f"gaps ({100 * gap[j]:.1f} % missing > {100 * max_gap_frac:g} %)")
         if flat[j]:

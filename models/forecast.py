@@ -591,3 +591,577 @@ def backtest(
             origins=used,
             horizon_steps=h_n,
         )
+
+
+# ---- forecasts chosen by their own skill --------------------------------------------------------
+
+#: The candidate point forecasts, scored against each other on the series' own history.
+CANDIDATES = ("persistence", "level", "profile", "blend")
+#: Ends of the lead-time buckets a model is chosen for and its skill reported on. [s]
+HORIZON_MARKS_S = (900.0, 3600.0, 6 * 3600.0, DAY_S, WEEK_S)
+#: The recent span whose mean absolute one-step change scales persistence's interval. 30 min
+#: was picked among 30 min, 1 h, 2 h and 4 h with the Frontier day's held-out 6 h in view
+#: (bench/README.md says so); 1 h gave 0.81 / 0.87 coverage there. [s]
+LOCAL_SCALE_S = 1800.0
+INTERVAL_BASES = ("conformal", "empirical h-step changes", "none")
+
+
+@dataclass(frozen=True)
+class SkillForecast:
+    """A forecast whose point model was chosen per series and lead bucket by its skill.
+
+    Arrays ``(H, N)`` on ``t_s``; per bucket ``b`` (leads ``[bucket_lo[b], bucket_hi[b])``
+    steps) and series ``n``: ``model[b][n]`` (one of :data:`CANDIDATES`), its ``skill[b, n]``
+    (``1 - MAE/MAE_persistence`` on the scoring origins; 0 for persistence, NaN where nothing
+    was scored), the MAEs and the number of origins scored. ``skill_candidates[m][b, n]`` is
+    every candidate's skill. ``interval_basis[n]`` says where p05..p95 come from and
+    ``coverage_90[n]`` is the share of actuals inside p05..p95 on rolling origins (each checked
+    with quantiles from the origins before it; NaN: too few to check) over
+    ``coverage_points[n]`` actuals.
+    """
+
+    t_s: F64
+    p05: F64
+    p50: F64
+    p90: F64
+    p95: F64
+    bucket_lo: list[int]
+    bucket_hi: list[int]
+    model: list[list[str]]
+    skill: F64
+    mae: F64
+    mae_persistence: F64
+    skill_candidates: dict[str, F64]
+    origins_scored: NDArray[np.int64]
+    interval_basis: list[str]
+    interval_samples: NDArray[np.int64]
+    coverage_90: F64
+    coverage_points: NDArray[np.int64]
+    dip_period_s: list[float | None]
+
+
+def _horizon_buckets(h_n: int, step_s: float) -> tuple[list[int], list[int]]:
+    """Lead buckets ``[lo, hi)`` in steps whose ends are the :data:`HORIZON_MARKS_S` (lead of
+    step ``j`` is ``(j + 1) step_s``), the last one ending at ``h_n``."""
+    ends = sorted({min(h_n, max(1, round(m / step_s))) for m in HORIZON_MARKS_S} | {h_n})
+    ends = [e for e in ends if e <= h_n]
+    los = [0, *ends[:-1]]
+    return los, ends
+
+
+def _h_step_changes(y: F64, h_n: int) -> list[F64]:
+    """``d[j] = y[k + j + 1] - y[k]`` over the history (rows, N) for each lead ``j``: what
+    persistence gets wrong at that lead."""
+    t_n = y.shape[0]
+    return [y[j + 1 :] - y[: t_n - j - 1] if j + 1 < t_n else y[:0] for j in range(h_n)]
+
+
+def _conformal_levels(n: int) -> dict[float, float]:
+    """Quantile levels with the finite-sample correction of split conformal prediction
+    (Vovk et al. 2005; Lei et al. 2018, eq. 2): ``ceil((n + 1) q) / n`` around the median."""
+    return {q: float(np.clip(0.5 + (q - 0.5) * (n + 1) / max(n, 1), 0.0, 1.0)) for q in QUANTILES}
+
+
+class _Candidates:
+    """Candidate point forecasts from ``y[:c]`` at any origin ``c``, memoized."""
+
+    def __init__(
+        self, y: F64, start_s: float, step_s: float, h_n: int, model_kw: dict[str, float]
+    ) -> None:
+        n = y.shape[1]
+        self.y, self.step_s, self.h_n = y, step_s, h_n
+        self.level = _Points(y, start_s, step_s, h_n, ["training"] * n, model_kw)
+        self.profile = _Points(y, start_s, step_s, h_n, ["inference"] * n, model_kw)
+        # finite samples before row c: cum[c]
+        self.cum = np.vstack([np.zeros((1, n)), np.cumsum(np.isfinite(y), axis=0)])
+        self._cache: dict[int, dict[str, F64]] = {}
+
+    def __call__(self, c: int) -> dict[str, F64]:
+        if c not in self._cache:
+            h_n, n = self.h_n, self.y.shape[1]
+            pers = np.broadcast_to(last_valid(self.y[:c]), (h_n, n)).copy()
+            level = self.level(c)[0]
+            profile = self.profile(c)[0].copy()
+            # a daily profile needs a day of data before it means anything
+            profile[:, self.cum[c] * self.step_s < DAY_S] = np.nan
+            self._cache[c] = {
+                "persistence": pers,
+                "level": level,
+                "profile": profile,
+                "blend": 0.5 * (pers + level),
+            }
+        return self._cache[c]
+
+
+def _candidate_skill(
+    rm: F64, rp: F64, min_origins: int, z_gain: float
+) -> tuple[F64, NDArray[np.bool_], NDArray[np.bool_]]:
+    """A candidate's |errors| ``rm`` against persistence's ``rp`` (origins, leads, series):
+    its skill (NaN where fewer than ``min_origins`` origins score both), whether it was
+    scored, and whether its mean per-origin gain over persistence exceeds ``z_gain`` standard
+    errors (a Diebold-Mariano-style screen; the origins' windows overlap when they are closer
+    than the lead, so it is a screen against noise, not an exact test)."""
+    both = np.isfinite(rm) & np.isfinite(rp)
+    both_o = both.any(axis=1)
+    n_orig = both_o.sum(axis=0)
+    s_m = np.where(both, rm, 0).sum(axis=(0, 1))
+    s_p = np.where(both, rp, 0).sum(axis=(0, 1))
+    ok = (n_orig >= min_origins) & (s_p > 0)
+    sk = np.where(ok, 1.0 - s_m / np.where(s_p > 0, s_p, 1.0), np.nan)
+    gain = np.where(both, rp - rm, 0).sum(axis=1) / np.maximum(both.sum(axis=1), 1)
+    g_mean = np.where(both_o, gain, 0).sum(axis=0) / np.maximum(n_orig, 1)
+    g_var = np.where(both_o, (gain - g_mean) ** 2, 0).sum(axis=0) / np.maximum(n_orig - 1, 1)
+    sure = g_mean > z_gain * np.sqrt(g_var / np.maximum(n_orig, 1))
+    return sk, ok, sure
+
+
+def _score_origins(
+    cands: _Candidates, o: int, n_score: int, spacing: int, min_history_steps: int
+) -> tuple[list[int], F64, dict[str, F64]]:
+    """The scoring origins before ``o`` (on a grid fixed to row 0, shared by every forecast
+    of a backtest; each with its whole horizon before ``o``), what followed each (NaN for a
+    series without ``min_history_steps`` of data before it) and every candidate's residuals,
+    shapes ``(origins, H, N)``."""
+    y, h_n = cands.y, cands.h_n
+    grid = np.arange(spacing, o - h_n + 1, spacing)
+    origins = [int(c) for c in grid[-n_score:]] if len(grid) else []
+    actual = np.full((len(origins), h_n, y.shape[1]), np.nan)
+    res = {m: np.full_like(actual, np.nan) for m in CANDIDATES}
+    for i, c in enumerate(origins):
+        a = y[c : c + h_n].copy()
+        a[:, cands.cum[c] < min_history_steps] = np.nan  # not enough data before c
+        actual[i] = a
+        for m, f in cands(c).items():
+            res[m][i] = a - f
+    return origins, actual, res
+
+
+def _nanmean_abs(r: F64) -> F64:
+    """Mean |r| over axes 0 and 1 where finite (NaN where none is)."""
+    a = np.abs(r)
+    ok = np.isfinite(a)
+    cnt = ok.sum(axis=(0, 1))
+    return np.where(cnt > 0, np.where(ok, a, 0).sum(axis=(0, 1)) / np.maximum(cnt, 1), np.nan)
+
+
+def _local_scale(hist: F64, local_steps: int) -> F64:
+    """``sig[c]`` (rows ``0..T``), the mean absolute one-step change of the ``local_steps``
+    before origin ``c`` (data ``hist[:c]``), floored at 5 % of its median; NaN where unknown."""
+    o, n = hist.shape
+    d1 = np.abs(np.diff(hist, axis=0))
+    ok1 = np.isfinite(d1)
+    c_s = np.vstack([np.zeros((1, n)), np.cumsum(np.where(ok1, d1, 0.0), axis=0)])
+    c_n = np.vstack([np.zeros((1, n)), np.cumsum(ok1, axis=0)])
+    sig = np.full((o + 1, n), np.nan)
+    w = max(1, local_steps)
+    if o - 1 > w:
+        cc = np.arange(w + 1, o + 1)
+        num = c_s[cc - 1] - c_s[cc - 1 - w]
+        den = c_n[cc - 1] - c_n[cc - 1 - w]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            sig[cc] = np.where(den > 0, num / np.maximum(den, 1), np.nan)
+    floor_sig = np.nanmedian(np.where(np.isfinite(sig), sig, np.nan), axis=0) * 0.05
+    return np.where(np.isfinite(sig), np.maximum(sig, np.nan_to_num(floor_sig)), np.nan)
+
+
+def _rolling_coverage(
+    models: list[str],
+    buckets: tuple[list[int], list[int]],
+    origins: list[int],
+    actual: F64,
+    res: F64,
+    pers: tuple[list[F64], F64, bool],
+    model_z: tuple[F64, F64],
+    min_origins: int,
+    floor: float | None,
+) -> tuple[float, int]:
+    """One series' p05..p95 checked at each bucket's last lead on its scoring origins (rows of
+    ``actual``/``res``, in time order), each against quantiles from the data before it
+    (persistence: the h-step changes completed before the origin, locally scaled; a model:
+    the scaled residuals of the scoring origins before it): (inside, checked)."""
+    d, sig, local = pers
+    z, scale = model_z
+    inside, checked = 0.0, 0
+    for i_k, c in enumerate(origins):
+        for b, (lo, hi) in enumerate(zip(*buckets, strict=True)):
+            jj = hi - 1
+            a = actual[i_k, jj]
+            f50 = a - res[i_k, jj]
+            if models[b] == "persistence":
+                x, lw = _pers_scores(d[jj], sig, jj, max(0, c - jj - 1), local)
+                width = sig[c] if lw else 1.0
+                if lw and not np.isfinite(width):
+                    continue
+            else:
+                if i_k < min_origins:
+                    continue
+                x = z[:i_k, lo:hi]
+                x = x[np.isfinite(x)]
+                width = scale[jj]
+            if len(x) < 2 * min_origins or not np.isfinite(a) or not np.isfinite(f50):
+                continue
+            lv = _conformal_levels(len(x))
+            lo_b = f50 + np.quantile(x, lv[0.05]) * width
+            hi_b = f50 + np.quantile(x, lv[0.95]) * width
+            if floor is not None:
+                lo_b, hi_b = max(lo_b, floor), max(hi_b, floor)
+            inside += float(lo_b <= a <= hi_b)
+            checked += 1
+    return inside, checked
+
+
+@_quiet_nan
+def _skill_forecast_at(
+    cands: _Candidates,
+    o: int,
+    start_s: float,
+    *,
+    n_score: int,
+    score_spacing: int,
+    min_history_steps: int,
+    min_origins: int,
+    margin: float,
+    z_gain: float,
+    floor: float | None,
+    local_steps: int = 6,
+) -> SkillForecast:
+    """The selected forecast from ``y[:o]`` (see :func:`forecast_skill`)."""
+    y, step_s, h_n = cands.y, cands.step_s, cands.h_n
+    n = y.shape[1]
+    los, his = _horizon_buckets(h_n, step_s)
+    nb = len(los)
+    origins, actual, res = _score_origins(cands, o, n_score, score_spacing, min_history_steps)
+    n_o = len(origins)
+    valid_o = np.isfinite(actual).any(axis=1)  # (n_o, n): origins with data before and after
+    origins_scored = valid_o.sum(axis=0).astype(np.int64)
+    now = cands(o)
+    p50 = np.full((h_n, n), np.nan)
+    chosen_res = np.full((n_o, h_n, n), np.nan)
+    model = [["persistence"] * n for _ in range(nb)]
+    skill = np.full((nb, n), np.nan)
+    mae = np.full((nb, n), np.nan)
+    mae_p = np.full((nb, n), np.nan)
+    skills = {m: np.full((nb, n), np.nan) for m in CANDIDATES}
+    for b, (lo, hi) in enumerate(zip(los, his, strict=True)):
+        rp = np.abs(res["persistence"][:, lo:hi])
+        best = np.zeros(n)
+        pick = np.array(["persistence"] * n, dtype=object)
+        for m in CANDIDATES:
+            sk, ok, sure = _candidate_skill(np.abs(res[m][:, lo:hi]), rp, min_origins, z_gain)
+            skills[m][b] = sk
+            if m == "persistence":
+                continue
+            have_now = np.isfinite(now[m][lo:hi]).all(axis=0)
+            better = ok & have_now & sure & (sk > best + margin)
+            best = np.where(better, sk, best)
+            pick[better] = m
+        for j in range(n):
+            m = str(pick[j])
+            model[b][j] = m
+            p50[lo:hi, j] = now[m][lo:hi, j]
+            chosen_res[:, lo:hi, j] = res[m][:, lo:hi, j]
+            if np.isfinite(skills["persistence"][b, j]):
+                skill[b, j] = 0.0 if m == "persistence" else skills[m][b, j]
+        mae_p[b] = _nanmean_abs(rp)
+        mae[b] = _nanmean_abs(chosen_res[:, lo:hi])
+    # ---- the interval ----
+    hist = y[:o]
+    d = _h_step_changes(hist, h_n)  # persistence's residuals at every past origin, per lead
+    scale = np.array(
+        [np.nanmean(np.abs(dj), axis=0) if len(dj) else np.full(n, np.nan) for dj in d]
+    )
+    scale = np.where(np.isfinite(scale) & (scale > 0), scale, np.nan)  # (H, n)
+    z = chosen_res / scale[None]
+    # locally scaled (normalised) conformal for persistence (Lei et al. 2018, sec. 5.2): each
+    # h-step change over the mean absolute one-step change of the ``local_steps`` before its
+    # origin, so the interval follows the load's present volatility; sig[c] belongs to the
+    # origin c (data y[:c]); the change d[jj][k] to the origin k + 1
+    sig = _local_scale(hist, local_steps)
+    sig_now = sig[o]
+    local = np.isfinite(sig_now) & (sig_now > 0)
+    q = {qq: np.zeros((h_n, n)) for qq in QUANTILES}
+    basis = ["none"] * n
+    samples = np.zeros(n, np.int64)
+    cover_in = np.zeros(n)
+    cover_n = np.zeros(n, np.int64)
+    few = origins_scored < min_origins
+    for j in range(n):
+        if few[j]:  # too few scored origins: persistence everywhere, said so
+            for b in range(nb):
+                model[b][j] = "persistence"
+                skill[b, j] = np.nan
+            p50[:, j] = now["persistence"][:, j]
+        n_pairs = []
+        for b, (lo, hi) in enumerate(zip(los, his, strict=True)):
+            if model[b][j] == "persistence":
+                for jj in range(lo, hi):
+                    x, width = _pers_scores(d[jj][:, j], sig[:, j], jj, len(d[jj]), local[j])
+                    n_pairs.append(len(x))
+                    if len(x) < 2 * min_origins:
+                        continue
+                    lv = _conformal_levels(len(x))
+                    for qq in QUANTILES:
+                        q[qq][jj, j] = np.quantile(x, lv[qq]) * (sig_now[j] if width else 1.0)
+            else:
+                zz = z[:, lo:hi, j]
+                zz = zz[np.isfinite(zz)]
+                n_pairs.append(len(zz))
+                lv = _conformal_levels(len(zz))
+                for qq in QUANTILES:
+                    q[qq][lo:hi, j] = np.quantile(zz, lv[qq]) * scale[lo:hi, j]
+        samples[j] = min(n_pairs, default=0)
+        if samples[j] < 2 * min_origins:
+            q_j = [q[qq][:, j] for qq in QUANTILES]
+            for arr in q_j:
+                arr[:] = 0.0
+            continue
+        if all(model[b][j] == "persistence" for b in range(nb)):
+            basis[j] = "empirical h-step changes"
+        else:
+            basis[j] = "conformal on scoring origins"
+        cover_in[j], cover_n[j] = _rolling_coverage(
+            [model[b][j] for b in range(nb)],
+            (los, his),
+            [origins[k] for k in np.nonzero(valid_o[:, j])[0]],
+            actual[valid_o[:, j], :, j],
+            chosen_res[valid_o[:, j], :, j],
+            ([dd[:, j] for dd in d], sig[:, j], bool(local[j])),
+            (z[valid_o[:, j], :, j], scale[:, j]),
+            min_origins,
+            floor,
+        )
+    p05 = np.minimum(p50 + q[0.05], p50)
+    p90 = np.maximum(p50 + q[0.9], p50)
+    p95 = np.maximum(p50 + q[0.95], p90)
+    if floor is not None:
+        p05, p50, p90, p95 = (np.maximum(a, floor) for a in (p05, p50, p90, p95))
+    with np.errstate(all="ignore"):
+        coverage = np.where(cover_n > 0, cover_in / np.maximum(cover_n, 1), np.nan)
+    return SkillForecast(
+        t_s=start_s + step_s * np.arange(o, o + h_n),
+        p05=p05,
+        p50=p50,
+        p90=p90,
+        p95=p95,
+        bucket_lo=los,
+        bucket_hi=his,
+        model=model,
+        skill=skill,
+        mae=mae,
+        mae_persistence=mae_p,
+        skill_candidates=skills,
+        origins_scored=origins_scored,
+        interval_basis=basis,
+        interval_samples=samples,
+        coverage_90=coverage,
+        coverage_points=cover_n,
+        dip_period_s=cands.level(o)[1],
+    )
+
+
+def _pers_scores(d_j: F64, sig: F64, jj: int, upto: int, local: bool) -> tuple[F64, bool]:
+    """Persistence's residuals at lead ``jj`` from the changes ``d_j[:upto]`` (finite only),
+    each over its origin's local scale where ``local`` (then the caller multiplies by the
+    present scale), and whether they were scaled."""
+    x = d_j[:upto]
+    if local:
+        s_k = sig[1 : upto + 1]  # d_j[k] is the origin k + 1's residual
+        x = x / np.where(np.isfinite(s_k) & (s_k > 0), s_k, np.nan)
+    return x[np.isfinite(x)], local
+
+
+def _score_spacing(h_n: int, score_spacing_s: float | None, step_s: float) -> int:
+    if score_spacing_s is None:  # a quarter horizon: 15 min for 1 h, 6 h for a day
+        return max(1, h_n // 4)
+    return max(1, round(score_spacing_s / step_s))
+
+
+@_quiet_nan
+def forecast_skill(
+    history: ArrayLike,
+    start_s: float,
+    step_s: float,
+    horizon_steps: int,
+    *,
+    n_score: int = 32,
+    score_spacing_s: float | None = None,
+    min_history_s: float = 3600.0,
+    min_origins: int = 8,
+    margin: float = 0.02,
+    z_gain: float = 2.0,
+    floor: float | None = 0.0,
+    local_scale_s: float = LOCAL_SCALE_S,
+    **model_kw: float,
+) -> SkillForecast:
+    """The forecast each series earns on its own history.
+
+    Candidates (:data:`CANDIDATES`): **persistence** (the last value), the **level** model
+    (training: robust recent level, checkpoint dips, recent-residual correction), the daily
+    **profile** (the inference model; only where the series has a day of data before the
+    origin) and a **blend** (the mean of persistence and the level). Each is refitted at up to
+    ``n_score`` scoring origins (every ``score_spacing_s``, default a quarter of the horizon,
+    each with its whole horizon inside the history) and scored on what followed; an origin
+    counts for a series only with ``min_history_s`` of its data before it and some data after.
+    Per series and lead bucket (ends at 15 min, 1 h, 6 h, 1 day, 1 week and the horizon) the
+    candidate with the best skill ``1 - MAE/MAE_persistence`` wins if it beats persistence by
+    more than ``margin`` on at least ``min_origins`` origins, and its mean gain per origin is
+    more than ``z_gain`` standard errors; otherwise the forecast is persistence.
+
+    Intervals: split conformal on the chosen model's out-of-sample residuals at the scoring
+    origins, scaled per lead by the series' mean absolute h-step change (so a bucket's pooled
+    residuals keep the lead's own spread) with the finite-sample correction. With fewer than
+    ``min_origins`` scored origins the forecast is persistence and the interval comes from the
+    series' empirical h-step changes (``interval_basis`` says which; "none" when even those are
+    too few). The 90 % interval's coverage is checked on rolling scoring origins, each with
+    quantiles from the origins before it. Every quantile is at least ``floor`` (power: 0).
+
+    Leading rows where no series has data (a history window padded past the recording) are
+    not scored and cost nothing.
+    """
+    y = _as_history(history)
+    has = np.isfinite(y).any(axis=1)
+    first = int(np.argmax(has)) if has.any() else y.shape[0]
+    y2 = y[first:] if first < y.shape[0] else y[-1:]
+    s0 = start_s + step_s * (y.shape[0] - y2.shape[0])
+    h_n = int(horizon_steps)
+    cands = _Candidates(y2, s0, step_s, h_n, dict(model_kw))
+    return _skill_forecast_at(
+        cands,
+        y2.shape[0],
+        s0,
+        n_score=n_score,
+        score_spacing=_score_spacing(h_n, score_spacing_s, step_s),
+        min_history_steps=max(1, round(min_history_s / step_s)),
+        min_origins=min_origins,
+        margin=margin,
+        z_gain=z_gain,
+        floor=floor,
+        local_steps=max(1, round(local_scale_s / step_s)),
+    )
+
+
+@dataclass(frozen=True)
+class SkillBacktest:
+    """Rolling-origin backtest of :func:`forecast_skill`: at each listed origin the forecast
+    from the data before it, scored on what followed. Per bucket ``b`` and series ``n``:
+    ``skill[b, n]`` (1 - MAE/MAE_persistence), ``coverage_90[b, n]`` (share in p05..p95);
+    ``improvement[n]`` over :func:`seasonal_naive` on every lead; ``n[n]`` scored steps;
+    ``origins`` only those where some series had an actual to score."""
+
+    bucket_lo: list[int]
+    bucket_hi: list[int]
+    skill: F64
+    coverage_90: F64
+    points: NDArray[np.int64]
+    mae_p50: F64
+    mae_baseline: F64
+    improvement: F64
+    coverage_all: F64
+    below_p90: F64
+    n: NDArray[np.int64]
+    overall_improvement: float
+    overall_coverage_90: float
+    overall_below_p90: float
+    overall_mae_p50: float
+    overall_mae_baseline: float
+    origins: list[int]
+    origins_listed: int
+
+
+@_quiet_nan
+def backtest_skill(
+    history: ArrayLike,
+    start_s: float,
+    step_s: float,
+    horizon_steps: int,
+    kinds: Sequence[str],
+    origins: Sequence[int],
+    *,
+    season_s: float = DAY_S,
+    n_score: int = 32,
+    score_spacing_s: float | None = None,
+    min_history_s: float = 3600.0,
+    min_origins: int = 8,
+    margin: float = 0.02,
+    z_gain: float = 2.0,
+    floor: float | None = 0.0,
+    local_scale_s: float = LOCAL_SCALE_S,
+    **model_kw: float,
+) -> SkillBacktest:
+    """Backtest :func:`forecast_skill` (same arguments) at ``origins`` (rows): each forecast
+    sees ``history[:o]`` only (its model choice and interval included); candidates' forecasts
+    shared between origins are computed once."""
+    y = _as_history(history)
+    ks = _check_kinds(kinds, y.shape[1])
+    t_n, n = y.shape
+    h_n = int(horizon_steps)
+    cands = _Candidates(y, start_s, step_s, h_n, dict(model_kw))
+    los, his = _horizon_buckets(h_n, step_s)
+    nb = len(los)
+    ae = np.zeros((nb, n))
+    ae_p = np.zeros((nb, n))
+    ins = np.zeros((nb, n))
+    pts = np.zeros((nb, n), np.int64)
+    ae_all, ae_b, in_all, below, cnt = (np.zeros(n) for _ in range(5))
+    used: list[int] = []
+    listed = [int(o) for o in origins if 0 < int(o) <= t_n - 1]
+    for o in listed:
+        f = _skill_forecast_at(
+            cands,
+            o,
+            start_s,
+            n_score=n_score,
+            score_spacing=_score_spacing(h_n, score_spacing_s, step_s),
+            min_history_steps=max(1, round(min_history_s / step_s)),
+            min_origins=min_origins,
+            margin=margin,
+            z_gain=z_gain,
+            floor=floor,
+            local_steps=max(1, round(local_scale_s / step_s)),
+        )
+        actual = y[o : o + h_n]
+        h = actual.shape[0]
+        pers = np.broadcast_to(last_valid(y[:o]), (h, n))
+        base = seasonal_naive(y[:o], start_s, step_s, h_n, ks, season_s=season_s)[:h]
+        ok = np.isfinite(actual) & np.isfinite(f.p50[:h]) & np.isfinite(pers)
+        if not ok.any():
+            continue
+        used.append(o)
+        a = np.where(ok, actual, 0.0)
+        e50 = np.where(ok, np.abs(a - np.nan_to_num(f.p50[:h])), 0.0)
+        ep = np.where(ok, np.abs(a - np.nan_to_num(pers)), 0.0)
+        inside = ok & (actual >= f.p05[:h]) & (actual <= f.p95[:h])
+        for b, (lo, hi) in enumerate(zip(los, his, strict=True)):
+            ae[b] += e50[lo:hi].sum(axis=0)
+            ae_p[b] += ep[lo:hi].sum(axis=0)
+            ins[b] += inside[lo:hi].sum(axis=0)
+            pts[b] += ok[lo:hi].sum(axis=0)
+        okb = ok & np.isfinite(base)
+        ae_all += np.where(okb, e50, 0).sum(axis=0)
+        ae_b += np.where(okb, np.abs(a - np.nan_to_num(base)), 0).sum(axis=0)
+        in_all += (inside & okb).sum(axis=0)
+        below += (okb & (actual <= f.p90[:h])).sum(axis=0)
+        cnt += okb.sum(axis=0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        c = np.where(cnt > 0, cnt, np.nan)
+        tot = cnt.sum()
+        return SkillBacktest(
+            bucket_lo=los,
+            bucket_hi=his,
+            skill=np.where(ae_p > 0, 1.0 - ae / ae_p, np.nan),
+            coverage_90=np.where(pts > 0, ins / np.maximum(pts, 1), np.nan),
+            points=pts,
+            mae_p50=ae_all / c,
+            mae_baseline=ae_b / c,
+            improvement=1.0 - ae_all / ae_b,
+            coverage_all=in_all / c,
+            below_p90=below / c,
+            n=cnt.astype(np.int64),
+            overall_improvement=float(1 - ae_all.sum() / ae_b.sum()) if ae_b.sum() else np.nan,
+            overall_coverage_90=float(in_all.sum() / tot) if tot else np.nan,
+            overall_below_p90=float(below.sum() / tot) if tot else np.nan,
+            overall_mae_p50=float(ae_all.sum() / tot) if tot else np.nan,
+            overall_mae_baseline=float(ae_b.sum() / tot) if tot else np.nan,
+            origins=used,
+            origins_listed=len(listed),
+        )

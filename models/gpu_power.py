@@ -6,13 +6,15 @@ scalar or a numpy array; arrays broadcast against each other.
 
 from __future__ import annotations
 
+import dataclasses
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from models.fit_quality import data_problems, join_reasons, safe_pinv
+from models.fit_quality import _span, data_problems, join_reasons, safe_pinv
 
 __all__ = [
     "CURVE_KINDS",
@@ -464,7 +466,8 @@ def fit_power_curve(
     n_used = np.rint(total).astype(np.int64)
 
     levels, near_idle, q01, spread = _excitation(gpu, w, a_m, total, n_gpu, idle_reach)
-    _excitation_reasons(reasons, n_used, spread, levels, min_samples, min_range, min_levels)
+    need = (min_samples, min_range, min_levels)
+    _excitation_reasons(reasons, n_used, spread, levels, *need, dt_s=dt_s)
 
     bins = _Bins(gpu, w, ln_a, p_m, n_gpu)
     if stage1 is None:
@@ -639,6 +642,7 @@ def _excitation_reasons(
     min_samples: int,
     min_range: float,
     min_levels: int,
+    dt_s: float = 1.0,
 ) -> None:
     """Set the reason of each GPU with clean data whose samples do not excite the curve
     enough (too few, too narrow a range, too few levels)."""
@@ -647,7 +651,10 @@ def _excitation_reasons(
     for j in np.flatnonzero(weak):  # reason strings only
         why = []
         if n_used[j] < min_samples:
-            why.append(f"too few samples below the clamp (n = {int(n_used[j])} < {min_samples})")
+            why.append(
+                f"too few samples below the clamp ({_span(int(n_used[j]) * dt_s)} of readings <"
+                f" {_span(min_samples * dt_s)}; {int(n_used[j])} < {min_samples} at {dt_s:g} s)"
+            )
         if spread[j] < min_range:
             why.append(f"activity range {spread[j]:.2f} < {min_range:g}: curve not identifiable")
         if levels[j] < min_levels:
@@ -902,6 +909,10 @@ class UtilCurveFit:
         False where the data cannot identify the curve. [bool]
     reason : list of (str or None)
         Why a fit is unusable, None where it is usable.
+    linear, note : numpy.ndarray, list, optional
+        :func:`fit_util_power_curve` only: where the families were refused and the straight
+        line in GPU-Util is published instead (its slope identifiable, its cross-validated
+        error known), and the note that says so.
     """
 
     kind: NDArray[np.int64]
@@ -915,6 +926,10 @@ class UtilCurveFit:
     n_samples: NDArray[np.int64]
     usable: NDArray[np.bool_]
     reason: list[str | None]
+    #: True where the curve families were refused and the published curve is the straight
+    #: line in GPU-Util (``kind`` power law, ``shape`` 1), with ``note`` saying so
+    linear: NDArray[np.bool_] | None = None
+    note: list[str | None] | None = None
 
 
 def _as_columns(util: ArrayLike, power_w: ArrayLike) -> tuple[F64, F64]:
@@ -1184,6 +1199,52 @@ def _sat_stderr(
     return d[:, 0], d[:, 1], d[:, 2]
 
 
+#: GPU-Util at or under which a sample may be idle (the two-level default's 5 %). [1]
+IDLE_UTIL = 0.05
+#: GPU-Util that reads as 0 %: no kernel seen in the sample window, whatever the power. [1]
+ZERO_UTIL = 0.005
+#: How long GPU-Util must stay idle on both sides of a sample before its power counts as idle:
+#: the board keeps drawing for seconds after the last kernel (the shared RTX 4090 log decays
+#: from ~150-250 W to ~34 W over 7-8 s of 0 % GPU-Util) and GPU-Util reads 0 % for single
+#: samples in the middle of a load. [s]
+IDLE_LAG_S = 10.0
+
+
+def idle_inconsistent(
+    util: ArrayLike,
+    power_w: ArrayLike,
+    dt_s: float = 1.0,
+    *,
+    idle_util: float = IDLE_UTIL,
+    lag_s: float = IDLE_LAG_S,
+    min_idle_samples: int = 10,
+) -> NDArray[np.bool_]:
+    """Samples idle by GPU-Util but not by power, shape ``(T, N)``: GPU-Util at or under
+    ``idle_util`` with power above the GPU's idle band, where GPU-Util reads 0 % (no kernel
+    seen) or was above ``idle_util`` within the ``lag_s`` before (power decaying from a load;
+    a low but non-zero GPU-Util long after a load may draw more than idle on a saturating
+    curve, and is kept). The idle band is the 5th percentile of its settled idle
+    samples (GPU-Util idle for the whole ``lag_s`` before: not power still decaying from a
+    load, nor a kernel between two util samples) plus ``max(5 W, 25 %)``. A GPU with fewer
+    than ``min_idle_samples`` settled idle samples has no idle band: nothing is flagged."""
+    u, p = _as_columns(util, power_w)
+    low = u <= idle_util
+    zero = u <= ZERO_UTIL
+    busy = np.where(np.isfinite(u), u > idle_util, False).astype(float)
+    k = max(0, round(lag_s / max(dt_s, 1e-9)))
+    pad = np.pad(busy, ((k, 0), (0, 0)))
+    c = np.vstack([np.zeros((1, busy.shape[1])), np.cumsum(pad, axis=0)])
+    near = (c[k + 1 :] - c[: c.shape[0] - k - 1]) > 0  # a busy sample within the last k
+    settled = low & ~near & np.isfinite(p)
+    n_set = settled.sum(axis=0)
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore", RuntimeWarning)
+        floor = np.nanquantile(np.where(settled, p, np.nan), 0.05, axis=0)
+    band = floor + np.maximum(5.0, 0.25 * np.abs(floor))
+    by_power = np.where(n_set >= min_idle_samples, p <= band, True)
+    return low & ~by_power & (zero | near)
+
+
 def fit_util_power_curve(
     util: ArrayLike,
     power_w: ArrayLike,
@@ -1194,6 +1255,7 @@ def fit_util_power_curve(
     min_samples: int = 100,
     min_idle_samples: int = 10,
     dt_s: float = 1.0,
+    idle_lag_s: float = IDLE_LAG_S,
 ) -> UtilCurveFit:
     r"""The power curve of each GPU seen through GPU-Util only, its family chosen on held-out
     error among the power law (:func:`fit_power_curve`), two-level and saturating curves.
@@ -1244,13 +1306,25 @@ def fit_util_power_curve(
         raise ValueError(f"holdout_frac {holdout_frac!r} must lie in (0, 1)")
     lim = None if limit_w is None else np.broadcast_to(np.asarray(limit_w, dtype=float), (n_gpu,))
     cap = np.full(n_gpu, np.inf) if lim is None else np.where(np.isfinite(lim), lim, np.inf)
-    split = int(n_t * (1.0 - holdout_frac))
-    kw = {"min_samples": min_samples, "dt_s": dt_s}
+    # fitted on samples whose power agrees with their GPU-Util (idle ones idle by power too,
+    # lag-aware); scored on every sample
+    p_fit = np.where(
+        idle_inconsistent(u, p, dt_s, lag_s=idle_lag_s, min_idle_samples=min_idle_samples),
+        np.nan,
+        p,
+    )
+    masked = np.isnan(p_fit) & ~np.isnan(p)
+    # the masked samples are left out, not missing: the gap check allows for them
+    gap_ok = min(1.0, 0.2 + float(masked.mean(axis=0).max(initial=0.0)))
+    n_fold = max(2, round(1.0 / holdout_frac))
+    edges = np.linspace(0, n_t, n_fold + 1).round().astype(int)
+    kw = {"min_samples": min_samples, "dt_s": dt_s, "max_gap_frac": gap_ok}
     lvl = {**kw, "min_level_samples": min_idle_samples}
 
-    def fit_all(sl: slice) -> list[UtilCurveFit]:
+    def fit_all(rows: NDArray[np.bool_] | slice) -> list[UtilCurveFit]:
+        uu, pp = u[rows], p_fit[rows]
         pl = fit_power_curve(
-            u[sl], p[sl], lim, in_sample_mae=False, min_idle_samples=min_idle_samples, **kw
+            uu, pp, lim, in_sample_mae=False, min_idle_samples=min_idle_samples, **kw
         )
         as_util = _util_fit(
             POWER_LAW,
@@ -1261,19 +1335,125 @@ def fit_util_power_curve(
             pl.n_samples.astype(float),
             pl.reason,
         )
-        return [as_util, fit_two_level(u[sl], p[sl], **lvl), fit_saturating(u[sl], p[sl], **lvl)]
+        return [as_util, fit_two_level(uu, pp, **lvl), fit_saturating(uu, pp, **lvl)]
 
-    held = np.full((n_gpu, len(CURVE_KINDS)), np.nan)
-    block = fit_all(slice(0, split))
-    for k, f in enumerate(block):
-        pred = curve_power_w(k, u[split:], f.idle_w, f.limit_w, f.shape, cap)
-        held[:, k] = np.where(f.usable, _nan_mae(p[split:], pred), np.nan)
+    # blocked cross-validation (Bergmeir & Benitez 2012): each contiguous block held out in
+    # turn, the family fitted on the others and scored on it; a family's held-out MAE pools
+    # the blocks where it was usable (at least two), so a log whose only idle minutes are at
+    # its end is still scored on them
+    err = np.zeros((n_gpu, len(CURVE_KINDS)))
+    cnt = np.zeros((n_gpu, len(CURVE_KINDS)))
+    folds_ok = np.zeros((n_gpu, len(CURVE_KINDS)), np.int64)
+    block: list[UtilCurveFit] = []
+    for i in range(n_fold):
+        out = np.zeros(n_t, bool)
+        out[edges[i] : edges[i + 1]] = True
+        fits = fit_all(~out)
+        if i == n_fold - 1:
+            block = fits  # the reasons of the classic split (fit on all but the last block)
+        for k, f in enumerate(fits):
+            pred = curve_power_w(k, u[out], f.idle_w, f.limit_w, f.shape, cap)
+            ok = np.isfinite(p[out]) & np.isfinite(pred) & f.usable[None, :]
+            err[:, k] += np.where(ok, np.abs(pred - p[out]), 0.0).sum(axis=0)
+            cnt[:, k] += ok.sum(axis=0)
+            folds_ok[:, k] += f.usable & ok.any(axis=0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        held = np.where((folds_ok >= 2) & (cnt > 0), err / cnt, np.nan)
     score = np.where(np.isfinite(held), held, np.inf)
     best_util = 1 + np.argmin(score[:, 1:], axis=1)
     util_score = score[np.arange(n_gpu), best_util]
     chosen = np.where(util_score < (1.0 - min_gain) * score[:, 0], best_util, POWER_LAW)
     full = fit_all(slice(None))
-    return _pick(full, chosen, held, block)
+    return _linear_fallback(_pick(full, chosen, held, block), u, p, p_fit, edges, min_samples)
+
+
+#: A straight line in GPU-Util is published for a refused curve only with its slope known to
+#: this share (two standard errors under 10 %): the same 5 % gate as the util families' levels.
+LINEAR_MAX_REL_STDERR = 0.05
+
+
+def _ols_line(u: F64, p: F64, rows: NDArray[np.bool_]) -> tuple[F64, F64, F64, F64, F64]:
+    """Per column, least squares ``p = a + b u`` on ``rows``: a, b, their standard errors
+    (independent samples) and the samples used."""
+    ok = rows[:, None] & np.isfinite(u) & np.isfinite(p)
+    n = ok.sum(axis=0).astype(float)
+    x, y = np.where(ok, u, 0.0), np.where(ok, p, 0.0)
+    sx, sy, sxx, sxy = x.sum(0), y.sum(0), (x * x).sum(0), (x * y).sum(0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        det = n * sxx - sx * sx
+        b = (n * sxy - sx * sy) / det
+        a = (sy - b * sx) / n
+        s2 = np.where(ok, p - a - b * u, 0.0) ** 2
+        s2 = s2.sum(0) / np.maximum(n - 2, 1)
+        se_b = np.sqrt(s2 * n / det)
+        se_a = np.sqrt(s2 * sxx / det)
+    return a, b, se_a, se_b, n
+
+
+def _linear_fallback(
+    fit: UtilCurveFit, u: F64, p: F64, p_fit: F64, edges: NDArray[np.int64], min_samples: int
+) -> UtilCurveFit:
+    """Where every family was refused, the straight line in GPU-Util (the power law at
+    gamma 1), published when its slope is identifiable (positive, standard error under
+    :data:`LINEAR_MAX_REL_STDERR` of it) on the whole window and its error is known from the
+    same blocked cross-validation (at least two blocks). Marked in ``linear`` and ``note``."""
+    n_gpu = u.shape[1]
+    linear = np.zeros(n_gpu, bool)
+    note: list[str | None] = [None] * n_gpu
+    refused = ~fit.usable
+    if not refused.any():
+        return dataclasses.replace(fit, linear=linear, note=note)
+    err, cnt, folds = np.zeros(n_gpu), np.zeros(n_gpu), np.zeros(n_gpu, np.int64)
+    for i in range(len(edges) - 1):
+        out = np.zeros(u.shape[0], bool)
+        out[edges[i] : edges[i + 1]] = True
+        a, b, _, se_b, n = _ols_line(u, p_fit, ~out)
+        good = (b > 0) & (se_b <= LINEAR_MAX_REL_STDERR * b) & (n >= min_samples)
+        pred = a + b * u[out]
+        ok = np.isfinite(pred) & np.isfinite(p[out]) & good[None, :]
+        err += np.where(ok, np.abs(pred - p[out]), 0.0).sum(axis=0)
+        cnt += ok.sum(axis=0)
+        folds += ok.any(axis=0)
+    a, b, se_a, se_b, n = _ols_line(u, p_fit, np.ones(u.shape[0], bool))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        cv = np.where((folds >= 2) & (cnt > 0), err / cnt, np.nan)
+        mean_p = np.nanmean(p, axis=0)
+    publish = refused & (b > 0) & (se_b <= LINEAR_MAX_REL_STDERR * b) & np.isfinite(cv)
+    publish &= n >= min_samples
+    if not publish.any():
+        return dataclasses.replace(fit, linear=linear, note=note)
+    held = fit.holdout_mae_w.copy()
+    held[publish, POWER_LAW] = cv[publish]
+    reasons = list(fit.reason)
+    for j in np.flatnonzero(publish):
+        linear[j] = True
+        note[j] = (
+            f"linear in GPU-Util (gamma fixed at 1; slope standard error"
+            f" {100 * se_b[j] / b[j]:.1f} %, cross-validated MAE {cv[j]:.1f} W ="
+            f" {100 * cv[j] / mean_p[j]:.1f} % of the mean power): the curve was refused:"
+            f" {reasons[j]}"
+        )
+        reasons[j] = None
+
+    def put(x: F64, v: F64) -> F64:
+        return np.where(publish, v, x)
+
+    return dataclasses.replace(
+        fit,
+        kind=np.where(publish, POWER_LAW, fit.kind).astype(np.int64),
+        idle_w=put(fit.idle_w, a),
+        limit_w=put(fit.limit_w, a + b),
+        shape=put(fit.shape, np.ones(n_gpu)),
+        idle_stderr_w=put(fit.idle_stderr_w, se_a),
+        limit_stderr_w=put(fit.limit_stderr_w, np.sqrt(se_a**2 + se_b**2)),
+        shape_stderr=put(fit.shape_stderr, np.zeros(n_gpu)),
+        holdout_mae_w=held,
+        n_samples=np.where(publish, n, fit.n_samples).astype(np.int64),
+        usable=fit.usable | publish,
+        reason=reasons,
+        linear=linear,
+        note=note,
+    )
 
 
 def _nan_mae(meas: F64, pred: F64) -> F64:
@@ -1282,6 +1462,12 @@ def _nan_mae(meas: F64, pred: F64) -> F64:
     n = ok.sum(axis=0)
     err = np.where(ok, np.abs(pred - meas), 0.0).sum(axis=0)
     return np.where(n > 0, err / np.maximum(n, 1), np.nan)
+
+
+_FEW_BLOCKS = (
+    "usable in fewer than 2 of the cross-validation fits (each without one block): no held-out"
+    " error to choose it on"
+)
 
 
 def _pick(
@@ -1302,7 +1488,7 @@ def _pick(
             # the power law's reason on the whole window; the util families' on the block
             # they were judged on (one may fit the whole window yet not its first part)
             r = "; ".join(
-                f"{name}: {(fits if i == 0 else block)[i].reason[j]}"
+                f"{name}: {(fits if i == 0 else block)[i].reason[j] or _FEW_BLOCKS}"
                 for i, name in enumerate(CURVE_KINDS)
             )
         reasons.append(r)

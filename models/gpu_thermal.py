@@ -1408,10 +1408,8 @@ def _fit_rc_one(
             # residual and shrink with the power's variation
             facts = f"power std {p_std[j]:.3g} W, residual std {res_std[j]:.2g} K"
             if not fitted[j]:
-                why.append(
-                    "fit failed (R or C not positive and finite"
-                    + (", from the physical seed: the linear seed was not)" if seed_bad[j] else ")")
-                )
+                data = (p_w, j, int(n_used[cols[j]]), facts, r[j], tau[j])
+                why.append(_fit_failed(bool(seed_bad[j]), *data))
             if capped[j]:
                 why.append(
                     f"not converged in {iterations} iterations (the last step still lowered "
@@ -1643,3 +1641,19 @@ def time_to_temp_s(
     )[0]
     out = np.where(any_cross, t_first, np.inf)
     return np.where(np.broadcast_to(traj[0] >= thr, shape), 0.0, out)
+
+
+def _fit_failed(
+    seed_bad: bool, p_w: NDArray, j: int, n: int, facts: str, r: float, tau: float
+) -> str:
+    """ "fit failed" with the data facts that explain it: the power range, the samples, the
+    residual, and where R and the time constant ended."""
+    pj = p_w[:, j] if p_w.ndim == 2 and p_w.shape[1] > j else p_w[:, 0]
+    pj = pj[np.isfinite(pj)]
+    span = f"{float(pj.min()):.0f}-{float(pj.max()):.0f} W" if pj.size else "none"
+    return (
+        "fit failed (R or C not positive and finite"
+        + (", from the physical seed: the linear seed was not" if seed_bad else "")
+        + f"; data: power {span}, {n} temperature samples, {facts}, fitted R {r:.3g} K/W,"
+        f" time constant {tau:.3g} s)"
+    )

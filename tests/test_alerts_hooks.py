@@ -200,6 +200,64 @@ def test_cdu_pump_failure_one_grouped_page_per_hook_then_resolve(
 # ---- acceptance: a hook down for five minutes ----------------------------------------------
 
 
+def test_one_incidents_retries_never_delay_anothers_first_delivery(
+    servers: dict[str, Recorder], store: Store, topo: Topology
+) -> None:
+    """Issue 28: an event retrying on a hook (here with a 30 s back-off) held the hook's other
+    rows, so two other incidents' first pages on that hook waited 31 s. Now they go at once."""
+    clock = Clock()
+    outbox = Outbox(store, hooks_for(servers), clock, base_backoff_s=30.0)
+    engine = AlertEngine(parse_rules(RULES.replace("for_s: 30", "for_s: 0")), topo, outbox, clock)
+    web = servers["webhook"]
+    web.mode = "500"
+    engine.evaluate(
+        [
+            Observation(
+                metric="hotspot.gpu.over_limit_k",
+                entity_kind="gpu",
+                entity_id="trn-r01-n1:0",
+                value=90,
+                ts=clock.now,
+            )
+        ]
+    )
+    outbox.deliver()
+    assert [r.status for r in web.requests] == [503]  # retrying, 30 s from now
+    web.mode = "up"
+    clock.advance(1)
+    engine.evaluate(
+        [
+            Observation(
+                metric="hotspot.gpu.over_limit_k",
+                entity_kind="gpu",
+                entity_id="inf-r02-n1:3",
+                value=88,
+                ts=clock.now,
+            ),
+            Observation(
+                metric="cdu.pumps_running",
+                entity_kind="cdu",
+                entity_id="cdu-1",
+                value=1,
+                ts=clock.now,
+            ),
+        ]
+    )
+    clock.advance(1)
+    outbox.deliver()
+    firsts = {(b["dedup_key"], b["event"]) for b in web.accepted()}
+    assert firsts == {
+        ("dctwin/small/gpu_temp_high/rack/r02", "firing"),
+        ("dctwin/small/cdu_pump_lost/cdu/cdu-1", "firing"),
+    }
+    assert len(web.requests) == 3  # the first incident waits for its own retry time
+    clock.advance(30)
+    outbox.deliver()
+    assert ("dctwin/small/gpu_temp_high/rack/r01", "firing") in {
+        (b["dedup_key"], b["event"]) for b in web.accepted()
+    }
+
+
 @pytest.mark.slow  # 3 s or more: out of the fast tier
 def test_hooks_down_five_minutes_get_every_alert_once_per_key(
     servers: dict[str, Recorder], store: Store, topo: Topology

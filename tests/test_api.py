@@ -327,6 +327,9 @@ def test_headroom_forecast_hotspots_fleets_calibration_status(client: httpx.Clie
     assert len(r01) == 16
     fc = ok(client.get("/api/v1/forecast", params={"horizon_s": 3600}))
     assert {e["id"] for e in fc["entities"]} >= {"train-small", "r01"}
+    for e in fc["entities"]:  # the model, its skill and the origins it was scored on
+        assert e["model"] and e["note"] and e["skill"] and e["origins_scored"] >= 0, e
+        assert e["interval"]["basis"] and min(x for x in e["p05_w"] if x is not None) >= 0
     assert ok(client.get("/api/v1/hotspots"))["k_sigma"] == 3.0
     assert ok(client.get("/api/v1/hotspots", params={"k_sigma": 5}))["k_sigma"] == 5.0
     fleets = ok(client.get("/api/v1/fleets"))
@@ -335,7 +338,8 @@ def test_headroom_forecast_hotspots_fleets_calibration_status(client: httpx.Clie
     [fleet] = fleets["fleets"]
     assert fleet["covered_s"] == pytest.approx(1200, abs=90)  # + one bucket step
     assert fleet["covered"] in ("20 min", "21 min")
-    assert f"over {fleet['covered']} of data (of a 24 h window)" in fleet["reason"], fleet
+    assert fleet["reason"].startswith(f"not judged: {fleet['covered']} of data in a 24 h window")
+    assert not fleet["judged"] and not fleet["flagged"]
     assert ok(client.get("/api/v1/fleets", params={"window_s": 600}))["window_s"] == 600
     cal = ok(client.get("/api/v1/calibration"))
     assert cal["run"]["run_id"] == 1 and cal["runs"] == 1

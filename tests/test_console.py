@@ -435,6 +435,10 @@ def test_fleets(env: Service) -> None:
     assert_no_plotly(at)
     # the store holds 20 minutes: the page says so, not "over 24 h"
     assert re.search(r"fleets over 2\d min of data \(of a 24 h window\)", text(at)), text(at)
+    # the forecast says what it is: model, skill, origins scored
+    fc = next(t for t in tables(at) if "origins scored" in t["header"])
+    assert column(fc, "model") and all(column(fc, "model")), fc
+    assert column(fc, "why") and all("persistence" in w for w in column(fc, "why")), fc
 
 
 def test_alerts_acknowledge_and_silence(env: Service) -> None:

@@ -124,8 +124,9 @@ def test_live_detection_pages_a_drained_fleet_once_with_what_it_saw(tmp_path):
 @pytest.mark.slow  # the demo bundle's day through what-if
 def test_replay_fleet_underuse_page_says_the_kw_it_frees(tmp_path):
     """The what-if's fleet-underuse observation carries kw_freed (it printed "?"): on the
-    demo day with the rule judged on an hour of data, as it shipped before, both inference
-    fleets are underused at night and their page names the kW."""
+    demo day with the rule's own coverage lowered to an hour, the replay still judges a fleet
+    only on the report's coverage (20 h of 24 h) and its mean activity, and the page names the
+    kW."""
     import json
     import re
 
@@ -157,7 +158,9 @@ def test_replay_fleet_underuse_page_says_the_kw_it_frees(tmp_path):
     pages = [
         a for a in base["alerts"] if a["rule"] == "fleet_underused" and a["status"] == "firing"
     ]
-    assert {a["group"] for a in pages} == {"fleet infer-chat", "fleet infer-embed"}
+    # judged once 20 h of the day are in the window (issue 29): infer-chat's mean activity is
+    # under 0.4, infer-embed's is not
+    assert {a["group"] for a in pages} == {"fleet infer-chat"}
     for a in pages:
-        m = re.search(r"GPUs idle at p95 load \(([0-9.]+) kW\) over 60 min of data", a["summary"])
-        assert m and float(m.group(1)) > 0, a["summary"]
+        m = re.search(r"GPUs idle at p95 load \(([0-9.]+) kW\) over (\d+) h of data", a["summary"])
+        assert m and float(m.group(1)) > 0 and int(m.group(2)) >= 20, a["summary"]

@@ -154,9 +154,9 @@ def test_a_fleet_seen_briefly_says_the_window_it_had_and_waits_for_the_rule_cove
             ing.ingest(sim.step())
         now = sim.sim_time + timedelta(seconds=60)
         f = _fleet(underused_fleets(brief_store, site, now=now), "infer-small")
-        assert f.flagged and f.covered_s == 20 * 60, f  # 19 min first to last + 1 min
-        assert "over 20 min of data (of a 24 h window)" in f.reason
-        assert pages(brief_store, now) == []  # flagged, but 20 min < the rule's day
+        assert not f.flagged and f.covered_s == 20 * 60, f  # 19 min first to last + 1 min
+        assert f.reason.startswith("not judged: 20 min of data in a 24 h window (20 h needed)")
+        assert pages(brief_store, now) == []  # not judged on 20 min
     with Store(db) as store:
         full = _fleet(underused_fleets(store, site, now=end), "infer-small")
         assert (

@@ -131,21 +131,30 @@ def _log() -> tuple[np.ndarray, np.ndarray]:
 
 
 @pytest.mark.skipif(not RTX4090_LOG.is_file(), reason=f"reference log {RTX4090_LOG} not here")
-def test_real_rtx4090_log_gets_a_util_curve_better_than_the_line() -> None:
+def test_real_rtx4090_log_gets_a_util_curve_with_the_measured_idle() -> None:
+    """Issue 29: the idle power comes from samples idle by GPU-Util and by power (lag-aware),
+    not from 0 % samples in the middle of the load or power still decaying after it. On the
+    whole log the curve's idle is within 10 % of the measured ~34 W (it was 91.4 W) and its
+    blocked cross-validated error beats the straight line; on its first 75 % (no idle minute
+    at all) every family is refused and the straight line is published, marked as such."""
     util, power = _log()
-    split = int(0.75 * len(util))
-    # the power law is refused on this log (bench/README.md); a util-only family is not
-    pl = gp.fit_power_curve(util[:split], power[:split], np.array([450.0]))
-    assert not pl.usable[0]
-    f = gp.fit_util_power_curve(util[:split], power[:split], 450.0)
+    busy = util > 0.05
+    settled = [i for i in range(10, len(util)) if not busy[i - 10 : i + 1].any()]
+    measured = float(np.median(power[settled]))
+    assert 33.0 < measured < 36.0
+    f = gp.fit_util_power_curve(util, power, 450.0)
     assert f.usable[0], f.reason
     assert CURVE_KINDS[int(f.kind[0])] != "power_law"
-    pred = gp.curve_power_w(f.kind, util[split:], f.idle_w, f.limit_w, f.shape, 450.0)
-    mae = float(np.mean(np.abs(pred - power[split:])))
-    assert mae < LINEAR_HOLDOUT_MAE_W
-    # both util-only families are usable there and each beats the line
-    for fit in (gp.fit_two_level, gp.fit_saturating):
-        g = fit(util[:split], power[:split])
-        assert g.usable[0], g.reason
-        pg = gp.curve_power_w(g.kind, util[split:], g.idle_w, g.limit_w, g.shape, 450.0)
-        assert float(np.mean(np.abs(pg - power[split:]))) < LINEAR_HOLDOUT_MAE_W
+    assert f.idle_w[0] == pytest.approx(measured, rel=0.10)
+    assert np.nanmin(f.holdout_mae_w[0]) < LINEAR_HOLDOUT_MAE_W
+    # the samples left out of the fit: 0 % or just-after-load GPU-Util at more than idle power
+    bad = gp.idle_inconsistent(util, power)[:, 0]
+    assert bad.sum() > 0 and (power[bad] > 1.2 * measured).all()
+    split = int(0.75 * len(util))
+    early = gp.fit_util_power_curve(util[:split], power[:split], 450.0)
+    # every family refused there; the straight line in GPU-Util has an identifiable slope and
+    # a cross-validated error, so it is what is published, marked as such (issue 29)
+    assert early.usable[0] and early.linear is not None and early.linear[0]
+    assert early.note is not None and early.note[0].startswith("linear in GPU-Util")
+    assert "the curve was refused: power_law: " in early.note[0]
+    assert early.shape[0] == 1.0 and np.isfinite(early.holdout_mae_w[0, gp.POWER_LAW])

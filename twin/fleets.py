@@ -10,13 +10,20 @@ For every inference fleet of the site, over ``[now - window_s, now)``:
   its GPUs that reported, and its total load in GPU-equivalents is that mean times the fleet's
   GPU count; ``activity_p50``/``activity_p95`` and ``load_p95_gpu_eq`` are quantiles over the
   buckets (DuckDB ``quantile_cont``);
-- ``gpus_needed = ceil(load_p95_gpu_eq / target_util)`` (at least 1), ``gpus_to_reclaim`` the
-  rest, and ``kw_freed = gpus_to_reclaim * (mean board power per GPU + non-GPU node power per
+- ``gpus_needed = ceil(load_p95_gpu_eq / target_util)`` (at least 1, at most the fleet),
+  ``gpus_to_reclaim`` the rest, ``gpu_hours_to_reclaim`` that times the window's hours, and
+  ``kw_freed = gpus_to_reclaim * (mean board power per GPU + non-GPU node power per
   GPU) / 1000``, both measured over the window: the reclaimed GPUs' share of the fleet's input
   power, which is what powering them down (with their share of the hosts) or repurposing them
   frees. The load moved onto the remaining GPUs raises their power a little; that is not
   subtracted.
-- a fleet is flagged when ``activity_p95 < threshold`` and at least one GPU can be reclaimed.
+- a fleet is judged only when its data cover ``min_coverage_s`` of the window (10-minute
+  buckets with data; default 20 h of a 24 h window, the same share of any other), else it is "not
+  judged: N h of data";
+- a fleet is flagged when its mean activity is below ``threshold`` (default 0.4: the seeds this
+  project answers state that inference rarely exceeds 40 % utilization) and at least one GPU
+  can be reclaimed at ``target_util`` of its p95 load (default 0.7). Each fleet may set its
+  own threshold, target and coverage in the site file (``underuse:``).
 
 Everything is computed in two parameterized DuckDB queries; nothing is done per sample in
 Python.
@@ -46,11 +53,26 @@ ASSUMPTIONS = [
     "activity = sm_active (0..1); util_pct/100 where sm_active is missing (overstates load)",
     "fleet load [GPU-equivalents] = mean activity of the reporting GPUs x the fleet's GPU count,"
     " per time bucket; p50/p95 are over the buckets of the window",
-    "gpus_needed = ceil(p95 load / target_util), at least 1",
+    "gpus_needed = ceil(p95 load / target_util), at least 1 and at most the fleet",
+    "flagged when mean activity < threshold and at least one GPU can be reclaimed; judged only"
+    " with min_coverage_s of data (10-minute buckets with any sample)",
+    "gpu_hours_to_reclaim = gpus_to_reclaim x window hours",
     "kw_freed = reclaimed GPUs x (mean measured board power per GPU + (mean node input power"
     " - mean GPU board power of its node) per GPU): the reclaimed GPUs' share of the fleet's"
     " input power; the extra power of the GPUs that take over their load is not subtracted",
 ]
+
+
+#: Mean activity under which an inference fleet is underused: the seeds this project answers
+#: state that inference rarely exceeds 40 % utilization.
+DEFAULT_THRESHOLD = 0.4
+#: Utilization the remaining GPUs may run at, of the fleet's p95 load (headroom for bursts).
+DEFAULT_TARGET_UTIL = 0.7
+#: Coverage is counted in buckets of this length with any sample (or of the step, if longer):
+#: a fleet sampled every 2 min covers its hours, one seen for 1 h covers 1 h. [s]
+COVERAGE_BUCKET_S = 600.0
+#: Share of the window that must have data before a fleet is judged: 20 h of 24 h.
+DEFAULT_COVERAGE_SHARE = 20.0 / 24.0
 
 
 class FleetUsage(BaseModel):
@@ -61,8 +83,9 @@ class FleetUsage(BaseModel):
     buckets: int = Field(description="time buckets with data")
     covered_s: float = Field(
         0.0,
-        description="seconds of the window the figures really cover (first to last sample, plus"
-        " one bucket step): a fleet seen for 1 minute is judged on 1 minute, whatever the window",
+        description="seconds of the window the figures really cover (first to last sample plus"
+        " one step, at most the 10-minute buckets with data x 600 s): a fleet seen for 1 hour"
+        " is judged on 1 hour, whatever the window",
     )
     covered: str = Field("", description='covered_s as a person says it ("20 min", "24 h")')
     activity_source: str | None = Field(description="sm_active | util_pct | mixed")
@@ -72,6 +95,13 @@ class FleetUsage(BaseModel):
     load_p95_gpu_eq: float | None = Field(description="p95 of total load [GPU-equivalents]")
     gpus_needed: int | None
     gpus_to_reclaim: int | None
+    gpu_hours_to_reclaim: float | None = Field(
+        None, description="reclaimable GPUs x the window's hours"
+    )
+    judged: bool = Field(True, description="enough data in the window to judge")
+    threshold: float | None = Field(None, description="mean activity below which it is flagged")
+    target_util: float | None = None
+    min_coverage_s: float | None = Field(None, description="data needed to judge [s]")
     gpu_power_mean_w: float | None = Field(description="mean board power per GPU [W]")
     non_gpu_power_per_gpu_w: float | None = Field(
         description="mean node input power not drawn by GPU boards, per GPU [W]"
@@ -87,7 +117,7 @@ class FleetReport(BaseModel):
     window_end: datetime
     window_s: float
     step_s: float
-    threshold: float = Field(description="flag when activity p95 is below this")
+    threshold: float = Field(description="flag when mean activity is below this (default)")
     target_util: float
     assumptions: list[str]
     fleets: list[FleetUsage]
@@ -117,10 +147,11 @@ def _fleet_queries(
     start: datetime,
     end: datetime,
     step_s: float,
+    coverage_bucket_s: float = 600.0,
 ) -> tuple[dict[str, tuple], dict[str, tuple]]:
     """Per fleet: (buckets, mean, p50, p95 activity, GPUs reporting, sm_active and util_pct
-    sample counts, span of the samples in s), and (mean board power per GPU, non-GPU node power
-    per GPU)."""
+    sample counts, span of the samples in s, ``coverage_bucket_s`` buckets with data), and
+    (mean board power per GPU, non-GPU node power per GPU)."""
     con = store.con
     step_us = round(step_s * 1e6)
     rows = con.execute(
@@ -137,9 +168,10 @@ def _fleet_queries(
         "   (SELECT count(DISTINCT id) FROM g WHERE g.fleet = f.fleet AND g.a IS NOT NULL),"
         "   (SELECT sum(n_sm) FROM g WHERE g.fleet = f.fleet),"
         "   (SELECT sum(n_util) FROM g WHERE g.fleet = f.fleet),"
-        "   (SELECT epoch(max(t1)) - epoch(min(t0)) FROM g WHERE g.fleet = f.fleet)"
+        "   (SELECT epoch(max(t1)) - epoch(min(t0)) FROM g WHERE g.fleet = f.fleet),"
+        "   (SELECT count(DISTINCT (g.b * $5) // $6) FROM g WHERE g.fleet = f.fleet)"
         " FROM f GROUP BY f.fleet",
-        [gpu_ids, gpu_fleet, start, end, step_us],
+        [gpu_ids, gpu_fleet, start, end, step_us, round(coverage_bucket_s * 1e6)],
     ).fetchall()
     act = {r[0]: r[1:] for r in rows}
     # power: mean board power per GPU, and node input power beyond its GPUs' boards
@@ -165,11 +197,14 @@ def underused_fleets(
     site: Site,
     now: datetime | None = None,
     window_s: float = 86400.0,
-    threshold: float = 0.3,
-    target_util: float = 0.7,
+    threshold: float = DEFAULT_THRESHOLD,
+    target_util: float = DEFAULT_TARGET_UTIL,
     step_s: float = 60.0,
+    min_coverage_s: float | None = None,
 ) -> FleetReport:
-    """The underused-fleet report for every inference fleet (see the module docstring)."""
+    """The underused-fleet report for every inference fleet (see the module docstring).
+    ``min_coverage_s`` defaults to :data:`DEFAULT_COVERAGE_SHARE` of ``window_s``; a fleet's
+    ``underuse`` block in the site file overrides the three rule parameters."""
     if not 0 < target_util <= 1:
         raise ValueError(f"target_util must be in (0, 1], got {target_util}")
     end = (now or datetime.now(UTC)).astimezone(UTC)
@@ -189,7 +224,8 @@ def underused_fleets(
         gpu_fleet += [f.name] * len(ids)
         gpu_node += [name] * len(ids)
         n_gpus[f.name] += len(ids)
-    act, power = _fleet_queries(store, gpu_ids, gpu_fleet, gpu_node, start, end, step_s)
+    cov_s = max(COVERAGE_BUCKET_S, step_s)
+    act, power = _fleet_queries(store, gpu_ids, gpu_fleet, gpu_node, start, end, step_s, cov_s)
     out: list[FleetUsage] = []
     for f in fleets:
         g = n_gpus[f.name]
@@ -220,28 +256,49 @@ def underused_fleets(
                 )
             )
             continue
-        buckets, mean_a, p50, p95, reporting, n_sm, n_util, span_s = a
+        buckets, mean_a, p50, p95, reporting, n_sm, n_util, span_s, cov_buckets = a
+        rule = f.underuse
+        thr = rule.threshold if rule and rule.threshold is not None else threshold
+        tgt = rule.target_util if rule and rule.target_util is not None else target_util
+        need_s = (
+            rule.min_coverage_s
+            if rule and rule.min_coverage_s is not None
+            else min_coverage_s
+            if min_coverage_s is not None
+            else DEFAULT_COVERAGE_SHARE * window_s
+        )
         source = "mixed" if n_sm and n_util else ("sm_active" if n_sm else "util_pct")
         load95 = p95 * g
-        needed = max(1, math.ceil(load95 / target_util - 1e-9))
+        needed = min(g, max(1, math.ceil(load95 / tgt - 1e-9)))
         reclaim = max(0, g - needed)
         gpu_w, non_gpu_w = power.get(f.name, (None, None))
         per_gpu_w = (gpu_w or 0.0) + max(0.0, non_gpu_w or 0.0)
         kw = reclaim * per_gpu_w / 1000.0 if gpu_w is not None else None
-        flagged = p95 < threshold and reclaim > 0
-        if flagged:
+        # first to last sample, less the 10-minute buckets without any
+        covered = min(window_s, float(span_s or 0.0) + step_s, float(cov_buckets) * cov_s)
+        judged = covered >= need_s - 1e-6
+        flagged = judged and mean_a < thr and reclaim > 0
+        if not judged:
             reason = (
-                f"activity p95 {p95:.3f} < {threshold}: {needed} of {g} GPUs serve the p95 load"
-                f" ({load95:.2f} GPU-eq) at {target_util:.0%}; {reclaim} can be reclaimed"
+                f"not judged: {span_text(covered)} of data in a {span_text(window_s)} window"
+                f" ({span_text(need_s)} needed)"
             )
-        elif p95 >= threshold:
-            reason = f"activity p95 {p95:.3f} >= {threshold}"
+        elif flagged:
+            reason = (
+                f"mean activity {mean_a:.3f} < {thr}: {needed} of {g} GPUs serve the p95 load"
+                f" ({load95:.2f} GPU-eq) at {tgt:.0%}; {reclaim} can be reclaimed"
+            )
+        elif mean_a >= thr:
+            reason = f"mean activity {mean_a:.3f} >= {thr}"
         else:
-            reason = f"activity p95 {p95:.3f} < {threshold} but all {g} GPUs are needed"
-        covered = min(window_s, float(span_s or 0.0) + step_s)  # first to last sample
-        reason += f", over {span_text(covered)} of data"
-        if span_text(covered) != span_text(window_s):
-            reason += f" (of a {span_text(window_s)} window)"
+            reason = (
+                f"mean activity {mean_a:.3f} < {thr} but all {g} GPUs are needed for the p95"
+                f" load ({load95:.2f} GPU-eq) at {tgt:.0%}"
+            )
+        if judged:
+            reason += f", over {span_text(covered)} of data"
+            if span_text(covered) != span_text(window_s):
+                reason += f" (of a {span_text(window_s)} window)"
         if source != "sm_active":
             reason += f" (activity from {source}: GPU-Util overstates load)"
         out.append(
@@ -260,6 +317,11 @@ def underused_fleets(
                 load_p95_gpu_eq=_r(load95, 3),
                 gpus_needed=needed,
                 gpus_to_reclaim=reclaim,
+                gpu_hours_to_reclaim=_r(reclaim * window_s / 3600.0, 1),
+                judged=judged,
+                threshold=thr,
+                target_util=tgt,
+                min_coverage_s=need_s,
                 gpu_power_mean_w=_r(gpu_w, 1),
                 non_gpu_power_per_gpu_w=_r(non_gpu_w, 1),
                 kw_freed=_r(kw, 3),
@@ -289,9 +351,10 @@ def fleets_command_payload(
     db_path: str | Path,
     site_path: str | Path,
     window_s: float = 86400.0,
-    threshold: float = 0.3,
-    target_util: float = 0.7,
+    threshold: float = DEFAULT_THRESHOLD,
+    target_util: float = DEFAULT_TARGET_UTIL,
     now: datetime | None = None,
+    min_coverage_s: float | None = None,
 ) -> dict[str, Any]:
     """What ``dctwin fleets --db PATH --json`` prints: the report as a JSON-ready dict.
 
@@ -303,5 +366,7 @@ def fleets_command_payload(
         if now is None:
             newest = store.con.execute("SELECT max(ts) FROM gpu").fetchall()[0][0]
             now = (newest + timedelta(microseconds=1)) if newest else datetime.now(UTC)
-        report = underused_fleets(store, site, now, window_s, threshold, target_util)
+        report = underused_fleets(
+            store, site, now, window_s, threshold, target_util, min_coverage_s=min_coverage_s
+        )
     return report.model_dump(mode="json")

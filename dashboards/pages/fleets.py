@@ -25,8 +25,9 @@ def body() -> None:
         over += f" (of a {window_h} window)"
     st.caption(
         f"inference fleets {over}, to {ui.ago(data['window_end'])};"
-        f" flagged when SM activity p95 < {data['threshold']:.0%}, remaining GPUs at"
-        f" {data['target_util']:.0%}"
+        f" flagged when mean SM activity < {data['threshold']:.0%} and a GPU can be given back"
+        f" with the rest at {data['target_util']:.0%} of the p95 load; a fleet with too little"
+        " data is not judged"
     )
     if df.empty:
         st.info("The site has no inference fleets.")
@@ -85,13 +86,19 @@ def body() -> None:
                     "activity p95 [%]",
                     "gpus_needed",
                     "gpus_to_reclaim",
+                    "gpu_hours_to_reclaim",
                     "gpu_power_mean_w",
                     "kw_freed",
+                    "judged",
                     "flagged",
                     "reason",
                 ]
             ],
-            {"gpu_power_mean_w": "GPU power mean [W]", "kw_freed": "freed [kW]"},
+            {
+                "gpu_power_mean_w": "GPU power mean [W]",
+                "kw_freed": "freed [kW]",
+                "gpu_hours_to_reclaim": "GPU-hours",
+            },
             missing_why="not computed: no data for this fleet, or not flagged",
             sort_key="fleets_sort",
         )
@@ -118,6 +125,28 @@ def body() -> None:
             height=320,
         )
         charts.draw(fdf, spec, "fleet_forecast")
+        # what each forecast is and how it scored on the fleet's own history
+        ui.table(
+            pd.DataFrame(
+                [
+                    {
+                        "fleet": e["id"],
+                        "model": e["model"],
+                        "skill by lead": "; ".join(
+                            f"{h['horizon_s'] / 3600:g} h {h['model']}"
+                            + ("" if h["skill"] is None else f" {h['skill']:+.2f}")
+                            for h in e["skill"]
+                        ),
+                        "origins scored": e["origins_scored"],
+                        "interval from": e["interval"]["basis"],
+                        "p05-p95 held": e["interval"]["checked_coverage"],
+                        "why": e["note"],
+                    }
+                    for e in fleets
+                ]
+            ),
+            missing_why="too few scoring origins to check",
+        )
 
 
 ui.live(body)

@@ -90,7 +90,13 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, m
 from twin.alerts.deadline import DeadlineTransport
 from twin.alerts.model import EventKind, Notification, UtcDatetime, utc_iso
 from twin.alerts.rules import RuleFileError, RuleIssue
-from twin.redact import redact_text, redact_url, register_secret
+from twin.redact import (
+    parse_error_text,
+    redact_text,
+    redact_url,
+    register_config_secrets,
+    register_secret,
+)
 
 __all__ = [
     "AlertmanagerHook",
@@ -724,10 +730,7 @@ def validate_hook_file(path: str | Path) -> Router:
     secrets (``dctwin rules check --hooks``); its router. :class:`RuleFileError` names the
     hook, receiver or route."""
     name = str(path)
-    try:
-        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-        raise RuleFileError(name, [RuleIssue("", "", f"cannot read hooks: {exc}")]) from None
+    data = _read_yaml(path, name)
     parsed = _validate(data or {}, name)
     names: set[str] = set()
     for i, cfg in enumerate(parsed.hooks):
@@ -778,8 +781,20 @@ def load_hooks(path: str | Path, env: dict[str, str] | None = None) -> list[Hook
 def load_hook_setup(path: str | Path, env: dict[str, str] | None = None) -> HookSetup:
     """Hooks and their router from a YAML file (``hooks:``, ``receivers:``, ``route:``)."""
     name = str(path)
-    try:
-        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-        raise RuleFileError(name, [RuleIssue("", "", f"cannot read hooks: {exc}")]) from None
+    data = _read_yaml(path, name)
     return parse_hook_setup(data or {}, name, env)
+
+
+def _read_yaml(path: str | Path, name: str) -> Any:
+    """A hook file's YAML (or JSON); :class:`RuleFileError` when it cannot be read or parsed,
+    saying where without quoting the file (:func:`twin.redact.parse_error_text`: a line
+    with a routing key or a URL path must not reach a log), its secret-looking values
+    registered for redaction first."""
+    text = ""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+        return yaml.safe_load(text)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        register_config_secrets(text)
+        msg = f"cannot read hooks: {parse_error_text(exc)}"
+        raise RuleFileError(name, [RuleIssue("", "", msg)]) from None

@@ -8,8 +8,9 @@ together). :meth:`Outbox.deliver` sends the rows that are due:
 - success: ``state = 'delivered'``, ``delivered_at``;
 - transport error, 408, 425, 429, 5xx: ``attempts + 1``, ``last_error``, and the next attempt
   after ``min(base_backoff_s * 2**(attempts - 1), max_backoff_s)`` (or ``Retry-After`` when
-  longer), with optional jitter; the hook's other rows wait until then too, so a hook that is
-  down gets one request per backoff step, not one per row;
+  longer), with optional jitter; the hook's other *retries* wait until then too, so a hook that
+  is down gets one retry per backoff step, not one per row, while another incident's *first*
+  delivery is tried at once (one incident's retries never delay another's first page);
 - any other status (400 ...), or retrying past ``give_up_after_s``: ``state = 'failed'`` with
   its error, never retried.
 
@@ -246,7 +247,9 @@ class Outbox:
         for rid, key, status, eid, payload, attempts, created, due in rows:
             if self.hooks.get(hook_name) is not hook:
                 break  # reloaded: the new hook's worker takes over
-            if key in blocked or hook_name in down or due > now:
+            # a row retried before waits for its time and for the hook's; a first delivery of
+            # another incident goes out now, whatever this hook's other rows are waiting for
+            if key in blocked or due > now or (attempts and hook_name in down):
                 blocked.add(key)
                 continue
             result = hook.send(self._event(status, key, eid, payload, created), now)

@@ -104,6 +104,7 @@ the kinds of limit the file leaves uncovered.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import operator
 import string
@@ -117,6 +118,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from twin.alerts.metrics import METRICS, RESIDUAL_MIN_EXCESS_K, metric_problem
 from twin.alerts.model import EntityKind, LabelSet, Severity
+from twin.redact import parse_error_text, redact_text, register_config_secrets
 
 __all__ = [
     "OPS",
@@ -399,6 +401,8 @@ class RuleFileError(ValueError):
 
     def __init__(self, path: str, issues: list[RuleIssue]) -> None:
         self.path = path
+        # every message through the log redaction: a file's text may hold a hook's secrets
+        issues = [dataclasses.replace(i, message=redact_text(i.message)) for i in issues]
         self.issues = issues
         lines = []
         for i in issues:
@@ -433,12 +437,12 @@ def parse_rules(text: str, source: str = "<rules>") -> RuleSet:
     """
     try:
         data = yaml.safe_load(text)
-    except yaml.MarkedYAMLError as exc:
-        line = exc.problem_mark.line + 1 if exc.problem_mark is not None else None
-        msg = f"invalid YAML: {exc.problem or exc}"
+    except yaml.YAMLError as exc:  # said without quoting the file (it may hold hooks)
+        register_config_secrets(text)
+        mark = getattr(exc, "problem_mark", None)
+        line = mark.line + 1 if mark is not None else None
+        msg = f"invalid YAML: {parse_error_text(exc)}"
         raise RuleFileError(source, [RuleIssue("", "", msg, line)]) from None
-    except yaml.YAMLError as exc:
-        raise RuleFileError(source, [RuleIssue("", "", f"invalid YAML: {exc}")]) from None
     if not isinstance(data, dict) or not isinstance(data.get("rules"), list):
         raise RuleFileError(source, [RuleIssue("", "rules", "the file must hold `rules: [...]`")])
     extra = sorted(set(data) - {"rules", "hooks", "receivers", "route"})

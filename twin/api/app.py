@@ -17,13 +17,24 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
 
 from twin.alerts.db import ensure_alert_tables
 from twin.api import queries
 from twin.api.context import ApiContext
 from twin.api.deps import API_VERSION, ARROW_STREAM, FORECAST_CACHE_S, MAX_IDS, ApiState
-from twin.api.guard import BodyLimit, BusyLimit, HealthReport, HostCheck, LruCache, allowed_hosts
+from twin.api.guard import (
+    BodyLimit,
+    BusyLimit,
+    FiniteJson,
+    HealthReport,
+    HostCheck,
+    LruCache,
+    allowed_hosts,
+    finite_errors,
+)
 from twin.api.metrics import HealthCollector, StoreCollector
 from twin.api.routes import ROUTERS
 
@@ -44,7 +55,8 @@ def create_app(ctx: ApiContext, hosts: list[str] | None = None) -> FastAPI:
             " (POST, DELETE) need `Authorization: Bearer <token>`."
         ),
     )
-    # outermost first: the Host check, then the body limit, then the health report
+    # outermost first: the Host check, the body limit, the health report, finite JSON bodies
+    app.add_middleware(FiniteJson)
     if ctx.health is not None:
         app.add_middleware(HealthReport, health=ctx.health)
     app.add_middleware(BodyLimit)
@@ -57,6 +69,7 @@ def create_app(ctx: ApiContext, hosts: list[str] | None = None) -> FastAPI:
         busy=BusyLimit(ctx.max_busy),
         forecast_cache=LruCache(ctx.forecast_cache_entries, FORECAST_CACHE_S),
     )
+    app.add_exception_handler(RequestValidationError, _validation_error)
     app.state.api = state
     app.state.busy = state.busy
     app.state.forecast_cache = state.forecast_cache
@@ -68,6 +81,12 @@ def create_app(ctx: ApiContext, hosts: list[str] | None = None) -> FastAPI:
     for router in [*ROUTERS, *ctx.routers]:
         app.include_router(router)
     return app
+
+
+async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
+    """FastAPI's 422, with inputs it could not write as JSON (NaN, infinities) as text."""
+    assert isinstance(exc, RequestValidationError)
+    return JSONResponse(status_code=422, content={"detail": finite_errors(exc.errors())})
 
 
 Factory = Callable[[ApiContext], FastAPI]

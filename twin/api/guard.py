@@ -13,6 +13,11 @@ the forecast cache, the request body limit, and the API's own line in the servic
   recently used evicted first); one computation per key at a time (single flight), no lock
   held while computing.
 - :class:`BodyLimit` (ASGI middleware): request bodies over ``max_bytes`` get 413.
+- :class:`FiniteJson` (ASGI middleware): a JSON request body holding ``NaN``, ``Infinity``,
+  ``-Infinity`` or a number past a double (``1e999``) gets 422 naming the field, on every
+  route, as a query string with one does (Python's JSON reader takes them as floats, and a
+  422 quoting such an input could not be written: a 500). :func:`finite_errors` makes any
+  validation error's detail writable.
 - :class:`HealthReport` (ASGI middleware): every answered request is a success of loop
   ``api``; an unhandled exception or a 500 is an error of it.
 """
@@ -21,7 +26,9 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
+import json
 import logging
+import math
 import socket
 import threading
 import time
@@ -77,7 +84,7 @@ def allowed_hosts(listen_host: str, extra: Iterable[str] = ()) -> list[str]:
     return list(dict.fromkeys(hosts))
 
 
-async def _send_json(send: Callable[..., Any], status: int, detail: str, **headers: str) -> None:
+async def _send_json(send: Callable[..., Any], status: int, detail: Any, **headers: str) -> None:
     body = orjson.dumps({"detail": detail})
     raw = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     raw += [(k.lower().encode(), v.encode()) for k, v in headers.items()]
@@ -161,6 +168,117 @@ class BodyLimit:
             return msg
 
         await self.app(scope, limited, send)
+
+
+class _NonFinite(str):
+    """A non-finite number of a request body, as written (``NaN``, ``1e999``)."""
+
+
+def non_finite_path(body: bytes) -> tuple[list[str | int], str] | None:
+    """(location, the number as written) of the first non-finite number of a JSON ``body``;
+    None when it has none or is not JSON (the route then says what is wrong with it)."""
+    seen: list[str] = []
+
+    def constant(text: str) -> _NonFinite:
+        seen.append(text)
+        return _NonFinite(text)
+
+    def number(text: str) -> float | _NonFinite:
+        value = float(text)
+        return value if math.isfinite(value) else constant(text)
+
+    try:
+        doc = json.loads(body, parse_constant=constant, parse_float=number)
+    except (ValueError, RecursionError):
+        return None
+    if not seen:
+        return None
+    stack: list[tuple[list[str | int], Any]] = [([], doc)]
+    while stack:  # iterative: any nesting the reader took
+        loc, value = stack.pop()
+        if type(value) is _NonFinite:
+            return loc, str(value)
+        if isinstance(value, dict):
+            stack.extend(([*loc, k], v) for k, v in reversed(list(value.items())))
+        elif isinstance(value, list):
+            stack.extend(([*loc, i], v) for i, v in reversed(list(enumerate(value))))
+    return None
+
+
+def finite_errors(errors: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Validation errors with each non-finite ``input`` (or context value) as its text, so
+    that the 422 can be written as JSON."""
+
+    def clean(v: Any) -> Any:
+        if isinstance(v, float) and not math.isfinite(v):
+            return str(v)
+        if isinstance(v, dict):
+            return {k: clean(x) for k, x in v.items()}
+        if isinstance(v, list | tuple):
+            return [clean(x) for x in v]
+        if v is None or isinstance(v, str | int | float | bool):
+            return v
+        return str(v)
+
+    return [clean(dict(e)) for e in errors]
+
+
+class FiniteJson:
+    """422 for a JSON request body with a non-finite number (see the module docstring)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope.get("method") not in ("POST", "PUT", "PATCH"):
+            await self.app(scope, receive, send)
+            return
+        chunks: list[bytes] = []
+        while True:
+            try:
+                msg = await receive()
+            except HTTPException as e:  # the body limit's 413
+                await _send_json(send, e.status_code, e.detail)
+                return
+            if msg["type"] != "http.request":  # the client went away
+                await self.app(scope, _replay([msg]), send)
+                return
+            chunks.append(msg.get("body", b""))
+            if not msg.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        found = non_finite_path(body) if body else None
+        if found is not None:
+            loc, text = found
+            where = ".".join(map(str, loc)) or "body"
+            await _send_json(
+                send,
+                422,
+                [
+                    {
+                        "type": "finite_number",
+                        "loc": ["body", *loc],
+                        "msg": f"{where}: {text} is not a finite number",
+                        "input": text,
+                    }
+                ],
+            )
+            return
+        await self.app(scope, _replay([{"type": "http.request", "body": body}], receive), send)
+
+
+def _replay(msgs: list[dict[str, Any]], then: Any = None) -> Any:
+    """An ASGI ``receive`` that gives ``msgs``, then defers to ``then``."""
+    pending = list(msgs)
+
+    async def receive() -> Any:
+        if pending:
+            return pending.pop(0)
+        if then is None:
+            return {"type": "http.disconnect"}
+        return await then()
+
+    return receive
 
 
 class HealthReport:

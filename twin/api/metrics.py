@@ -14,6 +14,7 @@ metric                                    labels / meaning
 ``dctwin_ingest_messages_received_total``     messages received since the service started
 ``dctwin_ingest_messages_stored_total``       messages stored since the service started
 ``dctwin_ingest_duplicates_total``            duplicates dropped since the service started
+``dctwin_ingest_dedup_lookups_total``         ingest-log lookups for messages behind their mark
 ``dctwin_ingest_samples_total``               kind: samples stored since the service started
 ``dctwin_ingest_dead_letters_total``          reason: dead letters since the service started
 ``dctwin_dead_letters``                       reason: dead letters kept in the store (all time)
@@ -225,6 +226,11 @@ class StoreCollector(Collector):
                 yield CounterMetricFamily(f"dctwin_ingest_messages_{name}", doc, value=float(value))
             yield CounterMetricFamily(
                 "dctwin_ingest_duplicates", "Duplicate messages dropped.", value=c.duplicates
+            )
+            yield CounterMetricFamily(
+                "dctwin_ingest_dedup_lookups",
+                "Ingest-log lookups for messages behind their stream's high-water mark.",
+                value=c.dedup_lookups,
             )
             s = CounterMetricFamily(
                 "dctwin_ingest_samples", "Samples stored, per kind.", labels=["kind"]

@@ -355,7 +355,9 @@ def power_curves(
             dt_s=step_s,
         )
         out["holdout_mae_w"][cols] = uf.holdout_mae_w
-        util = uf.kind != POWER_LAW
+        # a util-only family, or the straight line published where every family was refused
+        linear = uf.linear if uf.linear is not None else np.zeros(cols.size, bool)
+        util = (uf.kind != POWER_LAW) | linear
         for name in out:
             if name != "holdout_mae_w":
                 out[name][cols[util]] = getattr(uf, name)[util]
@@ -363,6 +365,8 @@ def power_curves(
         # family's reason (not the power law's alone: the util families were tried too)
         for j in np.flatnonzero(util | ~uf.usable):
             reason[cols[j]] = uf.reason[j]
+        for j in np.flatnonzero(linear):  # usable, and marked as the line it is
+            reason[cols[j]] = uf.note[j] if uf.note is not None else None
     return UtilCurveFit(**out, reason=reason)
 
 
@@ -409,9 +413,21 @@ def _util_curve_rows(ids: list[str], curve: UtilCurveFit, from_util: np.ndarray)
             }
 
 
-def _quality(kind: str, ids: list[str], quantity: str, meas: np.ndarray, pred: np.ndarray):
+def _quality(
+    kind: str,
+    ids: list[str],
+    quantity: str,
+    meas: np.ndarray,
+    pred: np.ndarray,
+    usable: np.ndarray | None = None,
+):
+    """Held-out fit quality of each device whose fit is usable: a refused fit publishes its
+    reasons, never an error figure (its prediction is the seed or nothing, and a first-value
+    "forecast" scores 0.0 on one sample)."""
     q = fit_quality.fit_quality(meas, pred)
     for i, sid in enumerate(ids):
+        if usable is not None and not bool(usable[i]):
+            continue
         yield {
             "kind": kind,
             "id": sid,
@@ -452,7 +468,9 @@ def _fit_gpu_group(
     pred_p = curve_power_w(
         curve.kind, np.clip(activity[hold], 0.0, 1.0), curve.idle_w, curve.limit_w, curve.shape, cap
     )
-    results["quality"].extend(_quality("gpu", idx.gpu_ids, "power_w", power[hold], pred_p))
+    results["quality"].extend(
+        _quality("gpu", idx.gpu_ids, "power_w", power[hold], pred_p, curve.usable)
+    )
     for quantity, prefix in (("temp_c", ""), ("mem_temp_c", "mem_")):
         if quantity not in rc_fits:
             continue
@@ -483,7 +501,14 @@ def _fit_gpu_group(
                 rc.offset_k,
             )
             results["quality"].extend(
-                _quality("gpu", idx.gpu_ids, f"{quantity}@{int(TEMP_HORIZON_S)}s", temp[h], pred)
+                _quality(
+                    "gpu",
+                    idx.gpu_ids,
+                    f"{quantity}@{int(TEMP_HORIZON_S)}s",
+                    temp[h],
+                    pred,
+                    rc.usable,
+                )
             )
     return rc_fits.get("temp_c")
 
@@ -647,7 +672,9 @@ def calibrate(
         beta=(rp.beta, rp.beta_stderr),
     )
     pred_rack = rp.alpha_w + rp.beta * sum_gpu[hold]
-    results["quality"].extend(_quality("rack", idx.rack_names, "power_w", rack_in[hold], pred_rack))
+    results["quality"].extend(
+        _quality("rack", idx.rack_names, "power_w", rack_in[hold], pred_rack, rp.usable)
+    )
     # 4. liquid capture per rack, from each CDU's heat balance
     if idx.cdu_names:
         results["quality"].extend(_fit_capture(params, idx, cdu, rack_in, fit, hold, step_s))
@@ -848,7 +875,7 @@ def _fit_capture(
         dt_s=step_s,
         return0_c=first_valid(ret[hold]),
     )
-    return _quality("cdu", idx.cdu_names, "return_temp_c", ret[hold], pred_ret)
+    return _quality("cdu", idx.cdu_names, "return_temp_c", ret[hold], pred_ret, cf.cdu_usable)
 
 
 def _f(x: Any) -> float | None:

@@ -5,7 +5,7 @@ in the same rows and columns either way (:mod:`twin.cli.source`)."""
 from __future__ import annotations
 
 import json
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -296,39 +296,64 @@ _FLEET_COLUMNS = [
     Column("state", "state", style=lambda r: "yellow" if r["flagged"] else ""),
     Column("gpus", "GPUs", digits=0),
     Column("gpus_reporting", "reporting", digits=0),
+    Column("activity_mean", "activity mean", digits=2),
     Column("activity_p95", "activity p95", digits=2),
     Column("gpus_needed", "GPUs needed", digits=0),
     Column("gpus_to_reclaim", "GPUs to reclaim", digits=0),
+    Column("gpu_hours_to_reclaim", "GPU-h to reclaim", digits=0),
     Column("kw_freed", "kW freed", digits=1),
     Column("covered", "covered"),
     Column("reason", "reason"),
 ]
+
+#: `dctwin fleets`' defaults (``twin.fleets.DEFAULT_THRESHOLD`` and ``DEFAULT_TARGET_UTIL``,
+#: not imported here: `dctwin --help` runs on an install without the service's libraries).
+_FLEETS_WINDOW_S, _FLEETS_THRESHOLD, _FLEETS_TARGET = 86400.0, 0.4, 0.7
 
 
 def fleets(
     api: ApiOpt = None,
     db: ReadDbOpt = None,
     site: SiteOpt = None,
-    window: Annotated[float, typer.Option(help="Seconds of activity to look at.")] = 86400.0,
+    window: Annotated[
+        float, typer.Option(help="Seconds of activity to look at.")
+    ] = _FLEETS_WINDOW_S,
     threshold: Annotated[
-        float, typer.Option(help="Flag a fleet whose activity p95 stays under this (0..1).")
-    ] = 0.3,
+        float, typer.Option(help="Flag a fleet whose mean activity is under this (0..1).")
+    ] = _FLEETS_THRESHOLD,
     target_util: Annotated[
-        float, typer.Option(help="Utilization the remaining GPUs would run at (0..1).")
-    ] = 0.7,
+        float,
+        typer.Option(help="Utilization of its p95 load the remaining GPUs would run at (0..1)."),
+    ] = _FLEETS_TARGET,
+    min_coverage: Annotated[
+        float | None,
+        typer.Option(
+            help="--db only: seconds of data needed to judge a fleet (default: 20/24 of the"
+            " window).",
+            show_default=False,
+        ),
+    ] = None,
     as_json: JsonOpt = False,
     fmt: FormatOpt = None,
     limit: LimitOpt = None,
 ) -> None:
-    """Fleet utilization and underused inference fleets: the GPUs that would serve their p95
-    load, the GPUs that frees and the kW, underused fleets first (most kW first).
+    """Underused inference fleets: mean activity under the threshold and GPUs to give back at
+    the target utilization of their p95 load (GPUs, GPU-hours and kW), underused fleets first
+    (most kW first). A fleet with too little data in the window is "not judged". A fleet's
+    `underuse:` block in the site file overrides the threshold, target and coverage.
 
     With --api: the service's latest detection pass (computed now when an option differs
     from its default); with --db: computed on the store file."""
     src = pick_source(api, db)
     if src.api is not None:
+        if min_coverage is not None:
+            raise fail("--min-coverage is for --db: the service judges with its own")
         params: dict[str, Any] = {}
-        if (window, threshold, target_util) != (86400.0, 0.3, 0.7):
+        if (window, threshold, target_util) != (
+            _FLEETS_WINDOW_S,
+            _FLEETS_THRESHOLD,
+            _FLEETS_TARGET,
+        ):
             params = {"window_s": window, "threshold": threshold, "target_util": target_util}
         payload = src.get("/api/v1/fleets", params)
     else:
@@ -339,14 +364,22 @@ def fleets(
         open_read_store(src.db or DEFAULT_DB).close()  # a missing or held file: a clear message
         try:
             payload = fleets_command_payload(
-                src.db or DEFAULT_DB, site_path, window, threshold, target_util
+                src.db or DEFAULT_DB,
+                site_path,
+                window,
+                threshold,
+                target_util,
+                min_coverage_s=min_coverage,
             )
         except ValueError as e:
             raise fail(str(e)) from None
     if as_json:
         typer.echo(json.dumps(payload, default=str))
         return
-    rows = [dict(f, state="UNDERUSED" if f["flagged"] else "ok") for f in payload["fleets"]]
+    rows = [
+        dict(f, state="UNDERUSED" if f["flagged"] else "ok" if f["judged"] else "not judged")
+        for f in payload["fleets"]
+    ]
     rows.sort(key=lambda r: (not r["flagged"], -(r["kw_freed"] or 0.0), r["fleet"]))
     flagged = [r for r in rows if r["flagged"]]
     gpus = sum(r["gpus_to_reclaim"] or 0 for r in flagged)
@@ -364,14 +397,25 @@ def fleets(
 _FORECAST_COLUMNS = [
     Column("entity", "entity"),
     Column("id", "id"),
-    Column("role", "role"),
     Column("model", "model"),
+    Column("skill_by_lead", "model and skill by lead"),
+    Column("origins_scored", "origins", digits=0),
+    Column("interval_basis", "interval from"),
+    Column("coverage", "p05-p95 held", digits=2),
     Column("last_kw", "last kW", digits=1),
     Column("p50_end_kw", "p50 at horizon kW", digits=1),
     Column("p90_peak_kw", "p90 peak kW", digits=1),
     Column("p95_peak_kw", "p95 peak kW", digits=1),
     Column("p95_peak_at", "p95 peak at (UTC)"),
-    Column("checkpoint_period_s", "checkpoint period [s]", digits=0),
+    Column("note", "why"),
+]
+
+_BACKTEST_COLUMNS = [
+    Column("entity", "entity"),
+    Column("id", "id"),
+    Column("improvement", "vs seasonal-naive", digits=3),
+    Column("coverage_p05_p95", "p05-p95 coverage", digits=3),
+    Column("skill_by_lead", "skill vs persistence (coverage) by lead"),
 ]
 
 
@@ -387,8 +431,20 @@ def _peak(values: list[float | None], times: list[str]) -> tuple[float | None, s
     return (None, None) if best is None else (best[0], best[1])
 
 
+def _skill_text(hs: list[dict]) -> str:
+    """'15 min persistence 0.00; 1 h level +0.31' from a forecast's per-lead skill."""
+    from twin.forecast.forecast import _dur
+
+    parts = []
+    for h in hs:
+        sk = "-" if h["skill"] is None else f"{h['skill']:+.2f}"
+        parts.append(f"{_dur(h['horizon_s'])} {h['model']} {sk}")
+    return "; ".join(parts)
+
+
 def _forecast_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
-    """One row per fleet and rack: last, p50 at the horizon, the p90 and p95 peaks [kW]."""
+    """One row per fleet and rack: the model and its skill by lead, where the interval comes
+    from and how often it held, last, p50 at the horizon, the p90 and p95 peaks [kW]."""
     rows = []
     for e in result["entities"]:
         p90, _ = _peak(e["p90_w"], e["t"])
@@ -396,19 +452,40 @@ def _forecast_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
         p50_end = next((v for v in reversed(e["p50_w"]) if v is not None), None)
         rows.append(
             {
-                "entity": e["entity"],
-                "id": e["id"],
-                "role": e["role"],
-                "model": e["model"],
+                **{k: e[k] for k in ("entity", "id", "model", "origins_scored", "note")},
+                "skill_by_lead": _skill_text(e["skill"]),
+                "interval_basis": e["interval"]["basis"],
+                "coverage": e["interval"]["checked_coverage"],
                 "last_kw": _kw(e["last_w"]),
                 "p50_end_kw": _kw(p50_end),
                 "p90_peak_kw": _kw(p90),
                 "p95_peak_kw": _kw(p95),
                 "p95_peak_at": None if at is None else _hms(at),
-                "checkpoint_period_s": e["checkpoint_period_s"],
             }
         )
     return rows
+
+
+def _backtest_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
+    def lead(h: dict[str, Any]) -> str:
+        sk = "-" if h["skill"] is None else f"{h['skill']:+.2f}"
+        cov = "-" if h["coverage_p05_p95"] is None else f"{h['coverage_p05_p95']:.2f}"
+        return f"{h['horizon_s'] / 60:g} min {sk} (cov {cov})"
+
+    return [
+        dict(e, skill_by_lead="; ".join(lead(h) for h in e["horizons"])) for e in result["entities"]
+    ]
+
+
+def _parse_now(now: str | None) -> datetime | None:
+    """``--now`` as an aware UTC datetime (a time without an offset is UTC)."""
+    if now is None:
+        return None
+    try:
+        t = datetime.fromisoformat(now)
+    except ValueError:
+        raise fail(f"--now {now!r}: not an ISO-8601 time (2026-12-01T06:00:00Z)") from None
+    return t.replace(tzinfo=UTC) if t.tzinfo is None else t.astimezone(UTC)
 
 
 def forecast(
@@ -417,54 +494,82 @@ def forecast(
     site: SiteOpt = None,
     horizon: Annotated[float, typer.Option(help="Seconds ahead.")] = 6 * 3600.0,
     step: Annotated[float, typer.Option(help="Seconds per forecast step.")] = 300.0,
+    now: Annotated[
+        str | None,
+        typer.Option(
+            help="--db only: forecast (or backtest) from this past time, ISO 8601 (no offset:"
+            " UTC), using only the data before it (default: the newest node sample).",
+            show_default=False,
+        ),
+    ] = None,
     backtest: Annotated[
         bool,
         typer.Option(help="--db only: backtest on the store's history instead of forecasting."),
     ] = False,
     as_json: Annotated[
-        bool, typer.Option("--json", help="Print the whole forecast (every step) as JSON.")
+        bool, typer.Option("--json", help="Print everything as JSON, the forecast paths included.")
     ] = False,
     fmt: FormatOpt = None,
     limit: LimitOpt = None,
 ) -> None:
-    """Load forecast per fleet and per rack: a row each with the last power, the p50 at the
-    horizon and the p90 and p95 peaks [kW] and when (--json: p05/p50/p90/p95 W at every
-    step), or with --backtest its skill against the seasonal naive forecast (JSON)."""
+    """Load forecast per fleet and per rack: a row each with the model chosen by its skill
+    against persistence (1 - MAE/MAE_persistence on rolling origins of its own history) per
+    lead, the origins scored, where the interval comes from and how often it held, the last
+    power, the p50 at the horizon and the p90 and p95 peaks [kW] and when; --json every step's
+    p05/p50/p90/p95 W. With --backtest, what would have been published, scored."""
     src = pick_source(api, db)
     if src.api is not None:
-        if backtest:
-            raise fail("--backtest reads the store's history: give --db PATH (a copy of the file)")
+        if backtest or now is not None:
+            raise fail("--backtest and --now read the store's history: give --db PATH (a copy)")
         result = src.get("/api/v1/forecast", {"horizon_s": horizon, "step_s": step})
     else:
-        result = _forecast_of_store(src.db or DEFAULT_DB, site, horizon, step, backtest)
-        if backtest:
-            typer.echo(json.dumps(result, default=str))
-            return
+        result = _forecast_of_store(src.db or DEFAULT_DB, site, horizon, step, backtest, now)
     if as_json:
         typer.echo(json.dumps(result, default=str))
         return
-    title = f"forecast from {_hms(result['now'])} UTC, {horizon / 3600:g} h ahead"
+    if backtest:
+        title = (
+            f"backtest to {_hm(result['window_end'])} UTC: {len(result['origins'])} origins"
+            f" scored of {result['origins_listed']} tried, horizon {result['horizon_s']:g} s"
+        )
+        rows, cols = _backtest_rows(result), _BACKTEST_COLUMNS
+    else:
+        title = (
+            f"forecast from {_hm(result['now'])} UTC, {result['horizon_s']:g} s ahead;"
+            " skill = 1 - MAE/MAE_persistence on the entity's own history"
+        )
+        rows, cols = _forecast_rows(result), _FORECAST_COLUMNS
     out_fmt = resolve_format(fmt)
     if out_fmt is not Format.table:
         err.print(title, highlight=False)
-    emit_rows(_forecast_rows(result), _FORECAST_COLUMNS, out_fmt, limit, title=title)
+    emit_rows(rows, cols, out_fmt, limit, title=title, what="entities")
+
+
+def _hm(ts: Any) -> str:
+    t = datetime.fromisoformat(ts) if isinstance(ts, str) else ts
+    return f"{t:%Y-%m-%d %H:%M}"
 
 
 def _forecast_of_store(
-    db: Path, site: Path | None, horizon: float, step: float, backtest: bool
+    db: Path, site: Path | None, horizon: float, step: float, backtest: bool, now: str | None
 ) -> dict[str, Any]:
     from twin.forecast import forecast_site, run_backtest
 
     site_obj = load_site_file(site or DEMO_SITE, required=True)
+    at = _parse_now(now)
     with open_read_store(db) as store:
         newest = store.con.execute("SELECT max(ts) FROM node").fetchall()[0][0]
         if newest is None:
             raise fail(f"--db {db}: no node power samples to forecast from")
+        if at is not None:
+            oldest = store.con.execute("SELECT min(ts) FROM node").fetchall()[0][0]
+            if at <= oldest:
+                raise fail(
+                    f"--now {now}: the store's node power starts at {oldest:%Y-%m-%d %H:%M:%S} UTC"
+                )
         try:
-            if backtest:
-                result = run_backtest(store, site_obj, now=newest, horizon_s=horizon, step_s=step)
-            else:
-                result = forecast_site(store, site_obj, now=newest, horizon_s=horizon, step_s=step)
+            run = run_backtest if backtest else forecast_site
+            result = run(store, site_obj, now=at or newest, horizon_s=horizon, step_s=step)
         except ValueError as e:
             raise fail(str(e)) from None
     return result.model_dump(mode="json")

@@ -352,5 +352,28 @@ def calibrate(
             out.print(
                 f"  quality {quantity:18} MAE {q['mae']}  CV(RMSE) {q['cv_rmse']}  NMBE {q['nmbe']}"
             )
+    _print_refusals(out, result["params"])
     for e in result["events"]:
         out.print(f"[yellow]event[/] {e['id']}: {e['detail']}")
+
+
+def _print_refusals(out: Console, rows: list[dict], per_kind: int = 8) -> None:
+    """Why fits were refused, per device kind: each reason once, with how many devices it
+    holds for and the first few of them (a refused fit publishes reasons, not error
+    figures)."""
+    by_kind: dict[str, dict[str, list[str]]] = {}
+    for r in rows:
+        if r["usable"] or not r.get("reason"):
+            continue
+        ids = by_kind.setdefault(r["kind"], {}).setdefault(r["reason"], [])
+        if r["id"] not in ids:
+            ids.append(r["id"])
+    for kind, reasons in sorted(by_kind.items()):
+        n = len({i for ids in reasons.values() for i in ids})
+        out.print(f"[bold]{kind}[/] refused fits: {n} device(s)", highlight=False)
+        ranked = sorted(reasons.items(), key=lambda kv: -len(kv[1]))
+        for reason, ids in ranked[:per_kind]:
+            shown = ", ".join(ids[:3]) + (f" and {len(ids) - 3} more" if len(ids) > 3 else "")
+            out.print(f"  {shown}: {reason}", highlight=False, markup=False, soft_wrap=True)
+        if len(ranked) > per_kind:
+            out.print(f"  ... and {len(ranked) - per_kind} other reasons (--json lists them)")

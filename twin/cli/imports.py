@@ -58,10 +58,10 @@ def _to_store(db: Path, site_obj, items, max_future: float) -> dict:
             for item in items:
                 chunk.append(item)
                 if len(chunk) >= CHUNK:
-                    ingester.ingest(chunk)
+                    ingester.ingest_or_isolate(chunk)
                     chunk = []
             if chunk:
-                ingester.ingest(chunk)
+                ingester.ingest_or_isolate(chunk)
             store.rollup()
         except StoreUnavailable as e:  # disk full, a lock: what is committed stays
             raise fail(f"the store {db} failed: {e}") from None

@@ -36,13 +36,51 @@ def _floats(a: np.ndarray) -> list[float | None]:
     return [None if not np.isfinite(v) else round(float(v), 1) for v in a]
 
 
+class HorizonSkill(BaseModel):
+    """The model chosen for one lead bucket and how it scored on the entity's own history."""
+
+    from_s: float = Field(description="leads after this [s]")
+    horizon_s: float = Field(description="up to this lead [s]")
+    model: str = Field(description="persistence | level | profile | blend")
+    skill: float | None = Field(
+        description="1 - MAE/MAE_persistence on the scoring origins (0: persistence itself;"
+        " null: too few origins with data to score)"
+    )
+    mae_w: float | None
+    mae_persistence_w: float | None
+    candidates: dict[str, float | None] = Field(description="every candidate's skill")
+
+
+class IntervalInfo(BaseModel):
+    """Where p05..p95 come from and how often it held."""
+
+    basis: str = Field(
+        description="'empirical h-step changes' (persistence's own residuals), 'conformal on"
+        " scoring origins' (the chosen model's), or 'none' (too little data: p05 = p95 = p50)"
+    )
+    samples: int = Field(description="residuals behind the quantiles (the fewest of any lead)")
+    nominal_coverage: float = 0.9
+    checked_coverage: float | None = Field(
+        description="share of actuals inside p05..p95 on rolling origins, each with quantiles"
+        " from the data before it (null: too few to check)"
+    )
+    checked_points: int
+
+
 class EntityForecast(BaseModel):
     """Forecast power of one fleet or rack on the times ``t`` (UTC)."""
 
     entity: EntityKind
     id: str
     role: Role = Field(description="fleet role; a rack takes its nodes' majority role")
-    model: Literal["training", "inference"]
+    kind: Literal["training", "inference"] = Field(description="the series' load kind")
+    model: str = Field(description="the published point model, by lead (see `skill`)")
+    note: str = Field(description="why this model, in words")
+    origins_scored: int = Field(
+        description="scoring origins with data before and after them, for this entity"
+    )
+    skill: list[HorizonSkill]
+    interval: IntervalInfo
     nodes: list[str]
     history_points: int = Field(description="grid steps with data in the history window")
     last_w: float | None = Field(description="the last value in the history [W]")
@@ -61,13 +99,93 @@ class SiteForecast(BaseModel):
     step_s: float
     history_s: float
     horizon_s: float
-    calibration_origins: int = Field(description="origins whose residuals set the quantiles")
+    calibration_origins: int = Field(
+        description="the most scoring origins with data any entity had (each entity lists its"
+        " own `origins_scored`)"
+    )
     nodes_without_data: list[str]
     entities: list[EntityForecast]
 
 
 def _now(now: datetime | None) -> datetime:
     return (now or datetime.now(UTC)).astimezone(UTC)
+
+
+def _model_summary(models: list[str], his_s: list[float]) -> str:
+    """ "persistence", "level", or "blend to 15 min, profile to 6 h" (by lead bucket)."""
+    if len(set(models)) == 1:
+        return models[0]
+    parts: list[str] = []
+    for m, h in zip(models, his_s, strict=True):
+        if parts and parts[-1].startswith(m + " "):
+            parts[-1] = f"{m} to {_dur(h)}"
+        else:
+            parts.append(f"{m} to {_dur(h)}")
+    return ", ".join(parts)
+
+
+def _dur(s: float) -> str:
+    return f"{s / 3600:g} h" if s >= 3600 else f"{s / 60:g} min"
+
+
+def _entity_forecast(
+    e, j: int, f: fc.SkillForecast, ps, times: list[datetime], last: np.ndarray, step_s: float
+) -> EntityForecast:
+    nb = len(f.bucket_lo)
+    models = [f.model[b][j] for b in range(nb)]
+    his_s = [f.bucket_hi[b] * step_s for b in range(nb)]
+    skill = [
+        HorizonSkill(
+            from_s=f.bucket_lo[b] * step_s,
+            horizon_s=his_s[b],
+            model=models[b],
+            skill=_opt(f.skill[b, j]),
+            mae_w=_opt(f.mae[b, j]),
+            mae_persistence_w=_opt(f.mae_persistence[b, j]),
+            candidates={m: _opt(f.skill_candidates[m][b, j]) for m in fc.CANDIDATES},
+        )
+        for b in range(nb)
+    ]
+    n_o = int(f.origins_scored[j])
+    if n_o < MIN_ORIGINS:
+        note = (
+            f"persistence: {n_o} scoring origin(s) with data, {MIN_ORIGINS} needed to score a model"
+        )
+    elif all(m == "persistence" for m in models):
+        note = f"persistence: no candidate beat it on {n_o} scoring origins"
+    else:
+        note = f"chosen on {n_o} scoring origins by skill against persistence"
+    cov = f.coverage_90[j]
+    return EntityForecast(
+        entity=e.entity,  # type: ignore[arg-type]
+        id=e.id,
+        role=e.role,  # type: ignore[arg-type]
+        kind=e.model_kind,  # type: ignore[arg-type]
+        model=_model_summary(models, his_s),
+        note=note,
+        origins_scored=n_o,
+        skill=skill,
+        interval=IntervalInfo(
+            basis=f.interval_basis[j],
+            samples=int(f.interval_samples[j]),
+            checked_coverage=None if not np.isfinite(cov) else round(float(cov), 3),
+            checked_points=int(f.coverage_points[j]),
+        ),
+        nodes=list(e.nodes),
+        history_points=int(np.isfinite(ps.power_w[:, j]).sum()),
+        last_w=None if not np.isfinite(last[j]) else round(float(last[j]), 1),
+        checkpoint_period_s=f.dip_period_s[j],
+        t=times,
+        p05_w=_floats(f.p05[:, j]),
+        p50_w=_floats(f.p50[:, j]),
+        p90_w=_floats(f.p90[:, j]),
+        p95_w=_floats(f.p95[:, j]),
+    )
+
+
+#: Scoring origins with data an entity needs before a model other than persistence is
+#: chosen for it or its interval is checked.
+MIN_ORIGINS = 8
 
 
 def forecast_site(
@@ -81,35 +199,18 @@ def forecast_site(
     """p05/p50/p90/p95 power [W] of every fleet and rack over the next ``horizon_s``.
 
     The history is the ``history_s`` before ``now`` (floored to the ``step_s`` grid); the
-    forecast steps start at that floored ``now``. A series with no data in the window gets
-    all-``None`` forecasts.
+    forecast steps start at that floored ``now``. Each entity's point model is chosen by its
+    skill against persistence on rolling origins of its own history
+    (:func:`models.forecast.forecast_skill`); where nothing beats persistence, the forecast is
+    persistence and says so. A series with no data in the window gets all-``None`` forecasts.
     """
     start, end = grid_window(_now(now), history_s, step_s)
     ps = load_power_series(store, site, start, end, step_s)
     h_n = max(1, int(np.ceil(horizon_s / step_s)))
-    kinds = [e.model_kind for e in ps.entities]
-    f = fc.forecast(ps.power_w, ps.start_s, step_s, h_n, kinds)
+    f = fc.forecast_skill(ps.power_w, ps.start_s, step_s, h_n, min_origins=MIN_ORIGINS)
     times = [end + timedelta(seconds=i * step_s) for i in range(h_n)]
     last = fc.last_valid(ps.power_w)
-    ents = []
-    for j, e in enumerate(ps.entities):
-        ents.append(
-            EntityForecast(
-                entity=e.entity,  # type: ignore[arg-type]
-                id=e.id,
-                role=e.role,  # type: ignore[arg-type]
-                model=e.model_kind,  # type: ignore[arg-type]
-                nodes=list(e.nodes),
-                history_points=int(np.isfinite(ps.power_w[:, j]).sum()),
-                last_w=None if not np.isfinite(last[j]) else round(float(last[j]), 1),
-                checkpoint_period_s=f.dip_period_s[j],
-                t=times,
-                p05_w=_floats(f.p05[:, j]),
-                p50_w=_floats(f.p50[:, j]),
-                p90_w=_floats(f.p90[:, j]),
-                p95_w=_floats(f.p95[:, j]),
-            )
-        )
+    ents = [_entity_forecast(e, j, f, ps, times, last, step_s) for j, e in enumerate(ps.entities)]
     return SiteForecast(
         site=site.name,
         now=end,
@@ -117,17 +218,27 @@ def forecast_site(
         step_s=step_s,
         history_s=history_s,
         horizon_s=h_n * step_s,
-        calibration_origins=f.n_calib,
+        calibration_origins=max((e.origins_scored for e in ents), default=0),
         nodes_without_data=ps.nodes_without_data,
         entities=ents,
     )
+
+
+class HorizonScore(BaseModel):
+    """What the backtest's published forecasts did in one lead bucket."""
+
+    from_s: float
+    horizon_s: float
+    skill: float | None = Field(description="1 - MAE(p50)/MAE(persistence)")
+    coverage_p05_p95: float | None = Field(description="share of actuals in [p05, p95]")
+    n: int = Field(description="steps scored")
 
 
 class BacktestEntity(BaseModel):
     entity: EntityKind
     id: str
     role: Role
-    model: Literal["training", "inference"]
+    kind: Literal["training", "inference"]
     baseline: str = Field(description="seasonal naive used for this series")
     mae_p50_w: float | None
     mae_baseline_w: float | None
@@ -135,6 +246,7 @@ class BacktestEntity(BaseModel):
     coverage_p05_p95: float | None = Field(description="share of actuals in [p05, p95]")
     share_below_p90: float | None
     n: int
+    horizons: list[HorizonScore] = Field(description="skill and coverage per lead bucket")
 
 
 class BacktestReport(BaseModel):
@@ -143,7 +255,8 @@ class BacktestReport(BaseModel):
     window_end: datetime
     step_s: float
     horizon_s: float
-    origins: list[datetime]
+    origins: list[datetime] = Field(description="the origins scored (each had an actual)")
+    origins_listed: int = Field(description="origins tried; those without data are not listed")
     mae_p50_w: float | None
     mae_baseline_w: float | None
     improvement: float | None
@@ -166,41 +279,57 @@ def run_backtest(
     n_origins: int = 84,
     origin_spacing_s: float = 2 * 3600.0,
 ) -> BacktestReport:
-    """Rolling-origin backtest over the ``history_s`` before ``now``.
+    """Rolling-origin backtest of the published forecast over the ``history_s`` before ``now``.
 
     Origins sit every ``origin_spacing_s`` back from ``now - horizon_s`` (84 x 2 h by default,
-    so every hour of the day and every day of the week is scored). With few origins the
-    persistence baseline of a training series wins or loses by whether an origin happens to
-    fall in a job gap. Each forecast uses only the data before its origin and is scored on the
-    next ``horizon_s`` against :func:`models.forecast.seasonal_naive` (inference: the value one
-    day earlier; training: the last value). Origins that would leave less than two days of
-    history are dropped.
+    so every hour of the day and every day of the week is scored). Each forecast is what
+    :func:`forecast_site` would have published then (model chosen and interval calibrated on
+    the data before its origin) and is scored on the next ``horizon_s`` against persistence
+    (skill, per lead bucket) and :func:`models.forecast.seasonal_naive` (inference: the value
+    one day earlier; training: the last value). Origins with less than two days of data
+    before them (counted from the first step with data, not the window's start) are not
+    tried; origins with no actual after them are not listed.
     """
     start, end = grid_window(_now(now), history_s, step_s)
     ps = load_power_series(store, site, start, end, step_s)
     t_n = ps.power_w.shape[0]
     h_n = max(1, int(np.ceil(horizon_s / step_s)))
     spacing = max(1, round(origin_spacing_s / step_s))
-    min_hist = round(2 * 86400.0 / step_s)
+    has = np.isfinite(ps.power_w).any(axis=1)
+    first = int(np.argmax(has)) if has.any() else t_n
+    min_row = first + round(2 * 86400.0 / step_s)
     origins = [t_n - h_n - k * spacing for k in range(n_origins)]
-    origins = sorted(o for o in origins if o >= min_hist)
+    origins = sorted(o for o in origins if o >= min_row)
     kinds = [e.model_kind for e in ps.entities]
-    r = fc.backtest(ps.power_w, ps.start_s, step_s, h_n, kinds, origins)
+    r = fc.backtest_skill(
+        ps.power_w, ps.start_s, step_s, h_n, kinds, origins, min_origins=MIN_ORIGINS
+    )
+    nb = len(r.bucket_lo)
     ents = [
         BacktestEntity(
             entity=e.entity,  # type: ignore[arg-type]
             id=e.id,
             role=e.role,  # type: ignore[arg-type]
-            model=e.model_kind,  # type: ignore[arg-type]
+            kind=e.model_kind,  # type: ignore[arg-type]
             baseline="value one day earlier"
             if e.model_kind == "inference"
             else "last value (persistence)",
             mae_p50_w=_opt(r.mae_p50[j]),
             mae_baseline_w=_opt(r.mae_baseline[j]),
             improvement=_opt(r.improvement[j]),
-            coverage_p05_p95=_opt(r.coverage_90[j]),
+            coverage_p05_p95=_opt(r.coverage_all[j]),
             share_below_p90=_opt(r.below_p90[j]),
             n=int(r.n[j]),
+            horizons=[
+                HorizonScore(
+                    from_s=r.bucket_lo[b] * step_s,
+                    horizon_s=r.bucket_hi[b] * step_s,
+                    skill=_opt(r.skill[b, j]),
+                    coverage_p05_p95=_opt(r.coverage_90[b, j]),
+                    n=int(r.points[b, j]),
+                )
+                for b in range(nb)
+            ],
         )
         for j, e in enumerate(ps.entities)
     ]
@@ -211,6 +340,7 @@ def run_backtest(
         step_s=step_s,
         horizon_s=h_n * step_s,
         origins=[start + timedelta(seconds=o * step_s) for o in r.origins],
+        origins_listed=r.origins_listed,
         mae_p50_w=_opt(r.overall_mae_p50),
         mae_baseline_w=_opt(r.overall_mae_baseline),
         improvement=_opt(r.overall_improvement),

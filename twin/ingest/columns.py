@@ -21,7 +21,12 @@ from collectors.contract import (
     EXTRA_BOUND,
     INT64_MAX,
     MAX_EXTRA_NAME,
+    MAX_EXTRA_VALUES,
     MAX_PAYLOAD_BYTES,
+    MAX_SAMPLE_KEYS,
+    MAX_SAMPLES,
+    MAX_SOURCE_CHARS,
+    QUANTITIES,
     SAMPLE_MODELS,
     TS_MAX,
     TS_MIN,
@@ -88,19 +93,30 @@ def suspect_rows(kind: str, table: pa.Table, starts: np.ndarray) -> np.ndarray:
     flags |= ~(id_len >= 1) | (id_len > ID_MAX_LENGTH)  # a null id has no length: flagged
     ts = table.column("ts").cast(pa.int64()).to_numpy(zero_copy_only=False).astype(np.float64)
     flags |= ~((ts >= _EPOCH_US["min"]) & (ts < _EPOCH_US["max"]))
+    src_len = pc.utf8_length(table.column("source")).to_numpy(zero_copy_only=False)
+    flags |= ~(src_len.astype(np.float64) <= MAX_SOURCE_CHARS)
     size = np.nan_to_num(id_len, nan=0.0) + 16.0
+    keys = np.full(n, 2, dtype=np.int64)  # id and ts
+    extras = np.zeros(n, dtype=np.int64)
     for name in table.column_names:
         if name in KEY_COLUMNS:
             continue
         arr = table.column(name).combine_chunks()
         flags |= _flag_column(kind, name, arr)
+        present = np.asarray(arr.is_valid().to_numpy(zero_copy_only=False), bool)
+        keys += present
+        if name not in QUANTITIES[kind]:
+            extras += present
         # '"name":value,' with a value of at most 24 characters (a float's repr)
-        size += np.asarray(arr.is_valid().to_numpy(zero_copy_only=False), bool) * (len(name) + 28)
+        size += present * (len(name) + 28)
+    flags |= keys > MAX_SAMPLE_KEYS
     if n:
+        counts = np.diff(np.append(starts, n))
         msg_size = np.add.reduceat(size, starts) + 200.0  # the header
         big = msg_size > _SIZE_MARGIN * MAX_PAYLOAD_BYTES
+        big |= counts > MAX_SAMPLES
+        big |= np.add.reduceat(extras, starts) > MAX_EXTRA_VALUES
         if big.any():
-            counts = np.diff(np.append(starts, n))
             flags |= np.repeat(big, counts)
     return flags
 

@@ -42,8 +42,12 @@ def iter_jsonl(path: Path) -> Iterator[tuple[str, bytes]]:
             payload = obj.get("payload")
             if isinstance(payload, str):
                 yield obj["topic"], payload.encode()
-            else:
-                yield obj["topic"], orjson.dumps(payload)
+                continue
+            try:
+                raw = orjson.dumps(payload)
+            except TypeError:  # nested past what orjson writes: the line, dead-lettered by reason
+                raw = line
+            yield obj["topic"], raw
 
 
 def iter_bundle(path: Path, site_name: str) -> Iterator[tuple[str, bytes]]:
@@ -100,13 +104,13 @@ def ingest_path(
     for item in source:
         chunk.append(item)
         if len(chunk) >= CHUNK:
-            ingester.ingest(chunk)
+            ingester.ingest_or_isolate(chunk)
             total += len(chunk)
             if progress:
                 progress(len(chunk))
             chunk = []
     if chunk:
-        ingester.ingest(chunk)
+        ingester.ingest_or_isolate(chunk)
         total += len(chunk)
         if progress:
             progress(len(chunk))

@@ -40,10 +40,14 @@ from twin.store.store import Batch, Store, is_transient
 
 log = logging.getLogger(__name__)
 
-#: Duplicate detection remembers the messages received in this window [s] ...
+#: Duplicate detection keeps the keys of the messages received in this window [s] in memory ...
 DEDUP_WINDOW_S = 900.0
 #: ... but never more than this many (the oldest are forgotten first; about 100 bytes each).
+#: Past them, a message is looked up in the store's ingest log (see :class:`Ingester`).
 DEDUP_MAX_KEYS = 2_000_000
+#: Streams (kind, source) whose high-water marks are kept (about 200 bytes each); past this
+#: many, a message of a stream without a mark is looked up in the store too.
+DEDUP_MAX_STREAMS = 1_000_000
 #: Identical dead letters (same topic and payload hash) are stored once among this many.
 DEAD_REPEAT_MEMORY = 10_000
 
@@ -92,6 +96,9 @@ class IngestCounters:
     store_splits: int = 0
     #: messages of another shard's sources (a shard's ``accept``): acknowledged, not stored
     foreign: int = 0
+    #: lookups of the store's ingest log for messages behind their stream's high-water mark
+    #: and not among the recent keys (a re-publish, a redelivery, a second import)
+    dedup_lookups: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -103,6 +110,7 @@ class IngestCounters:
             "dead_letter_repeats": self.dead_letter_repeats,
             "store_splits": self.store_splits,
             "foreign": self.foreign,
+            "dedup_lookups": self.dedup_lookups,
         }
 
 
@@ -138,6 +146,10 @@ class _Pending:
     """What a built batch will change once committed."""
 
     keys: list[int] = field(default_factory=list)
+    #: kind -> source -> [highest seq, latest ts us] of the messages stored by this batch
+    high: dict[str, dict[str, list[int]]] = field(default_factory=dict)
+    #: keys of the messages of this batch so far (duplicates within one batch)
+    batch_keys: set[int] = field(default_factory=set)
     dead_hashes: dict[tuple[str, str], None] = field(default_factory=dict)
     duplicates: int = 0
     repeats: int = 0
@@ -175,6 +187,17 @@ class Ingester:
         now = time.monotonic()
         for kind, source, seq, ts in store.recent_message_keys():
             self._remember([hash((kind, source, seq, _epoch_us(ts.astimezone(UTC))))], now)
+        # per stream: the highest seq and latest ts stored; a message past either is new
+        # (kind -> source -> (seq, ts us))
+        self._high: dict[str, dict[str, tuple[int, int]]] = {k: {} for k in KINDS}
+        self._streams = 0
+        for kind, source, seq, ts_us in store.message_high_water():
+            self._high.setdefault(kind, {})[source] = (seq, ts_us)
+            self._streams += 1
+        #: whether every stream stored has its mark (else one without a mark is looked up)
+        self._high_complete = self._streams <= DEDUP_MAX_STREAMS
+        if not self._high_complete:
+            self._forget_marks()
         for topic, sha in reversed(store.recent_dead_letters(DEAD_REPEAT_MEMORY)):
             self._dead_seen[(topic, sha)] = None
 
@@ -196,6 +219,77 @@ class Ingester:
             _, old = buckets.popleft()
             for k in old:
                 seen.pop(k, None)
+
+    def _dedup(
+        self, kind: str, keys: list[tuple[int, str, int, int]], pending: _Pending
+    ) -> set[int]:
+        """The duplicates among ``keys`` (index, source, seq, ts_us) of ``kind``, in order, over
+        everything the store holds: a key among the recent ones in memory or earlier in this
+        batch is one; a key past its stream's high-water mark (a higher seq or a later ts:
+        live traffic) is new; the others (a re-publish, a redelivery after a restart, a second
+        import) are looked up in the store's ingest log, all of the batch in one query.
+        The new keys go to ``pending`` (remembered once committed)."""
+        seen, batch_keys = self._seen, pending.batch_keys
+        high = self._high.setdefault(kind, {})
+        marks = pending.high.setdefault(kind, {})
+        complete = self._high_complete
+        dups: set[int] = set()
+        add_key = pending.keys.append
+        lookup: list[tuple[int, str, int, int]] = []
+        later: list[tuple[int, int, str, int, int]] = []
+        for key in keys:
+            i, source, seq, ts = key
+            h = hash((kind, source, seq, ts))
+            if h in seen or h in batch_keys:
+                dups.add(i)
+                continue
+            batch_keys.add(h)
+            mark = high.get(source)
+            if (mark is None and not complete) or (
+                mark is not None and seq <= mark[0] and ts <= mark[1]
+            ):  # behind both marks: ask the store (after the loop, all at once)
+                lookup.append(key)
+                later.append((i, h, source, seq, ts))
+                continue
+            add_key(h)
+            m = marks.get(source)
+            if m is None:
+                marks[source] = [seq, ts]
+            else:
+                if seq > m[0]:
+                    m[0] = seq
+                if ts > m[1]:
+                    m[1] = ts
+        if lookup:
+            self.counters.dedup_lookups += 1
+            cols = list(zip(*lookup, strict=True))
+            table = pa.table(
+                {
+                    "i": pa.array(cols[0], pa.int64()),
+                    "source": pa.array(cols[1], pa.string()),
+                    "seq": pa.array(cols[2], pa.int64()),
+                    "ts": pa.array(cols[3], pa.timestamp("us", tz="UTC")),
+                }
+            )
+            dups.update(self.store.stored_messages(kind, table))
+            for i, h, source, seq, ts in later:
+                if i in dups:
+                    continue
+                add_key(h)
+                m = marks.get(source)
+                if m is None:
+                    marks[source] = [seq, ts]
+                else:
+                    m[0], m[1] = max(m[0], seq), max(m[1], ts)
+        return dups
+
+    def _forget_marks(self) -> None:
+        """Drop every high-water mark (past DEDUP_MAX_STREAMS): from now on a stream without
+        one is looked up in the store, never taken as new."""
+        for marks in self._high.values():
+            marks.clear()
+        self._streams = 0
+        self._high_complete = False
 
     @property
     def dedup_keys(self) -> int:
@@ -229,19 +323,12 @@ class Ingester:
         lo = now_us - int(lim.max_past_s * 1e6) if lim.max_past_s else None
         window = (lo, hi) if lo is not None or hi is not None else None
         pending = _Pending(received=len(items))
-        seen = self._seen
-        batch_keys: set[int] = set()
 
-        def is_new(kind: str, source: str, seq: int, ts_us: int) -> bool:
-            key = hash((kind, source, seq, ts_us))
-            if key in seen or key in batch_keys:
-                return False
-            batch_keys.add(key)
-            pending.keys.append(key)
-            return True
+        def dedup(kind: str, keys: list[tuple[int, str, int, int]]) -> set[int]:
+            return self._dedup(kind, keys, pending)
 
         with _gc_paused():
-            decoded = self.decoder.decode_batch(items, is_new=is_new, window_us=window)
+            decoded = self.decoder.decode_batch(items, dedup=dedup, window_us=window)
         pending.duplicates = len(decoded.duplicates)
         batch = Batch()
         for i, err in decoded.refused:
@@ -357,49 +444,88 @@ class Ingester:
             kept.append(item)
         return kept
 
-    def _ingest(self, items: list[tuple[str, bytes]], now: datetime) -> Batch:
+    def _ingest(
+        self,
+        items: list[tuple[str, bytes]],
+        now: datetime,
+        dead: list[tuple[tuple[str, bytes], str]] | None = None,
+    ) -> Batch:
+        """Write ``items`` (and the ``ingest_error`` dead letters ``dead``: item, detail) in
+        one transaction; a batch the store refuses is split in halves."""
         batch, pending = self._build(items, now)
+        for item, detail in dead or ():
+            self._dead(batch, pending, item, "ingest_error", detail, _epoch_us(now))
+        pending.received += len(dead or ())
         try:
             self.store.write(batch)
         except Exception as e:
             if is_transient(e):
                 raise StoreUnavailable(f"{type(e).__name__}: {e}") from e
+            if dead and items:  # the dead letters on their own, then the messages as usual
+                self._ingest([], now, dead)
+                return self._ingest(items, now)
             if len(items) > 1:
                 self.counters.store_splits += 1
                 half = len(items) // 2
                 first = self._ingest(items[:half], now)
                 self._ingest(items[half:], now)
                 return first
+            if not items:
+                raise StoreUnavailable(f"{type(e).__name__}: {e}") from e
             return self._store_rejected(items[0], e, now)
         self._commit(batch, pending)
         return batch
 
+    def ingest_or_isolate(
+        self, items: list[tuple[str, bytes]], received_at: datetime | None = None
+    ) -> int:
+        """:meth:`ingest`, falling back to :meth:`ingest_isolated` when the ingest itself fails
+        (a bug): every valid message is stored whatever one message holds. Returns how many
+        messages hit such a failure (dead-lettered ``ingest_error``); raises StoreUnavailable
+        like :meth:`ingest`."""
+        now = received_at or datetime.now(UTC)
+        try:
+            self.ingest(items, now)
+        except StoreUnavailable:
+            raise
+        except Exception as e:
+            log.error("the ingest failed on a batch (%s: %s); isolating", type(e).__name__, e)
+            return self.ingest_isolated(items, now)
+        return 0
+
     def ingest_isolated(
         self, items: list[tuple[str, bytes]], received_at: datetime | None = None
-    ) -> None:
-        """Ingest ``items`` one by one; a message on which the ingest itself fails (a bug, never
-        a bad message: those are dead-lettered by reason) is dead-lettered as ``ingest_error``
-        instead of stopping the rest. Raises StoreUnavailable like :meth:`ingest`. Messages of
-        other shards are left out uncounted: this runs after :meth:`ingest` failed on the same
-        items, which counted them."""
+    ) -> int:
+        """Ingest ``items`` after :meth:`ingest` failed on them for a reason that is neither the
+        store's nor a bad message's (those are dead-lettered by reason): a bug. Each message is
+        validated alone (nothing written) to find the ones the ingest fails on; those are
+        dead-lettered as ``ingest_error`` with the error, and the others are written together
+        with them in one transaction (split only if the store refuses it, as :meth:`ingest`
+        does), so a bug costs one extra transaction, not one per message. Returns how many
+        messages hit the bug. Raises StoreUnavailable like :meth:`ingest`. Messages of other
+        shards are left out uncounted: :meth:`ingest` counted them."""
         now = received_at or datetime.now(UTC)
+        ok: list[tuple[str, bytes]] = []
+        failed: list[tuple[tuple[str, bytes], Exception]] = []
         for item in self._own(items, count=False):
             try:
-                self._ingest([item], now)
-            except StoreUnavailable:
-                raise
+                self._build([item], now)
             except Exception as e:
-                log.exception("the ingest failed on a message on %s", item[0][:200])
-                batch = Batch()
-                pending = _Pending(received=1)
-                self._dead(
-                    batch, pending, item, "ingest_error", f"{type(e).__name__}: {e}", _epoch_us(now)
-                )
-                try:
-                    self.store.write(batch)
-                except Exception as e2:
-                    raise StoreUnavailable(f"{type(e2).__name__}: {e2}") from e2
-                self._commit(batch, pending)
+                failed.append((item, e))
+            else:
+                ok.append(item)
+        if failed:
+            item, e = failed[0]
+            log.error(
+                "the ingest failed on %d message(s), dead-lettered as ingest_error; the first,"
+                " on %s:",
+                len(failed),
+                item[0][:200],
+                exc_info=e,
+            )
+        dead = [(item, f"{type(e).__name__}: {e}") for item, e in failed]
+        self._ingest(ok, now, dead=dead)
+        return len(failed)
 
     def ingest_table(
         self,
@@ -449,21 +575,13 @@ class Ingester:
         msg_ts = ts_us[starts].tolist()
         pending = _Pending()
         keep = ~msg_bad
-        kinds = itertools.repeat(kind, len(msg_ts))
-        keys = list(map(hash, zip(kinds, msg_src, msg_seq, msg_ts, strict=True)))
-        if self._seen.keys() & keys or len(set(keys)) < len(keys):  # duplicates: one by one
-            seen, batch_keys = self._seen, set()
-            for j, key in enumerate(keys):
-                if not keep[j]:
-                    continue
-                if key in seen or key in batch_keys:
-                    pending.duplicates += 1
-                    keep[j] = False
-                    continue
-                batch_keys.add(key)
-                pending.keys.append(key)
-        else:
-            pending.keys = keys if keep.all() else list(itertools.compress(keys, keep))
+        keys = list(zip(itertools.count(), msg_src, msg_seq, msg_ts))
+        if not keep.all():
+            keys = list(itertools.compress(keys, keep))
+        dups = self._dedup(kind, keys, pending)
+        if dups:
+            pending.duplicates += len(dups)
+            keep[np.fromiter(dups, dtype=np.int64, count=len(dups))] = False
         pending.received = int(keep.sum()) + pending.duplicates
         batch = self._table_batch(kind, table, keep, counts, msg_src, msg_seq, msg_ts, collector)
         batch.log["received_at"] = pa.array(
@@ -578,6 +696,17 @@ class Ingester:
         for reason in batch.dead["reason"]:
             c.dead_letters[reason] += 1
         self._remember(pending.keys, time.monotonic())
+        for kind, marks in pending.high.items():
+            high = self._high.setdefault(kind, {})
+            for source, (seq, ts) in marks.items():
+                mark = high.get(source)
+                if mark is None:
+                    if self._streams >= DEDUP_MAX_STREAMS:  # forget them: look streams up
+                        self._forget_marks()
+                    self._streams += 1
+                    high[source] = (seq, ts)
+                elif seq > mark[0] or ts > mark[1]:
+                    high[source] = (max(seq, mark[0]), max(ts, mark[1]))
         dead_seen = self._dead_seen
         for h in pending.dead_hashes:
             dead_seen[h] = None

@@ -437,13 +437,9 @@ class MqttIngestService:
             chunk = [self._pending.popleft() for _ in range(n)]
             items = [(t, p) for t, p, _, _, _ in chunk]
             try:
-                try:
-                    self.ingester.ingest(items)
-                except StoreUnavailable:
-                    raise
-                except Exception:  # not the store's: one message the ingest cannot handle
-                    log.exception("ingest failed on a batch; isolating the message at fault")
-                    self.ingester.ingest_isolated(items)
+                # a message the ingest itself fails on (a bug) is dead-lettered ingest_error
+                if failed := self.ingester.ingest_or_isolate(items):
+                    self.health.error("ingest", f"the ingest failed on {failed} message(s)")
             except StoreUnavailable as e:
                 self.write_errors += 1
                 self.last_error = str(e)

@@ -7,10 +7,15 @@ live telemetry.
   a unit that is not the field's is refused.
 - ``[N/A]``, ``[Not Supported]`` and every other bracketed value are missing, not zero.
 - Timestamps as ``nvidia-smi -l``/``-lms`` print them (``2024/01/15 10:23:45.123``), in the
-  local time of the machine that ran it: ``tz`` names that zone (default UTC).
+  local time of the machine that ran it: ``tz`` names that zone (default UTC). A timestamp
+  that carries its own ISO-8601 offset (``2024-01-15T10:23:45.123+08:00``, ``...Z``) is read
+  at that offset, whatever ``tz`` says, and normalised to UTC.
 - The GPU: ``index`` gives sample id ``<node>:<index>`` (:func:`collectors.contract.gpu_id`);
   else ``uuid`` is the sample id; else ``pci.bus_id``, ranked (nvidia-smi numbers GPUs in PCI
-  bus order); with none of them the log is taken as one GPU, index 0.
+  bus order); with none of them the log is taken as one GPU, index 0. A GPU number in another
+  column (:data:`GPU_NUMBER_FIELDS`, e.g. ``gpu``) is used when ``index`` is absent or the same
+  on every row while that column varies; rows that would still share a timestamp and a GPU id
+  refuse the log, naming its columns (never a silent merge).
 - A row that cannot be read is refused with a reason (:data:`ROW_REASONS`) and the others go
   on; the contract's own checks (negative, out of range, future) are the ingest's.
 """
@@ -67,12 +72,14 @@ UNITS: dict[str, frozenset[str]] = {
     "fb_used_mib": frozenset({"MiB"}),
 }
 
-IDENTITY_FIELDS = ("index", "uuid", "pci.bus_id")
+#: Columns some exporters and scripts put the GPU number in instead of nvidia-smi's ``index``.
+GPU_NUMBER_FIELDS = ("gpu", "gpu_index", "gpu_id", "gpu.index", "device", "device_index")
+IDENTITY_FIELDS = ("index", "uuid", "pci.bus_id", *GPU_NUMBER_FIELDS)
 
 #: Why a row of a log is refused.
 ROW_REASONS: dict[str, str] = {
     "wrong_field_count": "the row has another number of fields than the header",
-    "bad_timestamp": "the timestamp is not YYYY/MM/DD HH:MM:SS[.fff] (or is not in --tz)",
+    "bad_timestamp": "the timestamp is not YYYY/MM/DD HH:MM:SS[.fff][+HH:MM] (or is not in --tz)",
     "bad_gpu": "the GPU index or UUID is missing or not a number",
     "wrong_unit": "a value carries a unit that is not its field's",
     "bad_number": "a value is neither a number nor [N/A]",
@@ -80,6 +87,8 @@ ROW_REASONS: dict[str, str] = {
 }
 
 _TS_FORMATS = ("%Y/%m/%d %H:%M:%S%.f", "%Y-%m-%d %H:%M:%S%.f", "%Y-%m-%dT%H:%M:%S%.f")
+#: An ISO-8601 offset at the end of a timestamp: ``+08:00``, ``-0530``, ``Z``.
+_OFFSET = r"(?:[+-]\d{2}:?\d{2}|Z)$"
 _HEADER_TOKEN = re.compile(r"^([a-z_][a-z0-9_.]*)(?: \[([^\]]*)\])?$")
 _MISSING = r"^(\[.*\]|N/A|)$"
 _VALUE = r"^([-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?)\s*(\S*)$"
@@ -204,11 +213,27 @@ def _choose(
 def _timestamps(raw: pl.Expr, tz: str) -> pl.Expr:
     """Epoch microseconds (UTC) of nvidia-smi's local timestamps in zone ``tz``; null where
     a timestamp does not parse or does not exist in ``tz`` (a DST gap)."""
+    naive = raw.str.replace(_OFFSET, "")
     parsed = pl.coalesce(
-        [raw.str.strptime(pl.Datetime("us"), f, strict=False) for f in _TS_FORMATS]
+        [naive.str.strptime(pl.Datetime("us"), f, strict=False) for f in _TS_FORMATS]
     )
     local = parsed.dt.replace_time_zone(tz, ambiguous="earliest", non_existent="null")
-    return local.dt.convert_time_zone("UTC").dt.epoch("us")
+    local_us = local.dt.convert_time_zone("UTC").dt.epoch("us")
+    # a timestamp with its own offset: the wall time read as UTC, less the offset
+    off = raw.str.extract(r"([+-])(\d{2}):?(\d{2})$", 0)
+    sign = pl.when(raw.str.extract(r"([+-])\d{2}:?\d{2}$", 1) == "-").then(-1).otherwise(1)
+    off_us = (
+        sign
+        * (
+            raw.str.extract(r"[+-](\d{2}):?\d{2}$", 1).cast(pl.Int64, strict=False) * 60
+            + raw.str.extract(r"[+-]\d{2}:?(\d{2})$", 1).cast(pl.Int64, strict=False)
+        )
+        * 60_000_000
+    )
+    as_utc = parsed.dt.replace_time_zone("UTC").dt.epoch("us")
+    has_off = off.is_not_null()
+    is_z = raw.str.ends_with("Z")
+    return pl.when(has_off).then(as_utc - off_us).when(is_z).then(as_utc).otherwise(local_us)
 
 
 def read_lines(path: Path) -> list[str]:
@@ -287,6 +312,13 @@ def parse(path: Path, node: str, *, query_gpu: str | None = None, tz: str = "UTC
             f"{path}: several rows share a timestamp and no field tells the GPUs apart;"
             " log with index (or uuid) among the --query-gpu fields"
         )
+    dup = table.select(pl.struct("ts_us", "id").is_duplicated().sum()).item()
+    if dup:
+        raise NvidiaSmiError(
+            f"{path}: {dup} rows share a timestamp and a GPU id with another row (GPU ids from"
+            f" {gpu_from}); the columns are {names}: which one numbers the GPUs? Log with index"
+            " (or uuid) telling them apart"
+        )
     return Parsed(
         path=path,
         rows=lines.height,
@@ -302,10 +334,20 @@ def parse(path: Path, node: str, *, query_gpu: str | None = None, tz: str = "UTC
 
 def _gpu_ids(df: pl.DataFrame, names: list[str], node: str) -> tuple[pl.Expr, str, pl.Expr]:
     """The sample id expression, where it comes from, and which rows have a usable one."""
-    if "index" in names:
-        idx = pl.col(f"f{names.index('index')}").cast(pl.Int64, strict=False)
+    other = next((f for f in GPU_NUMBER_FIELDS if f in names), None)
+    use = "index" if "index" in names else other
+    if other is not None and "index" in names:
+        # nvidia-smi's index the same on every row while another column numbers the GPUs: a
+        # log written per GPU (CUDA_VISIBLE_DEVICES) with the number added by its script
+        n_idx = df.select(pl.col(f"f{names.index('index')}").n_unique()).item()
+        n_other = df.select(pl.col(f"f{names.index(other)}").n_unique()).item()
+        if n_idx == 1 and n_other > 1:
+            use = other
+    if use is not None:
+        idx = pl.col(f"f{names.index(use)}").cast(pl.Int64, strict=False)
         sid = pl.lit(gpu_id(node, "")) + idx.cast(pl.String)
-        return sid, "index", idx.is_not_null() & (idx >= 0)
+        how = use if use == "index" else f"{use} (the GPU number column)"
+        return sid, how, idx.is_not_null() & (idx >= 0)
     if "uuid" in names:
         uuid = pl.col(f"f{names.index('uuid')}")
         ok = uuid.is_not_null() & ~uuid.str.contains(_MISSING)

@@ -30,6 +30,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from collectors.base import parse_duration_s
+from twin.redact import parse_error_text
 from twin.site import Site
 from twin.site.catalog import NODE_MODELS
 
@@ -193,7 +194,7 @@ def load_scenario(path: str | Path, site: Site | None = None) -> Scenario:
     except OSError as e:
         raise ScenarioError(f"{p}: cannot read: {e.strerror or e}") from None
     except yaml.YAMLError as e:
-        raise ScenarioError(f"{p}: not YAML: {e}") from None
+        raise ScenarioError(f"{p}: not YAML: {parse_error_text(e)}") from None
     if not isinstance(data, dict):
         raise ScenarioError(f"{p}: a scenario is a mapping with name and changes")
     try:

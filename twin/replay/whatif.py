@@ -642,15 +642,16 @@ def _fleet_underuse(
     feed: AlertFeed,
 ) -> None:
     """Inference fleets' GPUs to reclaim each minute, as :func:`twin.fleets.underused_fleets`
-    judges them live: the p95 over the window up to the minute of the fleet's minute activity
-    (the run's), at the live defaults for window, threshold and target utilization; kw_freed
+    judges them live: the mean and p95 over the window up to the minute of the fleet's minute
+    activity (the run's), judged once the window holds the live coverage share, at the live
+    defaults for window, threshold and target utilization; kw_freed
     from the run's mean GPU board power over the same window (the recording has no node input
     power, so the hosts' share the live report adds is not in it: a lower bound)."""
     if not feed.wants(am.FLEET_UNDERUSED_GPUS, "fleet"):
         return
     import inspect
 
-    from twin.fleets import span_text, underused_fleets
+    from twin.fleets import DEFAULT_COVERAGE_SHARE, span_text, underused_fleets
 
     live = inspect.signature(underused_fleets).parameters
     window_s = float(live["window_s"].default)
@@ -663,6 +664,13 @@ def _fleet_underuse(
             continue
         a = breach.minute_means(np.asarray(fleet_act[f.name][1])[:, None], rows, d.dt_s)[:, 0]
         p95 = breach.trailing_quantile(a, k, 0.95)
+        ca = np.concatenate([[0.0], np.cumsum(np.nan_to_num(a))])
+        cna = np.concatenate([[0], np.cumsum(np.isfinite(a))])
+        hi_a = np.arange(1, len(a) + 1)
+        lo_a = np.maximum(hi_a - k, 0)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            mean_a = (ca[hi_a] - ca[lo_a]) / (cna[hi_a] - cna[lo_a])
+        data_s = (cna[hi_a] - cna[lo_a]) * 60.0
         # mean board power per GPU over the window up to each minute
         pw = breach.minute_means(np.asarray(fleet_gpu_w[f.name])[:, None], rows, d.dt_s)[:, 0]
         cs = np.concatenate([[0.0], np.cumsum(np.nan_to_num(pw))])
@@ -673,9 +681,10 @@ def _fleet_underuse(
             gpu_w = (cs[hi] - cs[lo]) / (cn[hi] - cn[lo])
         g = fleet_n[f.name]
         with np.errstate(invalid="ignore"):
-            needed = np.maximum(1, np.ceil(p95 * g / target - 1e-9))
+            needed = np.minimum(g, np.maximum(1, np.ceil(p95 * g / target - 1e-9)))
             reclaim = np.maximum(0, g - needed)
-            flagged = (p95 < threshold) & (reclaim > 0)
+            judged = data_s >= DEFAULT_COVERAGE_SHARE * window_s - 1e-6
+            flagged = judged & (mean_a < threshold) & (reclaim > 0)
         value = np.where(flagged, reclaim, np.nan)[:, None]
         labels = {
             "covered_s": [f"{c:.0f}" for c in covered],

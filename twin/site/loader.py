@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from twin.redact import parse_error_text
 from twin.site.model import Loc, Site, _dotted
 
 __all__ = ["SiteError", "SiteIssue", "load_site"]
@@ -83,7 +84,8 @@ def load_site(path: str | Path) -> Site:
     except yaml.MarkedYAMLError as exc:
         raise SiteError(name, [_yaml_issue(exc)]) from None
     except yaml.YAMLError as exc:
-        raise SiteError(name, [SiteIssue(None, "", f"invalid YAML: {exc}")]) from None
+        issue = SiteIssue(None, "", f"invalid YAML: {parse_error_text(exc)}")
+        raise SiteError(name, [issue]) from None
 
     if not isinstance(data, dict):
         got = "an empty file" if data is None else f"a {type(data).__name__}"

@@ -34,6 +34,7 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 from collectors.contract import (
     cdu_sample_ids,
     gpu_id,
+    is_outlet_label,
     pdu_sample_ids,
     split_leg_id,
     split_sub_id,
@@ -195,10 +196,28 @@ class Link(_Strict):
     capacity_gbps: float = Field(gt=0)
 
 
+class FleetUnderuse(_Strict):
+    """How an inference fleet is judged underused (twin.fleets); absent fields take the
+    report's defaults."""
+
+    threshold: float | None = Field(
+        default=None, gt=0, le=1, description="flag when mean activity is below this (0..1)"
+    )
+    target_util: float | None = Field(
+        default=None, gt=0, le=1, description="utilization the remaining GPUs may run at (0..1)"
+    )
+    min_coverage_s: float | None = Field(
+        default=None, gt=0, description="seconds of data in the window needed to judge [s]"
+    )
+
+
 class Fleet(_Strict):
     name: Name = Field(pattern=_SLUG)
     role: Literal["training", "inference"]
     members: list[Name] = Field(min_length=1, description="node or rack names")
+    underuse: FleetUnderuse | None = Field(
+        default=None, description="per-fleet underuse rule (inference fleets)"
+    )
 
 
 class Shard(_Strict):
@@ -292,7 +311,8 @@ class Site(_Strict):
     def is_known(self, kind: str, sample_id: str) -> bool:
         """True when ``sample_id`` of ``kind`` names something in this site.
 
-        PDU outlets (``<pdu>/outlet<n>``) are accepted for any PDU the site lists, and the
+        PDU outlets (``<pdu>/outlet<n>``, :func:`collectors.contract.is_outlet_label`) are
+        accepted for any PDU the site lists, and the
         line-to-line legs of a delta unit (``<pdu>/L1-L2``, two of its phases) for any PDU with
         more than one phase. A leg is not a phase: the phase tables never list it.
         """
@@ -305,7 +325,7 @@ class Site(_Strict):
                 pdu = self.pdu_by_name.get(leg[0])
                 return pdu is not None and max(leg[1], leg[2]) <= pdu.phases
             parent, element = split_sub_id(sample_id)
-            return (element or "").startswith("outlet") and parent in self.pdu_by_name
+            return is_outlet_label(element or "") and parent in self.pdu_by_name
         return False
 
     # ---- cross-reference checks ----------------------------------------------------------

@@ -29,6 +29,8 @@ from urllib.parse import urlsplit
 import httpx
 import yaml
 
+from twin.redact import parse_error_text
+
 #: Last good answers kept for ``answer_within_s``, over all shards and reads: the oldest goes
 #: first (a series read names its own time window, so each is a key of its own). [1]
 MAX_KEPT_ANSWERS = 256
@@ -124,7 +126,7 @@ def shards_from_site_file(path: Path) -> list[Shard]:
     except OSError as e:
         raise ShardsError(f"--site {path}: {e.strerror or e}") from None
     except yaml.YAMLError as e:
-        raise ShardsError(f"--site {path}: not YAML ({e})") from None
+        raise ShardsError(f"--site {path}: not YAML ({parse_error_text(e)})") from None
     items = raw.get("shards") if isinstance(raw, dict) else None
     if not items:
         raise ShardsError(f"--site {path}: no shards: list; name the shards' APIs with --shards")

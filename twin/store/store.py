@@ -17,6 +17,7 @@ from typing import Any
 
 import duckdb
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from collectors.contract import KINDS
 from twin.store.calibration import CalibrationTables
@@ -261,6 +262,28 @@ class Store(CalibrationTables):
             " (SELECT max(received_at) FROM ingest_log) - ?",
             [window],
         ).fetchall()
+
+    def message_high_water(self) -> list[tuple[str, str, int, int]]:
+        """(kind, source, highest seq, latest ts [us since the epoch]) of every stream in the
+        ingest log: a message past either mark has not been stored (twin/ingest dedup)."""
+        return self.con.execute(
+            "SELECT kind, source, max(seq), epoch_us(max(ts)) FROM ingest_log GROUP BY kind, source"
+        ).fetchall()
+
+    def stored_messages(self, kind: str, keys: pa.Table) -> list[int]:
+        """Which of ``keys`` (columns i, source, seq, ts: one candidate message of ``kind``
+        each) the ingest log holds: their ``i``. One join, narrowed to the keys' time span."""
+        lo, hi = pc.min_max(keys.column("ts")).values()
+        self.con.register("_probe", keys)
+        try:
+            rows = self.con.execute(
+                "SELECT DISTINCT p.i FROM _probe p JOIN ingest_log l ON l.source = p.source"
+                " AND l.seq = p.seq AND l.ts = p.ts WHERE l.kind = ? AND l.ts BETWEEN ? AND ?",
+                [kind, lo.as_py(), hi.as_py()],
+            ).fetchall()
+        finally:
+            self.con.unregister("_probe")
+        return [r[0] for r in rows]
 
     def sample_counts(self) -> dict[str, int]:
         return {k: self.con.execute(f"SELECT count(*) FROM {k}").fetchall()[0][0] for k in KINDS}

@@ -82,7 +82,7 @@ def fleets(
 ) -> Response:
     """Fleet utilization and underused inference fleets (GPUs and kW to reclaim). The
     schema is `twin.fleets.FleetReport`. Without parameters, the latest detection pass."""
-    from twin.fleets import underused_fleets
+    from twin.fleets import DEFAULT_TARGET_UTIL, DEFAULT_THRESHOLD, underused_fleets
 
     site = site_or_404(api.ctx)
     last = api.ctx.detector.last if api.ctx.detector is not None else None
@@ -100,8 +100,8 @@ def fleets(
                 site,
                 now=nw,
                 window_s=window_s or 86400.0,
-                threshold=threshold or 0.3,
-                target_util=target_util or 0.7,
+                threshold=threshold or DEFAULT_THRESHOLD,
+                target_util=target_util or DEFAULT_TARGET_UTIL,
             )
     except ValueError as e:
         raise bad(str(e), 409) from None
