@@ -36,6 +36,14 @@ Three modes, each writing one JSON file under bench/results/ and a summary on st
     ``passes``), and the peak RSS of its service. Needs ``serve --shard`` (it checks
     ``dctwin serve --help``) and exits 2 with a message when it is missing.
 
+``metrics`` (issue 30 item 7): a store built as in ``passes`` (``--minutes``, default 3 here:
+    /metrics reads only the newest headroom report, not the history), one headroom report
+    computed and stored as the service's detection pass stores it, then ``dctwin serve`` on it
+    (detection and calibration off, so nothing else runs beside the scrapes) and
+    ``--scrapes`` (7) reads of its ``/metrics``, then of ``/metrics?name[]=dctwin_headroom_celsius``
+    and of ``match[]={__name__=~"dctwin_headroom_.*"}``, each timed from request to last byte.
+    Target: <= 0.5 s a full scrape at 25,000 GPUs.
+
 Targets (issue 17): ingest lag < 5 s in every shard throughout; detection per 25,000-GPU shard
 <= 15 s; site overview <= 1 s; <= 4 GB per shard. Linux only (/proc for RSS).
 
@@ -44,6 +52,7 @@ Usage::
     python bench/bench_scale.py ingest --gpus 25000 --seconds 60
     python bench/bench_scale.py passes --gpus 25000 --minutes 30 --step 10
     python bench/bench_scale.py shards --gpus 100000 --halls 4 --shards 4 --minutes 30
+    python bench/bench_scale.py metrics --gpus 25000 --minutes 3
 """
 
 from __future__ import annotations
@@ -62,6 +71,7 @@ import tempfile
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 import zlib
 from datetime import UTC, datetime, timedelta
@@ -84,6 +94,7 @@ TARGET_LAG_S = 5.0
 TARGET_DETECT_S = 15.0
 TARGET_OVERVIEW_S = 1.0
 TARGET_RSS_MIB = 4096.0
+TARGET_METRICS_S = 0.5
 
 
 # ---- small helpers -----------------------------------------------------------------------------
@@ -368,8 +379,9 @@ def stop_proc(proc: subprocess.Popen, timeout_s: float = 60.0) -> None:
 class Monitor(threading.Thread):
     """Reads a service's /healthz every ``every_s``: samples stored per kind, ingest lag, RSS.
 
-    Not /metrics: a 25,000-GPU shard exports ~37,000 headroom limits (4 series each), which
-    takes the service seconds to write out on a loaded machine, past the read's timeout."""
+    Not /metrics: a 25,000-GPU shard exports ~37,000 headroom limits (4 series each, 13.6 MB),
+    which took the service seconds to write out on a loaded machine (0.2-0.5 s since issue 30,
+    mode ``metrics``); /healthz carries what the monitor needs in a few hundred bytes."""
 
     def __init__(self, url: str, pid: int, every_s: float):
         super().__init__(daemon=True, name=f"monitor-{url}")
@@ -713,6 +725,74 @@ def run_passes(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     }
 
 
+# ---- metrics (issue 30 item 7) -----------------------------------------------------------------
+def _time_get(url: str, runs: int) -> dict[str, Any]:
+    """``runs`` GETs of ``url``, each from request to last byte: median, min, max [s], bytes."""
+    times, size = [], 0
+    for _ in range(runs):
+        t = time.perf_counter()
+        with urllib.request.urlopen(url, timeout=60) as r:
+            body = r.read()
+        times.append(time.perf_counter() - t)
+        size = len(body)
+    samples = sum(1 for ln in body.decode().splitlines() if ln and not ln.startswith("#"))
+    return {
+        "median_s": round(sorted(times)[len(times) // 2], 3),
+        "min_s": round(min(times), 3),
+        "max_s": round(max(times), 3),
+        "bytes": size,
+        "samples": samples,
+    }
+
+
+def run_metrics(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+    from twin.headroom import compute_headroom, save_headroom
+    from twin.store import Store
+
+    site_path, site = make_site(tmp, args.gpus, args.halls, 0, args.seed)
+    db = tmp / "metrics.duckdb"
+    if db.exists() and args.keep is not None:
+        built: dict[str, Any] = {"reused": str(db)}
+    else:
+        print(f"building the store: {args.minutes} min every {args.step} s ...", flush=True)
+        built = build_store(db, site, args.minutes, args.step, args.seed)
+        with Store(db) as store:  # the report a detection pass of `dctwin serve` stores
+            t = time.perf_counter()
+            report = compute_headroom(store, site)
+            save_headroom(store, report)
+            built["headroom_rows"] = len(report.rows)
+            built["headroom_s"] = round(time.perf_counter() - t, 1)
+    print(json.dumps(built), flush=True)
+    broker = start_broker("auto", log_path=tmp / "broker.log")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    off = ["--detect-every", "0", "--calibrate-every", "0"]
+    serve = start_serve(site_path, broker.address, db, port, tmp / "serve.log", off)
+    try:
+        wait_http(url, 300, serve)
+        _time_get(url + "/metrics", 1)  # the first read warms DuckDB's caches
+        full = _time_get(url + "/metrics", args.scrapes)
+        one = _time_get(url + "/metrics?name[]=dctwin_headroom_celsius", args.scrapes)
+        sel = urllib.parse.quote('{__name__=~"dctwin_headroom_.*"}')
+        headroom_only = _time_get(f"{url}/metrics?match[]={sel}", args.scrapes)
+        rss = _rss_mib(serve.pid)
+    finally:
+        stop_proc(serve)
+        broker.stop()
+    print(json.dumps({"full": full, "name": one, "match": headroom_only}), flush=True)
+    return {
+        "mode": "metrics",
+        "gpus": args.gpus,
+        "store": built,
+        "scrapes": args.scrapes,
+        "metrics": full,
+        "metrics_name_headroom_celsius": one,
+        "metrics_match_headroom": headroom_only,
+        "serve_peak_rss_mib": round(rss),
+        "targets": {"metrics_s<=0.5": full["median_s"] <= TARGET_METRICS_S},
+    }
+
+
 def shard_gpus(site: Site, shard: dict[str, Any]) -> int:
     """GPUs in a shard's halls and rows (of the generated shards: section)."""
     rows = set(shard.get("rows", []))
@@ -869,7 +949,7 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__.split("\n\n")[0],
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    ap.add_argument("mode", choices=("ingest", "passes", "shards"))
+    ap.add_argument("mode", choices=("ingest", "passes", "shards", "metrics"))
     ap.add_argument("--gpus", type=int, default=None, help="default 25000 (100000 for shards)")
     ap.add_argument("--halls", type=int, default=None, help="default 1 (4 for shards)")
     ap.add_argument("--shards", type=int, default=4, help="shards (mode shards)")
@@ -881,7 +961,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--publishers", type=int, default=1, help="simulator processes")
     ap.add_argument("--client", choices=("raw", "paho"), default="raw", help="publishers' client")
     ap.add_argument("--drain-timeout", type=float, default=120.0, help="ingest: drain limit [s]")
-    ap.add_argument("--minutes", type=float, default=None, help="passes: 30; shards: 30")
+    ap.add_argument("--minutes", type=float, default=None, help="passes, shards: 30; metrics: 3")
+    ap.add_argument("--scrapes", type=int, default=7, help="metrics: timed reads of each URL")
     ap.add_argument("--step", type=float, default=10.0, help="passes/shards: sampling step [s]")
     ap.add_argument(
         "--serve-arg",
@@ -901,11 +982,11 @@ def main(argv: list[str] | None = None) -> int:
     big = args.mode == "shards"
     args.gpus = args.gpus or (100_000 if big else 25_000)
     args.halls = args.halls or (4 if big else 1)
-    args.minutes = args.minutes or 30.0
+    args.minutes = args.minutes or (3.0 if args.mode == "metrics" else 30.0)
     if args.child:
         child_pass(args)
         return 0
-    if shutil.which("mosquitto") is None and args.mode != "passes":
+    if shutil.which("mosquitto") is None and args.mode in ("ingest", "shards"):
         print("error: mosquitto is not on PATH (modes ingest and shards need it)", file=sys.stderr)
         return 2
     tmp = args.keep or Path(tempfile.mkdtemp(prefix="dctwin-scale-"))
@@ -913,7 +994,12 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.time()
     machine = _machine()
     try:
-        run = {"ingest": run_ingest, "passes": run_passes, "shards": run_shards}[args.mode]
+        run = {
+            "ingest": run_ingest,
+            "passes": run_passes,
+            "shards": run_shards,
+            "metrics": run_metrics,
+        }[args.mode]
         result = run(args, tmp)
     finally:
         if args.keep is None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -125,7 +126,7 @@ def test_site_and_latest_state(client: httpx.Client, svc: Service) -> None:
         (
             "/api/v1/series",
             {"kind": "gpu", "quantity": "temp_c", "ids": "trn-r01-n1:0,ghost"},
-            400,
+            404,
             "unknown gpu id(s): ghost",
         ),
         (
@@ -150,6 +151,8 @@ def test_site_and_latest_state(client: httpx.Client, svc: Service) -> None:
             "agg= needs resolution 1m or 1h",
         ),
         ("/api/v1/headroom", {"kind": "fridge"}, 400, "unknown kind 'fridge'"),
+        ("/api/v1/headroom", {"rack": "a99"}, 404, "no rack 'a99' in site"),
+        ("/api/v1/headroom", {"cdu": "cdu-9"}, 404, "no CDU 'cdu-9' in site"),
         ("/api/v1/racks/r99", {}, 404, "no rack 'r99'"),
         ("/api/v1/forecast", {"horizon_s": "0"}, 422, "greater than 0"),
         ("/api/v1/fleets", {"target_util": "2"}, 422, "less than or equal to 1"),
@@ -357,11 +360,35 @@ def test_metrics_parse_as_prometheus_text(client: httpx.Client) -> None:
     r = client.get("/metrics")
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
     fams = {f.name: f for f in text_string_to_metric_families(r.text)}
-    head = fams["dctwin_headroom"]
-    kinds = {s.labels["kind"] for s in head.samples}
-    assert {"gpu", "pdu_phase", "rack", "cdu", "loop", "link"} <= kinds
-    gpu = next(s for s in head.samples if s.labels["id"] == "trn-r01-n1:0")
-    assert gpu.labels["unit"] == "K" and gpu.labels["quantity"] == "temp_c"
+    # headroom: one family per unit, named with it (no unit label anywhere)
+    units = ("celsius", "amperes", "watts", "liters_per_second", "bytes_per_second")
+    heads = {u: fams[f"dctwin_headroom_{u}"] for u in units}
+    kinds = {u: {s.labels["kind"] for s in f.samples} for u, f in heads.items()}
+    assert kinds == {
+        "celsius": {"gpu", "loop"},
+        "amperes": {"pdu_phase"},
+        "watts": {"rack", "cdu"},
+        "liters_per_second": {"cdu"},
+        "bytes_per_second": {"link"},
+    }
+    assert all(
+        set(s.labels) == {"kind", "id", "quantity"}
+        for f in fams.values()
+        for s in f.samples
+        if f.name.startswith("dctwin_headroom_") and "timestamp" not in f.name
+    )
+    assert not any("unit" in s.labels for f in fams.values() for s in f.samples)
+    gpu = next(s for s in heads["celsius"].samples if s.labels["id"] == "trn-r01-n1:0")
+    assert gpu.labels["quantity"] == "temp_c"
+    rows = ok(client.get("/api/v1/headroom"))["rows"]
+    api = {(r["kind"], r["id"], r["quantity"]): r for r in rows}
+    for s in heads["watts"].samples:  # the API's kW as W
+        r = api[(s.labels["kind"], s.labels["id"], s.labels["quantity"])]
+        assert s.value == pytest.approx(1000 * r["headroom_now"], rel=1e-9)
+    for s in fams["dctwin_headroom_limit_celsius"].samples:  # an absolute limit in °C
+        assert s.value == api[(s.labels["kind"], s.labels["id"], s.labels["quantity"])]["limit"]
+    n_limits = sum(len(f.samples) for f in heads.values())
+    assert n_limits == len(fams["dctwin_headroom_ratio"].samples) == len(rows)
     received = fams["dctwin_ingest_messages_received"]
     assert received.type == "counter" and received.samples[0].value > 0
     assert {s.labels["kind"] for s in fams["dctwin_ingest_samples"].samples} >= {"gpu", "cdu"}
@@ -372,6 +399,48 @@ def test_metrics_parse_as_prometheus_text(client: httpx.Client) -> None:
     crit = [s for s in fams["dctwin_alerts_active"].samples if s.labels["severity"] == "critical"]
     assert crit[0].value >= 1
     assert fams["dctwin_newest_sample_timestamp_seconds"].samples
+
+
+def test_metrics_name_and_match_filters(client: httpx.Client) -> None:
+    """``name[]`` and ``match[]`` keep only the families they name (a large shard's scraper
+    takes what it graphs); a selector /metrics cannot apply is a 400 naming it."""
+
+    def names(params: list[tuple[str, str]]) -> set[str]:
+        r = client.get("/metrics", params=params)
+        assert r.status_code == 200, r.text
+        return {f.name for f in text_string_to_metric_families(r.text)}
+
+    everything = names([])
+    assert names([("name[]", "dctwin_headroom_celsius")]) == {"dctwin_headroom_celsius"}
+    assert names(
+        [("name[]", "dctwin_headroom_ratio"), ("name[]", "dctwin_ingest_messages_received_total")]
+    ) == {"dctwin_headroom_ratio", "dctwin_ingest_messages_received"}
+    headroom = {n for n in everything if n.startswith("dctwin_headroom_")}
+    assert len(headroom) == 3 * 5 + 2  # now, min p90 and limit per unit; ratio; report time
+    assert names([("match[]", '{__name__=~"dctwin_headroom_.*"}')]) == headroom
+    assert names([("match[]", "dctwin_alerts_active")]) == {"dctwin_alerts_active"}
+    assert names([("match[]", '{__name__="dctwin_headroom_amperes"}')]) == {
+        "dctwin_headroom_amperes"
+    }
+    r = client.get("/metrics", params={"match[]": 'up{job="x"}'})
+    assert r.status_code == 400 and "match[]='up{job=" in r.json()["detail"]
+    r = client.get("/metrics", params={"match[]": '{__name__=~"("}'})
+    assert r.status_code == 400 and "not a regular expression" in r.json()["detail"]
+
+
+@pytest.mark.skipif(
+    shutil.which("promtool") is None,
+    reason="promtool is not installed (Debian: apt-get install prometheus; .ci/run installs it)",
+)
+def test_metrics_pass_promtool_check_metrics(client: httpx.Client) -> None:
+    """`promtool check metrics` (Prometheus' own linter: names, units, counters, help) finds
+    nothing in /metrics."""
+    text = client.get("/metrics").text
+    assert "dctwin_headroom_celsius{" in text
+    r = subprocess.run(
+        ["promtool", "check", "metrics"], input=text, capture_output=True, text=True, timeout=60
+    )
+    assert r.returncode == 0 and not r.stdout.strip() and not r.stderr.strip(), r.stdout + r.stderr
 
 
 def test_alerts_ack_needs_the_token(client: httpx.Client, svc: Service) -> None:
@@ -600,7 +669,7 @@ def test_whatif_jobs_run_scenarios_on_a_bundle(client: httpx.Client) -> None:
 GRAFANA = Path(__file__).resolve().parents[1] / "deploy" / "grafana" / "dctwin.json"
 _PROMQL_WORDS = {
     "sum", "min", "max", "count", "avg", "by", "on", "and", "or", "unless", "without",
-    "bottomk", "topk", "rate", "increase", "time",
+    "bottomk", "topk", "rate", "increase", "time", "group_left", "label_replace",
 }  # fmt: skip
 
 
@@ -629,8 +698,9 @@ def test_grafana_dashboard_queries_only_exported_metrics(
         labels.setdefault(name, set()).update(getattr(f, "_labelnames", ()))
     exprs = [t["expr"] for p in panels for t in p["targets"]]
     assert len(exprs) >= 15
-    for expr in exprs:
-        assert expr.count("(") == expr.count(")"), expr
+    for full in exprs:
+        assert full.count("(") == full.count(")"), full
+        expr = re.sub(r'"[^"]*"', '""', full)  # string literals (label_replace's) name no metric
         names = set(re.findall(r"\bdctwin_[a-z0-9_]+", expr))
         assert names, expr
         for n in names:
@@ -644,15 +714,26 @@ def test_grafana_dashboard_queries_only_exported_metrics(
                 assert lab in have, f"label {lab!r} of {expr!r}"
         words = set(re.findall(r"\b[a-z_]+\b(?=\s*\()", expr)) - names
         assert words <= _PROMQL_WORDS, (expr, words - _PROMQL_WORDS)
-    # the ratio the dashboard ranks by is headroom / |limit| of the same series
-    by = {
-        (f.name, tuple(sorted(s.labels.items()))): s.value
+
+    # the ratio the dashboard ranks by is headroom / |limit| of the same series (of the
+    # family of its unit: both scaled alike)
+    def values(prefix: str) -> dict[tuple, float]:
+        return {
+            tuple(sorted(s.labels.items())): s.value
+            for f in fams
+            if re.fullmatch(
+                prefix + r"_(celsius|amperes|watts|liters_per_second|bytes_per_second)", f.name
+            )
+            for s in f.samples
+        }
+
+    heads, limits = values("dctwin_headroom"), values("dctwin_headroom_limit")
+    ratios = [
+        (tuple(sorted(s.labels.items())), s.value)
         for f in fams
-        if f.name in ("dctwin_headroom", "dctwin_headroom_limit", "dctwin_headroom_ratio")
+        if f.name == "dctwin_headroom_ratio"
         for s in f.samples
-    }
-    ratios = [(k[1], v) for k, v in by.items() if k[0] == "dctwin_headroom_ratio"]
+    ]
     assert len(ratios) > 20
     for lv, ratio in ratios:
-        head, limit = by[("dctwin_headroom", lv)], by[("dctwin_headroom_limit", lv)]
-        assert ratio == pytest.approx(head / abs(limit), rel=1e-9)
+        assert ratio == pytest.approx(heads[lv] / abs(limits[lv]), rel=1e-9)

@@ -230,7 +230,10 @@ def test_demo_is_ready_with_the_seeded_calibration_and_keeps_its_files_in_the_da
     try:
         assert wait_until(lambda: "ready (+" in log.read_text(), 240), log.read_text()
         text = log.read_text()
-        env = dict(ln.split("=", 1) for ln in (data / "demo.env").read_text().splitlines())
+        env = dict(
+            ln.removeprefix("export ").split("=", 1)
+            for ln in (data / "demo.env").read_text().splitlines()
+        )
         cal = _calibration(env["DCTWIN_API_URL"])
         job = httpx.post(
             f"{env['DCTWIN_API_URL']}/api/v1/whatif",

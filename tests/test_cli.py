@@ -141,7 +141,7 @@ def test_sim_jsonl_then_ingest_file_then_export(tmp_path):
     st = json.loads(run("status", "--db", str(db), "--json").stdout)
     assert st["samples"] == stats["samples"]
     # without --json: tables a person reads, no Python dicts
-    text = run("status", "--db", str(db), env={"COLUMNS": "120"}).stdout
+    text = run("status", "--db", str(db), "--format", "table", env={"COLUMNS": "120"}).stdout
     assert "samples per kind" in text and "dead letters: none" in text and "{" not in text
     gpu_row = next(ln for ln in text.splitlines() if ln.strip("│ ").startswith("gpu "))
     assert f"{stats['samples']['gpu']:,}" in gpu_row
@@ -210,7 +210,10 @@ def test_demo_runs_and_stops_cleanly(tmp_path):
     assert list(work.iterdir()) == []  # nothing in the current directory
     data = xdg / "dctwin" / "demo"
     db = data / "demo.duckdb"
-    env = dict(line.split("=", 1) for line in (data / "demo.env").read_text().splitlines())
+    env = dict(
+        line.removeprefix("export ").split("=", 1)
+        for line in (data / "demo.env").read_text().splitlines()
+    )
     assert (data / "demo.env").stat().st_mode & 0o777 == 0o600
     broker_line = next(ln for ln in r.stderr.splitlines() if ln.strip().startswith("broker"))
     assert f"127.0.0.1:{env['DCTWIN_MQTT_PORT']}" in broker_line

@@ -280,19 +280,21 @@ def test_headroom_command_prints_json(base_db: Path, tmp_path: Path) -> None:
     assert any(r["kind"] == "cdu" for r in out["rows"])
     n = len(out["rows"])
     args = ["headroom", "--db", str(db), "--site", str(SMALL_SITE)]
-    # piped (CliRunner is not a terminal): every row as TSV with a header, tightest first
+    # piped (CliRunner is not a terminal): every row as TSV with a header, worst first
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, res.output
     lines = res.stdout.splitlines()
-    assert lines[0].split("\t")[:4] == ["kind", "id", "quantity", "headroom_now"]
-    assert len(lines) == n + 1 and all(len(ln.split("\t")) == 9 for ln in lines)
-    rows = [dict(zip(lines[0].split("\t"), ln.split("\t"), strict=True)) for ln in lines[1:]]
-    shares = [
-        float(r["headroom_now"].replace(",", "")) / abs(float(r["limit"].replace(",", "")))
+    head = lines[0].split("\t")
+    assert head[:5] == ["kind", "id", "rack", "cdu", "quantity"] and "used_pct" in head
+    assert len(lines) == n + 1 and all(len(ln.split("\t")) == len(head) for ln in lines)
+    rows = [dict(zip(head, ln.split("\t"), strict=True)) for ln in lines[1:]]
+    rank = {"red": 0, "amber": 1, "neutral": 2, "": 3}
+    keys = [
+        (rank[r["band"]], r["unit"], float(r["headroom_now"]))
         for r in rows
-        if r["breach_in_s_p90"] == "-" and r["headroom_now"] != "-"
+        if r["breach_in_s_p90"] == "" and r["headroom_now"] != ""
     ]
-    assert shares == sorted(shares)
+    assert keys == sorted(keys)
     # a terminal table: at most --limit rows, and it says how many it left out
     env = {"COLUMNS": "160", "LINES": "30"}
     res = CliRunner().invoke(app, [*args, "--format", "table", "--limit", "5"], env=env)

@@ -235,7 +235,7 @@ def test_status_counts_every_unknown_id_though_it_lists_the_recent_ones(tmp_path
         assert store.status()["unknown_ids_total"] == 150
         assert len(store.status()["unknown_ids"]) == 100
     r = subprocess.run(
-        [sys.executable, "-m", "twin.cli", "status", "--db", str(db)],
+        [sys.executable, "-m", "twin.cli", "status", "--db", str(db), "--format", "table"],
         capture_output=True,
         text=True,
         timeout=60,

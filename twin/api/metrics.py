@@ -5,10 +5,11 @@ A custom collector reads the store at scrape time (no background state):
 ========================================  ===================================================
 metric                                    labels / meaning
 ========================================  ===================================================
-``dctwin_headroom``                       kind, id, quantity, unit: headroom now, latest report
-``dctwin_headroom_min_p90``               same labels: minimum over the horizon at p90 load
+``dctwin_headroom_<unit>``                kind, id, quantity: headroom now (limit - value),
+                                          latest report, in the family's unit
+``dctwin_headroom_min_p90_<unit>``        same labels: minimum over the horizon at p90 load
+``dctwin_headroom_limit_<unit>``          same labels: the limit itself (°C for temperatures)
 ``dctwin_headroom_ratio``                 same labels: headroom now as a share of the limit
-``dctwin_headroom_limit``                 same labels: the limit itself, in ``unit``
 ``dctwin_headroom_report_timestamp_seconds``  when the latest report was computed
 ``dctwin_ingest_messages_received_total``     messages received since the service started
 ``dctwin_ingest_messages_stored_total``       messages stored since the service started
@@ -37,6 +38,18 @@ metric                                    labels / meaning
 ``dctwin_api_forecast_cache_entries``         forecast answers cached now
 ========================================  ===================================================
 
+``<unit>`` is the Prometheus base unit of the limit (:data:`HEADROOM_UNITS`): ``celsius``
+(GPU and loop temperatures; a headroom in K is a difference of °C), ``amperes`` (PDU phases and
+breakers), ``watts`` (racks, CDU heat), ``liters_per_second`` (CDU flow),
+``bytes_per_second`` (links); no unit is ever a label. The headroom families are written by
+DuckDB (:func:`twin.api.queries.headroom_exposition`): a 25,000-GPU shard's ~150,000 samples
+would take Python's client seconds a scrape.
+
+``/metrics?name[]=NAME`` (repeatable; a family's name or one of its samples', as
+prometheus_client's own handler) and ``match[]=SELECTOR`` (``NAME``, ``{__name__="NAME"}`` or
+``{__name__=~"REGEX"}``, as Prometheus' federation) keep only the families named: a scraper of a
+large shard takes what it graphs (:class:`MetricFilter`).
+
 The health metrics come from the service's :class:`twin.health.ServiceHealth` (absent when
 the API runs without one), the ``dctwin_api_*`` ones from the API's own limits.
 """
@@ -45,7 +58,9 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterator
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING
 
@@ -61,6 +76,123 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+#: Per unit of the headroom rows (``twin.headroom``): the Prometheus base unit its families are
+#: named with, and the factor from the row's unit to it (Prometheus naming practice, "Base
+#: units": https://prometheus.io/docs/practices/naming/#base-units).
+HEADROOM_UNITS: dict[str, tuple[str, float]] = {
+    "K": ("celsius", 1.0),  # a temperature difference: K = °C; the limit itself is in °C
+    "A": ("amperes", 1.0),
+    "kW": ("watts", 1000.0),
+    "L/min": ("liters_per_second", 1.0 / 60.0),
+    "Gb/s": ("bytes_per_second", 1e9 / 8.0),
+}
+
+#: The headroom families per unit: (name prefix, value of queries.HEADROOM_VALUES, help).
+HEADROOM_FAMILIES: tuple[tuple[str, str, str], ...] = (
+    ("dctwin_headroom", "headroom_now", "Headroom to the limit now (limit - value)"),
+    (
+        "dctwin_headroom_min_p90",
+        "headroom_min_p90",
+        "Smallest headroom over the forecast horizon at the p90 load",
+    ),
+    ("dctwin_headroom_limit", "limit", "The limit the headroom is measured to"),
+)
+
+RATIO_FAMILY = "dctwin_headroom_ratio"
+
+
+def headroom_family_names() -> list[str]:
+    """Every headroom family name /metrics may carry."""
+    names = [f"{p}_{u}" for p, _, _ in HEADROOM_FAMILIES for u, _ in HEADROOM_UNITS.values()]
+    return [*names, RATIO_FAMILY]
+
+
+_SELECTOR = re.compile(
+    r'^(?:(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)|\{__name__(?P<op>=~|=)"(?P<value>(?:[^"\\]|\\.)*)"\})$'
+)
+
+
+class FilterError(ValueError):
+    """A ``match[]`` selector /metrics cannot apply."""
+
+
+@dataclass(frozen=True)
+class MetricFilter:
+    """Which families /metrics writes: all, or those ``name[]`` or ``match[]`` keep (any)."""
+
+    names: frozenset[str] = frozenset()
+    patterns: tuple[re.Pattern[str], ...] = ()
+
+    @classmethod
+    def parse(cls, names: Iterable[str], matches: Iterable[str]) -> MetricFilter:
+        patterns = []
+        for sel in matches:
+            m = _SELECTOR.match(sel.strip())
+            if m is None:
+                raise FilterError(
+                    f'match[]={sel!r}: expected NAME, {{__name__="NAME"}} or {{__name__=~"REGEX"}}'
+                )
+            if m.group("name"):
+                patterns.append(re.compile(re.escape(m.group("name"))))
+            elif m.group("op") == "=":
+                patterns.append(re.compile(re.escape(m.group("value"))))
+            else:
+                try:
+                    patterns.append(re.compile(m.group("value")))
+                except re.error as e:
+                    raise FilterError(f"match[]={sel!r}: not a regular expression ({e})") from None
+        return cls(frozenset(n for n in names if n), tuple(patterns))
+
+    @property
+    def everything(self) -> bool:
+        return not self.names and not self.patterns
+
+    def keeps(self, name: str, sample_names: Iterable[str] = ()) -> bool:
+        if self.everything:
+            return True
+        if name in self.names or any(s in self.names for s in sample_names):
+            return True
+        return any(p.fullmatch(name) for p in self.patterns)
+
+
+def headroom_exposition(ctx: ApiContext, keep: MetricFilter) -> str:
+    """The headroom families of the latest report as Prometheus text (HELP, TYPE, samples)."""
+    db = ctx.db()
+    computed_at = queries.headroom_computed_at(db)
+    if computed_at is None:
+        return ""
+    helps: dict[str, str] = {}
+    branches: list[tuple[str, str, str, float]] = []
+    for prefix, value, doc in HEADROOM_FAMILIES:
+        for unit, (suffix, scale) in HEADROOM_UNITS.items():
+            name = f"{prefix}_{suffix}"
+            if keep.keeps(name):
+                helps[name] = f"{doc}, in {suffix.replace('_', ' ')}."
+                branches.append((name, value, unit, scale))
+    if keep.keeps(RATIO_FAMILY):
+        helps[RATIO_FAMILY] = (
+            "Headroom now as a share of the limit (0: at the limit, negative: past it), so that"
+            " limits of different units rank together."
+        )
+        branches.append((RATIO_FAMILY, "ratio", "", 1.0))
+    out = []
+    for name, lines in queries.headroom_exposition(db, computed_at, branches):
+        out.append(f"# HELP {name} {helps[name]}\n# TYPE {name} gauge\n{lines}\n")
+    return "".join(out)
+
+
+class FilteredRegistry:
+    """A registry's families that ``keep`` keeps (what ``generate_latest`` reads)."""
+
+    def __init__(self, registry: Collector, keep: MetricFilter) -> None:
+        self.registry, self.keep = registry, keep
+
+    def collect(self) -> Iterator[Metric]:
+        for metric in self.registry.collect():
+            if self.keep.keeps(metric.name, (s.name for s in metric.samples)):
+                yield metric
+
+
 def _ok(v: float | None) -> bool:
     return v is not None and math.isfinite(v)
 
@@ -74,43 +206,7 @@ class StoreCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         db = self.ctx.db()
-        labels = ["kind", "id", "quantity", "unit"]
-        now_g = GaugeMetricFamily(
-            "dctwin_headroom",
-            "Headroom to the limit now (limit - value), in `unit`.",
-            labels=labels,
-        )
-        p90_g = GaugeMetricFamily(
-            "dctwin_headroom_min_p90",
-            "Smallest headroom over the forecast horizon at the p90 load, in `unit`.",
-            labels=labels,
-        )
-        ratio_g = GaugeMetricFamily(
-            "dctwin_headroom_ratio",
-            "Headroom now as a share of the limit (0: at the limit, negative: past it), so that"
-            " limits of different units rank together.",
-            labels=labels,
-        )
-        limit_g = GaugeMetricFamily(
-            "dctwin_headroom_limit",
-            "The limit the headroom is measured to, in `unit`.",
-            labels=labels,
-        )
-        computed_at, _, rows = queries.headroom_latest(db)
-        for r in rows:
-            lv = [r["kind"], r["id"], r["quantity"], r["unit"]]
-            if _ok(r["headroom_now"]):
-                now_g.add_metric(lv, r["headroom_now"])
-                if _ok(r["limit"]) and r["limit"] != 0:
-                    ratio_g.add_metric(lv, r["headroom_now"] / abs(r["limit"]))
-            if _ok(r["headroom_min_p90"]):
-                p90_g.add_metric(lv, r["headroom_min_p90"])
-            if _ok(r["limit"]):
-                limit_g.add_metric(lv, r["limit"])
-        yield now_g
-        yield p90_g
-        yield ratio_g
-        yield limit_g
+        computed_at = queries.headroom_computed_at(db)
         ts_g = GaugeMetricFamily(
             "dctwin_headroom_report_timestamp_seconds",
             "Unix time the latest headroom report was computed.",

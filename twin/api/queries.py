@@ -561,3 +561,62 @@ class SiteLookups:
 
 def since(ts: datetime | None, seconds: float) -> datetime | None:
     return None if ts is None else ts - timedelta(seconds=seconds)
+
+
+def headroom_computed_at(db: Store) -> datetime | None:
+    """When the newest stored headroom report was computed (None: none yet)."""
+    return db.con.execute("SELECT max(computed_at) FROM headroom").fetchall()[0][0]
+
+
+#: A Prometheus label value's escapes (exposition format: backslash, double quote, newline).
+_LABEL_ESCAPED = "replace(replace(replace({}, '\\', '\\\\'), '\"', '\\\"'), chr(10), '\\n')"
+
+
+def headroom_exposition(
+    db: Store,
+    computed_at: datetime,
+    branches: list[tuple[str, str, str, float]],
+) -> list[tuple[str, str]]:
+    """Prometheus sample lines of the headroom report computed at ``computed_at``, written by
+    DuckDB (a 25,000-GPU report is ~37,000 rows, ~150,000 samples: too many to write one by
+    one in Python within a scrape).
+
+    ``branches`` holds (family, value, unit, scale): for each, a line
+    ``family{kind="..",id="..",quantity=".."} value*scale`` per row of that ``unit`` (every
+    unit where ``unit`` is empty) whose value is finite; ``value`` is one of
+    :data:`HEADROOM_VALUES`. Returns (family, lines) per family that has samples, the lines
+    sorted by kind, id and quantity and joined by newlines."""
+    if not branches:
+        return []
+    parts, params = [], []
+    for family, value, unit, scale in branches:
+        expr = HEADROOM_VALUES[value]
+        parts.append(
+            f"SELECT ? AS family, k, lab, ({expr}) * ? AS v FROM r"
+            + (" WHERE unit = ?" if unit else "")
+        )
+        params += [family, scale] + ([unit] if unit else [])
+    # each row's labels written (and escaped) once, its place in the order numbered once
+    labels = (
+        "'{kind=\"' || kind || '\",id=\"' || "
+        + _LABEL_ESCAPED.format("id")
+        + " || '\",quantity=\"' || quantity || '\"} '"
+    )
+    sql = (
+        f"WITH r AS MATERIALIZED (SELECT row_number() OVER (ORDER BY kind, id, quantity) AS k,"
+        f" {labels} AS lab, unit, limit_value, headroom_now, headroom_min_p90"
+        " FROM headroom WHERE computed_at = ?), s AS ("
+        + " UNION ALL ".join(parts)
+        + ") SELECT family, string_agg(family || lab || CAST(v AS VARCHAR), chr(10) ORDER BY k)"
+        " FROM s WHERE isfinite(v) GROUP BY family ORDER BY family"
+    )
+    return [(f, t) for f, t in db.con.execute(sql, [computed_at, *params]).fetchall()]
+
+
+#: The values :func:`headroom_exposition` writes (SQL on the headroom table's columns).
+HEADROOM_VALUES = {
+    "headroom_now": "headroom_now",
+    "headroom_min_p90": "headroom_min_p90",
+    "limit": "limit_value",
+    "ratio": "headroom_now / nullif(abs(limit_value), 0)",
+}

@@ -27,6 +27,8 @@ from twin.cli.common import (
     parse_time,
     setup_logging,
 )
+from twin.cli.output import Column, Format, FormatOpt, emit_rows, resolve_format
+from twin.cli.source import DEFAULT_DB, ApiOpt, ReadDbOpt, open_read_store, pick_source
 
 
 def ingest(
@@ -167,15 +169,67 @@ def _export_history(db: Path, to: str, shard: str, grace_s: float) -> None:
 
 
 def status(
-    db: DbOpt = Path("dctwin.duckdb"),
+    api: ApiOpt = None,
+    db: ReadDbOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    fmt: FormatOpt = None,
 ) -> None:
-    """What the store holds: samples per kind, time range, dead letters, unknown ids."""
-    with open_store(db, read_only=True) as store:
-        st = store.status()
+    """What the store holds: samples per kind, time range, dead letters, unknown ids.
+
+    Read from a running service (--api URL, DCTWIN_API_URL) or a store file (--db). On a
+    terminal: tables; piped (or --format tsv/csv): one row per figure, columns section, key,
+    count (messages, sources, samples and readings per kind, dead letters per reason, unknown
+    ids with their samples), the time range on stderr."""
+    src = pick_source(api, db)
+    if src.api is not None:
+        st = src.get("/api/v1/status", {"limit": STATUS_UNKNOWN_IDS_MAX})
+    else:
+        with open_read_store(src.db or DEFAULT_DB) as store:
+            st = store.status()
     if as_json:
-        typer.echo(json.dumps(st))
+        typer.echo(json.dumps(st, default=str))
         return
+    out_fmt = resolve_format(fmt)
+    if out_fmt is Format.table:
+        _status_tables(st)
+        return
+    if st["time_range"]:
+        err.print(
+            f"{st['db']}: {st['time_range']['start']} .. {st['time_range']['end']} (UTC)",
+            highlight=False,
+        )
+    cols = [Column("section", "section"), Column("key", "key"), Column("count", "count", digits=0)]
+    emit_rows(_status_rows(st), cols, out_fmt, 0)
+
+
+#: Most unknown ids the API lists (twin.api.routes.service.STATUS_UNKNOWN_IDS_MAX).
+STATUS_UNKNOWN_IDS_MAX = 10_000
+
+
+def _status_rows(st: dict) -> list[dict]:
+    """The status as (section, key, count) rows, every count a number."""
+    rows = [
+        {"section": "messages", "key": "", "count": st["messages"]},
+        {"section": "sources", "key": "", "count": st["sources"]},
+    ]
+    rows += [{"section": "samples", "key": k, "count": n} for k, n in st["samples"].items()]
+    rows += [{"section": "readings", "key": k, "count": n} for k, n in st["readings"].items()]
+    rows += [
+        {"section": "dead_letters", "key": reason, "count": n}
+        for reason, n in sorted(st["dead_letters"].items(), key=lambda kv: -kv[1])
+    ]
+    rows += [
+        {
+            "section": "unknown_ids",
+            "key": f"{u['kind']} {u['id']} {u['source']}",
+            "count": u["samples"],
+        }
+        for u in st["unknown_ids"]
+    ]
+    return rows
+
+
+def _status_tables(st: dict) -> None:
     out = Console()
     shard = f" (shard {st['shard']})" if st.get("shard") else ""
     out.print(

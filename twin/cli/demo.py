@@ -375,12 +375,14 @@ def _seed_line(seed: Path | None) -> str:
 
 
 def _write_env_file(data_dir: Path, broker: str, api_url: str, token: str) -> Path:
-    """DATA_DIR/demo.env (mode 0600: it holds the write token), for ``. demo.env`` elsewhere."""
+    """DATA_DIR/demo.env (mode 0600: it holds the write token), for ``. demo.env`` elsewhere:
+    ``export`` lines, so that the commands run from that shell (``dctwin headroom``, which
+    reads ``DCTWIN_API_URL``) see them."""
     host, _, port = broker.rpartition(":")
     path = data_dir / "demo.env"
     text = (
-        f"DCTWIN_MQTT_HOST={host}\nDCTWIN_MQTT_PORT={port}\n"
-        f"DCTWIN_API_URL={api_url}\nDCTWIN_API_TOKEN={token}\n"
+        f"export DCTWIN_MQTT_HOST={host}\nexport DCTWIN_MQTT_PORT={port}\n"
+        f"export DCTWIN_API_URL={api_url}\nexport DCTWIN_API_TOKEN={token}\n"
     )
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from twin.cli.common import fail, parse_time
-from twin.cli.output import Column, FormatOpt, LimitOpt, emit_rows, number, resolve_format
+from twin.cli.output import Column, FormatOpt, LimitOpt, emit_rows, resolve_format
 
 query_app = typer.Typer(
     help="Read the Parquet history (`dctwin export --to`) of every shard, without a service.",
@@ -48,7 +48,5 @@ def series(
     for r in rows:
         r["ts"] = r["ts"].isoformat()
     head = ["ts", "id"] + (["n"] if step_s else ["shard", "source"])
-    cols = [Column(k, k) for k in head] + [
-        Column(q, q, number(3), "right") for q in QUANTITIES[kind]
-    ]
+    cols = [Column(k, k) for k in head] + [Column(q, q, digits=3) for q in QUANTITIES[kind]]
     emit_rows(rows, cols, resolve_format(fmt), limit)

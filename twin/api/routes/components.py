@@ -34,15 +34,37 @@ def headroom(
     cdu: str | None = None,
 ) -> m.HeadroomResponse:
     """The latest stored headroom report (the service recomputes it every --detect-every
-    s): per limit, headroom now, its minimum over the horizon and the time to breach."""
+    s): per limit, headroom now, its minimum over the horizon and the time to breach.
+    ``rack=`` or ``cdu=`` naming no rack or CDU of the site is a 404 naming it."""
     if kind is not None and kind not in m.HEADROOM_KINDS:
         raise bad(f"unknown kind {kind!r}; expected one of {', '.join(m.HEADROOM_KINDS)}")
+    _known_or_404(api, rack, cdu)
     computed_at, data_until, rows = queries.headroom_latest(api.ctx.db(), kind, rack, cdu)
     return m.HeadroomResponse(
         computed_at=computed_at,
         data_until=data_until,
         rows=[m.HeadroomRowOut(**r) for r in rows],
     )
+
+
+def _known_or_404(api: ApiState, rack: str | None, cdu: str | None) -> None:
+    """404 naming a rack or CDU the site does not have (without a site: one the latest
+    headroom report does not name)."""
+    if rack is None and cdu is None:
+        return
+    if api.ctx.site is not None:
+        idx = api.site_index()
+        where = f"site {idx.site.name!r}"
+        racks, cdus = idx.rack_where.keys(), idx.site.cdu_by_name.keys()
+    else:
+        _, _, rows = queries.headroom_latest(api.ctx.db())
+        where = "the latest headroom report"
+        racks = {r["rack"] for r in rows if r["rack"]}
+        cdus = {r["cdu"] for r in rows if r["cdu"]}
+    if rack is not None and rack not in racks:
+        raise bad(f"no rack {rack!r} in {where}", 404)
+    if cdu is not None and cdu not in cdus:
+        raise bad(f"no CDU {cdu!r} in {where}", 404)
 
 
 @router.get(

@@ -12,9 +12,12 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from twin.api import models as m
 from twin.api.deps import (
     API_VERSION,
+    BAD,
     BUSY,
     Api,
+    bad,
 )
+from twin.api.metrics import FilteredRegistry, FilterError, MetricFilter, headroom_exposition
 
 router = APIRouter()
 
@@ -85,11 +88,38 @@ def healthz(api: Api) -> Response:
     return JSONResponse(body.model_dump(mode="json"), status_code=code)
 
 
-@router.get("/metrics", response_class=PlainTextResponse, tags=["service"])
-def metrics(api: Api) -> Response:
-    """Prometheus exposition: headroom per component, ingest counters, dead letters,
-    calibration quality, active alerts (see twin/api/metrics.py for every name)."""
-    return Response(generate_latest(api.registry), media_type=CONTENT_TYPE_LATEST)
+@router.get(
+    "/metrics", response_class=PlainTextResponse, responses={400: BAD[400]}, tags=["service"]
+)
+def metrics(
+    api: Api,
+    name: Annotated[
+        list[str] | None,
+        Query(
+            alias="name[]",
+            description="only this family (or sample) name; repeatable, e.g."
+            " name[]=dctwin_headroom_celsius",
+        ),
+    ] = None,
+    match: Annotated[
+        list[str] | None,
+        Query(
+            alias="match[]",
+            description='only the families a selector names: NAME, {__name__="NAME"} or'
+            ' {__name__=~"REGEX"}; repeatable',
+        ),
+    ] = None,
+) -> Response:
+    """Prometheus exposition: headroom per component in its unit, ingest counters, dead
+    letters, calibration quality, active alerts (see twin/api/metrics.py for every name);
+    ``name[]`` and ``match[]`` keep only the families they name (any of them)."""
+    try:
+        keep = MetricFilter.parse(name or [], match or [])
+    except FilterError as e:
+        raise bad(str(e)) from None
+    registry = api.registry if keep.everything else FilteredRegistry(api.registry, keep)
+    body = headroom_exposition(api.ctx, keep).encode() + generate_latest(registry)  # type: ignore[arg-type]
+    return Response(body, media_type=CONTENT_TYPE_LATEST)
 
 
 @router.get("/api/v1", response_model=m.ApiIndex, tags=["service"])

@@ -228,7 +228,7 @@ def _series(
         raise bad(f"format={format!r}: expected json or arrow")
     db = api.ctx.db()
     wanted = parse_ids(ids)
-    _check_ids(api, db, kind, wanted, 400)
+    _check_ids(api, db, kind, wanted, 404)
     t1 = parse_time(end, "end")
     t0 = parse_time(start, "start")
     if t1 is None:
