@@ -234,6 +234,7 @@ def test_demo_is_ready_with_the_seeded_calibration_and_keeps_its_files_in_the_da
             ln.removeprefix("export ").split("=", 1)
             for ln in (data / "demo.env").read_text().splitlines()
         )
+        env_mode = (data / "demo.env").stat().st_mode & 0o777
         cal = _calibration(env["DCTWIN_API_URL"])
         job = httpx.post(
             f"{env['DCTWIN_API_URL']}/api/v1/whatif",
@@ -268,7 +269,9 @@ def test_demo_is_ready_with_the_seeded_calibration_and_keeps_its_files_in_the_da
     # the broker on 1883 and the API on 8420 unless taken (then the printed ports)
     port = env["DCTWIN_MQTT_PORT"]
     assert (port == "1883") == ("(1883 is taken)" not in text), text
-    # the store, demo.env and the what-if job's outputs in the data directory, none in cwd
+    # the store and the what-if job's outputs in the data directory, none in cwd; demo.env
+    # (mode 0600: it holds the token) was there while it ran and is gone once it stopped
+    assert env_mode == 0o600 and not (data / "demo.env").exists()
     assert list(work.iterdir()) == []
     assert (data / "demo.duckdb").is_file()
     assert [p.name for p in (data / "whatif").rglob("report.html")], list(data.rglob("*"))

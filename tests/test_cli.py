@@ -186,7 +186,8 @@ def test_clear_errors(tmp_path):
 @pytest.mark.slow  # 3 s or more: out of the fast tier
 def test_demo_runs_and_stops_cleanly(tmp_path):
     """The demo keeps its files in the data directory (XDG_DATA_HOME here), never the current
-    one; writes demo.env with the ports in use; on a site without a bundle to seed its
+    one; says where demo.env is while it runs and removes it on stop (its ports and token are
+    stale then); on a site without a bundle to seed its
     calibration from, says "detecting" after the first detection pass and when the first
     calibration (then "ready") is due."""
     work, xdg = tmp_path / "work", tmp_path / "xdg"
@@ -210,14 +211,11 @@ def test_demo_runs_and_stops_cleanly(tmp_path):
     assert list(work.iterdir()) == []  # nothing in the current directory
     data = xdg / "dctwin" / "demo"
     db = data / "demo.duckdb"
-    env = dict(
-        line.removeprefix("export ").split("=", 1)
-        for line in (data / "demo.env").read_text().splitlines()
-    )
-    assert (data / "demo.env").stat().st_mode & 0o777 == 0o600
-    broker_line = next(ln for ln in r.stderr.splitlines() if ln.strip().startswith("broker"))
-    assert f"127.0.0.1:{env['DCTWIN_MQTT_PORT']}" in broker_line
-    assert env["DCTWIN_API_URL"].startswith("http://127.0.0.1:") and env["DCTWIN_API_TOKEN"]
+    assert f"env        {data / 'demo.env'}" in r.stderr
+    assert not (data / "demo.env").exists()  # removed on stop
+    lines = {ln.split()[0]: ln.split()[1:] for ln in r.stderr.splitlines() if ln.strip()}
+    assert lines["broker"][2].startswith("mqtt://127.0.0.1:")
+    assert lines["api"][0].startswith("http://127.0.0.1:")
     st = json.loads(run("status", "--db", str(db), "--json").stdout)
     assert all(st["samples"][k] > 0 for k in ("gpu", "node", "pdu", "cdu", "link")), st
     assert st["dead_letters"] == {}

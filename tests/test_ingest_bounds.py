@@ -131,7 +131,7 @@ def test_every_limit_is_documented_with_its_reason():
     for reason in ("too_deep", "too_many_samples", "too_many_quantities", "too_many_extras"):
         assert reason in DEAD_LETTER_REASONS
     assert str(MAX_DEPTH) in DEAD_LETTER_REASONS["too_deep"]
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[1] / "docs" / "wire-contract.md").read_text()
     for reason in ("too_deep", "too_many_samples", "too_many_quantities", "too_many_extras"):
         assert f"`{reason}`" in readme, reason
 

@@ -154,7 +154,7 @@ def demo(
 
     The broker takes 1883, the API 8420 and the console 8501 when they are free, else other
     free ports; DATA_DIR/demo.env holds the ones in use (DCTWIN_MQTT_HOST, DCTWIN_MQTT_PORT,
-    DCTWIN_API_URL, DCTWIN_API_TOKEN) for other shells.
+    DCTWIN_API_URL, DCTWIN_API_TOKEN) for other shells while it runs, and is removed on stop.
 
     On the demo site, a store without a calibration starts from the demo bundle's (marked
     seeded: the API and the Calibration page say so, and when the first fit on live data is
@@ -214,6 +214,8 @@ def demo(
         )
     finally:
         _demo_stop(procs, b)
+        # its ports and token are stale now: another shell must not read them as current
+        (data / "demo.env").unlink(missing_ok=True)
         err.print("demo stopped.")
 
 
