@@ -249,10 +249,9 @@ def detect(
     )
 
 
-def observations(d: Detection) -> list[Observation]:
-    """The alert engine's input for one detection pass (see the table in the module doc)."""
-    ts = d.now
-    out: list[Observation] = []
+def _observer(out: list[Observation], ts: datetime) -> Callable[..., None]:
+    """``obs(metric, kind, id, value, **labels)``: append that observation at ``ts`` to
+    ``out``."""
 
     def obs(metric: str, kind: str, sid: str, value: float, **labels: str) -> None:
         out.append(
@@ -265,6 +264,15 @@ def observations(d: Detection) -> list[Observation]:
                 labels=labels,
             )
         )
+
+    return obs
+
+
+def observations(d: Detection) -> list[Observation]:
+    """The alert engine's input for one detection pass (see the table in the module doc)."""
+    ts = d.now
+    out: list[Observation] = []
+    obs = _observer(out, ts)
 
     beyond = 2.0 * d.headroom.horizon_s
     hs = d.hotspots
@@ -357,18 +365,7 @@ def observations(d: Detection) -> list[Observation]:
             obs(COOLING_GPU_STEP_K, "gpu", h.id, h.excess, detail=h.detail, at=at)
     for rack, value in d.hotspots.rack_inlet_c.items():
         obs(HOTSPOT_RACK_INLET_C, "rack", rack, value)
-    for p in d.pumps:
-        # a pump without a reading is not claimed stopped: only a pump seen stopped counts
-        extra = {"unknown": ",".join(p.unknown)} if p.unknown else {}
-        obs(
-            CDU_PUMPS_RUNNING,
-            "cdu",
-            p.cdu,
-            float(p.running + len(p.unknown)),
-            pumps=str(p.pumps),
-            stopped=",".join(p.stopped),
-            **extra,
-        )
+    _pump_observations(obs, d.pumps)
     if d.fleets is not None:
         for f in d.fleets.fleets:
             if f.flagged and f.gpus_to_reclaim:
@@ -408,18 +405,7 @@ def now_observations(
     window gives no observation (a missing reading is not a breach, nor a clear)."""
     start = now - timedelta(seconds=window_s)
     out: list[Observation] = []
-
-    def obs(metric: str, kind: str, sid: str, value: float, **labels: str) -> None:
-        out.append(
-            Observation(
-                metric=metric,
-                entity_kind=kind,  # type: ignore[arg-type]
-                entity_id=sid,
-                value=value,
-                ts=now,
-                labels=labels,
-            )
-        )
+    obs = _observer(out, now)
 
     temp = store.latest_readings("gpu", "temp_c", start, now)
     if temp:
@@ -450,7 +436,14 @@ def now_observations(
                     limit_a=f"{limit:g}",
                     current_a=f"{a:.1f}",
                 )
-    for p in pump_states(store, site, now, window_s):
+    _pump_observations(obs, pump_states(store, site, now, window_s))
+    return out
+
+
+def _pump_observations(obs: Callable[..., None], pumps: list[PumpState]) -> None:
+    """``cdu.pumps_running`` per CDU; a pump without a reading is not claimed stopped: only a
+    pump seen stopped counts."""
+    for p in pumps:
         extra = {"unknown": ",".join(p.unknown)} if p.unknown else {}
         obs(
             CDU_PUMPS_RUNNING,
@@ -461,7 +454,6 @@ def now_observations(
             stopped=",".join(p.stopped),
             **extra,
         )
-    return out
 
 
 def only_owned(d: Detection, owns: Callable[[str, str], bool]) -> Detection:
