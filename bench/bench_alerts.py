@@ -350,9 +350,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench_alerts: {e}", file=sys.stderr)
         return 1
     paths = ("live", "replay") if args.path == "both" else (args.path,)
-    results = {p: _run_path(p, args, site) for p in paths}
-    for res in results.values():
-        print(table(res))
+    results: dict[str, Any] = {}
+    for p in paths:  # each path's table as soon as it is done (a day of the live path is long)
+        results[p] = _run_path(p, args, site)
+        print(table(results[p]), flush=True)
     if len(results) == 2:
         cmp = compare_paths(results["live"], results["replay"])
         results["comparison"] = cmp  # type: ignore[assignment]

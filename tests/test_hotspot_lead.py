@@ -187,11 +187,14 @@ def test_a_30_percent_r_ramp_pages_before_5_k_from_slowdown(tmp_path: Path) -> N
     assert model_pages, first_page
     first_rule, (at, _) = min(model_pages.items(), key=lambda kv: kv[1][0])
     assert at < hot_at, (first_rule, at, hot_at)
-    if "gpu_hotspot_residual" in model_pages:  # measured against modelled, with sigma
+    if "gpu_hotspot_residual" in model_pages:  # K over the model, in sigmas, and sigma
         text = model_pages["gpu_hotspot_residual"][1]
-        m = re.search(r"([\d.]+) °C measured, ([\d.]+) °C modelled \(sigma ([\d.]+) K\)", text)
+        m = re.search(
+            r"runs ([\d.]+) K above its thermal model \(([\d.]+) sigma of ([\d.]+) K\)", text
+        )
         assert m, text
-        assert float(m[1]) > float(m[2]) + 4 * float(m[3])
+        excess, z, sigma = float(m[1]), float(m[2]), float(m[3])
+        assert z >= 4 and excess >= 3 and excess == pytest.approx(z * sigma, abs=0.1)
     if "gpu_r_drift" in model_pages:  # R against the fleet's
         text = model_pages["gpu_r_drift"][1]
         m = re.search(r"R ([\d.]+) K/W, fleet median ([\d.]+) K/W", text)
@@ -255,7 +258,7 @@ def test_replay_series_see_only_the_past_and_say_what_they_saw() -> None:
     lab = labels_at(drift, at, j)
     r, fleet = float(lab["r_k_per_w"]), float(lab["fleet_r_k_per_w"])
     assert r > 1.25 * fleet and drift.values[at, j] == pytest.approx(r / fleet - 1, abs=2e-3)
-    assert set(labels_at(residual, at, j)) == {"measured_c", "model_c", "sigma_k"}
+    assert set(labels_at(residual, at, j)) == {"excess_k", "measured_c", "model_c", "sigma_k"}
     # a change from 08:00 on moves nothing before 08:01 (minute 08:00's figure is the next row)
     cut = 8 * 360  # samples at 10 s
     temp = d.gpu_temp_c.copy()
