@@ -224,7 +224,20 @@ rules:
 
     assert peak(0) == [("firing", "warning"), ("resolved", "warning")]  # the first pages
     assert peak(6) == [("firing", "info"), ("resolved", "info")]  # then a ticket
-    assert peak(12) == []  # at most one ticket a day: kept, not sent
+    # at most one ticket a day: the next one is kept, not sent, and listed as info meanwhile
+    at = START + timedelta(hours=12)
+    o = Observation(
+        metric="headroom.cdu.capacity_free_fraction",
+        entity_kind="cdu",
+        entity_id="cdu-3",
+        value=0.05,
+        ts=at,
+    )
+    assert engine.evaluate([o], at) == []
+    assert [(a["severity"], a["group"]["id"]) for a in engine.active()] == [("info", "cdu-3")]
+    done = at + timedelta(hours=1)
+    gone = o.model_copy(update={"value": 0.30, "ts": done})
+    assert engine.evaluate([gone], done) == []  # nor its resolve
     assert engine.active() == []
     assert peak(31) == [("firing", "info"), ("resolved", "info")]  # a day after the ticket
     assert peak(31 + 48) == [("firing", "warning"), ("resolved", "warning")]  # gone 2 days
@@ -311,3 +324,39 @@ def test_the_demo_refuses_a_hook_file_it_cannot_use_before_starting_anything(
         )
         assert p.returncode != 0 and "Traceback" not in p.stderr, p.stderr
         assert f"--hooks {path}" in p.stderr and says in p.stderr, p.stderr
+
+
+@pytest.mark.slow  # a service's detection thread for a few seconds
+def test_the_service_runs_the_breached_now_pass_between_full_passes(tmp_path: Path) -> None:
+    """`dctwin serve`'s detection loop: between full passes (every 60 s here) the breached-now
+    pass runs every ``fast_every_s`` on the newest samples, and pages a stopped pump."""
+    from collectors.mqtt import wait_until
+    from twin.service import Service, ServiceConfig
+    from twin.simulator import SiteSimulator
+    from twin.site import load_site
+
+    small = REPO / "sample_telemetry" / "small_site.yaml"
+    site = load_site(small)
+    start = datetime.now(UTC) - timedelta(minutes=3)
+    sim = SiteSimulator(
+        site, seed=1, start=start, faults=[parse_fault("pump_failure:cdu-1/pump1@60s")]
+    )
+    config = ServiceConfig(
+        db=tmp_path / "s.duckdb",
+        site=site,
+        api=False,
+        rules=RULES,
+        detect_every_s=60.0,
+        fast_every_s=0.5,
+        calibrate_every_s=0,
+        background_nice=0,
+    )
+    with Service(config) as svc:
+        for _ in range(150):  # 150 s of 1 Hz telemetry, the pump stopped from 60 s
+            svc.ingester.ingest(sim.step())
+        det = svc.detector
+        assert det is not None and det.fast_every_s == 0.5
+        assert wait_until(lambda: det.fast_runs >= 3, 30), det.fast_runs
+        assert det.runs == 0  # no full pass yet: the fast pass judged the pump on its own
+        pages = [a for a in svc.engine.active() if a["rule"] == "cdu_pump_lost"]
+        assert [(a["severity"], a["group"]["id"]) for a in pages] == [("critical", "cdu-1")]

@@ -714,7 +714,7 @@ class AlertEngine:
         window = rule.recur_as_ticket_s
         if window is None:
             return note
-        now = note.starts_at if group.sent_at is None else group.sent_at
+        now = group.sent_at or note.starts_at  # _fire set it: the evaluation's time
         key = _SEP.join(("r", rule.name, group.kind, group.id))
         rec = self._recent.get(key)
         self._dirty.add(key)
@@ -722,11 +722,11 @@ class AlertEngine:
             self._recent[key] = _Recent(rule.name, group.kind, group.id, now, last_at=now)
             return note
         rec.last_at = now
+        group.severity = "info"  # a ticket, or kept quiet: listed as info, never a page
         if rec.ticket_at is not None and (now - rec.ticket_at).total_seconds() < window:
             group.quiet = True
             return None
         rec.ticket_at = now
-        group.severity = "info"
         return note.model_copy(
             update={
                 "severity": "info",
@@ -924,7 +924,6 @@ class AlertEngine:
                 "summary": g.summary or None,
                 "paged_summary": g.summary or None,
                 "value": None,
-                "unit": None,
                 "firing_for_s": (
                     max(0.0, (now - started).total_seconds()) if now is not None else None
                 ),
@@ -934,12 +933,12 @@ class AlertEngine:
                 "runbook_url": rule.runbook_url if rule is not None else None,
                 "values": {mid: self._value_now(g, mid, m) for mid, m in g.members.items()},
             }
+            spec = METRICS.get(rule.metric) if rule is not None else None
+            row["unit"] = spec.unit if spec is not None else None
             if rule is not None and members:
                 live = self._worst_first(rule, members)
                 row["summary"] = self._summary(rule, g, live)
                 row["value"] = live[0].value
-                spec = METRICS.get(rule.metric)
-                row["unit"] = spec.unit if spec is not None else None
             out.append(row)
         return out
 
