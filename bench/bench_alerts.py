@@ -1,5 +1,7 @@
 """Alert-quality benchmark: simulated days of the demo site with random faults, paged by the
-rules as ``dctwin whatif`` evaluates them, scored against the simulator's ground truth.
+service's own detection passes over a store (``--path live``, the default, what ``dctwin serve``
+pages) or by the what-if replay's detectors (``--path replay``), scored against the simulator's
+ground truth.
 
 Per simulated day (each its own seed-derived simulation, starting on consecutive dates):
 
@@ -16,9 +18,14 @@ Per simulated day (each its own seed-derived simulation, starting on consecutive
    calibrate on the first two hours (before any fault starts) and record a bundle, as
    ``sample_telemetry/make_demo_bundle.py`` makes the demo bundle. The simulator's true
    (noise-free) state is kept at every tick.
-3. **Replay** the bundle through the alert evaluation ``dctwin whatif`` uses
-   (``twin.replay.whatif.run`` on the baseline, with ``--rules``, default
-   ``deploy/alert_rules.yaml``): its ``alerts`` are the notifications the rules would have sent.
+3. **Page.** ``--path live`` (default): ``harness.live_path.drive`` runs the service's parts on
+   the simulated clock (a store seeded from the demo bundle as ``dctwin demo`` starts, the
+   ingester, the calibration scheduler, full detection every 60 s and the breached-now pass
+   every 10 s, with ``--rules``, default ``deploy/alert_rules.yaml``); the pages are what the
+   engine wrote to its history. ``--path replay``: the bundle through the alert evaluation
+   ``dctwin whatif`` uses (``twin.replay.whatif.run`` on the baseline); its ``alerts`` are the
+   notifications the rules would have sent. ``--path both`` runs each and lists the pages
+   only one of them sent.
 4. **Score** (:func:`score`) per fault kind.
 
 Ground truth: a fault *crosses a limit* at the first tick in its active window (plus the margin)

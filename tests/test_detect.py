@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from twin.alerts import AlertEngine, Outbox, Topology, load_rules
@@ -313,3 +314,49 @@ def test_headroom_command_prints_json(base_db: Path, tmp_path: Path) -> None:
         app, ["headroom", "--db", str(tmp_path / "none.duckdb"), "--site", str(SMALL_SITE)]
     )
     assert res.exit_code != 0 and "none.duckdb" in res.output
+
+
+def test_a_fit_above_the_gpus_fit_history_is_capped_by_it() -> None:
+    from twin.chain.params import history_capped_r
+
+    fit = np.array([0.05, 0.05, np.nan, 0.05])
+    hist = np.array([0.02, 0.08, 0.02, np.nan])
+    # capped where the history is lower; a refused fit is not replaced by the history alone
+    np.testing.assert_array_equal(history_capped_r(fit, hist), [0.02, 0.05, np.nan, 0.05])
+
+
+@pytest.mark.slow  # the module's two simulated hours
+def test_headroom_forecasts_a_gpu_with_its_fit_history_not_a_fit_learned_in_a_fault(
+    site: Site, base_db: Path, tmp_path: Path
+) -> None:
+    """A fit learned while a cold plate was fouled (R tripled) must not forecast a slowdown
+    for a GPU whose earlier fits on this store say otherwise: its R is capped by their median."""
+    db = tmp_path / "h.duckdb"
+    shutil.copy(base_db, db)
+    with Store(db) as store:
+        healthy = {r.id: r for r in compute_headroom(store, site).rows if r.kind == "gpu"}
+        run = store.latest_fit_run_id()
+        rows = store.calibration_param_rows(run)
+        gid = next(r["id"] for r in rows if r["kind"] == "gpu" and r["param"] == "r_k_per_w")
+        fouled = [
+            {**r, "value": r["value"] * 3.0}
+            if (r["kind"], r["id"], r["param"]) == ("gpu", gid, "r_k_per_w")
+            else r
+            for r in rows
+        ]
+        meta = next(x for x in store.calibration_runs() if x["run_id"] == run)
+        meta = {k: v for k, v in meta.items() if k != "run_id"}
+        quality = store.calibration_quality(run)
+        # one fouled fit after one healthy one: the history's median (2 R) caps it at 2 R
+        store.save_calibration_run(meta, fouled, quality, [])
+        one = {r.id: r for r in compute_headroom(store, site).rows if r.kind == "gpu"}
+        for _ in range(2):  # two healthy fits (history: R, 3 R, R, R, 3 R: median R) ...
+            store.save_calibration_run(meta, rows, quality, [])
+        store.save_calibration_run(meta, fouled, quality, [])  # ... the newest learned in a fault
+        assert store.latest_fit_run_id() > run
+        now = {r.id: r for r in compute_headroom(store, site).rows if r.kind == "gpu"}
+    # a higher R forecasts the GPU hotter: the figure depends on R ...
+    assert one[gid].headroom_min_p50 < healthy[gid].headroom_min_p50 - 1.0
+    # ... and with more healthy fits than fouled ones, the fouled GPU is forecast as its history says
+    assert now[gid].headroom_min_p50 == pytest.approx(healthy[gid].headroom_min_p50, abs=1e-6)
+    assert now[gid].headroom_min_p90 == pytest.approx(healthy[gid].headroom_min_p90, abs=1e-6)

@@ -45,6 +45,7 @@ from twin.calibrate.calibrate import gpu_flow_ratio, gpu_reference, index_site
 from twin.calibrate.windows import Window, last_valid, load_window
 from twin.chain import gpu_temperatures, phase_table, rack_capacity_kw, resolve
 from twin.chain import propagate as chain
+from twin.chain.params import history_capped_r
 from twin.coverage import newest_sample
 from twin.forecast import rack_ratio_paths
 from twin.site import Site
@@ -497,9 +498,15 @@ def _gpus_rows(p: _Pass) -> None:
     flow_ref = {
         c: v for c, v in zip(idx.cdu_names, cp.cdu_flow_ref_lpm, strict=True) if np.isfinite(v)
     }
-    r_k = chain.gpu_r_k_per_w(
-        gp.r_k_per_w, gpu_flow_ratio(idx, flow_ref, _mean(cdu.values["flow_lpm"]))
+    # a fitted R is capped by the GPU's fit history (twin.chain.params.history_capped_r): a fit
+    # learned while a cold plate was fouled must not forecast a slowdown after it healed
+    hist = p.store.calibration_param_medians("gpu", "r_k_per_w")
+    fitted = np.array([t == "calibrated" for t in gp.thermal_source])
+    r_hist = np.array([hist.get(g, np.nan) for g in idx.gpu_ids], dtype=float)
+    r_fit = np.where(
+        fitted, history_capped_r(np.asarray(gp.r_k_per_w, float), r_hist), gp.r_k_per_w
     )
+    r_k = chain.gpu_r_k_per_w(r_fit, gpu_flow_ratio(idx, flow_ref, _mean(cdu.values["flow_lpm"])))
     cap = np.where(np.isfinite(plimit) & (plimit > 0), plimit, gp.limit_w)
     t50 = _gpu_path(
         temp_now,

@@ -43,6 +43,7 @@ from models.cooling_change import FLAT_FRACTION, cooling_steps
 from twin.alerts.metrics import RESIDUAL_MIN_EXCESS_K
 from twin.calibrate.calibrate import gpu_flow_ratio, gpu_reference, index_site
 from twin.calibrate.windows import hold_fill, infer_step_s, load_window
+from twin.chain.params import history_capped_r
 from twin.coverage import newest_sample
 from twin.site import Site
 from twin.store import Store
@@ -369,9 +370,7 @@ def _watch(
 
     r = per_gpu("r_k_per_w", np.nan)
     hist = np.array([history.get(gid, np.nan) for gid in ids])
-    # a GPU without a usable fit in this run stays unjudged (NaN): np.fmin would take its
-    # history alone, a model this run refused
-    r = np.where(np.isfinite(hist) & np.isfinite(r), np.fmin(r, hist), r)
+    r = history_capped_r(r, hist)
     c, off = per_gpu("c_j_per_k", np.nan), per_gpu("offset_k", 0.0)
     sigma = np.array(
         [max(MIN_SIGMA_K, RMSE_PER_MAE * mae[gid]) if gid in mae else np.nan for gid in ids]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import re
 from datetime import UTC, datetime
+from functools import lru_cache
 from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
@@ -35,6 +36,7 @@ UtcDatetime = Annotated[datetime, AfterValidator(_aware_utc)]
 LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 
 
+@lru_cache(maxsize=4096)  # the same few dozen names, millions of observations per day
 def label_name_problem(name: str) -> str | None:
     """Why ``name`` cannot be an Alertmanager label or annotation name; None when it can."""
     if not LABEL_NAME.fullmatch(name):

@@ -110,6 +110,15 @@ def _gpu(site: Site, idx: SiteIndex, cal: Calibration) -> GpuParams:
     )
 
 
+def history_capped_r(r_fit: np.ndarray, r_hist: np.ndarray) -> np.ndarray:
+    """A GPU's R for the model: this run's fit, but never above the median of its fits on
+    this store (its history), so that a fit learned while a cold plate was fouled does not
+    forecast heat for hours after it healed. A GPU without a fit in this run keeps NaN (the
+    history alone is a model this run refused); one without history keeps its fit."""
+    both = np.isfinite(r_fit) & np.isfinite(r_hist)
+    return np.where(both, np.fmin(r_fit, r_hist), r_fit)
+
+
 def util_curve(cal: Calibration, gid: str) -> tuple[float, float, float, float] | None:
     """(kind, idle, limit, shape) of GPU ``gid``'s stored util-only curve, None where its
     curve is the power law (no ``curve_kind``, or 0) or the stored curve is incomplete."""
