@@ -5,12 +5,28 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import pytest
 
+import twin.replay.whatif as whatif_mod
+from twin.alerts import load_rules
+from twin.alerts.metrics import (
+    CDU_PUMPS_RUNNING,
+    FLEET_DRAIN_DROP,
+    FLEET_UNDERUSED_GPUS,
+    HEADROOM_CDU_FLOW_LPM_TO_LIMIT,
+    HEADROOM_CDU_FREE_FRACTION,
+    HEADROOM_GPU_K_TO_SLOWDOWN,
+    HEADROOM_LINK_GBPS_TO_LIMIT,
+    HEADROOM_PDU_PHASE_A_TO_LIMIT,
+    MODEL_METRICS,
+)
+from twin.detect import detect, observations
 from twin.headroom import compute_headroom
 from twin.ingest import Ingester, IngestLimits
+from twin.replay.alert_feed import AlertFeed
 from twin.replay.bundle import Bundle, record
 from twin.replay.replay import replay
 from twin.replay.scenario import Scenario, load_scenario
@@ -24,6 +40,7 @@ from .conftest import REPO, SMALL_SITE
 
 BUNDLE = REPO / "sample_telemetry" / "demo_bundle"
 SCENARIOS = REPO / "sample_telemetry" / "scenarios"
+RULES = REPO / "deploy" / "alert_rules.yaml"
 
 pytestmark = pytest.mark.slow  # the demo day: 880 GPUs x 8,640 steps per run
 
@@ -102,7 +119,8 @@ def test_no_time_over_a_limit_exceeds_the_recording(demo, demo_baseline) -> None
             assert c.time_over_s <= length and c.baseline_time_over_s <= length
 
 
-def test_live_headroom_and_a_neutral_whatif_agree_on_every_component(tmp_path: Path) -> None:
+def _twenty_minutes_recorded(tmp_path: Path) -> tuple[Bundle, datetime]:
+    """20 simulated minutes of the small site, ingested and recorded as a bundle."""
     site = load_site(SMALL_SITE)
     start = datetime(2026, 11, 20, 12, 0, tzinfo=UTC)
     sim = SiteSimulator(site, seed=11, start=start)
@@ -114,7 +132,11 @@ def test_live_headroom_and_a_neutral_whatif_agree_on_every_component(tmp_path: P
                 batch.extend(sim.step())
             ing.ingest(batch)
         record(src, SMALL_SITE, tmp_path / "b", start, start + timedelta(minutes=20))
-    bundle = Bundle.load(tmp_path / "b")
+    return Bundle.load(tmp_path / "b"), start
+
+
+def test_live_headroom_and_a_neutral_whatif_agree_on_every_component(tmp_path: Path) -> None:
+    bundle, _ = _twenty_minutes_recorded(tmp_path)
     with Store(tmp_path / "dst.duckdb") as dst:  # the recording, as the live twin stores it
         replay(bundle, sink=Ingester(dst, bundle.site, IngestLimits(max_past_s=0)).ingest)
         live = compute_headroom(dst, bundle.site, use_forecast=False)
@@ -141,6 +163,58 @@ def test_live_headroom_and_a_neutral_whatif_agree_on_every_component(tmp_path: P
             assert c.limit == pytest.approx(row.limit, rel=1e-9), (c, row)
     assert seen == set(rows), set(rows) - seen
     assert len(seen) > 40 and {k for k, _, _ in seen} >= {"gpu", "pdu_phase", "rack", "cdu"}
+
+
+class _Offered(AlertFeed):
+    """The what-if's alert feed, keeping the last evaluation minute's value of everything
+    offered (every metric: ``wants`` is true for all)."""
+
+    last: ClassVar[dict[tuple[str, str, str], float]] = {}
+
+    def wants(self, metric: str, kind: str) -> bool:
+        return True
+
+    def offer_series(self, metric, kind, ids, values, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        for i, v in zip(ids, np.atleast_2d(np.asarray(values, dtype=float))[-1], strict=True):
+            self.last[(metric, kind, i)] = float(v)
+        super().offer_series(metric, kind, ids, values, *args, **kwargs)
+
+
+def test_live_detection_and_a_neutral_whatif_offer_the_engine_the_same_observations(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The alert engine's input from the live detection pass over the store and from a neutral
+    what-if over the bundle of the same minutes, at the what-if's last evaluation minute: the
+    same (metric, entity) pairs for every metric a shipped rule watches that both compute
+    without a fit, with the same values (a CDU's heat and flow and a link's traffic within
+    1 %: the live pass reads them as the last minute's mean, the what-if at its sample)."""
+    bundle, start = _twenty_minutes_recorded(tmp_path)
+    monkeypatch.setattr(whatif_mod, "AlertFeed", _Offered)
+    _Offered.last = {}
+    d = load(bundle)
+    run(d, _neutral("train"), load_rules(RULES))
+    at = start + timedelta(seconds=float(_Offered(None, d).rows[-1]) * d.dt_s)
+    with Store(tmp_path / "dst.duckdb") as dst:
+        replay(bundle, sink=Ingester(dst, bundle.site, IngestLimits(max_past_s=0)).ingest)
+        det = detect(dst, bundle.site, now=at)
+    live = {(o.metric, o.entity_kind, o.entity_id): o.value for o in observations(det)}
+    watched = {r.metric for r in load_rules(RULES).rules}
+    # the model's metrics wait for a fit (none here); the fleets' need an hour of data
+    compared = watched - MODEL_METRICS - {FLEET_UNDERUSED_GPUS, FLEET_DRAIN_DROP}
+    ours = {k: v for k, v in live.items() if k[0] in compared}
+    theirs = {k: v for k, v in _Offered.last.items() if k[0] in compared and np.isfinite(v)}
+    assert set(ours) == set(theirs), sorted(set(ours) ^ set(theirs))[:10]
+    assert {m for m, _, _ in ours} >= {
+        CDU_PUMPS_RUNNING,
+        HEADROOM_GPU_K_TO_SLOWDOWN,
+        HEADROOM_PDU_PHASE_A_TO_LIMIT,
+        HEADROOM_CDU_FREE_FRACTION,
+    }
+    loose = {HEADROOM_CDU_FREE_FRACTION, HEADROOM_CDU_FLOW_LPM_TO_LIMIT}
+    loose.add(HEADROOM_LINK_GBPS_TO_LIMIT)
+    for k, v in ours.items():
+        tol = {"rel": 0.01, "abs": 0.01} if k[0] in loose else {"rel": 1e-6, "abs": 1e-3}
+        assert theirs[k] == pytest.approx(v, **tol), k
 
 
 def test_facility_water_moves_liquid_gpus_about_3k_and_not_air(demo, demo_baseline) -> None:
