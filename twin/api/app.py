@@ -22,7 +22,6 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-from twin.alerts.db import ensure_alert_tables
 from twin.api import queries
 from twin.api.context import ApiContext
 from twin.api.deps import API_VERSION, ARROW_STREAM, FORECAST_CACHE_S, MAX_IDS, ApiState
@@ -77,8 +76,7 @@ def create_app(ctx: ApiContext, hosts: list[str] | None = None) -> FastAPI:
     app.state.busy = state.busy
     app.state.forecast_cache = state.forecast_cache
     setup = ctx.db()
-    queries.ensure_ack_table(setup)
-    ensure_alert_tables(setup.con)
+    queries.ensure_tables(setup)
     state.registry.register(StoreCollector(ctx, state.active_alerts))
     state.registry.register(HealthCollector(ctx, state.busy, state.forecast_cache))
     routers = list(ROUTERS)

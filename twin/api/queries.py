@@ -17,6 +17,7 @@ from typing import Any
 import pyarrow as pa
 
 from collectors.contract import KINDS, QUANTITIES
+from twin.alerts.db import ensure_alert_tables
 from twin.bands import TEMPERATURE_UNITS, bands
 from twin.site import Site
 from twin.store import Store
@@ -488,9 +489,11 @@ def acks(db: Store) -> list[tuple[str, datetime | None, datetime, str, str]]:
     ).fetchall()
 
 
-def ensure_ack_table(db: Store) -> None:
-    """Create ``alert_acks`` when the store has none (the API's setup)."""
+def ensure_tables(db: Store) -> None:
+    """The API's setup: create ``alert_acks`` and the alert tables when the store lacks
+    them (idempotent)."""
     db.con.execute(ACK_DDL).fetchall()
+    ensure_alert_tables(db.con)
 
 
 def insert_ack(
