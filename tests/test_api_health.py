@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from collectors.contract import encode, topic_for
 from twin.api import ApiContext, ApiServer
 from twin.api.app import MAX_IDS
-from twin.api.whatif import whatif_router
+from twin.api.whatif import WhatifSettings
 from twin.health import ServiceHealth
 from twin.ingest import Ingester, IngestLimits
 from twin.service import Service
@@ -307,10 +307,8 @@ def test_status_lists_unknown_ids_up_to_a_limit_with_their_total(svc: Service) -
 
 @pytest.mark.slow
 def test_whatif_starts_beyond_the_pending_limit_get_429(svc: Service, tmp_path) -> None:
-    ctx = ApiContext(svc.store, site=svc.site, token=TOKEN)
-    ctx.routers.append(
-        whatif_router(ctx, REPO / "sample_telemetry", SCENARIOS, tmp_path, max_pending=1)
-    )
+    whatif = WhatifSettings(REPO / "sample_telemetry", SCENARIOS, tmp_path, max_pending=1)
+    ctx = ApiContext(svc.store, site=svc.site, token=TOKEN, whatif=whatif)
     body = {"bundle": "demo_bundle", "scenarios": ["four-more-b200-racks"]}
     with ApiServer(ctx, port=0) as server, httpx.Client(base_url=server.url, timeout=60) as c:
         r = c.post("/api/v1/whatif", json=body, headers=AUTH)

@@ -279,7 +279,7 @@ class Service:
 
     def _build_api(self) -> None:
         from twin.api import ApiContext
-        from twin.api.whatif import whatif_router
+        from twin.api.whatif import WhatifSettings
 
         cfg = self.config
         self.ctx = ApiContext(
@@ -297,8 +297,8 @@ class Service:
         if cfg.whatif_bundles is not None:
             scenarios = cfg.whatif_scenarios or cfg.whatif_bundles / "scenarios"
             reports = cfg.whatif_reports or cfg.db.with_name(cfg.db.name + ".whatif")
-            self.ctx.routers.append(
-                whatif_router(self.ctx, cfg.whatif_bundles, scenarios, reports, rules=cfg.rules)
+            self.ctx.whatif = WhatifSettings(
+                cfg.whatif_bundles, scenarios, reports, rules=cfg.rules
             )
 
     # ---- running ---------------------------------------------------------------------------

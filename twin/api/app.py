@@ -8,9 +8,10 @@ was wrong, never with a 500.
 
 The endpoints are FastAPI routers, one module per group under :mod:`twin.api.routes`, each
 taking the app's :class:`twin.api.deps.ApiState` (the service's context) by dependency; this
-module only builds the app: middleware, the shared state, the routers. Extension point:
-:class:`twin.api.context.ApiContext` ``routers`` are mounted after them as they are; what-if
-jobs arrive as such a router under ``/api/v1/whatif``.
+module only builds the app: middleware, the shared state, the routers. With
+:class:`twin.api.context.ApiContext` ``whatif`` set, the app keeps its own what-if jobs
+(:class:`twin.api.whatif.WhatifJobs`, ``app.state.whatif``) and mounts their router under
+``/api/v1/whatif``; extension point: the context's ``routers`` are mounted last, as they are.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-from twin.alerts.db import ensure_alert_tables
 from twin.api import queries
 from twin.api.context import ApiContext
 from twin.api.deps import API_VERSION, ARROW_STREAM, FORECAST_CACHE_S, MAX_IDS, ApiState
@@ -37,6 +37,8 @@ from twin.api.guard import (
 )
 from twin.api.metrics import HealthCollector, StoreCollector
 from twin.api.routes import ROUTERS
+from twin.api.whatif import WhatifJobs
+from twin.api.whatif import router as whatif_router
 
 __all__ = ["API_VERSION", "ARROW_STREAM", "MAX_IDS", "Factory", "create_app"]
 
@@ -74,11 +76,14 @@ def create_app(ctx: ApiContext, hosts: list[str] | None = None) -> FastAPI:
     app.state.busy = state.busy
     app.state.forecast_cache = state.forecast_cache
     setup = ctx.db()
-    setup.con.execute(queries.ACK_DDL).fetchall()
-    ensure_alert_tables(setup.con)
+    queries.ensure_tables(setup)
     state.registry.register(StoreCollector(ctx, state.active_alerts))
     state.registry.register(HealthCollector(ctx, state.busy, state.forecast_cache))
-    for router in [*ROUTERS, *ctx.routers]:
+    routers = list(ROUTERS)
+    if ctx.whatif is not None:
+        app.state.whatif = WhatifJobs(ctx.whatif)
+        routers.append(whatif_router)
+    for router in [*routers, *ctx.routers]:
         app.include_router(router)
     return app
 

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from fastapi import APIRouter
 
     from twin.alerts import AlertEngine
+    from twin.api.whatif import WhatifSettings
     from twin.calibrate.schedule import CalibrationScheduler
     from twin.detect import DetectionScheduler
     from twin.health import ServiceHealth
@@ -41,9 +42,11 @@ class ApiContext:
     values accepted besides the listening address, ``localhost``, ``127.0.0.1`` and ``[::1]``
     (``*``: any). ``max_busy``: expensive requests served at once (the rest get 429).
 
-    ``routers``: extra FastAPI routers mounted under the app as they are (the extension point
-    for what-if jobs, issue 7: a router with ``/api/v1/whatif...`` routes shows up in the
-    OpenAPI document, and the console's What-if page looks for those paths there).
+    ``whatif``: where what-if jobs read bundles and scenarios and write reports (None: the
+    service runs none); each app built on this context then has its own jobs
+    (:class:`twin.api.whatif.WhatifJobs` in ``app.state.whatif``) and the ``/api/v1/whatif``
+    routes, which the console's What-if page looks for in the OpenAPI document.
+    ``routers``: extra FastAPI routers mounted under the app as they are (an extension point).
     """
 
     store: Store
@@ -58,6 +61,7 @@ class ApiContext:
     allowed_hosts: list[str] = field(default_factory=list)
     max_busy: int = DEFAULT_MAX_BUSY
     forecast_cache_entries: int = DEFAULT_FORECAST_CACHE_ENTRIES
+    whatif: WhatifSettings | None = None
     routers: list[APIRouter] = field(default_factory=list)
     started_at: datetime = field(default_factory=lambda: datetime.now(UTC))
     _local: threading.local = field(default_factory=threading.local, repr=False)

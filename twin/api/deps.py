@@ -27,6 +27,8 @@ from twin.api.context import ApiContext
 from twin.api.guard import BusyLimit, LruCache
 
 API_VERSION = "v1"
+#: The prefix of the versioned endpoints (every router but the probes: /healthz, /metrics).
+V1 = f"/api/{API_VERSION}"
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
 #: "Latest" values are the newest within this window before the kind's newest sample. [s]
 LATEST_WINDOW_S = 120.0

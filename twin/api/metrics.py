@@ -249,9 +249,7 @@ class StoreCollector(Collector):
         stored = GaugeMetricFamily(
             "dctwin_dead_letters", "Dead letters kept in the store, per reason.", labels=["reason"]
         )
-        for reason, n in db.con.execute(
-            "SELECT reason, count(*) FROM dead_letters GROUP BY reason ORDER BY reason"
-        ).fetchall():
+        for reason, n in queries.dead_letter_counts(db):
             stored.add_metric([reason], float(n))
         yield stored
         newest = GaugeMetricFamily(

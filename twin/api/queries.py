@@ -17,6 +17,7 @@ from typing import Any
 import pyarrow as pa
 
 from collectors.contract import KINDS, QUANTITIES
+from twin.alerts.db import ensure_alert_tables
 from twin.bands import TEMPERATURE_UNITS, bands
 from twin.site import Site
 from twin.store import Store
@@ -486,6 +487,63 @@ def acks(db: Store) -> list[tuple[str, datetime | None, datetime, str, str]]:
         "SELECT dedup_key, incident_start, acked_at, acked_by, comment FROM alert_acks"
         " ORDER BY acked_at"
     ).fetchall()
+
+
+def ensure_tables(db: Store) -> None:
+    """The API's setup: create ``alert_acks`` and the alert tables when the store lacks
+    them (idempotent)."""
+    db.con.execute(ACK_DDL).fetchall()
+    ensure_alert_tables(db.con)
+
+
+def insert_ack(
+    db: Store,
+    dedup_key: str,
+    incident_start: datetime | None,
+    acked_at: datetime,
+    acked_by: str | None,
+    comment: str | None,
+) -> None:
+    """Record an acknowledgement of the incident ``dedup_key`` that began at
+    ``incident_start`` (the caller holds the transaction)."""
+    db.con.execute(
+        "INSERT INTO alert_acks VALUES (?, ?, ?, ?, ?)",
+        [dedup_key, incident_start, acked_at, acked_by, comment],
+    ).fetchall()
+
+
+def ping(db: Store) -> None:
+    """A trivial query: raises when the store does not answer."""
+    db.con.execute("SELECT 1").fetchall()
+
+
+def dead_letter_counts(db: Store) -> list[tuple[str, int]]:
+    """(reason, dead letters kept) per reason, by reason."""
+    return db.con.execute(
+        "SELECT reason, count(*) FROM dead_letters GROUP BY reason ORDER BY reason"
+    ).fetchall()
+
+
+def latest_power_total(db: Store, kind: str, since: datetime) -> tuple[int, float | None]:
+    """(devices, the sum of their newest ``power_w`` [W]) of the ``kind`` devices with a
+    sample since ``since``; the sum is None without any."""
+    n, total = db.con.execute(
+        f"SELECT count(*), sum(p) FROM (SELECT arg_max(power_w, ts) AS p FROM"
+        f" {check_kind(kind)} WHERE ts >= ? GROUP BY id)",
+        [since],
+    ).fetchall()[0]
+    return int(n), total
+
+
+def latest_cdu_heat_kw(db: Store, since: datetime) -> float | None:
+    """The sum of the CDUs' newest ``heat_kw`` since ``since`` (the CDUs themselves, not
+    their pumps); None without any."""
+    s = db.con.execute(
+        "SELECT sum(h) FROM (SELECT arg_max(heat_kw, ts) AS h FROM cdu WHERE ts >= ?"
+        " AND NOT contains(id, '/') GROUP BY id)",
+        [since],
+    ).fetchall()[0][0]
+    return _f(s)
 
 
 def alert_history(db: Store, limit: int) -> list[dict[str, Any]]:

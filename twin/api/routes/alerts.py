@@ -13,6 +13,7 @@ from twin.api import models as m
 from twin.api import queries
 from twin.api.deps import (
     BAD,
+    V1,
     WRITE,
     WRITER,
     Api,
@@ -21,10 +22,10 @@ from twin.api.deps import (
     bad,
 )
 
-router = APIRouter()
+router = APIRouter(prefix=V1, tags=["alerts"])
 
 
-@router.get("/api/v1/alerts", response_model=m.AlertsResponse, tags=["alerts"])
+@router.get("/alerts", response_model=m.AlertsResponse)
 def alerts(
     api: Api,
     history: Annotated[int, Query(ge=0, le=5000, description="history events")] = 200,
@@ -109,11 +110,10 @@ def alerts(
 
 
 @router.post(
-    "/api/v1/alerts/{dedup_key:path}/ack",
+    "/alerts/{dedup_key:path}/ack",
     response_model=m.AckResponse,
     responses={**BAD, **WRITE, 409: {"model": m.ErrorBody}},
     dependencies=WRITER,
-    tags=["alerts"],
 )
 def acknowledge(api: Api, dedup_key: str, body: m.AckRequest | None = None) -> m.AckResponse:
     """Acknowledge an open incident: recorded in the store and sent as an acknowledge
@@ -129,10 +129,9 @@ def acknowledge(api: Api, dedup_key: str, body: m.AckRequest | None = None) -> m
     now = datetime.now(UTC)
     db = api.ctx.db()
     with db.transaction():
-        db.con.execute(
-            "INSERT INTO alert_acks VALUES (?, ?, ?, ?, ?)",
-            [dedup_key, as_utc(active[dedup_key]["starts_at"]), now, body.by, body.comment],
-        ).fetchall()
+        queries.insert_ack(
+            db, dedup_key, as_utc(active[dedup_key]["starts_at"]), now, body.by, body.comment
+        )
     rows = api.ctx.engine.acknowledge(dedup_key, now)
     return m.AckResponse(
         dedup_key=dedup_key,
@@ -153,7 +152,7 @@ def _silence_out(s: Silence, now: datetime) -> m.SilenceOut:
     )
 
 
-@router.get("/api/v1/silences", response_model=m.SilencesResponse, tags=["alerts"])
+@router.get("/silences", response_model=m.SilencesResponse)
 def list_silences(
     api: Api,
     active_only: Annotated[bool, Query(description="only those in force now")] = False,
@@ -170,12 +169,11 @@ def list_silences(
 
 
 @router.post(
-    "/api/v1/silences",
+    "/silences",
     response_model=m.SilenceOut,
     status_code=201,
     responses={**BAD, **WRITE},
     dependencies=WRITER,
-    tags=["alerts"],
 )
 def add_silence(api: Api, body: m.SilenceRequest) -> m.SilenceOut:
     """Mute notifications whose fields match every matcher, until ``ends_at`` or for
@@ -202,11 +200,10 @@ def add_silence(api: Api, body: m.SilenceRequest) -> m.SilenceOut:
 
 
 @router.delete(
-    "/api/v1/silences/{silence_id}",
+    "/silences/{silence_id}",
     response_model=m.SilenceOut,
     responses={**BAD, **WRITE},
     dependencies=WRITER,
-    tags=["alerts"],
 )
 def end_silence(api: Api, silence_id: str) -> m.SilenceOut:
     """End a silence now (it stays listed, with its new end)."""

@@ -11,15 +11,16 @@ from twin.api import queries
 from twin.api.deps import (
     BAD,
     BUSY,
+    V1,
     Api,
     bad,
     site_or_404,
 )
 
-router = APIRouter()
+router = APIRouter(prefix=V1, tags=["twin"])
 
 
-@router.get("/api/v1/forecast", responses={**BAD, **BUSY}, tags=["twin"])
+@router.get("/forecast", responses={**BAD, **BUSY})
 def forecast(
     api: Api,
     horizon_s: Annotated[float, Query(gt=0, le=7 * 86400)] = 6 * 3600.0,
@@ -50,7 +51,7 @@ def forecast(
     return Response(body, media_type="application/json")
 
 
-@router.get("/api/v1/hotspots", responses={**BAD, **BUSY}, tags=["twin"])
+@router.get("/hotspots", responses={**BAD, **BUSY})
 def hotspots(
     api: Api,
     k_sigma: Annotated[float | None, Query(gt=0, le=100)] = None,
@@ -73,7 +74,7 @@ def hotspots(
     return Response(report.model_dump_json(), media_type="application/json")
 
 
-@router.get("/api/v1/fleets", responses={**BAD, **BUSY}, tags=["twin"])
+@router.get("/fleets", responses={**BAD, **BUSY})
 def fleets(
     api: Api,
     window_s: Annotated[float | None, Query(gt=0, le=30 * 86400)] = None,
@@ -108,7 +109,7 @@ def fleets(
     return Response(report.model_dump_json(), media_type="application/json")
 
 
-@router.get("/api/v1/calibration", response_model=m.CalibrationResponse, tags=["twin"])
+@router.get("/calibration", response_model=m.CalibrationResponse)
 def calibration(api: Api) -> dict[str, Any]:
     """The newest calibration: parameter spread and held-out fit quality (MAE, CV(RMSE))
     per device class, unusable parameters with their reasons, drift events; whether it is

@@ -14,6 +14,7 @@ from twin.api import queries
 from twin.api.deps import (
     BAD,
     LATEST_WINDOW_S,
+    V1,
     Api,
     ApiState,
     acks_of_open,
@@ -23,10 +24,10 @@ from twin.api.deps import (
 from twin.bands import bands
 from twin.chain import phase_table, pumps_running
 
-router = APIRouter()
+router = APIRouter(prefix=V1, tags=["twin"])
 
 
-@router.get("/api/v1/headroom", response_model=m.HeadroomResponse, responses=BAD, tags=["twin"])
+@router.get("/headroom", response_model=m.HeadroomResponse, responses=BAD)
 def headroom(
     api: Api,
     kind: Annotated[str | None, Query(description=f"one of {', '.join(m.HEADROOM_KINDS)}")] = None,
@@ -68,10 +69,9 @@ def _known_or_404(api: ApiState, rack: str | None, cdu: str | None) -> None:
 
 
 @router.get(
-    "/api/v1/headroom/history",
+    "/headroom/history",
     response_model=m.HeadroomHistoryResponse,
     responses=BAD,
-    tags=["twin"],
 )
 def headroom_history(
     api: Api,
@@ -84,7 +84,7 @@ def headroom_history(
     return m.HeadroomHistoryResponse(start=start, kinds=[m.HeadroomKindHistory(**k) for k in kinds])
 
 
-@router.get("/api/v1/overview", response_model=m.Overview, tags=["twin"])
+@router.get("/overview", response_model=m.Overview)
 def overview(api: Api) -> m.Overview:
     """One call for the console's first page: IT power, cooling load, headroom summary,
     alert counts and ingest health."""
@@ -94,26 +94,16 @@ def overview(api: Api) -> m.Overview:
     it_kw = gpu_kw = cool_kw = None
     n_nodes = n_gpus = 0
     if newest["node"] is not None:
-        n_nodes, s = db.con.execute(
-            "SELECT count(*), sum(p) FROM (SELECT arg_max(power_w, ts) AS p FROM node"
-            " WHERE ts >= ? GROUP BY id)",
-            [newest["node"] - timedelta(seconds=LATEST_WINDOW_S)],
-        ).fetchall()[0]
+        since = newest["node"] - timedelta(seconds=LATEST_WINDOW_S)
+        n_nodes, s = queries.latest_power_total(db, "node", since)
         it_kw = None if s is None else s / 1000.0
     if newest["gpu"] is not None:
-        n_gpus, s = db.con.execute(
-            "SELECT count(*), sum(p) FROM (SELECT arg_max(power_w, ts) AS p FROM gpu"
-            " WHERE ts >= ? GROUP BY id)",
-            [newest["gpu"] - timedelta(seconds=LATEST_WINDOW_S)],
-        ).fetchall()[0]
+        since = newest["gpu"] - timedelta(seconds=LATEST_WINDOW_S)
+        n_gpus, s = queries.latest_power_total(db, "gpu", since)
         gpu_kw = None if s is None else s / 1000.0
     if newest["cdu"] is not None:
-        s = db.con.execute(
-            "SELECT sum(h) FROM (SELECT arg_max(heat_kw, ts) AS h FROM cdu WHERE ts >= ?"
-            " AND NOT contains(id, '/') GROUP BY id)",
-            [newest["cdu"] - timedelta(seconds=LATEST_WINDOW_S)],
-        ).fetchall()[0][0]
-        cool_kw = queries._f(s)
+        since = newest["cdu"] - timedelta(seconds=LATEST_WINDOW_S)
+        cool_kw = queries.latest_cdu_heat_kw(db, since)
     cap = None
     if api.ctx.site is not None and api.ctx.site.cdus:
         caps = [c.capacity_kw for c in api.ctx.site.cdus if c.capacity_kw]
@@ -125,9 +115,7 @@ def overview(api: Api) -> m.Overview:
     for a in active:
         by_sev[a["severity"]] = by_sev.get(a["severity"], 0) + 1
     counters = api.ctx.ingester.counters.as_dict() if api.ctx.ingester is not None else None
-    dead = dict(
-        db.con.execute("SELECT reason, count(*) FROM dead_letters GROUP BY reason").fetchall()
-    )
+    dead = dict(queries.dead_letter_counts(db))
     data_until = max((t for t in newest.values() if t is not None), default=None)
     return m.Overview(
         site=api.ctx.site.name if api.ctx.site else None,
@@ -271,7 +259,7 @@ def _rack_summaries(
     return until, out
 
 
-@router.get("/api/v1/racks", response_model=m.RacksResponse, responses=BAD, tags=["twin"])
+@router.get("/racks", response_model=m.RacksResponse, responses=BAD)
 def racks(api: Api) -> m.RacksResponse:
     """Every rack with its grid position and latest power, temperatures and headroom (the
     console's floor map)."""
@@ -383,7 +371,7 @@ def _cdu_rows(api: ApiState, names: list[str]) -> list[m.CduRow]:
     return out
 
 
-@router.get("/api/v1/racks/{name}", response_model=m.RackDetail, responses=BAD, tags=["twin"])
+@router.get("/racks/{name}", response_model=m.RackDetail, responses=BAD)
 def rack_detail(api: Api, name: str) -> m.RackDetail:
     """One rack: its nodes and GPUs, its PDU phases against their limits, its CDU loop."""
     idx = api.site_index()
@@ -450,7 +438,7 @@ def rack_detail(api: Api, name: str) -> m.RackDetail:
     )
 
 
-@router.get("/api/v1/power", response_model=m.PhasesResponse, responses=BAD, tags=["twin"])
+@router.get("/power", response_model=m.PhasesResponse, responses=BAD)
 def power(api: Api) -> m.PhasesResponse:
     """Every PDU phase and branch breaker: current against the 80 % derated limit."""
     site = site_or_404(api.ctx)
@@ -460,7 +448,7 @@ def power(api: Api) -> m.PhasesResponse:
     )
 
 
-@router.get("/api/v1/cooling", response_model=m.CdusResponse, responses=BAD, tags=["twin"])
+@router.get("/cooling", response_model=m.CdusResponse, responses=BAD)
 def cooling(api: Api) -> m.CdusResponse:
     """Every CDU: supply and return, flow, heat against capacity, pumps."""
     site = site_or_404(api.ctx)
@@ -470,7 +458,7 @@ def cooling(api: Api) -> m.CdusResponse:
     )
 
 
-@router.get("/api/v1/network", response_model=m.LinksResponse, responses=BAD, tags=["twin"])
+@router.get("/network", response_model=m.LinksResponse, responses=BAD)
 def network(api: Api) -> m.LinksResponse:
     """Every link: traffic each way against its capacity, errors, headroom."""
     site = site_or_404(api.ctx)

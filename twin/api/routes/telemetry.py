@@ -1,4 +1,4 @@
-"""The site model and the telemetry: /api/v1/site, /api/v1/state/{kind}, /api/v1/series."""
+"""The telemetry: /api/v1/state/{kind}, /api/v1/series."""
 
 from __future__ import annotations
 
@@ -19,15 +19,15 @@ from twin.api.deps import (
     ARROW_STREAM,
     BAD,
     BUSY,
+    V1,
     Api,
     ApiState,
     bad,
     parse_ids,
     parse_time,
-    site_or_404,
 )
 
-router = APIRouter()
+router = APIRouter(prefix=V1, tags=["telemetry"])
 
 #: Most points a JSON series answer carries; beyond, ask for Arrow or a narrower query.
 MAX_JSON_POINTS = 250_000
@@ -39,31 +39,7 @@ LONG_SERIES_S = 2 * 3600.0
 LONG_SERIES_POINTS = 100_000
 
 
-@router.get("/api/v1/site", response_model=m.SiteResponse, responses=BAD, tags=["site"])
-def site_model(api: Api) -> m.SiteResponse:
-    """The site model: halls, rows, racks (grid positions), nodes, PDUs, CDUs, links,
-    fleets."""
-    site = site_or_404(api.ctx)
-    return m.SiteResponse(
-        name=site.name,
-        counts=m.SiteCounts(
-            halls=len(site.halls),
-            rows=sum(len(h.rows) for h in site.halls),
-            racks=len(site.racks),
-            nodes=len(site.nodes),
-            gpus=sum(len(n.gpu_ids()) for n in site.nodes),
-            pdus=len(site.pdus),
-            cdus=len(site.cdus),
-            links=len(site.links),
-            fleets=len(site.fleets),
-        ),
-        site=site,
-    )
-
-
-@router.get(
-    "/api/v1/state/{kind}", response_model=m.StateResponse, responses=BAD, tags=["telemetry"]
-)
+@router.get("/state/{kind}", response_model=m.StateResponse, responses=BAD)
 def device_state(
     api: Api,
     kind: Annotated[str, Path(description=f"one of {', '.join(KINDS)}")],
@@ -78,10 +54,9 @@ def device_state(
 
 
 @router.post(
-    "/api/v1/state/{kind}",
+    "/state/{kind}",
     response_model=m.StateResponse,
     responses={**BAD, 413: {"model": m.ErrorBody, "description": "too many ids"}},
-    tags=["telemetry"],
 )
 def device_state_post(
     api: Api,
@@ -132,7 +107,7 @@ def _state(
 
 
 @router.get(
-    "/api/v1/series",
+    "/series",
     response_model=m.SeriesResponse,
     responses={
         **BAD,
@@ -146,7 +121,6 @@ def _state(
         },
         413: {"model": m.ErrorBody, "description": "too many points"},
     },
-    tags=["telemetry"],
 )
 def series(
     api: Api,
@@ -180,14 +154,13 @@ def series(
 
 
 @router.post(
-    "/api/v1/series",
+    "/series",
     response_model=m.SeriesResponse,
     responses={
         **BAD,
         413: {"model": m.ErrorBody, "description": "too many ids or points"},
         **BUSY,
     },
-    tags=["telemetry"],
 )
 def series_post(api: Api, request: Request, body: m.SeriesQuery) -> Response:
     """As GET, with the parameters in the body and ``ids`` a list (at most 20000)."""
