@@ -45,13 +45,14 @@ def env(svc: Service, monkeypatch: pytest.MonkeyPatch) -> Service:
     return svc
 
 
-def run(page: Path | str, **query: str) -> AppTest:
+def run(page: Path | str, errors: int = 0, **query: str) -> AppTest:
+    """The page run with ``query`` as its URL's query; it must draw exactly ``errors`` errors."""
     at = AppTest.from_file(str(page), default_timeout=60)
     for k, v in query.items():
         at.query_params[k] = v
     at.run()
     assert not at.exception, [e.message for e in at.exception]
-    assert not at.error, [e.value for e in at.error]
+    assert len(at.error) == errors, [e.value for e in at.error]
     return at
 
 
@@ -586,8 +587,9 @@ def test_deep_links_between_cooling_rack_and_alerts(env: Service) -> None:
     at = run(DASH / "pages" / "cooling.py", cdu="cdu-1")
     assert [h.value.split(" ")[0] for h in at.subheader] == ["cdu-1"]
     assert "(/rack?rack=r01)" in text(at)
-    at = run(DASH / "pages" / "cooling.py", cdu="cdu-9")
-    assert "No CDU 'cdu-9' in the site" in text(at)
+    at = run(DASH / "pages" / "cooling.py", errors=1, cdu="cdu-9")
+    [err] = [e.value for e in at.error]  # an error, never a quiet warning
+    assert "No CDU 'cdu-9' in the site" in err and "cdu-1" in err
     at = run(DASH / "pages" / "rack.py", rack="r01")
     assert "(/cooling?cdu=cdu-1)" in text(at) and "(/alerts)" in text(at)
     at = run(DASH / "pages" / "alerts.py")

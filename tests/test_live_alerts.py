@@ -360,3 +360,53 @@ def test_the_service_runs_the_breached_now_pass_between_full_passes(tmp_path: Pa
         assert det.runs == 0  # no full pass yet: the fast pass judged the pump on its own
         pages = [a for a in svc.engine.active() if a["rule"] == "cdu_pump_lost"]
         assert [(a["severity"], a["group"]["id"]) for a in pages] == [("critical", "cdu-1")]
+
+
+@pytest.mark.mqtt
+@pytest.mark.slow  # the demo on its 880-GPU site in real time for about four minutes
+def test_dctwin_demo_with_a_pump_failure_sends_one_page_and_one_resolve_to_its_hooks(
+    tmp_path: Path,
+) -> None:
+    """`dctwin demo --fault ... --hooks FILE`, as a user runs it (in real time, the pump lost
+    for two minutes instead of ten so that the test ends in minutes): a real webhook receiver
+    gets exactly one page and one resolve for the pump, and nothing else."""
+    import signal
+    import subprocess
+    import sys
+
+    from collectors.mqtt import wait_until
+
+    receiver = Recorder("webhook")
+    receiver.start()
+    hooks = tmp_path / "hooks.yaml"
+    hooks.write_text(f"hooks:\n  - {{type: webhook, name: ops, url: '{receiver.url}/alerts'}}\n")
+    log = tmp_path / "demo.log"
+    args = [sys.executable, "-m", "twin.cli", "demo", "--no-console"]
+    args += ["--data-dir", str(tmp_path / "data"), "--hooks", str(hooks)]
+    args += ["--fault", "pump_failure:cdu-2/pump1@1m+2m"]
+    try:
+        with log.open("w") as out:
+            p = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path)
+        try:
+
+            def resolved() -> bool:
+                return any(r.body.get("event") == "resolved" for r in receiver.requests)
+
+            assert wait_until(resolved, 420), (log.read_text(), receiver.requests)
+            # a minute more: a late second page or an unrelated one would show here
+            wait_until(lambda: p.poll() is not None, 60)
+        finally:
+            p.send_signal(signal.SIGTERM)
+            assert p.wait(90) == 0, log.read_text()
+    finally:
+        receiver.stop()
+    got = [r.body for r in receiver.requests]
+    events = [(b["event"], b["notification"]["rule"], b["notification"]["group"]) for b in got]
+    assert events == [
+        ("firing", "cdu_pump_lost", {"kind": "cdu", "id": "cdu-2"}),
+        ("resolved", "cdu_pump_lost", {"kind": "cdu", "id": "cdu-2"}),
+    ], [(e, b["notification"]["summary"]) for e, b in zip(events, got, strict=True)]
+    page = got[0]["notification"]
+    assert page["severity"] == "critical" and page["summary"] == "CDU cdu-2: 1 pump(s) running"
+    assert page["unit"] == "pumps" and "?" not in page["summary"]
+    assert page["url"] is None  # --no-console: no link to a page nobody serves

@@ -31,8 +31,12 @@ def body() -> None:
         cdus = [c for c in cdus if c["name"] == wanted]
         st.caption(f"showing CDU {wanted} of {ui.plural(len(data['cdus']), 'CDU')}")
         ui.link("cooling", "all CDUs")
-    elif wanted:
-        st.warning(f"No CDU {wanted!r} in the site: showing all.")
+    elif wanted:  # an unknown id is an error, never another CDU shown in its place
+        st.error(
+            f"No CDU {wanted!r} in the site: its CDUs are"
+            f" {', '.join(c['name'] for c in data['cdus'])}. All of them are shown below.",
+            icon="⚠️",
+        )
     for cdu in cdus:
         st.subheader(f"{cdu['name']} ({cdu['model'] or 'CDU'}) · racks {', '.join(cdu['racks'])}")
         cols = st.columns(min(8, max(1, len(cdu["racks"]))))
