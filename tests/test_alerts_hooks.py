@@ -46,7 +46,7 @@ from twin.health import ServiceHealth
 from twin.site import load_site
 from twin.store import Store
 
-from .conftest import ROUTING_KEY, SMALL_SITE, Recorder, check_schemas, hooks_for
+from .helpers import ROUTING_KEY, SMALL_SITE, Recorder, check_schemas, hooks_for
 
 T0 = datetime(2026, 11, 29, 14, 0, tzinfo=UTC)
 

@@ -22,8 +22,8 @@ from twin.health import ServiceHealth
 from twin.ingest import Ingester, IngestLimits
 from twin.service import Service
 
-from .conftest import API_TOKEN as TOKEN
-from .conftest import REPO, SCENARIOS
+from .helpers import API_TOKEN as TOKEN
+from .helpers import REPO, SCENARIOS
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 

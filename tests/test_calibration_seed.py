@@ -29,7 +29,7 @@ from twin.simulator import SiteSimulator
 from twin.site import load_site
 from twin.store import Store
 
-from .conftest import SMALL_SITE
+from .helpers import SMALL_SITE
 
 DCTWIN = [sys.executable, "-m", "twin.cli"]
 HHMM = r"\d\d:\d\d UTC"

@@ -27,7 +27,7 @@ from twin.ingest import Ingester
 from twin.ingest.mqtt_service import MqttIngestService, ServiceOptions
 from twin.store import Store
 
-from .conftest import broker_config
+from .helpers import broker_config
 
 SITE = "small"
 OUTAGE_S = 20.0

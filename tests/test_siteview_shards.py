@@ -25,7 +25,7 @@ from twin.site import load_site
 from twin.siteview import create_siteview_app, parse_shards, shards_from_site_file
 from twin.store import Store
 
-from .conftest import SMALL_SITE
+from .helpers import SMALL_SITE
 
 pytestmark = pytest.mark.slow  # each waits out a shard's timeout: over 1 s
 

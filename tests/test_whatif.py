@@ -26,7 +26,7 @@ from twin.simulator import SiteSimulator
 from twin.site import load_site
 from twin.store import Store
 
-from .conftest import REPO, SMALL_SITE
+from .helpers import REPO, SMALL_SITE
 
 BUNDLE = REPO / "sample_telemetry" / "demo_bundle"
 SCENARIOS = REPO / "sample_telemetry" / "scenarios"
@@ -234,7 +234,7 @@ def test_record_and_replay_round_trip_through_the_ingest_path(tmp_path: Path) ->
 def test_replay_over_mqtt_to_a_running_service_shifted_to_now(broker, tmp_path: Path) -> None:
     from collectors.mqtt import wait_until
 
-    from .conftest import IngestService
+    from .helpers import IngestService
 
     site = load_site(SMALL_SITE)
     start = datetime(2026, 11, 20, 12, 0, tzinfo=UTC)
