@@ -19,7 +19,7 @@ from twin.alerts.metrics import METRICS
 from twin.replay import breach
 from twin.site import load_site
 
-from .conftest import REPO, SMALL_SITE
+from .helpers import REPO, SMALL_SITE
 
 RULES = REPO / "deploy" / "alert_rules.yaml"
 BUNDLE = REPO / "sample_telemetry" / "demo_bundle"

@@ -12,7 +12,7 @@ from twin.alerts.metrics import METRICS, metric_problem
 from twin.alerts.model import EntityKind
 from twin.site import load_site
 
-from .conftest import REPO, SMALL_SITE, serve_with_rules
+from .helpers import REPO, SMALL_SITE, serve_with_rules
 
 GOOD = """
 rules:

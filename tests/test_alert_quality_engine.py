@@ -13,7 +13,7 @@ from twin.alerts import AlertEngine, Notification, Observation, Outbox, Topology
 from twin.site import load_site
 from twin.store import Store
 
-from .conftest import SMALL_SITE, Recorder, check_schemas, hooks_for
+from .helpers import SMALL_SITE, Recorder, check_schemas, hooks_for
 
 T0 = datetime(2026, 11, 29, 6, 0, tzinfo=UTC)
 GPU = "trn-r01-n1:0"

@@ -10,7 +10,7 @@ import pytest
 
 from twin.alerts import RuleFileError, dedup_key, load_rules, parse_rules
 
-from .conftest import REPO, serve_with_rules
+from .helpers import REPO, serve_with_rules
 
 RULE = (
     '  - {{name: {name}, metric: cdu.pumps_running, entity_kind: cdu, op: "<", value: 2{extra}}}\n'

@@ -19,7 +19,7 @@ from twin.cli import app
 from twin.service import Service, ServiceConfig
 from twin.site import load_site
 
-from .conftest import REPO, ROUTING_KEY, SMALL_SITE, Recorder
+from .helpers import REPO, ROUTING_KEY, SMALL_SITE, Recorder
 
 RULES = """
 rules:

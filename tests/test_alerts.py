@@ -25,7 +25,7 @@ from twin.alerts import (
 from twin.site import load_site
 from twin.store import Store
 
-from .conftest import REPO, SMALL_SITE
+from .helpers import REPO, SMALL_SITE
 
 T0 = datetime(2026, 11, 29, 14, 0, tzinfo=UTC)
 

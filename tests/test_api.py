@@ -26,8 +26,8 @@ from collectors.mqtt import wait_until
 from twin.api import ARROW_STREAM, ApiContext, ApiServer
 from twin.service import Service
 
-from .conftest import API_TOKEN as TOKEN
-from .conftest import PUMP_KEY, SMALL_SITE
+from .helpers import API_TOKEN as TOKEN
+from .helpers import PUMP_KEY, SMALL_SITE
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 

@@ -15,7 +15,7 @@ import pytest
 from twin.service import Service, ServiceConfig
 from twin.site import load_site
 
-from .conftest import API_TOKEN, REPO, RULES, SCENARIOS, SMALL_SITE
+from .helpers import API_TOKEN, REPO, RULES, SCENARIOS, SMALL_SITE
 
 TOKENS = ("NaN", "Infinity", "-Infinity", "1e999")
 

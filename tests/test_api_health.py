@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 
 import httpx
 import pytest
@@ -22,8 +23,12 @@ from twin.health import ServiceHealth
 from twin.ingest import Ingester, IngestLimits
 from twin.service import Service
 
-from .conftest import API_TOKEN as TOKEN
-from .conftest import REPO, SCENARIOS
+from .helpers import API_TOKEN as TOKEN
+from .helpers import REPO, SCENARIOS
+
+#: When the tests' health records a commit and a calibration (its clock, fixed for the call).
+COMMITTED_AT = datetime(2026, 5, 1, 12, 0, 0, 250000, tzinfo=UTC)
+CALIBRATED_AT = datetime(2026, 5, 1, 12, 5, tzinfo=UTC)
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
@@ -56,7 +61,7 @@ def metrics(c: httpx.Client) -> dict[tuple[str, tuple[tuple[str, str], ...]], fl
 
 @pytest.mark.slow  # 3 s or more: out of the fast tier
 def test_healthz_answers_503_while_ingest_is_stalled_and_200_once_it_recovers(
-    svc: Service,
+    svc: Service, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     health = ServiceHealth(stall_after_s=60.0)
     with serve(svc, health=health) as server, httpx.Client(base_url=server.url) as c:
@@ -76,8 +81,11 @@ def test_healthz_answers_503_while_ingest_is_stalled_and_200_once_it_recovers(
         assert got[("dctwin_ingest_stalled", ())] == 1
         assert got[("dctwin_ingest_lag_seconds", ())] >= 120
         assert ("dctwin_ingest_last_commit_timestamp_seconds", ()) not in got
-        # the store catches up: committed, nothing waits
-        health.committed()
+        # the store catches up: committed (at a known instant: the health's clock is fixed for
+        # the call), nothing waits
+        with monkeypatch.context() as m:
+            m.setattr("twin.health._now", lambda: COMMITTED_AT)
+            health.committed()
         health.pending(None)
         r = c.get("/healthz")
         assert r.status_code == 200 and r.json()["status"] == "ok", r.text
@@ -85,7 +93,8 @@ def test_healthz_answers_503_while_ingest_is_stalled_and_200_once_it_recovers(
         got = metrics(c)
         assert got[("dctwin_ingest_stalled", ())] == 0
         assert got[("dctwin_ingest_lag_seconds", ())] == 0
-        assert abs(got[("dctwin_ingest_last_commit_timestamp_seconds", ())] - time.time()) < 60
+        last_commit = got[("dctwin_ingest_last_commit_timestamp_seconds", ())]
+        assert last_commit == COMMITTED_AT.timestamp()
 
 
 def test_broker_fields_follow_broker_down_and_up(svc: Service) -> None:
@@ -120,7 +129,7 @@ def test_broker_fields_follow_broker_down_and_up(svc: Service) -> None:
 
 
 def test_loop_errors_and_the_apis_own_500s_show_in_metrics_and_healthz(
-    svc: Service,
+    svc: Service, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     health = ServiceHealth()
     broken = APIRouter()
@@ -135,7 +144,9 @@ def test_loop_errors_and_the_apis_own_500s_show_in_metrics_and_healthz(
     ):
         health.error("detection", "headroom: no pdu samples")
         health.error("detection", "headroom: no pdu samples")
-        health.ok("calibration")
+        with monkeypatch.context() as m:  # at a known instant
+            m.setattr("twin.health._now", lambda: CALIBRATED_AT)
+            health.ok("calibration")
         body = c.get("/healthz").json()
         assert body["status"] == "degraded"
         assert "loop detection failing: headroom: no pdu samples" in body["reason"]
@@ -146,7 +157,7 @@ def test_loop_errors_and_the_apis_own_500s_show_in_metrics_and_healthz(
         assert got[("dctwin_loop_failing", (("loop", "detection"),))] == 1
         assert got[("dctwin_loop_successes_total", (("loop", "calibration"),))] == 1
         last = got[("dctwin_loop_last_success_timestamp_seconds", (("loop", "calibration"),))]
-        assert abs(last - time.time()) < 60
+        assert last == CALIBRATED_AT.timestamp()
         assert ("dctwin_loop_last_success_timestamp_seconds", (("loop", "detection"),)) not in got
         # the API reports itself as loop "api": served requests succeed, a 500 is an error
         assert got[("dctwin_loop_errors_total", (("loop", "api"),))] == 0

@@ -19,7 +19,7 @@ from twin.ingest import Ingester
 from twin.site import load_site
 from twin.store import Store
 
-from .conftest import SMALL_SITE
+from .helpers import SMALL_SITE
 
 SITE = "small"
 SOURCE = "trn-r01-n1"

@@ -36,8 +36,8 @@ from twin.bands import BAND_HEX, LimitBands
 from twin.cli.demo import CONSOLE_STREAMLIT_OPTIONS
 from twin.service import Service
 
-from .conftest import API_TOKEN as TOKEN
-from .conftest import REPO, RULES
+from .helpers import API_TOKEN as TOKEN
+from .helpers import REPO, RULES
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = [

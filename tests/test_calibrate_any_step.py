@@ -25,7 +25,7 @@ from twin.simulator import SiteSimulator, parse_fault
 from twin.site import load_site
 from twin.store import Store
 
-from .conftest import SMALL_SITE
+from .helpers import SMALL_SITE
 
 FAULTY = "trn-r01-n2:5"
 HOURS = 2

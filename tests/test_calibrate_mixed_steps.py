@@ -31,7 +31,7 @@ from twin.site import load_site
 from twin.store import Store
 from twin.store.schema import arrow_schema
 
-from .conftest import SMALL_SITE
+from .helpers import SMALL_SITE
 
 #: the tolerances of tests/test_calibrate_any_step.py and tests/test_calibrate.py (1 Hz)
 THERMAL_TOL = {"r_k_per_w": 0.05, "c_j_per_k": 0.15, "mem_r_k_per_w": 0.05, "mem_c_j_per_k": 0.15}

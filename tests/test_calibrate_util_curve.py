@@ -21,7 +21,7 @@ from twin.site import load_site
 from twin.site.catalog import GPU_MODELS
 from twin.store import Store
 
-from .conftest import REPO
+from .helpers import REPO
 
 # import, calibrate and what-if through the CLI: out of the fast tier
 pytestmark = pytest.mark.slow

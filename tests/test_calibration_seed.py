@@ -11,7 +11,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -20,7 +19,7 @@ import pytest
 
 from collectors.mqtt import wait_until
 from twin.calibrate.calibrate import calibrate, save_run
-from twin.calibrate.schedule import FIRST_WINDOW_S, CalibrationScheduler
+from twin.calibrate.schedule import FIRST_WINDOW_S, PROBE_S, CalibrationScheduler
 from twin.calibrate.seed import seed_from_bundle
 from twin.cli.common import DEMO_BUNDLE, DEMO_SITE, REPO, free_port
 from twin.replay.bundle import record
@@ -29,7 +28,7 @@ from twin.simulator import SiteSimulator
 from twin.site import load_site
 from twin.store import Store
 
-from .conftest import SMALL_SITE
+from .helpers import SMALL_SITE
 
 DCTWIN = [sys.executable, "-m", "twin.cli"]
 HHMM = r"\d\d:\d\d UTC"
@@ -106,8 +105,9 @@ def test_serve_seeds_the_demo_calibration_and_says_when_the_first_fit_is_due(
             p = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=os.environ)
         try:
             assert wait_until(answers, 90), log.read_text()
-            started = datetime.now(UTC)
+            asked = datetime.now(UTC)
             cal = _calibration(url)
+            answered = datetime.now(UTC)
         finally:
             p.send_signal(signal.SIGTERM)
             assert p.wait(60) == 0, log.read_text()
@@ -120,8 +120,10 @@ def test_serve_seeds_the_demo_calibration_and_says_when_the_first_fit_is_due(
         assert run["holdout_start"].startswith("2026-11-23T23:40")
         assert {c["device_class"] for c in cal["classes"]} >= {"rack", "cdu"}
         due = datetime.fromisoformat(cal["first_fit_expected_at"])
-        # an empty store: 10 min of GPU telemetry to come, at the next pass of the loop
-        assert started + timedelta(minutes=9) < due < started + timedelta(minutes=12), due
+        # an empty store: 10 min of GPU telemetry to come from the moment it answered, at the
+        # next pass of the loop (every PROBE_S): bracketed by when it was asked
+        assert asked + timedelta(seconds=FIRST_WINDOW_S) <= due + timedelta(milliseconds=1), due
+        assert due < answered + timedelta(seconds=FIRST_WINDOW_S + PROBE_S), due
         m = re.fullmatch(
             rf"seeded from the demo bundle \({re.escape(str(DEMO_BUNDLE))}\) at ({HHMM});"
             rf" first fit on live data expected at ({HHMM})",
@@ -199,11 +201,15 @@ def test_no_calibration_yet_names_the_time_of_the_first_fit(tmp_path: Path) -> N
     )
     with Service(config) as svc:
         assert svc.url is not None
-        t0 = time.time()
+        asked = datetime.now(UTC)
         cal = _calibration(svc.url)
+        answered = datetime.now(UTC)
         assert cal["run"] is None and cal["runs"] == 0
         due = datetime.fromisoformat(cal["first_fit_expected_at"])
-        assert 9 * 60 < due.timestamp() - t0 < 12 * 60
+        # 10 minutes of telemetry from the moment it answered (the store holds none), at the
+        # first of the loop's passes (every PROBE_S) from then: bracketed by when it was asked
+        assert asked + timedelta(seconds=FIRST_WINDOW_S) <= due + timedelta(milliseconds=1)
+        assert due < answered + timedelta(seconds=FIRST_WINDOW_S + PROBE_S)
         assert cal["note"] == (
             f"no calibration yet: first fit expected at {due.strftime('%H:%M UTC')}, once the"
             " store holds 10 minutes of GPU telemetry"

@@ -25,7 +25,7 @@ from twin.headroom import unexplained_trend
 from twin.site import load_site
 from twin.site.catalog import ASSUMPTIONS
 
-from .conftest import SMALL_SITE
+from .helpers import SMALL_SITE
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ from collectors.mqtt import wait_until
 from twin.broker import LocalBroker
 from twin.store import Store
 
-from .conftest import SMALL_SITE
+from .helpers import SMALL_SITE
 
 DCTWIN = [sys.executable, "-m", "twin.cli"]
 

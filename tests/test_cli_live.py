@@ -21,7 +21,7 @@ from collectors.mqtt import wait_until
 from twin.broker import start_broker
 from twin.service import Service
 
-from .conftest import SMALL_SITE, TEST_BROKER
+from .helpers import SMALL_SITE, TEST_BROKER
 
 DCTWIN = [sys.executable, "-m", "twin.cli"]
 

@@ -20,7 +20,7 @@ from collectors.runner import Runner, RunnerConfig
 from collectors.spool import MAGIC, Spool, SpoolError
 from twin.broker import LocalBroker, free_port, start_broker
 
-from .conftest import TEST_BROKER
+from .helpers import TEST_BROKER
 
 SITE = "runner-test"
 OUTAGE_S = 30.0

@@ -21,8 +21,8 @@ from streamlit.testing.v1 import AppTest
 
 from twin.service import Service
 
-from .conftest import API_TOKEN as TOKEN
-from .conftest import PUMP_KEY, REPO
+from .helpers import API_TOKEN as TOKEN
+from .helpers import PUMP_KEY, REPO
 
 DASH = REPO / "dashboards"
 PAGES = sorted((DASH / "pages").glob("*.py"))

@@ -310,7 +310,7 @@ def test_the_site_knows_the_ids_the_grammar_builds() -> None:
     from collectors.contract import cdu_sample_ids, gpu_id, pdu_sample_ids
     from twin.site import load_site
 
-    from .conftest import SMALL_SITE
+    from .helpers import SMALL_SITE
 
     site = load_site(SMALL_SITE)
     known = site.known_ids

@@ -29,7 +29,7 @@ from twin.simulator import SiteSimulator, parse_fault
 from twin.site import Site, load_site
 from twin.store import Store
 
-from .conftest import REPO, SMALL_SITE, Recorder, check_schemas, hooks_for
+from .helpers import REPO, SMALL_SITE, Recorder, check_schemas, hooks_for
 
 SEED = 21
 BASE_S = 7200

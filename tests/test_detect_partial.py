@@ -29,7 +29,7 @@ from twin.simulator import SiteSimulator, parse_fault
 from twin.site import Site, load_site
 from twin.store import Store
 
-from .conftest import REPO, SMALL_SITE
+from .helpers import REPO, SMALL_SITE
 
 START = datetime(2026, 11, 23, 6, 0, tzinfo=UTC)
 MINUTES = 14

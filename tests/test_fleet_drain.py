@@ -23,7 +23,7 @@ from twin.simulator import SiteSimulator, parse_fault
 from twin.site import load_site
 from twin.store import Store
 
-from .conftest import REPO, SMALL_SITE
+from .helpers import REPO, SMALL_SITE
 
 RULES = REPO / "deploy" / "alert_rules.yaml"
 

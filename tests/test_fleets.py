@@ -20,7 +20,7 @@ from twin.simulator import SiteSimulator, parse_fault
 from twin.site import Site, load_site
 from twin.store import Store
 
-from .conftest import REPO, SMALL_SITE
+from .helpers import REPO, SMALL_SITE
 
 STEP_S = 120.0
 DAY = timedelta(days=1)

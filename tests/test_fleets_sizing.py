@@ -18,7 +18,7 @@ from twin.site import Site
 from twin.store import Store
 from twin.store.schema import arrow_schema
 
-from .conftest import SMALL_SITE
+from .helpers import SMALL_SITE
 
 END = datetime(2026, 11, 30, tzinfo=UTC)
 

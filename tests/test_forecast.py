@@ -22,7 +22,7 @@ from twin.simulator import SiteSimulator
 from twin.site import Site
 from twin.store import Store
 
-from .conftest import SMALL_SITE
+from .helpers import SMALL_SITE
 
 DAY = 86400.0
 START = datetime(2026, 1, 5, tzinfo=UTC).timestamp()  # a Monday

@@ -17,7 +17,7 @@ import pytest
 
 from models import forecast as fc
 
-from .conftest import REPO
+from .helpers import REPO
 
 DATA = REPO / "sample_telemetry" / "frontier_25cdu_power_oa_wetbulb_15s_24h.csv"
 NOTICE = DATA.with_suffix(".NOTICE")

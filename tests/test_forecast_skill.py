@@ -21,7 +21,7 @@ from twin.site import Site
 from twin.store import Store
 from twin.store.schema import arrow_schema
 
-from .conftest import REPO
+from .helpers import REPO
 
 FRONTIER = (
     REPO.parent

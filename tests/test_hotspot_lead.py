@@ -32,7 +32,7 @@ from twin.site import Site, load_site
 from twin.store import Store
 from twin.store.schema import arrow_schema
 
-from .conftest import REPO, SMALL_SITE
+from .helpers import REPO, SMALL_SITE
 
 RULES = REPO / "deploy" / "alert_rules.yaml"
 BUNDLE = REPO / "sample_telemetry" / "demo_bundle"

@@ -15,7 +15,7 @@ from collectors.mqtt import wait_until
 from twin.cli import app
 from twin.store import Store
 
-from .conftest import REPO, running_ingest
+from .helpers import REPO, running_ingest
 
 #: a real `nvidia-smi --query-gpu=timestamp,name,utilization.gpu,utilization.memory,memory.used,
 #: power.draw --format=csv -l 1` log (no licence seen: read in place, never copied)

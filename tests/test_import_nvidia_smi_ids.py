@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from twin.cli import app
 from twin.store import Store
 
-from .conftest import REPO
+from .helpers import REPO
 
 #: a real `nvidia-smi ... --format=csv -l 1` log (no licence seen: read in place, never copied)
 RTX4090_LOG = REPO.parent / "shared" / "reference" / "nvidia_smi" / "rtx4090_1hz_load_cycle.csv"

@@ -18,7 +18,7 @@ from collectors.mqtt import wait_until
 from twin.cli import app
 from twin.store import Store
 
-from .conftest import REPO, running_ingest
+from .helpers import REPO, running_ingest
 
 #: 2 nodes x 2 GPUs x 11 metrics x 60 points at 15 s (see make_dcgm_query_range.py there)
 FIXTURE = REPO / "tests" / "fixtures" / "prometheus" / "dcgm_query_range.json"

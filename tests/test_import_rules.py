@@ -110,22 +110,80 @@ def test_the_cli_modules_import_each_other_without_a_cycle():
         visit(mod, ())
 
 
+#: The modules of tests/ a test may import: what the tests share that is neither a test nor a
+#: fixture (fixtures live in tests/conftest.py, which pytest loads and nothing imports).
+TEST_HELPERS = {"helpers", "snmp_agent"}
+
+
+def imported_modules(source: str) -> list[tuple[str, ...]]:
+    """Each module ``source`` imports, as its dotted parts; a relative import of tests/ (the
+    package of the tests) is spelled from ``tests``: ``from .helpers import x`` and ``from .
+    import helpers`` both give ("tests", "helpers")."""
+    found: list[tuple[str, ...]] = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom):
+            module = tuple(node.module.split(".")) if node.module else ()
+            base = ("tests", *module) if node.level else module
+            if len(base) == 1 and base[0] == "tests":
+                found.extend((*base, a.name) for a in node.names)
+            else:
+                found.append(base)
+        elif isinstance(node, ast.Import):
+            found.extend(tuple(a.name.split(".")) for a in node.names)
+    return found
+
+
+def import_faults(source: str) -> list[str]:
+    """The imports of ``source`` a test file may not make: a module of tests/ other than
+    :data:`TEST_HELPERS` (another test module, conftest), a test module by its bare name, or
+    bench/."""
+    faults = []
+    for parts in imported_modules(source):
+        name = ".".join(parts)
+        if (
+            (parts[0] == "tests" and len(parts) > 1 and parts[1] not in TEST_HELPERS)
+            or parts[0].startswith("test_")
+            or parts[0] == "conftest"
+            or parts[0] == "bench"
+            or parts[0].startswith("bench_")
+        ):
+            faults.append(name)
+    return faults
+
+
+def test_the_import_rule_allows_the_helpers_and_nothing_else_of_tests() -> None:
+    allowed = (
+        "from .helpers import REPO\nfrom tests.helpers import Recorder\nfrom . import helpers\n"
+        "from tests.snmp_agent import RESPONDER\nimport tests.helpers\n"
+        "from twin.store import Store\nimport numpy as np\n"
+    )
+    assert import_faults(allowed) == []
+    refused = (
+        "from .test_api import x\nfrom tests.test_api import x\nimport tests.test_api\n"
+        "from . import test_api\nfrom .conftest import REPO\nfrom tests.conftest import REPO\n"
+        "import test_api\nfrom bench.bench_api import main\nimport bench_api\n"
+    )
+    assert import_faults(refused) == [
+        "tests.test_api",
+        "tests.test_api",
+        "tests.test_api",
+        "tests.test_api",
+        "tests.conftest",
+        "tests.conftest",
+        "test_api",
+        "bench.bench_api",
+        "bench_api",
+    ]
+    for name in TEST_HELPERS:  # each a module of tests/ that is not itself a test
+        assert (REPO / "tests" / f"{name}.py").is_file() and not name.startswith("test_"), name
+
+
 @pytest.mark.parametrize(
     "path", sorted((REPO / "tests").glob("*.py")), ids=lambda p: str(p.relative_to(REPO))
 )
-def test_no_test_imports_another_test_module_or_bench(path):
-    # shared helpers live in tests/conftest.py (or the product); bench/ is not importable
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom):
-            names = [("." * node.level) + (node.module or "")]
-        elif isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
-        else:
-            continue
-        for m in names:
-            leaf = m.lstrip(".").split(".")
-            assert not (leaf[0] == "tests" and len(leaf) > 1 and leaf[1].startswith("test_")), m
-            assert not leaf[0].startswith("test_"), (path.name, m)
-            assert leaf[0] != "bench" and not leaf[0].startswith("bench_"), (path.name, m)
+def test_no_test_imports_another_test_module_conftest_or_bench(path):
+    # what tests share lives in tests/helpers.py (fixtures in tests/conftest.py) or the
+    # product; bench/ is not importable
+    assert import_faults(path.read_text()) == [], path.name
     if path.name != "test_import_rules.py":  # nor loads one by its file (importlib)
         assert "spec_from_file_location" not in path.read_text(), path.name

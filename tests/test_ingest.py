@@ -15,7 +15,7 @@ from twin.ingest.files import ingest_path
 from twin.site import load_site
 from twin.store import Store
 
-from .conftest import SMALL_SITE
+from .helpers import SMALL_SITE
 
 NOW = datetime.now(UTC).replace(microsecond=0)
 

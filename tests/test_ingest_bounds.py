@@ -45,7 +45,7 @@ from twin.ingest.mqtt_service import MqttIngestService, ServiceOptions
 from twin.site import load_site
 from twin.store import Store
 
-from .conftest import SMALL_SITE, broker_config
+from .helpers import SMALL_SITE, broker_config
 
 SITE = "small"
 SOURCE = "trn-r01-n1"

@@ -18,9 +18,10 @@ import httpx
 import pytest
 
 from harness.live_path import drive
-from tests.conftest import Recorder
 from twin.alerts import Observation, parse_rules
 from twin.simulator.faults import parse_fault
+
+from .helpers import Recorder
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO_SITE = REPO / "sample_telemetry" / "demo_site.yaml"

@@ -28,7 +28,7 @@ from models import fit_quality as fq
 from twin.simulator import SiteSimulator
 from twin.site import Site
 
-from .conftest import wye_pdu
+from .helpers import wye_pdu
 
 finite = {"allow_nan": False, "allow_infinity": False}
 

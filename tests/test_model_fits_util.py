@@ -13,7 +13,7 @@ import pytest
 from models import gpu_power as gp
 from models.gpu_power import CURVE_KINDS
 
-from .conftest import REPO
+from .helpers import REPO
 
 RTX4090_LOG = REPO.parent / "shared" / "reference" / "nvidia_smi" / "rtx4090_1hz_load_cycle.csv"
 #: held-out MAE of a straight line in util on the last 25 % of that log (bench/README.md)

@@ -24,8 +24,8 @@ from twin.ingest import receiver as rcv
 from twin.ingest.mqtt_service import MqttIngestService, ServiceOptions
 from twin.store import Store
 
-from .conftest import IngestService as Service
-from .conftest import broker_config, has_mosquitto_pub
+from .helpers import IngestService as Service
+from .helpers import broker_config, has_mosquitto_pub
 
 pytestmark = pytest.mark.mqtt
 

@@ -34,7 +34,7 @@ from twin.detect import detect, observations
 from twin.site.loader import load_site
 from twin.store import Store
 
-from .conftest import REPO
+from .helpers import REPO
 
 # real recordings imported and calibrated through the CLI, 1 s or more each: out of the fast tier
 pytestmark = pytest.mark.slow

@@ -17,7 +17,7 @@ from twin.simulator import SiteSimulator
 from twin.site import load_site
 from twin.store import Store
 
-from .conftest import DEMO_SITE
+from .helpers import DEMO_SITE
 
 
 @pytest.mark.slow

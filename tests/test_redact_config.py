@@ -19,7 +19,7 @@ import pytest
 from collectors.mqtt import wait_until
 from twin.redact import FRAGMENT_LEN, MASK, redact_text, register_secret
 
-from .conftest import REPO, SMALL_SITE
+from .helpers import REPO, SMALL_SITE
 
 RULES = REPO / "deploy" / "alert_rules.yaml"
 PD_KEY = "Rk3y0123456789abcdef0123456789ab"

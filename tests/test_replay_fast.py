@@ -24,7 +24,7 @@ from twin.simulator import SiteSimulator
 from twin.site import load_site
 from twin.store import Store
 
-from .conftest import SMALL_SITE
+from .helpers import SMALL_SITE
 
 runner = CliRunner()
 START = datetime(2026, 11, 20, 12, 0, tzinfo=UTC)

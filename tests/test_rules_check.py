@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from twin.cli import app
 
-from .conftest import REPO
+from .helpers import REPO
 
 # (limit, entity kind, breached-now metric, op, value, forecast metric): every limit twice
 LIMITS = [

@@ -16,7 +16,7 @@ import pytest
 
 from collectors.mqtt import wait_until
 
-from .conftest import SMALL_SITE
+from .helpers import SMALL_SITE
 
 DCTWIN = [sys.executable, "-m", "twin.cli"]
 

@@ -15,7 +15,7 @@ from twin.service import Service, ServiceConfig, ServiceError
 from twin.site import load_site
 from twin.store import Store
 
-from .conftest import API_TOKEN, SMALL_SITE
+from .helpers import API_TOKEN, SMALL_SITE
 
 AUTH = {"Authorization": f"Bearer {API_TOKEN}"}
 

@@ -29,7 +29,7 @@ from twin.site import SiteError, load_site
 from twin.site.shards import shard_names, shard_view
 from twin.store import Store
 
-from .conftest import SMALL_SITE, broker_config
+from .helpers import SMALL_SITE, broker_config
 
 THREE_HALLS = Path(__file__).parent / "fixtures" / "sites" / "three_halls.yaml"
 

@@ -25,7 +25,7 @@ from twin.broker import LocalBroker, free_port, port_open
 from twin.procs import stop_processes
 from twin.store import Store
 
-from .conftest import REPO, SMALL_SITE
+from .helpers import REPO, SMALL_SITE
 
 DCTWIN = [sys.executable, "-m", "twin.cli"]
 STOP_DEADLINE_S = 15.0

@@ -19,7 +19,7 @@ import pytest
 from collectors.mqtt import wait_until
 from twin.broker import start_broker
 
-from .conftest import SMALL_SITE, TEST_BROKER
+from .helpers import SMALL_SITE, TEST_BROKER
 
 DCTWIN = [sys.executable, "-m", "twin.cli"]
 

@@ -16,7 +16,7 @@ from models import electrical
 from twin.simulator import Fault, SiteSimulator, parse_fault
 from twin.site import Site
 
-from .conftest import wye_pdu
+from .helpers import wye_pdu
 
 START = datetime(2026, 11, 29, 2, 0, tzinfo=UTC)  # night: the inference fleet is near its floor
 SEED = 3

@@ -28,7 +28,7 @@ from dashboards.client import Api
 from twin.broker import LocalBroker, start_broker
 from twin.siteview.merge import tightness
 
-from .conftest import PUMP_KEY, REPO, RULES, SMALL_SITE, TEST_BROKER
+from .helpers import PUMP_KEY, REPO, RULES, SMALL_SITE, TEST_BROKER
 
 pytestmark = [pytest.mark.slow, pytest.mark.mqtt]
 

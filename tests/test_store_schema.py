@@ -13,7 +13,7 @@ from twin.alerts import AlertDb, ensure_alert_tables
 from twin.store import Store
 from twin.store.schema import ALERT_DDL
 
-from .conftest import REPO
+from .helpers import REPO
 
 CREATE = re.compile(r"\bCREATE\s+(OR\s+REPLACE\s+)?(TABLE|SEQUENCE|VIEW|INDEX)\b", re.I)
 

@@ -26,7 +26,7 @@ from twin.simulator import SiteSimulator
 from twin.site import load_site
 from twin.store import Store
 
-from .conftest import REPO, SMALL_SITE
+from .helpers import REPO, SMALL_SITE
 
 BUNDLE = REPO / "sample_telemetry" / "demo_bundle"
 SCENARIOS = REPO / "sample_telemetry" / "scenarios"
@@ -234,7 +234,7 @@ def test_record_and_replay_round_trip_through_the_ingest_path(tmp_path: Path) ->
 def test_replay_over_mqtt_to_a_running_service_shifted_to_now(broker, tmp_path: Path) -> None:
     from collectors.mqtt import wait_until
 
-    from .conftest import IngestService
+    from .helpers import IngestService
 
     site = load_site(SMALL_SITE)
     start = datetime(2026, 11, 20, 12, 0, tzinfo=UTC)
@@ -246,13 +246,16 @@ def test_replay_over_mqtt_to_a_running_service_shifted_to_now(broker, tmp_path: 
         record(src, SMALL_SITE, tmp_path / "b", start, start + timedelta(minutes=2))
     svc = IngestService(broker, tmp_path / "live.duckdb")
     try:
+        asked = datetime.now(UTC)
         res = CliRunner().invoke(
             app,
             ["replay", str(tmp_path / "b"), "--broker", broker.address, "--shift-to-now"],
             env=broker.client_env(),
         )
+        done = datetime.now(UTC)
         assert res.exit_code == 0, res.output
-        assert json.loads(res.stdout)["messages"] > 0  # progress lines are on stderr
+        out = json.loads(res.stdout)  # progress lines are on stderr
+        assert out["messages"] > 0
         rows = sum(Bundle.load(tmp_path / "b").manifest.rows.values())
         assert f"replay: {rows:,}/{rows:,} rows, recorded time 00:01:50 of 00:02:00" in res.stderr
         assert wait_until(lambda: svc.count() == 24 * 12, 20), svc.ingester.counters.as_dict()
@@ -260,7 +263,14 @@ def test_replay_over_mqtt_to_a_running_service_shifted_to_now(broker, tmp_path: 
         svc.stop()
     with Store(tmp_path / "live.duckdb", read_only=True) as live:
         newest = live.con.execute("SELECT max(ts) FROM gpu").fetchall()[0][0]
-        assert abs((datetime.now(UTC) - newest).total_seconds()) < 120  # shifted to now
+        # shifted to now: the recording's end moved to the moment the replay began, and every
+        # sample by the same amount (a message's ts has millisecond precision)
+        ms = timedelta(milliseconds=1)
+        shift = timedelta(seconds=out["shift_s"])
+        bundle = Bundle.load(tmp_path / "b")
+        assert asked - ms <= bundle.manifest.end + shift <= done + ms
+        newest_recorded = max(bundle.table("gpu", [])["ts"].to_pylist())
+        assert abs(newest - (newest_recorded + shift)) <= 2 * ms, (newest, newest_recorded, shift)
         assert live.status()["dead_letters"] == {}
 
 

@@ -36,7 +36,7 @@ from twin.site import load_site
 from twin.site.catalog import GPU_MODELS
 from twin.store import Store
 
-from .conftest import REPO, SMALL_SITE
+from .helpers import REPO, SMALL_SITE
 
 BUNDLE = REPO / "sample_telemetry" / "demo_bundle"
 SCENARIOS = REPO / "sample_telemetry" / "scenarios"
