@@ -357,6 +357,6 @@ def test_headroom_forecasts_a_gpu_with_its_fit_history_not_a_fit_learned_in_a_fa
         now = {r.id: r for r in compute_headroom(store, site).rows if r.kind == "gpu"}
     # a higher R forecasts the GPU hotter: the figure depends on R ...
     assert one[gid].headroom_min_p50 < healthy[gid].headroom_min_p50 - 1.0
-    # ... and with more healthy fits than fouled ones, the fouled GPU is forecast as its history says
+    # ... and with more healthy fits than fouled ones, the GPU is forecast as its history says
     assert now[gid].headroom_min_p50 == pytest.approx(healthy[gid].headroom_min_p50, abs=1e-6)
     assert now[gid].headroom_min_p90 == pytest.approx(healthy[gid].headroom_min_p90, abs=1e-6)
