@@ -41,14 +41,14 @@ import numpy as np
 import pyarrow as pa
 from pydantic import BaseModel
 
-from twin.calibrate.calibrate import gpu_flow_ratio, gpu_reference, index_site
-from twin.calibrate.windows import Window, last_valid, load_window
 from twin.chain import gpu_temperatures, phase_table, rack_capacity_kw, resolve
 from twin.chain import propagate as chain
 from twin.coverage import newest_sample
 from twin.forecast import rack_ratio_paths
 from twin.site import Site
+from twin.site.index import gpu_flow_ratio, gpu_reference, index_site
 from twin.store import Store
+from twin.store.windows import Window, last_valid, load_window
 
 log = logging.getLogger(__name__)
 

@@ -41,11 +41,11 @@ from models import gpu_thermal
 from models import thermal_watch as tw
 from models.cooling_change import FLAT_FRACTION, cooling_steps
 from twin.alerts.metrics import RESIDUAL_MIN_EXCESS_K
-from twin.calibrate.calibrate import gpu_flow_ratio, gpu_reference, index_site
-from twin.calibrate.windows import hold_fill, infer_step_s, load_window
 from twin.coverage import newest_sample
 from twin.site import Site
+from twin.site.index import gpu_flow_ratio, gpu_reference, index_site
 from twin.store import Store
+from twin.store.windows import hold_fill, infer_step_s, load_window
 
 #: Upper end of the ASHRAE TC 9.9 recommended inlet range (18-27 °C), 2021 thermal guidelines.
 ASHRAE_RECOMMENDED_MAX_C = 27.0

@@ -14,7 +14,7 @@ from datetime import datetime
 import numpy as np
 
 from collectors.contract import QUANTITIES
-from twin.store import Store
+from twin.store.store import Store
 
 
 @dataclass(frozen=True)
