@@ -48,6 +48,7 @@ from twin.forecast import rack_ratio_paths
 from twin.site import Site
 from twin.site.index import gpu_flow_ratio, gpu_reference, index_site
 from twin.store import Store
+from twin.store.reads import latest_headroom_rows, prune_headroom
 from twin.store.windows import Window, last_valid, load_window
 
 log = logging.getLogger(__name__)
@@ -843,18 +844,10 @@ def save_headroom(store: Store, report: HeadroomReport, keep: int = 1440) -> int
     table = pa.Table.from_pydict(cols, schema=HEADROOM_SCHEMA)
     with store.transaction():
         store.insert_arrow("headroom", table)
-        store.con.execute(
-            "DELETE FROM headroom WHERE computed_at NOT IN (SELECT DISTINCT computed_at FROM"
-            " headroom ORDER BY computed_at DESC LIMIT ?)",
-            [keep],
-        )
+        prune_headroom(store, keep)
     return len(report.rows)
 
 
 def latest_headroom(store: Store) -> list[dict[str, Any]]:
     """The newest stored report's rows."""
-    res = store.con.sql(
-        "SELECT * FROM headroom WHERE computed_at = (SELECT max(computed_at) FROM headroom)"
-        " ORDER BY kind, id, quantity"
-    )
-    return res.to_arrow_table().to_pylist()
+    return latest_headroom_rows(store)

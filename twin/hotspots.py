@@ -45,7 +45,7 @@ from twin.coverage import newest_sample
 from twin.site import Site
 from twin.site.index import gpu_flow_ratio, gpu_reference, index_site
 from twin.store import Store
-from twin.store.windows import hold_fill, infer_step_s, load_window
+from twin.store.windows import hold_fill, infer_step_s, load_minute_stats, load_window
 
 #: Upper end of the ASHRAE TC 9.9 recommended inlet range (18-27 °C), 2021 thermal guidelines.
 ASHRAE_RECOMMENDED_MAX_C = 27.0
@@ -281,38 +281,10 @@ def _gpu_minutes(
     store: Store, ids: list[str], start: datetime, n_min: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per GPU and minute of ``[start, start + n_min min)``: mean temperature, mean power and
-    the temperature's slope from the minute's first to its last sample [K/s], ``(n_min, G)``,
-    aggregated in DuckDB (one row per GPU and minute comes back, not one per sample)."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    end = start + timedelta(minutes=n_min)
-    tab = store.con.sql(
-        "SELECT id, (epoch_us(ts) - epoch_us($1::TIMESTAMPTZ)) // 60000000 AS m,"
-        " avg(temp_c) AS t, avg(power_w) AS p, arg_min(temp_c, ts) AS t0,"
-        " arg_max(temp_c, ts) AS t1, (epoch_us(max(ts)) - epoch_us(min(ts))) / 1e6 AS span"
-        " FROM gpu WHERE ts >= $1 AND ts < $2 AND temp_c IS NOT NULL GROUP BY ALL",
-        params=[start, end],
-    ).to_arrow_table()
-    shape = (n_min, len(ids))
-    t_m, p_m, slope = np.full(shape, np.nan), np.full(shape, np.nan), np.zeros(shape)
-    if tab.num_rows == 0:
-        return t_m, p_m, slope
-    col = pc.index_in(tab.column("id"), value_set=pa.array(ids)).to_numpy(zero_copy_only=False)
-    col = np.nan_to_num(np.asarray(col, dtype=float), nan=-1).astype(np.int64)
-    row = tab.column("m").to_numpy().astype(np.int64)
-    ok = (col >= 0) & (row >= 0) & (row < n_min)
-    r, c = row[ok], col[ok]
-
-    def get(name: str) -> np.ndarray:
-        return tab.column(name).to_numpy(zero_copy_only=False).astype(float)[ok]
-
-    t_m[r, c], p_m[r, c] = get("t"), get("p")
-    span = get("span")
-    with np.errstate(all="ignore"):
-        sl = np.where(span > 0, (get("t1") - get("t0")) / span, 0.0)
-    slope[r, c] = np.where(np.isfinite(sl), sl, 0.0)
-    return t_m, p_m, slope
+    the temperature's slope from the minute's first to its last sample [K/s], ``(n_min, G)``
+    (:func:`twin.store.windows.load_minute_stats`)."""
+    m = load_minute_stats(store, "gpu", ids, start, n_min, ["temp_c", "power_w"])
+    return m.means["temp_c"], m.means["power_w"], m.slope
 
 
 def _minute_window(store: Store, kind: str, start: datetime, n_min: int, **kw: Any) -> Any:

@@ -36,12 +36,13 @@ from twin.chain.params import UTIL_SHAPE_PARAM
 from twin.site import Site
 from twin.site.index import SiteIndex, gpu_reference, index_site
 from twin.store import Store
+from twin.store.reads import newest_ts
 from twin.store.windows import (
     MAX_STEP_S,
     MIN_STEP_S,
-    STEP_SAMPLE_IDS,
     Window,
     first_valid,
+    grid_end,
     hold_fill,
     infer_step_s,
     load_max,
@@ -454,25 +455,9 @@ def _sub_index(idx: SiteIndex, members: np.ndarray) -> SiteIndex:
 def _grid_end(
     store: Store, ids: list[str], step_s: float, window_s: float, newest: datetime | None = None
 ) -> datetime:
-    """The end of the ``step_s`` grid for the GPUs ``ids`` (which have samples): after their
-    newest sample, half a step past the usual phase of their timestamps, so that samples
-    that jitter by up to half a step about their nominal times land one per step. The phase
-    is the median, over up to :data:`STEP_SAMPLE_IDS` of ``ids``, of each timestamp's offset
-    from the newest modulo the step (centred on 0); without jitter the end is the newest
-    sample plus half a step. ``newest``: their newest sample, when known."""
-    if newest is None:
-        newest = store.con.execute(
-            "SELECT max(ts) FROM gpu WHERE id IN (SELECT unnest(?))", [ids]
-        ).fetchall()[0][0]
-    step_us = max(1, round(step_s * 1e6))
-    row = store.con.execute(
-        "SELECT median(((epoch_us($1::TIMESTAMPTZ) - epoch_us(ts) + $2 // 2) % $2) - $2 // 2)"
-        " FROM gpu WHERE ts > $1::TIMESTAMPTZ - to_microseconds($3) AND ts <= $1"
-        " AND id IN (SELECT unnest($4))",
-        [newest, step_us, round(window_s * 1e6), ids[:STEP_SAMPLE_IDS]],
-    ).fetchall()
-    lag_us = float(row[0][0] or 0.0)
-    return newest + timedelta(microseconds=round(step_us / 2 - lag_us))
+    """The end of the ``step_s`` grid for the GPUs ``ids``
+    (:func:`twin.store.windows.grid_end`)."""
+    return grid_end(store, "gpu", ids, step_s, window_s, newest)
 
 
 def calibrate(
@@ -499,7 +484,7 @@ def calibrate(
     idx = index_site(site)
     newest = None
     if end is None:
-        newest = store.con.execute("SELECT max(ts) FROM gpu").fetchall()[0][0]
+        newest = newest_ts(store, "gpu")
         if newest is None:
             raise ValueError("the store holds no GPU samples to calibrate against")
     probe_end = end if end is not None else newest + timedelta(microseconds=1)

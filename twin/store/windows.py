@@ -8,13 +8,24 @@ per sample in Python, and the result is scattered into the arrays one record bat
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
+from typing import Any
 
 import numpy as np
 
 from collectors.contract import QUANTITIES
 from twin.store.store import Store
+
+
+def grid_step_sql(ts: str, start: str, step_us: str) -> str:
+    """The gridding expression, written once for every gridded read: the index of the step
+    of ``step_us`` microseconds, counted from ``start``, that the timestamp ``ts`` falls in
+    (``ts``, ``start`` and ``step_us`` are SQL expressions: a column and two parameters)."""
+    return f"(epoch_us({ts}) - epoch_us({start}::TIMESTAMPTZ)) // {step_us}"
 
 
 @dataclass(frozen=True)
@@ -61,6 +72,7 @@ def load_max(
         raise ValueError(f"unknown kind {kind!r}")
     if quantity not in QUANTITIES[kind]:
         raise ValueError(f"{kind} has no quantity {quantity!r}")
+    _count(kind, [quantity], start, end, 0.0)
     rows = store.con.execute(
         f"SELECT id, max({quantity}) FROM {kind} WHERE ts >= ? AND ts < ? GROUP BY id",
         [start, end],
@@ -177,6 +189,7 @@ def load_window(
     values = {c: np.full((n_steps, len(ids)), np.nan) for c in cols}
     if not ids or not n_steps:
         return Window(kind, start, step_s, list(ids), values)
+    _count(kind, cols, start, end, step_s)
     # No join and no string per sample in Python: DuckDB hashes each id, numpy maps the hashes
     # of the wanted ids to columns, and NULLs arrive as NaN. The result is streamed in record
     # batches (DuckDB's row groups, ~120 k rows) and scattered into the arrays batch by batch,
@@ -206,7 +219,7 @@ def load_window(
     sorted_hashes = wanted[order]
     wanted_at = np.append(wanted, np.uint64(0))  # the hash a column holds; index n_ids: none
     query = con.sql(
-        "SELECT hash(id) AS h, (epoch_us(ts) - epoch_us($1::TIMESTAMPTZ)) // $2 AS step, "
+        f"SELECT hash(id) AS h, {grid_step_sql('ts', '$1', '$2')} AS step, "
         + ", ".join(f"coalesce({c}::DOUBLE, 'NaN'::DOUBLE) AS {c}" for c in cols)
         + f" FROM {kind} WHERE ts >= $1 AND ts < $3",
         params=[start, step_us, end],
@@ -231,6 +244,283 @@ def load_window(
             for i, dest in enumerate(flat_values):
                 dest[flat] = batch.column(i + 2).to_numpy(zero_copy_only=False)[sel]
     return Window(kind, start, step_s, list(ids), values)
+
+
+def grid_end(
+    store: Store,
+    kind: str,
+    ids: list[str],
+    step_s: float,
+    window_s: float,
+    newest: datetime | None = None,
+) -> datetime:
+    """The end of the ``step_s`` grid for the devices ``ids`` of ``kind`` (which have samples):
+    after their newest sample, half a step past the usual phase of their timestamps, so that
+    samples that jitter by up to half a step about their nominal times land one per step. The
+    phase is the median, over up to :data:`STEP_SAMPLE_IDS` of ``ids``, of each timestamp's
+    offset from the newest modulo the step (centred on 0); without jitter the end is the
+    newest sample plus half a step. ``newest``: their newest sample, when known."""
+    if kind not in QUANTITIES:
+        raise ValueError(f"unknown kind {kind!r}")
+    if newest is None:
+        newest = store.con.execute(
+            f"SELECT max(ts) FROM {kind} WHERE id IN (SELECT unnest(?))", [ids]
+        ).fetchall()[0][0]
+    step_us = max(1, round(step_s * 1e6))
+    row = store.con.execute(
+        "SELECT median(((epoch_us($1::TIMESTAMPTZ) - epoch_us(ts) + $2 // 2) % $2) - $2 // 2)"
+        f" FROM {kind} WHERE ts > $1::TIMESTAMPTZ - to_microseconds($3) AND ts <= $1"
+        " AND id IN (SELECT unnest($4))",
+        [newest, step_us, round(window_s * 1e6), ids[:STEP_SAMPLE_IDS]],
+    ).fetchall()
+    lag_us = float(row[0][0] or 0.0)
+    return newest + timedelta(microseconds=round(step_us / 2 - lag_us))
+
+
+@dataclass(frozen=True)
+class MinuteStats:
+    """Per device and minute of a window, ``(n_min, N)``: the mean of each quantity (NaN where
+    none) and the first quantity's slope from the minute's first to its last sample [unit/s]
+    (0 where under two samples)."""
+
+    start: datetime
+    ids: list[str]
+    means: dict[str, np.ndarray]
+    slope: np.ndarray
+
+
+def load_minute_stats(
+    store: Store, kind: str, ids: list[str], start: datetime, n_min: int, quantities: list[str]
+) -> MinuteStats:
+    """Per id of ``ids`` and minute of ``[start, start + n_min min)``: the mean of each of
+    ``quantities`` and the slope of the first of them (the first and last values a slope
+    needs), over the samples where the first is not null, aggregated in DuckDB (one row per
+    device and minute comes back, not one per sample)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if kind not in QUANTITIES:
+        raise ValueError(f"unknown kind {kind!r}")
+    for q in quantities:
+        if q not in QUANTITIES[kind]:
+            raise ValueError(f"{kind} has no quantity {q!r}")
+    end = start + timedelta(minutes=n_min)
+    _count(kind, quantities, start, end, 60.0)
+    lead = quantities[0]
+    means = ", ".join(f"avg({q}) AS m{i}" for i, q in enumerate(quantities))
+    tab = store.con.sql(
+        f"SELECT id, {grid_step_sql('ts', '$1', '60000000')} AS m, {means},"
+        f" arg_min({lead}, ts) AS v0, arg_max({lead}, ts) AS v1,"
+        " (epoch_us(max(ts)) - epoch_us(min(ts))) / 1e6 AS span"
+        f" FROM {kind} WHERE ts >= $1 AND ts < $2 AND {lead} IS NOT NULL GROUP BY ALL",
+        params=[start, end],
+    ).to_arrow_table()
+    shape = (n_min, len(ids))
+    out = {q: np.full(shape, np.nan) for q in quantities}
+    slope = np.zeros(shape)
+    if tab.num_rows == 0:
+        return MinuteStats(start, list(ids), out, slope)
+    col = pc.index_in(tab.column("id"), value_set=pa.array(ids)).to_numpy(zero_copy_only=False)
+    col = np.nan_to_num(np.asarray(col, dtype=float), nan=-1).astype(np.int64)
+    row = tab.column("m").to_numpy().astype(np.int64)
+    ok = (col >= 0) & (row >= 0) & (row < n_min)
+    r, c = row[ok], col[ok]
+
+    def get(name: str) -> np.ndarray:
+        return tab.column(name).to_numpy(zero_copy_only=False).astype(float)[ok]
+
+    for i, q in enumerate(quantities):
+        out[q][r, c] = get(f"m{i}")
+    span = get("span")
+    with np.errstate(all="ignore"):
+        sl = np.where(span > 0, (get("v1") - get("v0")) / span, 0.0)
+    slope[r, c] = np.where(np.isfinite(sl), sl, 0.0)
+    return MinuteStats(start, list(ids), out, slope)
+
+
+def load_mean_grid(
+    store: Store,
+    kind: str,
+    quantity: str,
+    ids: list[str],
+    start: datetime,
+    end: datetime,
+    step_s: float,
+) -> np.ndarray:
+    """Mean ``quantity`` of ``kind`` per id of ``ids`` per step in [start, end): ``(T, N)``,
+    NaN where none. A step of whole minutes reads the complete 1-minute rollup
+    (``<kind>_1m``, weighted by its counts) up to its watermark and raw samples after it."""
+    if kind not in QUANTITIES:
+        raise ValueError(f"unknown kind {kind!r}")
+    if quantity not in QUANTITIES[kind]:
+        raise ValueError(f"{kind} has no quantity {quantity!r}")
+    n_steps = max(0, int(np.ceil((end - start).total_seconds() / step_s)))
+    out = np.full((n_steps, len(ids)), np.nan)
+    if not n_steps or not ids:
+        return out
+    _count(kind, [quantity], start, end, step_s)
+    con = store.con
+    step_us = round(step_s * 1e6)
+    split = start  # raw samples from here on; the complete 1-minute rollup before it
+    if step_s >= 60 and step_s % 60 == 0:
+        rows = con.execute(
+            "SELECT done_until FROM rollup_watermarks WHERE kind = ? AND resolution = '1m'",
+            [kind],
+        ).fetchall()
+        if rows and rows[0][0] is not None:
+            split = min(max(rows[0][0], start), end)
+    res = con.sql(
+        "WITH m AS (SELECT unnest($1::VARCHAR[]) AS id, unnest(range(len($1::VARCHAR[]))) AS col),"
+        " parts AS ("
+        f" SELECT {grid_step_sql('r.bucket', '$2', '$3')} AS step, r.id,"
+        f"   sum(r.{quantity}_avg * r.n) AS s, sum(r.n) AS c"
+        f" FROM {kind}_1m r WHERE r.bucket >= $2 AND r.bucket < $4"
+        f"   AND r.{quantity}_avg IS NOT NULL"
+        " GROUP BY ALL"
+        " UNION ALL"
+        f" SELECT {grid_step_sql('x.ts', '$2', '$3')} AS step, x.id,"
+        f"   sum(x.{quantity}) AS s, count(x.{quantity}) AS c"
+        f" FROM {kind} x WHERE x.ts >= $4 AND x.ts < $5 GROUP BY ALL)"
+        " SELECT p.step, m.col, sum(p.s) / sum(p.c) AS v FROM parts p JOIN m USING (id)"
+        " GROUP BY ALL HAVING sum(p.c) > 0",
+        params=[list(ids), start, step_us, split, end],
+    ).to_arrow_table()
+    step = res.column("step").to_numpy().astype(np.int64)
+    col = res.column("col").to_numpy().astype(np.int64)
+    val = res.column("v").to_numpy(zero_copy_only=False).astype(float)
+    ok = (step >= 0) & (step < n_steps)
+    out[step[ok], col[ok]] = val[ok]
+    return out
+
+
+#: The GPU activity a fleet's figures use: SM activity, else utilization as a fraction.
+_ACTIVITY_SQL = "coalesce(x.sm_active, x.util_pct / 100.0)"
+
+
+def load_group_activity(
+    store: Store,
+    ids: list[str],
+    groups: list[str],
+    start: datetime,
+    end: datetime,
+    step_s: float,
+    keep: list[tuple[datetime, datetime]] | None = None,
+) -> list[tuple[str, int, float | None]]:
+    """Mean GPU activity (SM activity, else utilization / 100) per group and step of
+    ``[start, end)`` over the GPUs ``ids`` (``groups[i]``: the group of ``ids[i]``), as
+    ``(group, step, mean)`` rows; with ``keep``, only the samples within one of those
+    ``[lo, hi)`` ranges are read."""
+    _count("gpu", ["sm_active", "util_pct"], start, end, step_s)
+    params: list[Any] = [ids, groups, start, end, round(step_s * 1e6)]
+    where = ""
+    if keep:
+        ors = []
+        for lo, hi in keep:
+            ors.append(f"(x.ts >= ${len(params) + 1} AND x.ts < ${len(params) + 2})")
+            params += [lo, hi]
+        where = " AND (" + " OR ".join(ors) + ")"
+    rows = store.con.execute(
+        "WITH m AS (SELECT unnest($1::VARCHAR[]) AS id, unnest($2::VARCHAR[]) AS grp)"
+        f" SELECT m.grp, {grid_step_sql('x.ts', '$3', '$5')} AS b, avg({_ACTIVITY_SQL})"
+        " FROM gpu x JOIN m USING (id)"
+        f" WHERE x.ts >= $3 AND x.ts < $4{where}"
+        " GROUP BY ALL",
+        params,
+    ).fetchall()
+    return [(g, int(b), v) for g, b, v in rows]
+
+
+def load_fleet_activity_stats(
+    store: Store,
+    ids: list[str],
+    fleets: list[str],
+    start: datetime,
+    end: datetime,
+    step_s: float,
+    coverage_bucket_s: float,
+) -> dict[str, tuple]:
+    """Per fleet of the GPUs ``ids`` (``fleets[i]``: the fleet of ``ids[i]``), over the fleet's
+    mean activity per ``step_s`` step of ``[start, end)``: (steps, mean, p50, p95 activity,
+    GPUs reporting, sm_active and util_pct sample counts, span of the samples in s,
+    ``coverage_bucket_s`` buckets with data)."""
+    _count("gpu", ["sm_active", "util_pct"], start, end, step_s)
+    rows = store.con.execute(
+        "WITH m AS (SELECT unnest($1::VARCHAR[]) AS id, unnest($2::VARCHAR[]) AS fleet),"
+        " g AS (SELECT m.fleet, x.id,"
+        f"   {grid_step_sql('x.ts', '$3', '$5')} AS b,"
+        f"   avg({_ACTIVITY_SQL}) AS a,"
+        "   count(x.sm_active) AS n_sm,"
+        "   count(x.util_pct) FILTER (WHERE x.sm_active IS NULL) AS n_util,"
+        "   min(x.ts) AS t0, max(x.ts) AS t1"
+        "   FROM gpu x JOIN m USING (id) WHERE x.ts >= $3 AND x.ts < $4 GROUP BY ALL),"
+        " f AS (SELECT fleet, b, avg(a) AS a FROM g WHERE a IS NOT NULL GROUP BY ALL)"
+        " SELECT f.fleet, count(*), avg(f.a), quantile_cont(f.a, 0.5), quantile_cont(f.a, 0.95),"
+        "   (SELECT count(DISTINCT id) FROM g WHERE g.fleet = f.fleet AND g.a IS NOT NULL),"
+        "   (SELECT sum(n_sm) FROM g WHERE g.fleet = f.fleet),"
+        "   (SELECT sum(n_util) FROM g WHERE g.fleet = f.fleet),"
+        "   (SELECT epoch(max(t1)) - epoch(min(t0)) FROM g WHERE g.fleet = f.fleet),"
+        "   (SELECT count(DISTINCT (g.b * $5) // $6) FROM g WHERE g.fleet = f.fleet)"
+        " FROM f GROUP BY f.fleet",
+        [ids, fleets, start, end, round(step_s * 1e6), round(coverage_bucket_s * 1e6)],
+    ).fetchall()
+    return {r[0]: r[1:] for r in rows}
+
+
+def load_fleet_power_stats(
+    store: Store,
+    ids: list[str],
+    fleets: list[str],
+    nodes: list[str],
+    start: datetime,
+    end: datetime,
+) -> dict[str, tuple]:
+    """Per fleet of the GPUs ``ids`` (``fleets[i]``, ``nodes[i]``: the fleet and node of
+    ``ids[i]``) over ``[start, end)``: (mean board power per GPU, node input power beyond its
+    GPUs' boards per GPU, over the nodes that reported) [W]."""
+    _count("gpu", ["power_w"], start, end, 0.0)
+    _count("node", ["power_w"], start, end, 0.0)
+    rows = store.con.execute(
+        "WITH m AS (SELECT unnest($1::VARCHAR[]) AS id, unnest($2::VARCHAR[]) AS fleet,"
+        "   unnest($3::VARCHAR[]) AS node),"
+        " gp AS (SELECT m.fleet, m.node, x.id, avg(x.power_w) AS p FROM gpu x JOIN m USING (id)"
+        "   WHERE x.ts >= $4 AND x.ts < $5 GROUP BY ALL),"
+        " np AS (SELECT id AS node, avg(power_w) AS p FROM node"
+        "   WHERE ts >= $4 AND ts < $5 AND id IN (SELECT DISTINCT node FROM m) GROUP BY ALL),"
+        " per_node AS (SELECT gp.fleet, gp.node, sum(gp.p) AS gpu_w, count(gp.p) AS n,"
+        "   any_value(np.p) AS node_w FROM gp LEFT JOIN np USING (node) GROUP BY ALL)"
+        " SELECT fleet, sum(gpu_w) / sum(n), sum(node_w - gpu_w) FILTER (WHERE node_w IS NOT NULL)"
+        "   / sum(n) FILTER (WHERE node_w IS NOT NULL) FROM per_node GROUP BY fleet",
+        [ids, fleets, nodes, start, end],
+    ).fetchall()
+    return {r[0]: (r[1], r[2]) for r in rows}
+
+
+# ---- counting the reads (tests) ----------------------------------------------------------------
+
+_counters: list[Counter] = []
+
+
+def _count(
+    kind: str, quantities: Iterable[str], start: datetime, end: datetime, step_s: float
+) -> None:
+    """Record one read of each of ``quantities`` over [start, end) for :func:`count_reads`."""
+    if _counters:
+        for q in quantities:
+            for c in _counters:
+                c[(kind, q, start, end, step_s)] += 1
+
+
+@contextmanager
+def count_reads() -> Iterator[Counter]:
+    """Count the window reads made inside the block, per ``(kind, quantity, start, end,
+    step_s)`` (``step_s`` 0: an aggregate over the whole window): how a test tells that a pass
+    reads each quantity's window once."""
+    counter: Counter = Counter()
+    _counters.append(counter)
+    try:
+        yield counter
+    finally:
+        _counters.remove(counter)
 
 
 # ---- per-column helpers on (time x device) arrays ----------------------------------------------
