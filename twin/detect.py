@@ -98,6 +98,7 @@ from twin.procs import lower_this_thread
 from twin.site import Site
 from twin.store import Store
 from twin.store.reads import newest_values
+from twin.store.windows import WindowReader
 
 log = logging.getLogger(__name__)
 
@@ -194,9 +195,11 @@ def detect(
             failures[name] = e
             return empty(f"{name} failed: {_describe(e)}")
 
+    # one reader for the pass: headroom and hot spots share the windows both read
+    windows = WindowReader(store)
     headroom = stage(
         "headroom",
-        lambda: compute_headroom(store, site, now=now, horizon_s=horizon_s),
+        lambda: compute_headroom(store, site, now=now, horizon_s=horizon_s, windows=windows),
         lambda why: HeadroomReport(
             computed_at=datetime.now(UTC),
             data_until=now,
@@ -209,7 +212,7 @@ def detect(
     )
     hot = stage(
         "hotspots",
-        lambda: find_hotspots(store, site, now=now),
+        lambda: find_hotspots(store, site, now=now, windows=windows),
         lambda why: HotSpotReport(
             computed_at=datetime.now(UTC),
             data_until=now,

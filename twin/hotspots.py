@@ -45,7 +45,13 @@ from twin.coverage import newest_sample
 from twin.site import Site
 from twin.site.index import gpu_flow_ratio, gpu_reference, index_site
 from twin.store import Store
-from twin.store.windows import hold_fill, infer_step_s, load_minute_stats, load_window
+from twin.store.windows import (
+    WindowReader,
+    hold_fill,
+    infer_step_s,
+    load_minute_stats,
+    load_window,
+)
 
 #: Upper end of the ASHRAE TC 9.9 recommended inlet range (18-27 °C), 2021 thermal guidelines.
 ASHRAE_RECOMMENDED_MAX_C = 27.0
@@ -145,13 +151,15 @@ def find_hotspots(
     k_sigma: float = 3.0,
     minutes: int = 5,
     min_excess_k: float = MIN_EXCESS_K,
+    windows: WindowReader | None = None,
 ) -> HotSpotReport:
     """Every hot spot of ``site`` from the store's newest data and calibration.
 
     The model-based detectors (residual, R drift) judge only with a calibration fitted on this
     store's telemetry (:meth:`twin.store.Store.latest_fit_run_id`): a run seeded from another
     recording serves headroom, never a residual. A GPU whose fit was refused is not judged
-    (listed in ``not_judged`` with the fit's reason)."""
+    (listed in ``not_judged`` with the fit's reason). ``windows``: the pass's reader, when
+    other stages read the same windows (detection)."""
     if k_sigma <= 0 or minutes < 1 or min_excess_k < 0:
         raise ValueError(
             f"k_sigma ({k_sigma}) must be > 0, minutes ({minutes}) >= 1 and min_excess_k"
@@ -170,11 +178,10 @@ def find_hotspots(
     out: list[HotSpot] = []
     end = now + timedelta(seconds=1)
     start = end - timedelta(seconds=60.0)  # the last minute, on the samples' 1 s grid
-    gpu = load_window(
-        store, "gpu", start, end, ids=idx.gpu_ids, quantities=["temp_c", "mem_temp_c"]
-    )
-    node = load_window(store, "node", start, end, quantities=["inlet_temp_c"])
-    pdu = load_window(store, "pdu", start, end, quantities=["inlet_temp_c"])
+    reader = windows if windows is not None else WindowReader(store)
+    gpu = reader.load("gpu", start, end, ids=idx.gpu_ids, quantities=["temp_c", "mem_temp_c"])
+    node = reader.load("node", start, end, quantities=["inlet_temp_c"])
+    pdu = reader.load("pdu", start, end, quantities=["inlet_temp_c"])
     out += _over_limit(idx, nodes, racks, gpu.values["temp_c"], gpu.values["mem_temp_c"])
 
     # ---- above the calibrated model, and R drifting over its fleet (last minutes' aggregates)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -244,6 +244,51 @@ def load_window(
             for i, dest in enumerate(flat_values):
                 dest[flat] = batch.column(i + 2).to_numpy(zero_copy_only=False)[sel]
     return Window(kind, start, step_s, list(ids), values)
+
+
+class WindowReader:
+    """The windows one pass reads, each quantity of each window read from the store once:
+    headroom and hot spots read the same last minute of GPU and node telemetry, so the pass
+    hands them one reader and the second asks the store only for what the first did not read
+    (the arrays are shared: callers must not write into them).
+
+    :meth:`load` takes :func:`load_window`'s arguments; a window is the same when its kind,
+    start, end, step and ``ids`` are."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._read: dict[tuple, Window] = {}
+
+    def load(
+        self,
+        kind: str,
+        start: datetime,
+        end: datetime,
+        *,
+        quantities: list[str] | None = None,
+        step_s: float = 1.0,
+        ids: list[str] | None = None,
+    ) -> Window:
+        if kind not in QUANTITIES:
+            raise ValueError(f"unknown kind {kind!r}")
+        cols = quantities or list(QUANTITIES[kind])
+        key = (kind, start, end, step_s, None if ids is None else tuple(ids))
+        have = self._read.get(key)
+        missing = [c for c in cols if have is None or c not in have.values]
+        if missing:
+            got = load_window(
+                self.store,
+                kind,
+                start,
+                end,
+                quantities=missing,
+                step_s=step_s,
+                ids=ids if have is None else have.ids,
+            )
+            have = got if have is None else replace(have, values={**have.values, **got.values})
+            self._read[key] = have
+        assert have is not None
+        return Window(kind, start, step_s, list(have.ids), {c: have.values[c] for c in cols})
 
 
 def grid_end(
