@@ -1,9 +1,15 @@
-"""Read windows of telemetry from the store as dense (time x device) numpy arrays.
+"""Read windows of telemetry from the store onto a time grid: the one store reader of DESIGN.md
+"One data plane" (calibration, headroom, hot spots, fleets, forecasts and the drain detector
+all read through it; :func:`grid_step_sql` is the one gridding expression).
 
-The fitters in ``models`` take arrays shaped (T, N): time along axis 0, one column per device,
-NaN where a device reported nothing in a step. This module does the one query per kind that
-builds them: DuckDB hashes the ids, numpy maps the hashes to columns, so no string is handled
-per sample in Python, and the result is scattered into the arrays one record batch at a time.
+The fitters in ``models`` and the chain take arrays shaped (T, N): time along axis 0, one
+column per device, NaN where a device reported nothing in a step. :func:`load_window` does the
+one query per kind that builds them from raw samples: DuckDB hashes the ids, numpy maps the
+hashes to columns, so no string is handled per sample in Python, and the result is scattered
+into the arrays one record batch at a time. The aggregate reads (per-minute means with the
+first and last values a slope needs, means over the 1-minute rollup, per-fleet activity)
+return one row per device (or group) and step. :class:`WindowReader` shares the windows of one
+pass between its stages; :func:`count_reads` counts the reads (tests).
 """
 
 from __future__ import annotations
