@@ -41,6 +41,7 @@ from twin.api import ARROW_STREAM  # noqa: E402
 from twin.headroom import HEADROOM_SCHEMA  # noqa: E402
 from twin.service import Service, ServiceConfig  # noqa: E402
 from twin.site import Site  # noqa: E402
+from twin.site.index import index_site  # noqa: E402
 from twin.store import Store  # noqa: E402
 from twin.store.schema import arrow_schema  # noqa: E402
 
@@ -125,7 +126,7 @@ def rng_vals(n: int, lo: float, hi: float, seed: int) -> np.ndarray:
 
 
 def build_series_store(path: Path, site: Site, seconds: int = 3600) -> list[str]:
-    ids = [g for nd in site.nodes for g in nd.gpu_ids()]
+    ids = index_site(site).gpu_ids
     n_gpus = len(ids)
     n = n_gpus * seconds
     with Store(path) as store:
@@ -144,8 +145,8 @@ def build_series_store(path: Path, site: Site, seconds: int = 3600) -> list[str]
 
 
 def build_overview_store(path: Path, site: Site, seconds: int, reports: int) -> None:
-    gpu_ids = [g for nd in site.nodes for g in nd.gpu_ids()]
-    node_ids = [nd.name for nd in site.nodes]
+    idx = index_site(site)
+    gpu_ids, node_ids = idx.gpu_ids, idx.node_names
     pdu_ids = [p.name for p in site.pdus] + [
         sub_id(p.name, x) for p in site.pdus for x in ("L1", "L2", "L3", "cb1", "cb2", "cb3")
     ]

@@ -74,11 +74,12 @@ import pyarrow as pa
 from collectors.contract import gpu_id
 from models.gpu_power import fit_power_curve, gpu_power_w
 from models.gpu_thermal import fit_rc_many, rc_simulate
-from twin.calibrate.calibrate import SiteIndex, fit_gpu_links, step_groups
-from twin.calibrate.windows import load_max, load_window
+from twin.calibrate.calibrate import fit_gpu_links, step_groups
+from twin.site.index import SiteIndex
 from twin.store import Store
 from twin.store.schema import arrow_schema
 from twin.store.store import Batch
+from twin.store.windows import load_max, load_window
 
 TARGET_S = 10.0  # 10,000 GPUs x 1 h at 1 Hz
 TARGET_STEP_S = 5.0  # 10,000 GPUs x 2 h at 10 s (--step-s 10 --seconds 7200), issue 14

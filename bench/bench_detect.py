@@ -56,6 +56,7 @@ sys.path.insert(0, str(REPO / "bench"))
 from bench_api import synthetic_site  # noqa: E402
 
 from twin.site import Site  # noqa: E402
+from twin.site.index import index_site  # noqa: E402
 from twin.store import Store  # noqa: E402
 from twin.store.schema import arrow_schema  # noqa: E402
 
@@ -113,10 +114,11 @@ def build_store(path: Path, n_gpus: int, step_s: float, now: datetime, seed: int
     n_steps = int(MINUTES * 60 / step_s)
     ts_us = int(now.timestamp() * 1e6) - (n_steps - 1 - np.arange(n_steps)) * round(step_s * 1e6)
     nodes = site.nodes
-    gpu_ids = [g for nd in nodes for g in nd.gpu_ids()]
+    idx = index_site(site)
+    gpu_ids = idx.gpu_ids
     g = len(gpu_ids)
     infer = {nd.name for f in site.fleets if f.role == "inference" for nd in _nodes_of(site, f)}
-    gpu_infer = np.repeat([nd.name in infer for nd in nodes], [len(nd.gpu_ids()) for nd in nodes])
+    gpu_infer = np.array([nd in infer for nd in idx.gpu_node], dtype=bool)
     spec = nodes[0].gpu_spec
     # activity: training busy, inference mostly idle (an underused fleet), a little noise
     act_base = np.where(gpu_infer, rng.uniform(0.08, 0.25, g), rng.uniform(0.8, 0.95, g))
@@ -240,7 +242,8 @@ def _write_calibration(
     g = len(gpu_ids)
     r = R_K_PER_W * rng.uniform(0.97, 1.03, g)
     store.con.execute(
-        "INSERT INTO calibration_runs VALUES (1, ?, ?, ?, ?, ?, 60.0)",
+        "INSERT INTO calibration_runs (run_id, fitted_at, window_start, window_end,"
+        " holdout_start, gpus, seconds) VALUES (1, ?, ?, ?, ?, ?, 60.0)",
         [now, now - timedelta(minutes=MINUTES), now, now - timedelta(minutes=2), g],
     )
     ids = gpu_ids * 3 + cdu_names
@@ -329,11 +332,11 @@ def floor_select(store: Store, now: datetime) -> int:
 def floor_windows(store: Store, site: Site, now: datetime) -> None:
     """The same rows through ``load_window`` on the pass's 1 s grid (GPU: the hot spots' 8
     minutes; the rest: their whole window)."""
-    from twin.calibrate.windows import load_window
+    from twin.store.windows import load_window
 
     end = now + timedelta(seconds=1)
     start = end - timedelta(minutes=MINUTES)
-    gpu_ids = [g for nd in site.nodes for g in nd.gpu_ids()]
+    gpu_ids = index_site(site).gpu_ids
     load_window(
         store,
         "gpu",

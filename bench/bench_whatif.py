@@ -43,6 +43,7 @@ from twin.replay.bundle import RESOLUTION, Bundle, Manifest, _quantize, write_pa
 from twin.replay.report import write_report
 from twin.replay.scenario import Scenario, load_scenario
 from twin.replay.whatif import load, run
+from twin.site.index import index_site
 
 START = datetime(2026, 11, 23, tzinfo=UTC)
 DT = 10.0
@@ -130,10 +131,10 @@ def make_bundle(site_raw: dict, out: Path) -> None:
     t_s = np.arange(n_t) * DT
     ts = (START.timestamp() * 1e6 + t_s * 1e6).astype(np.int64)
     nodes = site.nodes
-    gpu_ids = [g for nd in nodes for g in nd.gpu_ids()]
-    gpu_src = [nd.name for nd in nodes for _ in nd.gpu_ids()]
-    fleet = site.fleet_of_node
-    training = np.array([fleet[nd.name].role == "training" for nd in nodes for _ in nd.gpu_ids()])
+    idx = index_site(site)
+    gpu_ids, gpu_src = idx.gpu_ids, idx.gpu_node
+    role = {f.name: f.role for f in site.fleets}
+    training = np.array([role.get(f) == "training" for f in idx.gpu_fleet])
     g = len(gpu_ids)
     daily = 0.15 + 0.5 * np.maximum(0, np.sin(2 * np.pi * (t_s / 3600 - 8) / 24))
     dips = (t_s % 1800) < 60

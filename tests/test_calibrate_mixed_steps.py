@@ -161,7 +161,8 @@ def test_jittered_and_dropped_10_s_readings_calibrate(stores):
 def test_gpus_are_grouped_by_rate_and_rare_ones_do_not_stop_the_rest(tmp_path) -> None:
     from datetime import timedelta
 
-    from twin.calibrate.calibrate import index_site, step_groups
+    from twin.calibrate.calibrate import step_groups
+    from twin.site.index import index_site
 
     idx = index_site(load_site(SMALL_SITE))
     t0 = datetime(2026, 11, 20, 12, 0, tzinfo=UTC)

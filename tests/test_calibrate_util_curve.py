@@ -13,12 +13,12 @@ import pytest
 from typer.testing import CliRunner
 
 from models import gpu_power
-from twin.calibrate.calibrate import index_site
 from twin.chain import propagate
 from twin.chain.params import resolve
 from twin.cli import app
 from twin.site import load_site
 from twin.site.catalog import GPU_MODELS
+from twin.site.index import index_site
 from twin.store import Store
 
 from .helpers import REPO

@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 
 from models import electrical, gpu_thermal
-from twin.calibrate.calibrate import index_site
 from twin.chain import (
     derated_a,
     feed_capacity_kw,
@@ -24,6 +23,7 @@ from twin.chain.thermal import model_path
 from twin.headroom import unexplained_trend
 from twin.site import load_site
 from twin.site.catalog import ASSUMPTIONS
+from twin.site.index import index_site
 
 from .helpers import SMALL_SITE
 

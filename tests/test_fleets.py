@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 import yaml
 
-from twin.calibrate.windows import load_window
 from twin.fleets import fleet_report_json, fleets_command_payload, underused_fleets
 from twin.ingest import Ingester, IngestLimits
 from twin.simulator import SiteSimulator, parse_fault
 from twin.site import Site, load_site
 from twin.store import Store
+from twin.store.windows import load_window
 
 from .helpers import REPO, SMALL_SITE
 

@@ -187,3 +187,40 @@ def test_no_test_imports_another_test_module_conftest_or_bench(path):
     assert import_faults(path.read_text()) == [], path.name
     if path.name != "test_import_rules.py":  # nor loads one by its file (importlib)
         assert "spec_from_file_location" not in path.read_text(), path.name
+
+
+def _imports_anywhere(path: Path) -> set[str]:
+    """Every module ``path`` imports, at module level or inside a function (``from twin import
+    calibrate`` counts as ``twin.calibrate``)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found.update(f"{node.module}.{a.name}" for a in node.names)
+    return found
+
+
+#: The data plane below calibration (DESIGN.md "One data plane"): the site index, the chain and
+#: the detection that runs on them read the index from twin/site and windows from twin/store;
+#: calibration is a consumer above them.
+BELOW_CALIBRATE = [
+    *files("twin/chain"),
+    *files("twin/site"),
+    *files("twin/store"),
+    *files("twin/alerts"),
+    REPO / "twin" / "headroom.py",
+    REPO / "twin" / "hotspots.py",
+    REPO / "twin" / "detect.py",
+]
+
+
+@pytest.mark.parametrize("path", BELOW_CALIBRATE, ids=lambda p: str(p.relative_to(REPO)))
+def test_the_chain_site_and_detection_never_import_calibrate(path):
+    bad = {
+        m
+        for m in _imports_anywhere(path)
+        if m == "twin.calibrate" or m.startswith("twin.calibrate.")
+    }
+    assert not bad, f"{path.relative_to(REPO)} imports {sorted(bad)}"

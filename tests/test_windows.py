@@ -8,9 +8,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from twin.calibrate.windows import load_window
 from twin.store import Store
 from twin.store.schema import arrow_schema
+from twin.store.windows import load_window
 
 
 def test_streamed_read_matches_a_pivot_with_gaps_nulls_and_a_subset_of_ids(tmp_path) -> None:
@@ -65,7 +65,7 @@ def test_streamed_read_matches_a_pivot_with_gaps_nulls_and_a_subset_of_ids(tmp_p
 
 
 def test_column_helpers_fill_and_pick_per_device() -> None:
-    from twin.calibrate.windows import first_valid, hold_fill, last_valid
+    from twin.store.windows import first_valid, hold_fill, last_valid
 
     nan = np.nan
     a = np.array([[nan, 1.0, nan], [2.0, nan, nan], [nan, 3.0, nan], [4.0, nan, nan]])
@@ -81,7 +81,7 @@ def test_column_helpers_fill_and_pick_per_device() -> None:
 
 
 def test_load_max_is_the_largest_reading_per_id(tmp_path) -> None:
-    from twin.calibrate.windows import load_max
+    from twin.store.windows import load_max
 
     with Store(tmp_path / "m.duckdb") as store:
         t0 = datetime(2026, 11, 29, 10, 0, tzinfo=UTC)
@@ -144,7 +144,7 @@ def _gpu_rows(ids: list[str], times: list[datetime]) -> pa.Table:
 
 
 def test_the_step_is_the_median_interval_of_each_devices_timestamps(tmp_path) -> None:
-    from twin.calibrate.windows import infer_step_s
+    from twin.store.windows import infer_step_s
 
     rng = np.random.default_rng(1)
     t0 = datetime(2026, 11, 1, tzinfo=UTC)
@@ -171,7 +171,7 @@ def test_the_step_is_the_median_interval_of_each_devices_timestamps(tmp_path) ->
 
 
 def test_mean_intervals_tell_two_exporters_apart_in_one_query(tmp_path) -> None:
-    from twin.calibrate.windows import mean_intervals_s
+    from twin.store.windows import mean_intervals_s
 
     t0 = datetime(2026, 11, 1, tzinfo=UTC)
     ids, times = [], []

@@ -13,6 +13,7 @@ from datetime import datetime, timedelta
 from collectors.contract import KINDS
 from twin.site import Site
 from twin.store import Store
+from twin.store.reads import has_samples, newest_ts
 
 
 class NoTelemetry(ValueError):
@@ -49,7 +50,7 @@ def newest_sample(store: Store, kinds: tuple[str, ...] = KINDS) -> datetime | No
     """Timestamp of the newest sample of any of ``kinds``; None when the store has none."""
     newest: datetime | None = None
     for kind in kinds:
-        ts = store.con.execute(f"SELECT max(ts) FROM {kind}").fetchall()[0][0]
+        ts = newest_ts(store, kind)
         if ts is not None and (newest is None or ts > newest):
             newest = ts
     return newest
@@ -75,9 +76,6 @@ def missing_kinds(
     start = now - timedelta(seconds=window_s)
     out: dict[str, str] = {}
     for kind in expected_kinds(site):
-        rows = store.con.execute(
-            f"SELECT 1 FROM {kind} WHERE ts > ? AND ts <= ? LIMIT 1", [start, now]
-        ).fetchall()
-        if not rows:
+        if not has_samples(store, kind, start, now):
             out[kind] = f"no {kind} telemetry in the last {window_s:g} s: {NOT_COMPUTED[kind]}"
     return out

@@ -97,6 +97,8 @@ from twin.hotspots import HotSpotReport, find_hotspots
 from twin.procs import lower_this_thread
 from twin.site import Site
 from twin.store import Store
+from twin.store.reads import newest_values
+from twin.store.windows import WindowReader
 
 log = logging.getLogger(__name__)
 
@@ -144,12 +146,7 @@ def _describe(e: BaseException) -> str:
 def pump_states(store: Store, site: Site, now: datetime, window_s: float = 60.0) -> list[PumpState]:
     """Pumps turning per CDU, from each pump's speed over the last ``window_s``."""
     start = now - timedelta(seconds=window_s)
-    rows = store.con.execute(
-        "SELECT id, arg_max(pump_speed_pct, ts) FROM cdu WHERE ts > ? AND ts <= ? AND"
-        " pump_speed_pct IS NOT NULL GROUP BY id",
-        [start, now],
-    ).fetchall()
-    speed = dict(rows)
+    speed = newest_values(store, "cdu", "pump_speed_pct", start, now)
     out = []
     for c in site.cdus:
         seen = {p: speed[sid] for p in c.pumps if (sid := sub_id(c.name, p)) in speed}
@@ -198,9 +195,11 @@ def detect(
             failures[name] = e
             return empty(f"{name} failed: {_describe(e)}")
 
+    # one reader for the pass: headroom and hot spots share the windows both read
+    windows = WindowReader(store)
     headroom = stage(
         "headroom",
-        lambda: compute_headroom(store, site, now=now, horizon_s=horizon_s),
+        lambda: compute_headroom(store, site, now=now, horizon_s=horizon_s, windows=windows),
         lambda why: HeadroomReport(
             computed_at=datetime.now(UTC),
             data_until=now,
@@ -213,7 +212,7 @@ def detect(
     )
     hot = stage(
         "hotspots",
-        lambda: find_hotspots(store, site, now=now),
+        lambda: find_hotspots(store, site, now=now, windows=windows),
         lambda why: HotSpotReport(
             computed_at=datetime.now(UTC),
             data_until=now,

@@ -33,6 +33,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from twin.site import Site
 from twin.store import Store
+from twin.store.windows import load_group_activity
 
 __all__ = [
     "BEFORE_MIN",
@@ -162,15 +163,9 @@ def fleet_minute_activity(
     recent = now - timedelta(minutes=min(minutes, NOW_MIN + BEFORE_MIN))
     y_lo = now - timedelta(minutes=DAY_MIN + NOW_MIN)
     y_hi = now - timedelta(minutes=DAY_MIN)
-    rows = store.con.execute(
-        "WITH m AS (SELECT unnest($1::VARCHAR[]) AS id, unnest($2::VARCHAR[]) AS fleet)"
-        " SELECT m.fleet, (epoch_us(x.ts) - epoch_us($3::TIMESTAMPTZ)) // 60000000 AS b,"
-        "   avg(coalesce(x.sm_active, x.util_pct / 100.0))"
-        " FROM gpu x JOIN m USING (id)"
-        " WHERE x.ts >= $3 AND x.ts < $4 AND (x.ts >= $5 OR (x.ts >= $6 AND x.ts < $7))"
-        " GROUP BY ALL",
-        [ids, fleet, start, now, recent, y_lo, y_hi],
-    ).fetchall()
+    rows = load_group_activity(
+        store, ids, fleet, start, now, 60.0, keep=[(recent, now), (y_lo, y_hi)]
+    )
     col = {n: j for j, n in enumerate(names)}
     for f, b, v in rows:
         if v is not None and 0 <= int(b) < minutes:

@@ -40,6 +40,8 @@ from pydantic import BaseModel, Field
 
 from twin.site import Site, load_site
 from twin.store import Store
+from twin.store.reads import newest_ts
+from twin.store.windows import load_fleet_activity_stats, load_fleet_power_stats
 
 __all__ = [
     "FleetReport",
@@ -152,43 +154,11 @@ def _fleet_queries(
     """Per fleet: (buckets, mean, p50, p95 activity, GPUs reporting, sm_active and util_pct
     sample counts, span of the samples in s, ``coverage_bucket_s`` buckets with data), and
     (mean board power per GPU, non-GPU node power per GPU)."""
-    con = store.con
-    step_us = round(step_s * 1e6)
-    rows = con.execute(
-        "WITH m AS (SELECT unnest($1::VARCHAR[]) AS id, unnest($2::VARCHAR[]) AS fleet),"
-        " g AS (SELECT m.fleet, x.id,"
-        "   (epoch_us(x.ts) - epoch_us($3::TIMESTAMPTZ)) // $5 AS b,"
-        "   avg(coalesce(x.sm_active, x.util_pct / 100.0)) AS a,"
-        "   count(x.sm_active) AS n_sm,"
-        "   count(x.util_pct) FILTER (WHERE x.sm_active IS NULL) AS n_util,"
-        "   min(x.ts) AS t0, max(x.ts) AS t1"
-        "   FROM gpu x JOIN m USING (id) WHERE x.ts >= $3 AND x.ts < $4 GROUP BY ALL),"
-        " f AS (SELECT fleet, b, avg(a) AS a FROM g WHERE a IS NOT NULL GROUP BY ALL)"
-        " SELECT f.fleet, count(*), avg(f.a), quantile_cont(f.a, 0.5), quantile_cont(f.a, 0.95),"
-        "   (SELECT count(DISTINCT id) FROM g WHERE g.fleet = f.fleet AND g.a IS NOT NULL),"
-        "   (SELECT sum(n_sm) FROM g WHERE g.fleet = f.fleet),"
-        "   (SELECT sum(n_util) FROM g WHERE g.fleet = f.fleet),"
-        "   (SELECT epoch(max(t1)) - epoch(min(t0)) FROM g WHERE g.fleet = f.fleet),"
-        "   (SELECT count(DISTINCT (g.b * $5) // $6) FROM g WHERE g.fleet = f.fleet)"
-        " FROM f GROUP BY f.fleet",
-        [gpu_ids, gpu_fleet, start, end, step_us, round(coverage_bucket_s * 1e6)],
-    ).fetchall()
-    act = {r[0]: r[1:] for r in rows}
+    act = load_fleet_activity_stats(
+        store, gpu_ids, gpu_fleet, start, end, step_s, coverage_bucket_s
+    )
     # power: mean board power per GPU, and node input power beyond its GPUs' boards
-    prow = con.execute(
-        "WITH m AS (SELECT unnest($1::VARCHAR[]) AS id, unnest($2::VARCHAR[]) AS fleet,"
-        "   unnest($3::VARCHAR[]) AS node),"
-        " gp AS (SELECT m.fleet, m.node, x.id, avg(x.power_w) AS p FROM gpu x JOIN m USING (id)"
-        "   WHERE x.ts >= $4 AND x.ts < $5 GROUP BY ALL),"
-        " np AS (SELECT id AS node, avg(power_w) AS p FROM node"
-        "   WHERE ts >= $4 AND ts < $5 AND id IN (SELECT DISTINCT node FROM m) GROUP BY ALL),"
-        " per_node AS (SELECT gp.fleet, gp.node, sum(gp.p) AS gpu_w, count(gp.p) AS n,"
-        "   any_value(np.p) AS node_w FROM gp LEFT JOIN np USING (node) GROUP BY ALL)"
-        " SELECT fleet, sum(gpu_w) / sum(n), sum(node_w - gpu_w) FILTER (WHERE node_w IS NOT NULL)"
-        "   / sum(n) FILTER (WHERE node_w IS NOT NULL) FROM per_node GROUP BY fleet",
-        [gpu_ids, gpu_fleet, gpu_node, start, end],
-    ).fetchall()
-    power = {r[0]: (r[1], r[2]) for r in prow}
+    power = load_fleet_power_stats(store, gpu_ids, gpu_fleet, gpu_node, start, end)
     return act, power
 
 
@@ -364,7 +334,7 @@ def fleets_command_payload(
     site = load_site(site_path)
     with Store(db_path, read_only=True) as store:
         if now is None:
-            newest = store.con.execute("SELECT max(ts) FROM gpu").fetchall()[0][0]
+            newest = newest_ts(store, "gpu")
             now = (newest + timedelta(microseconds=1)) if newest else datetime.now(UTC)
         report = underused_fleets(
             store, site, now, window_s, threshold, target_util, min_coverage_s=min_coverage_s

@@ -41,15 +41,16 @@ import numpy as np
 import pyarrow as pa
 from pydantic import BaseModel
 
-from twin.calibrate.calibrate import gpu_flow_ratio, gpu_reference, index_site
-from twin.calibrate.windows import Window, last_valid, load_window
 from twin.chain import gpu_temperatures, phase_table, rack_capacity_kw, resolve
 from twin.chain import propagate as chain
 from twin.chain.params import history_capped_r
 from twin.coverage import newest_sample
 from twin.forecast import rack_ratio_paths
 from twin.site import Site
+from twin.site.index import gpu_flow_ratio, gpu_reference, index_site
 from twin.store import Store
+from twin.store.reads import latest_headroom_rows, prune_headroom
+from twin.store.windows import Window, WindowReader, last_valid
 
 log = logging.getLogger(__name__)
 
@@ -232,8 +233,11 @@ def compute_headroom(
     horizon_s: float = 3600.0,
     step_s: float = 60.0,
     use_forecast: bool = True,
+    windows: WindowReader | None = None,
 ) -> HeadroomReport:
-    """Headroom of every limit of ``site`` from the store's newest data and calibration."""
+    """Headroom of every limit of ``site`` from the store's newest data and calibration.
+
+    ``windows``: the pass's reader, when other stages read the same windows (detection)."""
     if not (horizon_s > 0 and step_s > 0 and horizon_s >= step_s):
         raise ValueError(f"horizon_s ({horizon_s}) and step_s ({step_s}) must be > 0, h >= step")
     problems: list[str] = []
@@ -243,7 +247,8 @@ def compute_headroom(
             raise ValueError("the store holds no telemetry: nothing to compute headroom from")
         now = newest
     now = now.astimezone(UTC)
-    p = _load(store, site, now, horizon_s, step_s, use_forecast, problems)
+    reader = windows if windows is not None else WindowReader(store)
+    p = _load(store, reader, site, now, horizon_s, step_s, use_forecast, problems)
     for stage in (_racks_rows, _phases_rows, _gpus_rows, _cdus_rows, _links_rows):
         stage(p)
     rows, basis = p.rows, p.basis
@@ -260,6 +265,7 @@ def compute_headroom(
 
 def _load(
     store: Store,
+    reader: WindowReader,
     site: Site,
     now: datetime,
     horizon_s: float,
@@ -272,25 +278,22 @@ def _load(
     n = round(horizon_s / step_s) + 1  # path samples, the first is "now"
     end = now + timedelta(seconds=1)
     w_start = end - timedelta(seconds=NOW_WINDOW_S)
-    gpu = load_window(
-        store,
+    gpu = reader.load(
         "gpu",
         w_start,
         end,
         ids=idx.gpu_ids,
         quantities=["power_w", "temp_c", "power_limit_w", "sm_active", "util_pct"],
     )
-    cdu = load_window(
-        store,
+    cdu = reader.load(
         "cdu",
         w_start,
         end,
         ids=idx.cdu_names,
         quantities=["supply_temp_c", "return_temp_c", "flow_lpm", "heat_kw"],
     )
-    node = load_window(store, "node", w_start, end, quantities=["inlet_temp_c", "power_w"])
-    pdu_hist = load_window(
-        store,
+    node = reader.load("node", w_start, end, quantities=["inlet_temp_c", "power_w"])
+    pdu_hist = reader.load(
         "pdu",
         end - timedelta(seconds=max(TREND_WINDOW_S, PERSISTENCE_WINDOW_S)),
         end,
@@ -298,7 +301,7 @@ def _load(
         quantities=["power_w", "current_a", "inlet_temp_c", "power_factor"],
     )
     pdu_now = _tail(pdu_hist, NOW_WINDOW_S)
-    link = load_window(store, "link", w_start, end, quantities=["tx_bps", "rx_bps"])
+    link = reader.load("link", w_start, end, quantities=["tx_bps", "rx_bps"])
 
     # ---- rack input power: sum of the rack's PDU units (feeds)
     racks = site.racks
@@ -321,8 +324,7 @@ def _load(
             rack_now[r_i] = np.nan
     # the IT load of each rack (sum of its nodes' input power), the load the forecast and the
     # ratio paths describe; a rack without node power falls back on its PDUs
-    node_hist = load_window(
-        store,
+    node_hist = reader.load(
         "node",
         pdu_hist.start,
         end,
@@ -850,18 +852,10 @@ def save_headroom(store: Store, report: HeadroomReport, keep: int = 1440) -> int
     table = pa.Table.from_pydict(cols, schema=HEADROOM_SCHEMA)
     with store.transaction():
         store.insert_arrow("headroom", table)
-        store.con.execute(
-            "DELETE FROM headroom WHERE computed_at NOT IN (SELECT DISTINCT computed_at FROM"
-            " headroom ORDER BY computed_at DESC LIMIT ?)",
-            [keep],
-        )
+        prune_headroom(store, keep)
     return len(report.rows)
 
 
 def latest_headroom(store: Store) -> list[dict[str, Any]]:
     """The newest stored report's rows."""
-    res = store.con.sql(
-        "SELECT * FROM headroom WHERE computed_at = (SELECT max(computed_at) FROM headroom)"
-        " ORDER BY kind, id, quantity"
-    )
-    return res.to_arrow_table().to_pylist()
+    return latest_headroom_rows(store)

@@ -41,12 +41,18 @@ from models import gpu_thermal
 from models import thermal_watch as tw
 from models.cooling_change import FLAT_FRACTION, cooling_steps
 from twin.alerts.metrics import RESIDUAL_MIN_EXCESS_K
-from twin.calibrate.calibrate import gpu_flow_ratio, gpu_reference, index_site
-from twin.calibrate.windows import hold_fill, infer_step_s, load_window
 from twin.chain.params import history_capped_r
 from twin.coverage import newest_sample
 from twin.site import Site
+from twin.site.index import gpu_flow_ratio, gpu_reference, index_site
 from twin.store import Store
+from twin.store.windows import (
+    WindowReader,
+    hold_fill,
+    infer_step_s,
+    load_minute_stats,
+    load_window,
+)
 
 #: Upper end of the ASHRAE TC 9.9 recommended inlet range (18-27 °C), 2021 thermal guidelines.
 ASHRAE_RECOMMENDED_MAX_C = 27.0
@@ -146,13 +152,15 @@ def find_hotspots(
     k_sigma: float = 3.0,
     minutes: int = 5,
     min_excess_k: float = MIN_EXCESS_K,
+    windows: WindowReader | None = None,
 ) -> HotSpotReport:
     """Every hot spot of ``site`` from the store's newest data and calibration.
 
     The model-based detectors (residual, R drift) judge only with a calibration fitted on this
     store's telemetry (:meth:`twin.store.Store.latest_fit_run_id`): a run seeded from another
     recording serves headroom, never a residual. A GPU whose fit was refused is not judged
-    (listed in ``not_judged`` with the fit's reason)."""
+    (listed in ``not_judged`` with the fit's reason). ``windows``: the pass's reader, when
+    other stages read the same windows (detection)."""
     if k_sigma <= 0 or minutes < 1 or min_excess_k < 0:
         raise ValueError(
             f"k_sigma ({k_sigma}) must be > 0, minutes ({minutes}) >= 1 and min_excess_k"
@@ -171,11 +179,10 @@ def find_hotspots(
     out: list[HotSpot] = []
     end = now + timedelta(seconds=1)
     start = end - timedelta(seconds=60.0)  # the last minute, on the samples' 1 s grid
-    gpu = load_window(
-        store, "gpu", start, end, ids=idx.gpu_ids, quantities=["temp_c", "mem_temp_c"]
-    )
-    node = load_window(store, "node", start, end, quantities=["inlet_temp_c"])
-    pdu = load_window(store, "pdu", start, end, quantities=["inlet_temp_c"])
+    reader = windows if windows is not None else WindowReader(store)
+    gpu = reader.load("gpu", start, end, ids=idx.gpu_ids, quantities=["temp_c", "mem_temp_c"])
+    node = reader.load("node", start, end, quantities=["inlet_temp_c"])
+    pdu = reader.load("pdu", start, end, quantities=["inlet_temp_c"])
     out += _over_limit(idx, nodes, racks, gpu.values["temp_c"], gpu.values["mem_temp_c"])
 
     # ---- above the calibrated model, and R drifting over its fleet (last minutes' aggregates)
@@ -282,38 +289,10 @@ def _gpu_minutes(
     store: Store, ids: list[str], start: datetime, n_min: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per GPU and minute of ``[start, start + n_min min)``: mean temperature, mean power and
-    the temperature's slope from the minute's first to its last sample [K/s], ``(n_min, G)``,
-    aggregated in DuckDB (one row per GPU and minute comes back, not one per sample)."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    end = start + timedelta(minutes=n_min)
-    tab = store.con.sql(
-        "SELECT id, (epoch_us(ts) - epoch_us($1::TIMESTAMPTZ)) // 60000000 AS m,"
-        " avg(temp_c) AS t, avg(power_w) AS p, arg_min(temp_c, ts) AS t0,"
-        " arg_max(temp_c, ts) AS t1, (epoch_us(max(ts)) - epoch_us(min(ts))) / 1e6 AS span"
-        " FROM gpu WHERE ts >= $1 AND ts < $2 AND temp_c IS NOT NULL GROUP BY ALL",
-        params=[start, end],
-    ).to_arrow_table()
-    shape = (n_min, len(ids))
-    t_m, p_m, slope = np.full(shape, np.nan), np.full(shape, np.nan), np.zeros(shape)
-    if tab.num_rows == 0:
-        return t_m, p_m, slope
-    col = pc.index_in(tab.column("id"), value_set=pa.array(ids)).to_numpy(zero_copy_only=False)
-    col = np.nan_to_num(np.asarray(col, dtype=float), nan=-1).astype(np.int64)
-    row = tab.column("m").to_numpy().astype(np.int64)
-    ok = (col >= 0) & (row >= 0) & (row < n_min)
-    r, c = row[ok], col[ok]
-
-    def get(name: str) -> np.ndarray:
-        return tab.column(name).to_numpy(zero_copy_only=False).astype(float)[ok]
-
-    t_m[r, c], p_m[r, c] = get("t"), get("p")
-    span = get("span")
-    with np.errstate(all="ignore"):
-        sl = np.where(span > 0, (get("t1") - get("t0")) / span, 0.0)
-    slope[r, c] = np.where(np.isfinite(sl), sl, 0.0)
-    return t_m, p_m, slope
+    the temperature's slope from the minute's first to its last sample [K/s], ``(n_min, G)``
+    (:func:`twin.store.windows.load_minute_stats`)."""
+    m = load_minute_stats(store, "gpu", ids, start, n_min, ["temp_c", "power_w"])
+    return m.means["temp_c"], m.means["power_w"], m.slope
 
 
 def _minute_window(store: Store, kind: str, start: datetime, n_min: int, **kw: Any) -> Any:

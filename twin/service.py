@@ -37,6 +37,7 @@ from twin.ingest import Ingester, IngestLimits
 from twin.ingest.mqtt_service import ServiceOptions
 from twin.site.shards import DEFAULT_SHARD
 from twin.store import Store, StoreError
+from twin.store.reads import meta_value, set_meta_value
 
 if TYPE_CHECKING:
     from collectors.mqtt import BrokerConfig
@@ -113,14 +114,14 @@ class ServiceConfig:
 def claim_store(store: Store, shard: str, db: Path) -> None:
     """Record ``shard`` in the store's meta, or raise ServiceError when another shard wrote it
     (a shard's store holds only that shard's sources: another shard must not append to it)."""
-    row = store.con.execute("SELECT value FROM meta WHERE key = 'shard'").fetchall()
-    if row and row[0][0] != shard:
+    claimed = meta_value(store, "shard")
+    if claimed is not None and claimed != shard:
         raise ServiceError(
-            f"{db} is the store of shard {row[0][0]!r}, not of shard {shard!r}: give each"
+            f"{db} is the store of shard {claimed!r}, not of shard {shard!r}: give each"
             " shard its own --db"
         )
-    if not row:
-        store.con.execute("INSERT INTO meta VALUES ('shard', ?)", [shard])
+    if claimed is None:
+        set_meta_value(store, "shard", shard)
 
 
 class Service:

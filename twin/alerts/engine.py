@@ -72,6 +72,7 @@ from twin.alerts.model import (
 )
 from twin.alerts.rules import Rule, RuleSet, load_rules, render_summary
 from twin.alerts.topology import Entity, Topology, kind_word
+from twin.store import alerts as store_alerts
 
 if TYPE_CHECKING:
     from twin.alerts.outbox import Outbox
@@ -300,19 +301,9 @@ class Silences:
         if self.db is None:
             self._mem[s.id] = s
         else:
+            row = (s.id, json.dumps(s.matchers), s.starts_at, s.ends_at, s.created_by, s.comment)
             with self.db.transaction() as cur:
-                cur.execute("DELETE FROM alert_silences WHERE id = ?", [s.id]).fetchall()
-                cur.execute(
-                    "INSERT INTO alert_silences VALUES (?, ?, ?, ?, ?, ?)",
-                    [
-                        s.id,
-                        json.dumps(s.matchers),
-                        s.starts_at,
-                        s.ends_at,
-                        s.created_by,
-                        s.comment,
-                    ],
-                ).fetchall()
+                store_alerts.put_silence(cur, row)
         return s
 
     def expire(self, silence_id: str, now: datetime | None = None) -> None:
@@ -322,18 +313,12 @@ class Silences:
             if silence_id in self._mem:
                 self._mem[silence_id] = self._mem[silence_id].model_copy(update={"ends_at": now})
             return
-        self.db.query(
-            "UPDATE alert_silences SET ends_at = least(ends_at, ?) WHERE id = ?",
-            [now, silence_id],
-        )
+        store_alerts.end_silence(self.db, silence_id, now)
 
     def all(self) -> list[Silence]:
         if self.db is None:
             return list(self._mem.values())
-        rows = self.db.query(
-            "SELECT id, matchers, starts_at, ends_at, created_by, comment FROM alert_silences"
-            " ORDER BY starts_at, id"
-        )
+        rows = store_alerts.silence_rows(self.db)
         return [
             Silence(
                 id=i,
@@ -954,7 +939,7 @@ class AlertEngine:
     def _load_state(self) -> None:
         if self.db is None:
             return
-        for key, kind, state in self.db.query("SELECT key, kind, state FROM alert_state"):
+        for key, kind, state in store_alerts.state_rows(self.db):
             obj = _STATE_TYPES[kind].from_json(state)
             {
                 "i": self._instances,
@@ -980,16 +965,11 @@ class AlertEngine:
         try:
             with self.db.transaction() as cur:
                 for key in sorted(dirty):
-                    cur.execute("DELETE FROM alert_state WHERE key = ?", [key]).fetchall()
                     obj = live.get(key)
-                    if obj is not None:
-                        cur.execute(
-                            "INSERT INTO alert_state VALUES (?, ?, ?, ?)",
-                            [key, key[0], obj.to_json(), now],
-                        ).fetchall()
+                    store_alerts.put_state(cur, key, None if obj is None else obj.to_json(), now)
                 for note in notifications:
-                    cur.execute(
-                        "INSERT INTO alert_history VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    store_alerts.add_history(
+                        cur,
                         [
                             now,
                             note.dedup_key,
@@ -999,7 +979,7 @@ class AlertEngine:
                             note.severity,
                             note.model_dump_json(),
                         ],
-                    ).fetchall()
+                    )
                 if self.outbox is not None and notifications:
                     self.outbox.enqueue_many(notifications, now)
         except duckdb.Error:

@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 from twin.alerts.db import AlertDb
 from twin.alerts.hooks import Hook, OutboxEvent, Router
 from twin.alerts.model import Notification, event_id
+from twin.store import alerts as store_alerts
 
 if TYPE_CHECKING:
     from twin.health import ServiceHealth
@@ -129,10 +130,7 @@ class Outbox:
         with self.db.transaction() as cur:
             routed: set[str] | None = None
             if self.router.route is not None:  # to the hooks the incident was routed to
-                rows = cur.execute(
-                    "SELECT DISTINCT hook FROM alert_outbox WHERE dedup_key = ?", [dedup_key]
-                ).fetchall()
-                routed = {r[0] for r in rows}
+                routed = store_alerts.outbox_hooks_of(cur, dedup_key)
             for hook in list(self.hooks.values()):
                 if hook.supports("acknowledge") and (routed is None or hook.name in routed):
                     n += self._put(cur, hook, dedup_key, "acknowledge", eid, payload, now)
@@ -148,31 +146,15 @@ class Outbox:
         payload: str,
         now: datetime,
     ) -> int:
-        rows = cur.execute(
-            "SELECT id, status, state, event_id FROM alert_outbox WHERE hook = ?"
-            " AND dedup_key = ? ORDER BY id DESC LIMIT 1",
-            [hook.name, key],
-        ).fetchall()
-        if rows and rows[0][1] == status and rows[0][3] == eid and rows[0][2] != "pending":
+        last = store_alerts.outbox_last(cur, hook.name, key)
+        if last and last[1] == status and last[3] == eid and last[2] != "pending":
             return 0  # this very event is already delivered (or given up): nothing new
-        if rows and rows[0][1] == status and rows[0][2] == "pending":
-            cur.execute(
-                "UPDATE alert_outbox SET payload = ?, event_id = ? WHERE id = ?",
-                [payload, eid, rows[0][0]],
-            ).fetchall()
+        if last and last[1] == status and last[2] == "pending":
+            store_alerts.outbox_repayload(cur, last[0], payload, eid)
             return 1
         # a resolve (or ack) ends Alertmanager's re-sends of the firing; a reminder (a new
         # firing event of the same incident) takes them over once delivered
-        cur.execute(
-            "UPDATE alert_outbox SET next_resend_at = NULL WHERE hook = ? AND dedup_key = ?"
-            " AND next_resend_at IS NOT NULL",
-            [hook.name, key],
-        ).fetchall()
-        cur.execute(
-            "INSERT INTO alert_outbox (hook, dedup_key, status, event_id, payload, created_at,"
-            " next_attempt_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
-            [hook.name, key, status, eid, payload, now, now],
-        ).fetchall()
+        store_alerts.outbox_add(cur, hook.name, key, status, eid, payload, now)
         return 1
 
     # ---- deliver -------------------------------------------------------------------------
@@ -237,11 +219,7 @@ class Outbox:
     def _deliver(self, hook: Hook, now: datetime, live: bool = False) -> DeliveryReport:
         report = DeliveryReport()
         hook_name = hook.name
-        rows = self.db.query(
-            "SELECT id, dedup_key, status, event_id, payload, attempts, created_at,"
-            " next_attempt_at FROM alert_outbox WHERE state = 'pending' AND hook = ? ORDER BY id",
-            [hook_name],
-        )
+        rows = store_alerts.outbox_pending(self.db, hook_name)
         blocked: set[str] = set()  # dedup keys with an earlier row waiting
         down = {h for h, until in self._hook_down_until.items() if until > now}
         for rid, key, status, eid, payload, attempts, created, due in rows:
@@ -258,16 +236,13 @@ class Outbox:
             attempts += 1
             if result.ok:
                 resend = hook.resend_interval_s if status == "firing" else None
-                self.db.query(
-                    "UPDATE alert_outbox SET state = 'delivered', delivered_at = ?, attempts = ?,"
-                    " last_status_code = ?, next_resend_at = ? WHERE id = ?",
-                    [
-                        now,
-                        attempts,
-                        result.status_code,
-                        now + timedelta(seconds=resend) if resend else None,
-                        rid,
-                    ],
+                store_alerts.outbox_delivered(
+                    self.db,
+                    rid,
+                    now,
+                    attempts,
+                    result.status_code,
+                    now + timedelta(seconds=resend) if resend else None,
                 )
                 report.delivered.append(rid)
                 self._hook_down_until.pop(hook_name, None)
@@ -276,21 +251,15 @@ class Outbox:
             expired = (now - created).total_seconds() >= self.give_up_after_s
             if result.retry and not expired:
                 nxt = now + timedelta(seconds=self._backoff_s(attempts, result.retry_after_s))
-                self.db.query(
-                    "UPDATE alert_outbox SET attempts = ?, last_error = ?, last_status_code = ?,"
-                    " next_attempt_at = ? WHERE id = ?",
-                    [attempts, result.error, result.status_code, nxt, rid],
+                store_alerts.outbox_retry(
+                    self.db, rid, attempts, result.error, result.status_code, nxt
                 )
                 down.add(hook_name)
                 self._hook_down_until[hook_name] = nxt
                 report.retried.append(rid)
                 log.warning("hook %s: %s (retry at %s)", hook_name, result.error, nxt)
             else:
-                self.db.query(
-                    "UPDATE alert_outbox SET state = 'failed', attempts = ?, last_error = ?,"
-                    " last_status_code = ? WHERE id = ?",
-                    [attempts, result.error, result.status_code, rid],
-                )
+                store_alerts.outbox_failed(self.db, rid, attempts, result.error, result.status_code)
                 report.failed.append(rid)
                 log.error("hook %s: %s (given up)", hook_name, result.error)
         if hook.resend_interval_s is not None:
@@ -300,12 +269,7 @@ class Outbox:
     def _resend(
         self, hook: Hook, now: datetime, down: set[str], report: DeliveryReport, live: bool
     ) -> None:
-        rows = self.db.query(
-            "SELECT id, dedup_key, status, event_id, payload, created_at FROM alert_outbox"
-            " WHERE state = 'delivered' AND hook = ? AND next_resend_at IS NOT NULL"
-            " AND next_resend_at <= ? ORDER BY id",
-            [hook.name, now],
-        )
+        rows = store_alerts.outbox_resends_due(self.db, hook.name, now)
         for rid, key, status, eid, payload, created in rows:
             hook_name = hook.name
             if hook_name in down or hook.resend_interval_s is None:
@@ -316,11 +280,7 @@ class Outbox:
             if live:
                 now = self.clock()
             wait = hook.resend_interval_s if result.ok else self._backoff_s(1, None)
-            self.db.query(
-                "UPDATE alert_outbox SET next_resend_at = ? WHERE id = ? AND next_resend_at"
-                " IS NOT NULL",
-                [now + timedelta(seconds=wait), rid],
-            )
+            store_alerts.outbox_next_resend(self.db, rid, now + timedelta(seconds=wait))
             if result.ok:
                 report.resent.append(rid)
             else:
@@ -343,11 +303,11 @@ class Outbox:
             "delivered_at",
             "state",
         ]
-        rows = self.db.query(f"SELECT {', '.join(cols)} FROM alert_outbox ORDER BY id")
+        rows = store_alerts.outbox_rows(self.db, cols)
         return [dict(zip(cols, r, strict=True)) for r in rows]
 
     def pending(self) -> int:
-        return int(self.db.query("SELECT count(*) FROM alert_outbox WHERE state = 'pending'")[0][0])
+        return store_alerts.outbox_pending_count(self.db)
 
     def close(self) -> None:
         for h in self.hooks.values():
@@ -387,12 +347,7 @@ class _Worker:
             self.stop_event.wait(self.delivery.interval_s)
 
     def _last_error(self) -> str | None:
-        rows = self.delivery.outbox.db.query(
-            "SELECT last_error FROM alert_outbox WHERE hook = ? AND last_error IS NOT NULL"
-            " ORDER BY id DESC LIMIT 1",
-            [self.hook.name],
-        )
-        return rows[0][0] if rows else None
+        return store_alerts.outbox_last_error(self.delivery.outbox.db, self.hook.name)
 
 
 class Delivery:

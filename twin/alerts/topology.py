@@ -30,6 +30,7 @@ from typing import Literal
 from urllib.parse import quote
 
 from collectors.contract import phase_ids, phase_label, split_sub_id, sub_id
+from twin.site.index import index_site
 from twin.site.model import Site
 
 Entity = tuple[str, str]
@@ -73,23 +74,24 @@ class Topology:
             if parent not in parents:
                 parents.append(parent)
 
-        for rack in site.racks:
-            r = ("rack", rack.name)
-            for p in rack.pdus:
+        idx = index_site(site)
+        for r_i, rack in enumerate(idx.rack_names):
+            r = ("rack", rack)
+            for p in idx.rack_pdus[r_i]:
                 link(pw, r, ("pdu", p))
-            if rack.cdu is not None:
-                link(cool, r, ("cdu", rack.cdu))
-            for k, node in enumerate(rack.nodes):
-                n = ("node", node.name)
+            cdu = idx.rack_cdu_name[r_i]
+            if cdu is not None:
+                link(cool, r, ("cdu", cdu))
+            for k, n_i in enumerate(idx.rack_nodes(r_i)):
+                n = ("node", idx.node_names[n_i])
                 link(pw, n, r)
                 link(cool, n, r)
-                phase = node.phase or phase_label(k % 3 + 1)
-                for p in rack.pdus:
+                phase = idx.node_phase[n_i] or phase_label(k % 3 + 1)
+                for p in idx.rack_pdus[r_i]:
                     pdu = site.pdu_by_name.get(p)
                     ph = phase if pdu is None or pdu.phases == 3 else phase_label(1)
                     link(pw, n, ("pdu_phase", sub_id(p, ph)))
-                gpus = [*node.gpu_ids(), *(node.gpu_uuids or ())]
-                for g in gpus:
+                for g in [*idx.node_gpus(n_i), *idx.node_uuids[n_i]]:
                     link(pw, ("gpu", g), n)
                     link(cool, ("gpu", g), n)
         for pdu in site.pdus:
@@ -108,8 +110,9 @@ class Topology:
             link(cool, ("loop", cdu.name), ("cdu", cdu.name))
             for pump in cdu.pumps:
                 link(cool, ("cdu", sub_id(cdu.name, pump)), ("cdu", cdu.name))
-        for node_name, fl in site.fleet_of_node.items():
-            topo.fleet[("node", node_name)] = ("fleet", fl.name)
+        for node_name, fleet in zip(idx.node_names, idx.node_fleet, strict=True):
+            if fleet:
+                topo.fleet[("node", node_name)] = ("fleet", fleet)
         return topo
 
     # ---- queries ---------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from twin.api import models as m
 from twin.api import queries
 from twin.api.context import ApiContext
 from twin.api.guard import BusyLimit, LruCache
+from twin.site.index import SiteLookups
 
 API_VERSION = "v1"
 #: The prefix of the versioned endpoints (every router but the probes: /healthz, /metrics).
@@ -56,15 +57,15 @@ class ApiState:
         default_factory=lambda: CollectorRegistry(auto_describe=False)
     )
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-    _index: queries.SiteLookups | None = field(default=None, repr=False)
+    _index: SiteLookups | None = field(default=None, repr=False)
     _silences: Silences | None = field(default=None, repr=False)
 
-    def site_index(self) -> queries.SiteLookups:
+    def site_index(self) -> SiteLookups:
         """The site's lookups (built on first use); 404 without a site."""
         site = site_or_404(self.ctx)
         with self._lock:
             if self._index is None:
-                self._index = queries.SiteLookups.build(site)
+                self._index = SiteLookups.build(site)
             return self._index
 
     def silences(self) -> Silences:

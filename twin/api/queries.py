@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -563,58 +562,6 @@ def alert_history(db: Store, limit: int) -> list[dict[str, Any]]:
 
 
 # ---- site index ------------------------------------------------------------------------------
-
-
-@dataclass
-class SiteLookups:
-    """Lookups the endpoints need, built once from the site."""
-
-    site: Site
-    gpu_node: dict[str, tuple[str, int]] = field(default_factory=dict)
-    node_rack: dict[str, str] = field(default_factory=dict)
-    rack_where: dict[str, tuple[str, str]] = field(default_factory=dict)
-    pdu_racks: dict[str, list[str]] = field(default_factory=dict)
-    cdu_racks: dict[str, list[str]] = field(default_factory=dict)
-    fleet_of_rack: dict[str, str] = field(default_factory=dict)
-
-    @classmethod
-    def build(cls, site: Site) -> SiteLookups:
-        idx = cls(site)
-        for h in site.halls:
-            for row in h.rows:
-                for r in row.racks:
-                    idx.rack_where[r.name] = (h.name, row.name)
-                    for p in r.pdus:
-                        idx.pdu_racks.setdefault(p, []).append(r.name)
-                    if r.cdu:
-                        idx.cdu_racks.setdefault(r.cdu, []).append(r.name)
-                    for n in r.nodes:
-                        idx.node_rack[n.name] = r.name
-                        for i, gid in enumerate(n.gpu_ids()):
-                            idx.gpu_node[gid] = (n.name, i)
-                        for i, uuid in enumerate(n.gpu_uuids or ()):
-                            idx.gpu_node[uuid] = (n.name, i)
-        fleet_of = site.fleet_of_node
-        for r in site.racks:
-            names = {fleet_of[n.name].name for n in r.nodes if n.name in fleet_of}
-            if names:
-                idx.fleet_of_rack[r.name] = ",".join(sorted(names))
-        return idx
-
-    def racks_of(self, entity: str) -> set[str]:
-        """Racks an alert entity or group id lies in (a CDU or PDU: the racks it serves)."""
-        if entity in self.rack_where:
-            return {entity}
-        if entity in self.node_rack:
-            return {self.node_rack[entity]}
-        if entity in self.gpu_node:
-            return {self.node_rack[self.gpu_node[entity][0]]}
-        head = entity.split("/", 1)[0]
-        if head in self.pdu_racks:
-            return set(self.pdu_racks[head])
-        if head in self.cdu_racks:
-            return set(self.cdu_racks[head])
-        return set()
 
 
 def since(ts: datetime | None, seconds: float) -> datetime | None:

@@ -25,8 +25,6 @@ from models.electrical import fit_rack_power
 from models.gpu_power import (
     CURVE_KINDS,
     POWER_LAW,
-    SATURATING,
-    TWO_LEVEL,
     PowerCurveFit,
     UtilCurveFit,
     curve_power_w,
@@ -34,20 +32,23 @@ from models.gpu_power import (
     fit_util_power_curve,
 )
 from models.gpu_thermal import RcFit, fit_rc_many, predict_temp_c
-from twin.calibrate.windows import (
+from twin.chain.params import UTIL_SHAPE_PARAM
+from twin.site import Site
+from twin.site.index import SiteIndex, gpu_reference, index_site
+from twin.store import Store
+from twin.store.reads import newest_ts
+from twin.store.windows import (
     MAX_STEP_S,
     MIN_STEP_S,
-    STEP_SAMPLE_IDS,
     Window,
     first_valid,
+    grid_end,
     hold_fill,
     infer_step_s,
     load_max,
     load_window,
     mean_intervals_s,
 )
-from twin.site import Site
-from twin.store import Store
 
 #: A GPU's R is an event when it sits this far above its fleet's median (wider than the spread
 #: of healthy cold plates, ±15 % in docs/physics.md §9.2's range) ...
@@ -74,9 +75,6 @@ MIN_CAPTURE_S = 300.0
 MIN_FIT_SAMPLES = 20
 #: Fewest samples at idle for the idle power to count as seen, whatever the step.
 MIN_IDLE_SAMPLES = 3
-#: The stored parameter holding the shape of each util-only power curve (its threshold or
-#: u0, models.gpu_power); the family itself is stored as ``curve_kind``.
-UTIL_SHAPE_PARAM = {TWO_LEVEL: "util_threshold", SATURATING: "util_u0"}
 
 
 #: Finest step at which the RC fit also tries the interval-mean input model (below). At 1 s and
@@ -190,93 +188,6 @@ def fit_rc_at_step(
 def min_samples(duration_s: float, step_s: float, floor: int = MIN_FIT_SAMPLES) -> int:
     """The sample count that covers ``duration_s`` at ``step_s`` (at least ``floor``)."""
     return max(floor, int(np.ceil(duration_s / step_s - 1e-9)))
-
-
-@dataclass(frozen=True)
-class SiteIndex:
-    """The site flattened to index arrays the vectorized fits need."""
-
-    gpu_ids: list[str]
-    gpu_node: list[str]
-    gpu_rack: np.ndarray  # rack index per GPU
-    gpu_cdu: np.ndarray  # CDU index per GPU, -1 for air-cooled
-    gpu_class: list[str]  # catalog GPU model
-    gpu_fleet: list[str]
-    rack_names: list[str]
-    rack_pdus: list[list[str]]
-    rack_cdu: np.ndarray  # CDU index per rack, -1 for none
-    rack_prior: np.ndarray  # catalog capture fraction per rack
-    cdu_names: list[str]
-    cdu_fluid: list[str]
-
-
-def index_site(site: Site) -> SiteIndex:
-    cdu_names = [c.name for c in site.cdus]
-    cdu_pos = {n: i for i, n in enumerate(cdu_names)}
-    racks = site.racks
-    rack_pos = {r.name: i for i, r in enumerate(racks)}
-    gpu_ids, gpu_node, gpu_rack, gpu_cdu, gpu_class, gpu_fleet = [], [], [], [], [], []
-    for r in racks:
-        for n in r.nodes:
-            liquid = n.spec.cooling == "liquid" and r.cdu is not None
-            fleet = site.fleet_of_node.get(n.name)
-            for gid in n.gpu_ids():
-                gpu_ids.append(gid)
-                gpu_node.append(n.name)
-                gpu_rack.append(rack_pos[r.name])
-                gpu_cdu.append(cdu_pos[r.cdu] if liquid and r.cdu else -1)
-                gpu_class.append(n.gpu_model or n.spec.gpu)
-                gpu_fleet.append(fleet.name if fleet else "")
-    return SiteIndex(
-        gpu_ids=gpu_ids,
-        gpu_node=gpu_node,
-        gpu_rack=np.array(gpu_rack, dtype=np.int64),
-        gpu_cdu=np.array(gpu_cdu, dtype=np.int64),
-        gpu_class=gpu_class,
-        gpu_fleet=gpu_fleet,
-        rack_names=[r.name for r in racks],
-        rack_pdus=[list(r.pdus) for r in racks],
-        rack_cdu=np.array([cdu_pos.get(r.cdu, -1) if r.cdu else -1 for r in racks], np.int64),
-        rack_prior=np.array([site.capture_fraction(r) for r in racks], dtype=float),
-        cdu_names=cdu_names,
-        cdu_fluid=[c.coolant for c in site.cdus],
-    )
-
-
-def gpu_reference(idx: SiteIndex, cdu: Window, node: Window, pdu: Window) -> np.ndarray:
-    """Reference temperature per GPU: its CDU's supply (liquid) or its node's inlet air."""
-    t = cdu.n_steps
-    ref = np.full((t, len(idx.gpu_ids)), np.nan)
-    liquid = idx.gpu_cdu >= 0
-    if liquid.any():
-        ref[:, liquid] = cdu.values["supply_temp_c"][:, idx.gpu_cdu[liquid]]
-    air = ~liquid
-    if air.any():
-        # a node that did not report (or no node at all) gives all-NaN columns
-        inlet = node.select([idx.gpu_node[g] for g in np.flatnonzero(air)]).values["inlet_temp_c"]
-        # a node without an inlet sensor takes its rack's PDU inlet reading
-        pdu_pos = {p: i for i, p in enumerate(pdu.ids)}
-        for j, g in enumerate(np.flatnonzero(air)):
-            if np.isnan(inlet[:, j]).all():
-                for p in idx.rack_pdus[idx.gpu_rack[g]]:
-                    if p in pdu_pos:
-                        inlet[:, j] = pdu.values["inlet_temp_c"][:, pdu_pos[p]]
-                        break
-        ref[:, air] = inlet
-    return ref
-
-
-def gpu_flow_ratio(
-    idx: SiteIndex, flow_ref_lpm: dict[str, float], flow_now_lpm: np.ndarray
-) -> np.ndarray:
-    """Per GPU: its loop's flow now over the flow its R was fitted at (1 for air or unknown)."""
-    ratio = np.ones(len(idx.gpu_ids))
-    for c_i, name in enumerate(idx.cdu_names):
-        ref = flow_ref_lpm.get(name)
-        now = flow_now_lpm[c_i] if c_i < len(flow_now_lpm) else np.nan
-        if ref and ref > 0 and np.isfinite(now):
-            ratio[idx.gpu_cdu == c_i] = now / ref
-    return ratio
 
 
 def fit_gpu_links(
@@ -522,7 +433,8 @@ class _RView:
 
 
 def _sub_index(idx: SiteIndex, members: np.ndarray) -> SiteIndex:
-    """``idx`` restricted to the GPUs at positions ``members`` (racks and CDUs kept)."""
+    """``idx`` restricted to the GPUs at positions ``members`` (racks and CDUs kept; no node
+    placement: a fit needs none)."""
     pick = [int(g) for g in members]
     return SiteIndex(
         gpu_ids=[idx.gpu_ids[g] for g in pick],
@@ -543,25 +455,9 @@ def _sub_index(idx: SiteIndex, members: np.ndarray) -> SiteIndex:
 def _grid_end(
     store: Store, ids: list[str], step_s: float, window_s: float, newest: datetime | None = None
 ) -> datetime:
-    """The end of the ``step_s`` grid for the GPUs ``ids`` (which have samples): after their
-    newest sample, half a step past the usual phase of their timestamps, so that samples
-    that jitter by up to half a step about their nominal times land one per step. The phase
-    is the median, over up to :data:`STEP_SAMPLE_IDS` of ``ids``, of each timestamp's offset
-    from the newest modulo the step (centred on 0); without jitter the end is the newest
-    sample plus half a step. ``newest``: their newest sample, when known."""
-    if newest is None:
-        newest = store.con.execute(
-            "SELECT max(ts) FROM gpu WHERE id IN (SELECT unnest(?))", [ids]
-        ).fetchall()[0][0]
-    step_us = max(1, round(step_s * 1e6))
-    row = store.con.execute(
-        "SELECT median(((epoch_us($1::TIMESTAMPTZ) - epoch_us(ts) + $2 // 2) % $2) - $2 // 2)"
-        " FROM gpu WHERE ts > $1::TIMESTAMPTZ - to_microseconds($3) AND ts <= $1"
-        " AND id IN (SELECT unnest($4))",
-        [newest, step_us, round(window_s * 1e6), ids[:STEP_SAMPLE_IDS]],
-    ).fetchall()
-    lag_us = float(row[0][0] or 0.0)
-    return newest + timedelta(microseconds=round(step_us / 2 - lag_us))
+    """The end of the ``step_s`` grid for the GPUs ``ids``
+    (:func:`twin.store.windows.grid_end`)."""
+    return grid_end(store, "gpu", ids, step_s, window_s, newest)
 
 
 def calibrate(
@@ -588,7 +484,7 @@ def calibrate(
     idx = index_site(site)
     newest = None
     if end is None:
-        newest = store.con.execute("SELECT max(ts) FROM gpu").fetchall()[0][0]
+        newest = newest_ts(store, "gpu")
         if newest is None:
             raise ValueError("the store holds no GPU samples to calibrate against")
     probe_end = end if end is not None else newest + timedelta(microseconds=1)
@@ -709,7 +605,7 @@ def step_groups(
 ) -> list[tuple[float, np.ndarray]]:
     """The grids calibration fits the GPUs on: GPUs grouped by their own sampling rate (the
     mean interval of each GPU's samples in [start, end), one aggregate query,
-    :func:`~twin.calibrate.windows.mean_intervals_s`), each group's step then the median
+    :func:`~twin.store.windows.mean_intervals_s`), each group's step then the median
     interval of its GPUs and of the reference series they join, the coarsest of those
     (:func:`data_step_s`); groups that end at one step are one. Returns ``(step_s, GPU
     positions in idx)`` per group, finest first; GPUs with fewer than two samples, or sampled

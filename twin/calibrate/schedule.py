@@ -24,6 +24,7 @@ from twin.health import ServiceHealth
 from twin.procs import lower_this_thread
 from twin.site import Site
 from twin.store import Store
+from twin.store.reads import sample_span
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +89,7 @@ class CalibrationScheduler:
         GPU telemetry than the window, its span with the holdout in the same ratio; None (and
         why, logged) while it holds less than :data:`FIRST_WINDOW_S`. A window configured at
         :data:`FIRST_WINDOW_S` or shorter is always used as it is."""
-        oldest, newest = self.store.con.execute("SELECT min(ts), max(ts) FROM gpu").fetchall()[0]
+        oldest, newest = sample_span(self.store, "gpu")
         if newest is None:
             log.info("calibration skipped: the store holds no GPU samples yet")
             return None

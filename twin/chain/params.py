@@ -12,9 +12,13 @@ from typing import Any
 import numpy as np
 
 from models import gpu_power
-from twin.calibrate.calibrate import UTIL_SHAPE_PARAM, SiteIndex
 from twin.site import Site
 from twin.site.catalog import ASSUMPTIONS
+from twin.site.index import SiteIndex
+
+#: The stored parameter holding the shape of each util-only power curve (its threshold or
+#: u0, models.gpu_power); the family itself is stored as ``curve_kind``.
+UTIL_SHAPE_PARAM = {gpu_power.TWO_LEVEL: "util_threshold", gpu_power.SATURATING: "util_u0"}
 
 #: (kind, id, param) -> value: the newest calibration run's usable parameters
 Calibration = dict[tuple[str, str, str], float]

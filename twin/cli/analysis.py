@@ -554,19 +554,18 @@ def _forecast_of_store(
     db: Path, site: Path | None, horizon: float, step: float, backtest: bool, now: str | None
 ) -> dict[str, Any]:
     from twin.forecast import forecast_site, run_backtest
+    from twin.store.reads import sample_span
 
     site_obj = load_site_file(site or DEMO_SITE, required=True)
     at = _parse_now(now)
     with open_read_store(db) as store:
-        newest = store.con.execute("SELECT max(ts) FROM node").fetchall()[0][0]
+        oldest, newest = sample_span(store, "node")
         if newest is None:
             raise fail(f"--db {db}: no node power samples to forecast from")
-        if at is not None:
-            oldest = store.con.execute("SELECT min(ts) FROM node").fetchall()[0][0]
-            if at <= oldest:
-                raise fail(
-                    f"--now {now}: the store's node power starts at {oldest:%Y-%m-%d %H:%M:%S} UTC"
-                )
+        if at is not None and at <= oldest:
+            raise fail(
+                f"--now {now}: the store's node power starts at {oldest:%Y-%m-%d %H:%M:%S} UTC"
+            )
         try:
             run = run_backtest if backtest else forecast_site
             result = run(store, site_obj, now=at or newest, horizon_s=horizon, step_s=step)

@@ -50,13 +50,14 @@ def record(
 
     from twin.replay.bundle import BundleError
     from twin.replay.bundle import record as write_bundle
+    from twin.store.reads import sample_span
 
     site_path = site or DEMO_SITE
     load_site_file(site_path, required=True)
     if not db.exists():
         raise fail(f"--db {db}: no such store")
     with open_store(db, read_only=True) as store:
-        lo, hi = store.con.execute("SELECT min(ts), max(ts) FROM gpu").fetchall()[0]
+        lo, hi = sample_span(store, "gpu")
         if lo is None:
             raise fail(f"--db {db}: no GPU samples to record")
         t0 = parse_time(start, "--start") if start else lo
@@ -153,11 +154,12 @@ def _replay_db(
     from twin.ingest.ingester import StoreUnavailable
     from twin.replay.bundle import BundleError
     from twin.replay.replay import replay_into
+    from twin.store.reads import set_memory_limit
 
     with open_store(db) as store:
         # DuckDB keeps what it wrote cached up to 80 % of RAM by default; a replay writes far
         # more than it reads back, so a bound keeps the command's peak near its own tables'
-        store.con.execute(f"SET memory_limit = '{REPLAY_DUCKDB_MEMORY}'")
+        set_memory_limit(store, REPLAY_DUCKDB_MEMORY)
         ingester = Ingester(store, b.site, IngestLimits(max_future_s=0, max_past_s=0))
         try:
             stats = replay_into(
@@ -169,7 +171,7 @@ def _replay_db(
                 on_progress=on_progress,
             )
             t0 = time.monotonic()
-            store.con.execute(f"SET memory_limit = '{ROLLUP_DUCKDB_MEMORY}'")
+            set_memory_limit(store, ROLLUP_DUCKDB_MEMORY)
             store.rollup()
             stats["rollup_s"] = round(time.monotonic() - t0, 3)
         except StoreUnavailable as e:  # disk full, a lock: what is committed stays

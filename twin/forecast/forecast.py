@@ -18,6 +18,7 @@ from models import forecast as fc
 from twin.forecast.series import grid_window, load_power_series
 from twin.site import Site
 from twin.store import Store
+from twin.store.reads import sample_span
 
 __all__ = [
     "BacktestEntity",
@@ -371,9 +372,7 @@ def rack_ratio_paths(
     and p90: persistence) and the basis says how many racks were forecast. Raises ValueError
     when no rack has enough history, so the caller can fall back on its own persistence.
     """
-    oldest = store.con.execute(
-        "SELECT min(ts) FROM node WHERE ts >= ?", [now - timedelta(days=14)]
-    ).fetchall()[0][0]
+    oldest, _ = sample_span(store, "node", since=now - timedelta(days=14))
     if oldest is None or (now - oldest).total_seconds() < MIN_RATIO_HISTORY_S:
         raise ValueError(
             f"less than {MIN_RATIO_HISTORY_S / 3600:g} h of node power history for a forecast"

@@ -16,6 +16,7 @@ import numpy as np
 
 from twin.site import Site
 from twin.store import Store
+from twin.store.windows import load_mean_grid
 
 __all__ = [
     "Entity",
@@ -77,40 +78,7 @@ def load_node_power(
     store: Store, nodes: list[str], start: datetime, end: datetime, step_s: float
 ) -> np.ndarray:
     """Mean ``power_w`` per node per step in [start, end): (T, len(nodes)), NaN where none."""
-    n_steps = max(0, int(np.ceil((end - start).total_seconds() / step_s)))
-    out = np.full((n_steps, len(nodes)), np.nan)
-    if not n_steps or not nodes:
-        return out
-    con = store.con
-    step_us = round(step_s * 1e6)
-    split = start  # raw samples from here on; the complete 1-minute rollup before it
-    if step_s >= 60 and step_s % 60 == 0:
-        rows = con.execute(
-            "SELECT done_until FROM rollup_watermarks WHERE kind = 'node' AND resolution = '1m'"
-        ).fetchall()
-        if rows and rows[0][0] is not None:
-            split = min(max(rows[0][0], start), end)
-    res = con.sql(
-        "WITH m AS (SELECT unnest($1::VARCHAR[]) AS id, unnest(range(len($1::VARCHAR[]))) AS col),"
-        " parts AS ("
-        " SELECT (epoch_us(r.bucket) - epoch_us($2::TIMESTAMPTZ)) // $3 AS step, r.id,"
-        "   sum(r.power_w_avg * r.n) AS s, sum(r.n) AS c"
-        " FROM node_1m r WHERE r.bucket >= $2 AND r.bucket < $4 AND r.power_w_avg IS NOT NULL"
-        " GROUP BY ALL"
-        " UNION ALL"
-        " SELECT (epoch_us(x.ts) - epoch_us($2::TIMESTAMPTZ)) // $3 AS step, x.id,"
-        "   sum(x.power_w) AS s, count(x.power_w) AS c"
-        " FROM node x WHERE x.ts >= $4 AND x.ts < $5 GROUP BY ALL)"
-        " SELECT p.step, m.col, sum(p.s) / sum(p.c) AS v FROM parts p JOIN m USING (id)"
-        " GROUP BY ALL HAVING sum(p.c) > 0",
-        params=[list(nodes), start, step_us, split, end],
-    ).to_arrow_table()
-    step = res.column("step").to_numpy().astype(np.int64)
-    col = res.column("col").to_numpy().astype(np.int64)
-    val = res.column("v").to_numpy(zero_copy_only=False).astype(float)
-    ok = (step >= 0) & (step < n_steps)
-    out[step[ok], col[ok]] = val[ok]
-    return out
+    return load_mean_grid(store, "node", "power_w", list(nodes), start, end, step_s)
 
 
 def load_power_series(

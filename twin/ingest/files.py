@@ -14,11 +14,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import duckdb
 import orjson
 
 from collectors.contract import KINDS, QUANTITIES, encode, topic_for
 from twin.ingest.ingester import Ingester
+from twin.store.reads import bundle_rows
 
 CHUNK = 20_000
 Progress = Callable[[int], None]
@@ -51,23 +51,15 @@ def iter_jsonl(path: Path) -> Iterator[tuple[str, bytes]]:
 
 
 def iter_bundle(path: Path, site_name: str) -> Iterator[tuple[str, bytes]]:
-    con = duckdb.connect()
-    con.execute("SET TimeZone = 'UTC'")
     for kind in KINDS:
         files = sorted((path / f"kind={kind}").glob("**/*.parquet"))
         if not files:
             continue
         cols = list(QUANTITIES[kind])
-        rel = con.execute(
-            "SELECT epoch_us(ts) AS ts_us, source, id, "
-            + ", ".join(cols)
-            + " FROM read_parquet(?, hive_partitioning = false) ORDER BY source, ts, id",
-            [[str(f) for f in files]],
-        )
         seqs: dict[str, int] = {}
         current: tuple[str, int] | None = None
         samples: list[dict] = []
-        while rows := rel.fetchmany(10_000):
+        for rows in bundle_rows(files, cols):
             for ts_us, source, sid, *values in rows:
                 key = (source, ts_us)
                 if key != current and samples and current is not None:
@@ -79,7 +71,6 @@ def iter_bundle(path: Path, site_name: str) -> Iterator[tuple[str, bytes]]:
                 samples.append(sample)
         if samples and current is not None:
             yield _bundle_message(site_name, kind, current, samples, seqs)
-    con.close()
 
 
 def _bundle_message(

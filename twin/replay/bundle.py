@@ -34,6 +34,7 @@ from pydantic import BaseModel, Field
 from collectors.contract import KINDS, QUANTITIES
 from twin.site import Site, load_site
 from twin.store import Store
+from twin.store.reads import read_rows
 
 FORMAT = "dctwin-bundle"
 VERSION = 1
@@ -167,28 +168,12 @@ def record(
 
 def _read_kind(store: Store, kind: str, start: datetime, end: datetime, res_s: float) -> pa.Table:
     cols = _columns(kind)
-    if res_s <= 0:
-        sel = ", ".join(cols)
-        sql = (
-            f"SELECT ts, source, id, {sel} FROM {kind} WHERE ts >= $1 AND ts < $2"  # names only
-            " ORDER BY id, ts"
-        )
-        return store.con.sql(sql, params=[start, end]).to_arrow_table()
-    aggs = []
-    for q in cols:
-        if q == "throttle_reasons":
-            aggs.append(f"bit_or({q}) AS {q}")
-        elif QUANTITIES[kind][q].integer:
-            aggs.append(f"max({q}) AS {q}")
-        else:
-            aggs.append(f"avg({q}) AS {q}")
-    sql = (
-        "SELECT time_bucket(to_microseconds(CAST($3 * 1e6 AS BIGINT)), ts, $1::TIMESTAMPTZ)"
-        f" AS bucket, any_value(source) AS source, id, {', '.join(aggs)} FROM {kind}"
-        " WHERE ts >= $1 AND ts < $2 GROUP BY bucket, id ORDER BY id, bucket"
-    )
-    t = store.con.sql(sql, params=[start, end, res_s]).to_arrow_table()
-    return t.rename_columns(["ts", *t.column_names[1:]])
+    # a bucket keeps the union of throttle bits, the largest integer reading, the mean of others
+    agg = {
+        q: "bit_or" if q == "throttle_reasons" else "max" if QUANTITIES[kind][q].integer else "avg"
+        for q in cols
+    }
+    return read_rows(store, kind, cols, start, end, res_s, agg)
 
 
 def _dict(col: pa.ChunkedArray) -> pa.ChunkedArray:

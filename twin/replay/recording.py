@@ -15,12 +15,12 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from collectors.contract import sub_id
-from twin.calibrate.calibrate import SiteIndex, index_site
-from twin.calibrate.windows import hold_fill
 from twin.chain import ChainParams, PhaseTable, phase_table, pumps_running, resolve
 from twin.chain.propagate import link_busy_gbps
 from twin.replay.bundle import Bundle
 from twin.site import Site
+from twin.site.index import SiteIndex, index_site
+from twin.store.windows import hold_fill
 
 F32 = np.float32
 

@@ -26,7 +26,6 @@ from numpy.typing import NDArray
 from collectors.contract import (
     KINDS,
     encode,
-    gpu_id,
     phase_id,
     phase_ids,
     phase_leg,
@@ -38,6 +37,7 @@ from models import cdu as cdu_model
 from models import coolant, electrical, gpu_power, gpu_thermal, network
 from twin.simulator.faults import Fault
 from twin.site.catalog import ASSUMPTIONS, CDU_MODELS
+from twin.site.index import index_site
 from twin.site.model import Pdu, Site
 
 __all__ = ["SiteSimulator"]
@@ -268,10 +268,11 @@ class SiteSimulator:
         """The index arrays of the site: GPUs, nodes, racks, CDUs, fleets, work groups, PDU
         circuits, breakers, pumps and links."""
         site = self.site
+        self._index = index_site(site)
         self._racks = site.racks
         self._nodes = site.nodes
-        self._rack_index = {r.name: i for i, r in enumerate(site.racks)}
-        self._node_index = {n.name: i for i, n in enumerate(site.nodes)}
+        self._rack_index = {r: i for i, r in enumerate(self._index.rack_names)}
+        self._node_index = {n: i for i, n in enumerate(self._index.node_names)}
         self._build_gpus()
         self._build_node_maps()
         self._build_groups()
@@ -284,16 +285,18 @@ class SiteSimulator:
         """GPUs, node-major, and their catalog parameters."""
         nodes = self._nodes
         n_nodes = len(nodes)
-        # GPUs, node-major: the GPUs of node i are gpu_start[i]:gpu_start[i + 1].
-        counts = np.array([n.spec.gpus for n in nodes], dtype=np.int64)
-        self._gpu_start = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        # GPUs, node-major (the site index's order): the GPUs of node i are
+        # gpu_start[i]:gpu_start[i + 1].
+        idx = self._index
+        counts = np.diff(idx.node_gpu_start)
+        self._gpu_start = idx.node_gpu_start.copy()
         self._n_gpus = int(self._gpu_start[-1])
         self._gpu_node = np.repeat(np.arange(n_nodes), counts)
-        self._gpu_ids: list[str] = [g for n in nodes for g in n.gpu_ids()]
+        self._gpu_ids: list[str] = list(idx.gpu_ids)
         self._gpu_index = {g: i for i, g in enumerate(self._gpu_ids)}
-        for n in nodes:
-            for i, uuid in enumerate(n.gpu_uuids or ()):
-                self._gpu_index.setdefault(uuid, self._gpu_index[gpu_id(n.name, i)])
+        for n_i, uuids in enumerate(idx.node_uuids):
+            for slot, uuid in enumerate(uuids):
+                self._gpu_index.setdefault(uuid, int(self._gpu_start[n_i]) + slot)
 
         def per_gpu(attr: str) -> F64:
             return np.repeat(np.array([getattr(n.gpu_spec, attr) for n in nodes], float), counts)
@@ -315,10 +318,8 @@ class SiteSimulator:
     def _build_node_maps(self) -> None:
         """Nodes -> racks, CDUs and fleets."""
         site, racks, nodes = self.site, self._racks, self._nodes
-        rack_index = self._rack_index
         # Nodes -> racks, CDUs, fleets, phases.
-        rack_of = site.rack_of_node
-        self._node_rack = np.array([rack_index[rack_of[n.name].name] for n in nodes], np.int64)
+        self._node_rack = self._index.node_rack.copy()
         cdus = site.cdus
         self._cdus = cdus
         cdu_index = {c.name: i for i, c in enumerate(cdus)}

@@ -1,0 +1,222 @@
+"""The site flattened once into index arrays: the one site index of DESIGN.md "One data plane".
+
+GPUs are node-major in the site's order (halls -> rows -> racks -> nodes -> GPUs), the order
+of every (T x N) GPU array the store reader, the chain, headroom, hot spots and what-if use.
+The other lookups are built from it rather than by walking the site model again: the API's
+:class:`SiteLookups`, the alert topology (:meth:`twin.alerts.topology.Topology.from_site`),
+the simulator's id arrays and the benchmarks' id lists.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from twin.site.model import Site
+
+if TYPE_CHECKING:  # the store reader's window; twin.site imports nothing of the store at run time
+    from twin.store.windows import Window
+
+
+def _no_ints() -> np.ndarray:
+    return np.zeros(0, dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class SiteIndex:
+    """The site flattened to index arrays the vectorized fits, the chain and the lookups need.
+
+    The node and rack placement fields (``gpu_slot`` onwards) default to empty so that an
+    index of a few GPUs can be written by hand (a benchmark's fit-only index)."""
+
+    gpu_ids: list[str]
+    gpu_node: list[str]
+    gpu_rack: np.ndarray  # rack index per GPU
+    gpu_cdu: np.ndarray  # CDU index per GPU, -1 for air-cooled
+    gpu_class: list[str]  # catalog GPU model
+    gpu_fleet: list[str]
+    rack_names: list[str]
+    rack_pdus: list[list[str]]
+    rack_cdu: np.ndarray  # CDU index per rack, -1 for none
+    rack_prior: np.ndarray  # catalog capture fraction per rack
+    cdu_names: list[str]
+    cdu_fluid: list[str]
+    gpu_slot: np.ndarray = field(default_factory=_no_ints)  # the GPU's index in its node
+    node_names: list[str] = field(default_factory=list)
+    node_rack: np.ndarray = field(default_factory=_no_ints)  # rack index per node
+    #: the GPUs of node i are ``gpu_ids[node_gpu_start[i]:node_gpu_start[i + 1]]``
+    node_gpu_start: np.ndarray = field(default_factory=_no_ints)
+    node_uuids: list[tuple[str, ...]] = field(default_factory=list)  # its GPUs' UUIDs, if listed
+    node_phase: list[str | None] = field(default_factory=list)  # PDU phase it draws from, if set
+    node_fleet: list[str] = field(default_factory=list)  # "" for none
+    #: the nodes of rack i are ``node_names[rack_node_start[i]:rack_node_start[i + 1]]``
+    rack_node_start: np.ndarray = field(default_factory=_no_ints)
+    rack_hall: list[str] = field(default_factory=list)
+    rack_row: list[str] = field(default_factory=list)
+    rack_cdu_name: list[str | None] = field(default_factory=list)  # as the site file names it
+
+    def node_gpus(self, node: int) -> list[str]:
+        """The GPU ids of node ``node`` (its position in ``node_names``)."""
+        return self.gpu_ids[self.node_gpu_start[node] : self.node_gpu_start[node + 1]]
+
+    def rack_nodes(self, rack: int) -> range:
+        """The positions in ``node_names`` of the nodes of rack ``rack``."""
+        return range(int(self.rack_node_start[rack]), int(self.rack_node_start[rack + 1]))
+
+
+def index_site(site: Site) -> SiteIndex:
+    """Flatten ``site`` into a :class:`SiteIndex` (one walk of halls, rows, racks and nodes)."""
+    cdu_names = [c.name for c in site.cdus]
+    cdu_pos = {n: i for i, n in enumerate(cdu_names)}
+    fleet_of = site.fleet_of_node
+    gpu_ids, gpu_node, gpu_rack, gpu_cdu, gpu_class, gpu_fleet = [], [], [], [], [], []
+    gpu_slot: list[int] = []
+    node_names, node_rack, node_start, node_uuids, node_phase, node_fleet = [], [], [0], [], [], []
+    rack_names, rack_pdus, rack_cdu, rack_prior = [], [], [], []
+    rack_hall, rack_row, rack_cdu_name = [], [], []
+    rack_node_start = [0]
+    for hall in site.halls:
+        for row in hall.rows:
+            for r in row.racks:
+                r_i = len(rack_names)
+                rack_names.append(r.name)
+                rack_pdus.append(list(r.pdus))
+                rack_cdu.append(cdu_pos.get(r.cdu, -1) if r.cdu else -1)
+                rack_prior.append(site.capture_fraction(r))
+                rack_hall.append(hall.name)
+                rack_row.append(row.name)
+                rack_cdu_name.append(r.cdu)
+                for n in r.nodes:
+                    liquid = n.spec.cooling == "liquid" and r.cdu is not None
+                    fleet = fleet_of.get(n.name)
+                    fleet_name = fleet.name if fleet else ""
+                    gpu_class_n = n.gpu_model or n.spec.gpu
+                    cdu_i = cdu_pos[r.cdu] if liquid and r.cdu else -1
+                    for slot, gid in enumerate(n.gpu_ids()):
+                        gpu_ids.append(gid)
+                        gpu_node.append(n.name)
+                        gpu_rack.append(r_i)
+                        gpu_cdu.append(cdu_i)
+                        gpu_class.append(gpu_class_n)
+                        gpu_fleet.append(fleet_name)
+                        gpu_slot.append(slot)
+                    node_names.append(n.name)
+                    node_rack.append(r_i)
+                    node_start.append(len(gpu_ids))
+                    node_uuids.append(tuple(n.gpu_uuids or ()))
+                    node_phase.append(n.phase)
+                    node_fleet.append(fleet_name)
+                rack_node_start.append(len(node_names))
+    return SiteIndex(
+        gpu_ids=gpu_ids,
+        gpu_node=gpu_node,
+        gpu_rack=np.array(gpu_rack, dtype=np.int64),
+        gpu_cdu=np.array(gpu_cdu, dtype=np.int64),
+        gpu_class=gpu_class,
+        gpu_fleet=gpu_fleet,
+        rack_names=rack_names,
+        rack_pdus=rack_pdus,
+        rack_cdu=np.array(rack_cdu, dtype=np.int64),
+        rack_prior=np.array(rack_prior, dtype=float),
+        cdu_names=cdu_names,
+        cdu_fluid=[c.coolant for c in site.cdus],
+        gpu_slot=np.array(gpu_slot, dtype=np.int64),
+        node_names=node_names,
+        node_rack=np.array(node_rack, dtype=np.int64),
+        node_gpu_start=np.array(node_start, dtype=np.int64),
+        node_uuids=node_uuids,
+        node_phase=node_phase,
+        node_fleet=node_fleet,
+        rack_node_start=np.array(rack_node_start, dtype=np.int64),
+        rack_hall=rack_hall,
+        rack_row=rack_row,
+        rack_cdu_name=rack_cdu_name,
+    )
+
+
+def gpu_reference(idx: SiteIndex, cdu: Window, node: Window, pdu: Window) -> np.ndarray:
+    """Reference temperature per GPU: its CDU's supply (liquid) or its node's inlet air."""
+    t = cdu.n_steps
+    ref = np.full((t, len(idx.gpu_ids)), np.nan)
+    liquid = idx.gpu_cdu >= 0
+    if liquid.any():
+        ref[:, liquid] = cdu.values["supply_temp_c"][:, idx.gpu_cdu[liquid]]
+    air = ~liquid
+    if air.any():
+        # a node that did not report (or no node at all) gives all-NaN columns
+        inlet = node.select([idx.gpu_node[g] for g in np.flatnonzero(air)]).values["inlet_temp_c"]
+        # a node without an inlet sensor takes its rack's PDU inlet reading
+        pdu_pos = {p: i for i, p in enumerate(pdu.ids)}
+        for j, g in enumerate(np.flatnonzero(air)):
+            if np.isnan(inlet[:, j]).all():
+                for p in idx.rack_pdus[idx.gpu_rack[g]]:
+                    if p in pdu_pos:
+                        inlet[:, j] = pdu.values["inlet_temp_c"][:, pdu_pos[p]]
+                        break
+        ref[:, air] = inlet
+    return ref
+
+
+def gpu_flow_ratio(
+    idx: SiteIndex, flow_ref_lpm: dict[str, float], flow_now_lpm: np.ndarray
+) -> np.ndarray:
+    """Per GPU: its loop's flow now over the flow its R was fitted at (1 for air or unknown)."""
+    ratio = np.ones(len(idx.gpu_ids))
+    for c_i, name in enumerate(idx.cdu_names):
+        ref = flow_ref_lpm.get(name)
+        now = flow_now_lpm[c_i] if c_i < len(flow_now_lpm) else np.nan
+        if ref and ref > 0 and np.isfinite(now):
+            ratio[idx.gpu_cdu == c_i] = now / ref
+    return ratio
+
+
+@dataclass
+class SiteLookups:
+    """Lookups the API's endpoints need, built once from the site index."""
+
+    site: Site
+    gpu_node: dict[str, tuple[str, int]] = field(default_factory=dict)
+    node_rack: dict[str, str] = field(default_factory=dict)
+    rack_where: dict[str, tuple[str, str]] = field(default_factory=dict)
+    pdu_racks: dict[str, list[str]] = field(default_factory=dict)
+    cdu_racks: dict[str, list[str]] = field(default_factory=dict)
+    fleet_of_rack: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def build(cls, site: Site, idx: SiteIndex | None = None) -> SiteLookups:
+        idx = idx if idx is not None else index_site(site)
+        out = cls(site)
+        for r_i, rack in enumerate(idx.rack_names):
+            out.rack_where[rack] = (idx.rack_hall[r_i], idx.rack_row[r_i])
+            for p in idx.rack_pdus[r_i]:
+                out.pdu_racks.setdefault(p, []).append(rack)
+            cdu = idx.rack_cdu_name[r_i]
+            if cdu:
+                out.cdu_racks.setdefault(cdu, []).append(rack)
+            fleets = {idx.node_fleet[n] for n in idx.rack_nodes(r_i)} - {""}
+            if fleets:
+                out.fleet_of_rack[rack] = ",".join(sorted(fleets))
+        for n_i, node in enumerate(idx.node_names):
+            out.node_rack[node] = idx.rack_names[idx.node_rack[n_i]]
+            for slot, gid in enumerate(idx.node_gpus(n_i)):
+                out.gpu_node[gid] = (node, slot)
+            for slot, uuid in enumerate(idx.node_uuids[n_i]):
+                out.gpu_node[uuid] = (node, slot)
+        return out
+
+    def racks_of(self, entity: str) -> set[str]:
+        """Racks an alert entity or group id lies in (a CDU or PDU: the racks it serves)."""
+        if entity in self.rack_where:
+            return {entity}
+        if entity in self.node_rack:
+            return {self.node_rack[entity]}
+        if entity in self.gpu_node:
+            return {self.node_rack[self.gpu_node[entity][0]]}
+        head = entity.split("/", 1)[0]
+        if head in self.pdu_racks:
+            return set(self.pdu_racks[head])
+        if head in self.cdu_racks:
+            return set(self.cdu_racks[head])
+        return set()
