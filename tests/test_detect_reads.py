@@ -19,7 +19,7 @@ from twin.site import load_site
 from twin.store import Store
 from twin.store.windows import count_reads, load_window
 
-from .conftest import SMALL_SITE
+from .helpers import SMALL_SITE
 
 START = datetime(2026, 11, 23, 6, 0, tzinfo=UTC)
 SECONDS = 1800

@@ -12,7 +12,7 @@ from twin.simulator.engine import SiteSimulator
 from twin.site import load_site
 from twin.site.index import SiteLookups, index_site
 
-from .conftest import DEMO_SITE, SMALL_SITE
+from .helpers import DEMO_SITE, SMALL_SITE
 
 
 @pytest.fixture(params=[SMALL_SITE, DEMO_SITE], ids=["small", "demo"])

@@ -14,15 +14,6 @@ SHIPPED = ("twin", "collectors", "models", "dashboards")
 #: the calls that run SQL on a DuckDB connection, cursor, relation or the alert tables' handle
 SQL_CALLS = {"execute", "executemany", "sql", "query", "from_query"}
 ALLOWED = {"twin/api/queries.py"}
-#: API modules that still run SQL of their own, pending their move into twin/api/queries.py
-#: (the API's query module is being consolidated on another branch): this list only shrinks
-PENDING = {
-    "twin/api/app.py",
-    "twin/api/metrics.py",
-    "twin/api/routes/alerts.py",
-    "twin/api/routes/components.py",
-    "twin/api/routes/service.py",
-}
 
 
 def sql_calls(source: str, name: str = "<src>") -> list[int]:
@@ -54,15 +45,7 @@ def test_the_scan_finds_sql_calls() -> None:
 @pytest.mark.parametrize("path", shipped_modules(), ids=rel)
 def test_no_module_outside_the_store_runs_sql(path: Path) -> None:
     name = rel(path)
-    if name.startswith("twin/store/") or name in ALLOWED | PENDING:
+    if name.startswith("twin/store/") or name in ALLOWED:
         return
     lines = sql_calls(path.read_text(), name)
     assert not lines, f"{name} runs SQL at lines {lines}: move it into twin/store/"
-
-
-@pytest.mark.parametrize("name", sorted(PENDING))
-def test_the_pending_list_names_only_modules_that_still_run_sql(name: str) -> None:
-    path = REPO / name
-    assert path.exists() and sql_calls(path.read_text(), name), (
-        f"{name} runs no SQL any more: take it off PENDING"
-    )
