@@ -781,8 +781,8 @@ def _pick_local_window(d: list[F64], sigs: list[F64], lo: int, hi: int) -> NDArr
     ``lo..hi-1`` on the history's own h-step changes ``d`` (each lead's score over its mean
     absolute change, so every lead weighs the same): the split-conformal 5/95 % quantiles of
     the scaled changes, times each past origin's scale, scored on what followed. Uses only
-    the history it is given (the data before the origin). Scored on the origins where every
-    candidate's scale exists when there are 16 of them, else on each one's own."""
+    the history it is given (the data before the origin). Quantiles and scores on the origins
+    where every candidate's scale exists when there are 16 of them, else on each one's own."""
     n = sigs[0].shape[1]
     total = np.zeros((len(sigs), n))
     first = max(int(np.argmax(np.isfinite(s).any(axis=1))) for s in sigs)
@@ -792,12 +792,14 @@ def _pick_local_window(d: list[F64], sigs: list[F64], lo: int, hi: int) -> NDArr
             m = len(dj)
             if m < 2:
                 continue
-            s_k = sig[1 : m + 1]
-            s_k = np.where(np.isfinite(s_k) & (s_k > 0), s_k, np.nan)
-            x = dj / s_k
-            ql, qh = np.nanquantile(x, [0.05, 0.95], axis=0)
             k0 = first - 1 if m - (first - 1) >= 16 else 0
-            score = _interval_score(dj[k0:], ql * s_k[k0:], qh * s_k[k0:])
+            s_k = sig[1 + k0 : m + 1]
+            s_k = np.where(np.isfinite(s_k) & (s_k > 0), s_k, np.nan)
+            x = dj[k0:] / s_k
+            # np.quantile where nothing is missing (the usual case): nanquantile is per column
+            qf = np.quantile if np.isfinite(x).all() else np.nanquantile
+            ql, qh = qf(x, [0.05, 0.95], axis=0)
+            score = _interval_score(dj[k0:], ql * s_k, qh * s_k)
             total[i] += np.nanmean(score, axis=0) / np.nanmean(np.abs(dj), axis=0)
     total = np.where(np.isfinite(total), total, np.inf)
     return np.argmin(total, axis=0).astype(np.int64)
