@@ -920,7 +920,7 @@ def _skill_forecast_at(
     # y[:c]); the change d[jj][k] to the origin k + 1. The span, per series and bucket, is the
     # candidate with the lowest interval score on this history (nothing after the origin)
     sigs = [_local_scale(hist, w) for w in local_steps]
-    pick = np.array([_pick_local_window(d, sigs, lo, hi) for lo, hi in zip(los, his, strict=True)])
+    spans: dict[int, NDArray[np.int64]] = {}  # per bucket, computed where persistence is used
     local_s = np.full((nb, n), np.nan)
     q = {qq: np.zeros((h_n, n)) for qq in QUANTILES}
     basis = ["none"] * n
@@ -935,12 +935,13 @@ def _skill_forecast_at(
                 skill[b, j] = np.nan
             p50[:, j] = now["persistence"][:, j]
         n_pairs = []
-        sig_b = [sigs[pick[b, j]][:, j] for b in range(nb)]
-        loc_b = [bool(np.isfinite(sb[o]) and sb[o] > 0) for sb in sig_b]
+        pick, sig_b, loc_b = _series_spans(
+            [model[b][j] for b in range(nb)], j, spans, d, sigs, los, his
+        )
         for b, (lo, hi) in enumerate(zip(los, his, strict=True)):
             if model[b][j] == "persistence":
                 if loc_b[b]:
-                    local_s[b, j] = local_steps[pick[b, j]] * step_s
+                    local_s[b, j] = local_steps[pick[b]] * step_s
                 for jj in range(lo, hi):
                     x, width = _pers_scores(d[jj][:, j], sig_b[b], jj, len(d[jj]), loc_b[b])
                     n_pairs.append(len(x))
@@ -1000,6 +1001,26 @@ def _skill_forecast_at(
         dip_period_s=cands.level(o)[1],
         local_scale_s=local_s,
     )
+
+
+def _series_spans(
+    models: list[str],
+    j: int,
+    spans: dict[int, NDArray[np.int64]],
+    d: list[F64],
+    sigs: list[F64],
+    los: list[int],
+    his: list[int],
+) -> tuple[list[int], list[F64], list[bool]]:
+    """Series ``j``'s local-scale candidate per bucket (chosen by :func:`_pick_local_window`
+    for every series at once, the first time a bucket needs it: kept in ``spans``), its scale
+    (rows ``0..T``) and whether the present scale (last row) exists."""
+    for b, m in enumerate(models):
+        if m == "persistence" and b not in spans:
+            spans[b] = _pick_local_window(d, sigs, los[b], his[b])
+    pick = [int(spans[b][j]) if b in spans else 0 for b in range(len(models))]
+    sig_b = [sigs[i][:, j] for i in pick]
+    return pick, sig_b, [bool(np.isfinite(sb[-1]) and sb[-1] > 0) for sb in sig_b]
 
 
 def _bands(p50: F64, q: dict[float, F64], floor: float | None) -> tuple[F64, F64, F64, F64]:
