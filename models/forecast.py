@@ -599,10 +599,11 @@ def backtest(
 CANDIDATES = ("persistence", "level", "profile", "blend")
 #: Ends of the lead-time buckets a model is chosen for and its skill reported on. [s]
 HORIZON_MARKS_S = (900.0, 3600.0, 6 * 3600.0, DAY_S, WEEK_S)
-#: The recent span whose mean absolute one-step change scales persistence's interval. 30 min
-#: was picked among 30 min, 1 h, 2 h and 4 h with the Frontier day's held-out 6 h in view
-#: (bench/README.md says so); 1 h gave 0.81 / 0.87 coverage there. [s]
-LOCAL_SCALE_S = 1800.0
+#: Candidate spans whose mean absolute one-step change scales persistence's interval (the
+#: local volatility). Which one is used is chosen per series and lead bucket at each origin,
+#: on the data before it only (:func:`_pick_local_window`: the lowest mean interval score of
+#: the scaled interval on the series' own history); no span is fixed in advance. [s]
+LOCAL_SCALE_CANDIDATES_S = (300.0, 900.0, 1800.0, 3600.0, 7200.0, 14400.0)
 INTERVAL_BASES = ("conformal", "empirical h-step changes", "none")
 
 
@@ -638,6 +639,9 @@ class SkillForecast:
     coverage_90: F64
     coverage_points: NDArray[np.int64]
     dip_period_s: list[float | None]
+    #: ``(buckets, N)``: the local-volatility span [s] persistence's interval used (chosen on
+    #: the history before the origin; NaN where the interval is not persistence's or unscaled)
+    local_scale_s: F64 = field(default_factory=lambda: np.zeros((0, 0)))
 
 
 def _horizon_buckets(h_n: int, step_s: float) -> tuple[list[int], list[int]]:
@@ -764,22 +768,60 @@ def _local_scale(hist: F64, local_steps: int) -> F64:
     return np.where(np.isfinite(sig), np.maximum(sig, np.nan_to_num(floor_sig)), np.nan)
 
 
+def _interval_score(a: F64, lo: F64, hi: F64, alpha: float = 0.1) -> F64:
+    """Interval score of the central ``1 - alpha`` interval (Gneiting and Raftery 2007, eq.
+    43): its width plus ``2 / alpha`` times how far the actual lies outside. Lower is better;
+    it is minimised in expectation by the true ``alpha / 2`` and ``1 - alpha / 2`` quantiles."""
+    return (hi - lo) + (2 / alpha) * (np.maximum(lo - a, 0) + np.maximum(a - hi, 0))
+
+
+def _pick_local_window(d: list[F64], sigs: list[F64], lo: int, hi: int) -> NDArray[np.int64]:
+    """Per series (N,), which candidate scale ``sigs[i]`` (see :func:`_local_scale`) gives
+    persistence's locally scaled interval the lowest mean interval score over the leads
+    ``lo..hi-1`` on the history's own h-step changes ``d`` (each lead's score over its mean
+    absolute change, so every lead weighs the same): the split-conformal 5/95 % quantiles of
+    the scaled changes, times each past origin's scale, scored on what followed. Uses only
+    the history it is given (the data before the origin). Quantiles and scores on the origins
+    where every candidate's scale exists when there are 16 of them, else on each one's own."""
+    n = sigs[0].shape[1]
+    total = np.zeros((len(sigs), n))
+    first = max(int(np.argmax(np.isfinite(s).any(axis=1))) for s in sigs)
+    for i, sig in enumerate(sigs):
+        for jj in range(lo, hi):
+            dj = d[jj]
+            m = len(dj)
+            if m < 2:
+                continue
+            k0 = first - 1 if m - (first - 1) >= 16 else 0
+            s_k = sig[1 + k0 : m + 1]
+            s_k = np.where(np.isfinite(s_k) & (s_k > 0), s_k, np.nan)
+            x = dj[k0:] / s_k
+            # np.quantile where nothing is missing (the usual case): nanquantile is per column
+            qf = np.quantile if np.isfinite(x).all() else np.nanquantile
+            ql, qh = qf(x, [0.05, 0.95], axis=0)
+            score = _interval_score(dj[k0:], ql * s_k, qh * s_k)
+            total[i] += np.nanmean(score, axis=0) / np.nanmean(np.abs(dj), axis=0)
+    total = np.where(np.isfinite(total), total, np.inf)
+    return np.argmin(total, axis=0).astype(np.int64)
+
+
 def _rolling_coverage(
     models: list[str],
     buckets: tuple[list[int], list[int]],
     origins: list[int],
     actual: F64,
     res: F64,
-    pers: tuple[list[F64], F64, bool],
+    pers: tuple[list[F64], list[F64], list[bool]],
     model_z: tuple[F64, F64],
     min_origins: int,
     floor: float | None,
 ) -> tuple[float, int]:
     """One series' p05..p95 checked at each bucket's last lead on its scoring origins (rows of
     ``actual``/``res``, in time order), each against quantiles from the data before it
-    (persistence: the h-step changes completed before the origin, locally scaled; a model:
-    the scaled residuals of the scoring origins before it): (inside, checked)."""
-    d, sig, local = pers
+    (persistence: the h-step changes completed before the origin, locally scaled with the
+    bucket's scale ``sig[b]`` where ``local[b]``; a model: the scaled residuals of the scoring
+    origins before it): (inside, checked)."""
+    d, sigs, locals_ = pers
     z, scale = model_z
     inside, checked = 0.0, 0
     for i_k, c in enumerate(origins):
@@ -788,8 +830,8 @@ def _rolling_coverage(
             a = actual[i_k, jj]
             f50 = a - res[i_k, jj]
             if models[b] == "persistence":
-                x, lw = _pers_scores(d[jj], sig, jj, max(0, c - jj - 1), local)
-                width = sig[c] if lw else 1.0
+                x, lw = _pers_scores(d[jj], sigs[b], jj, max(0, c - jj - 1), locals_[b])
+                width = sigs[b][c] if lw else 1.0
                 if lw and not np.isfinite(width):
                     continue
             else:
@@ -823,7 +865,7 @@ def _skill_forecast_at(
     margin: float,
     z_gain: float,
     floor: float | None,
-    local_steps: int = 6,
+    local_steps: tuple[int, ...] = (6,),
 ) -> SkillForecast:
     """The selected forecast from ``y[:o]`` (see :func:`forecast_skill`)."""
     y, step_s, h_n = cands.y, cands.step_s, cands.h_n
@@ -873,12 +915,13 @@ def _skill_forecast_at(
     scale = np.where(np.isfinite(scale) & (scale > 0), scale, np.nan)  # (H, n)
     z = chosen_res / scale[None]
     # locally scaled (normalised) conformal for persistence (Lei et al. 2018, sec. 5.2): each
-    # h-step change over the mean absolute one-step change of the ``local_steps`` before its
-    # origin, so the interval follows the load's present volatility; sig[c] belongs to the
-    # origin c (data y[:c]); the change d[jj][k] to the origin k + 1
-    sig = _local_scale(hist, local_steps)
-    sig_now = sig[o]
-    local = np.isfinite(sig_now) & (sig_now > 0)
+    # h-step change over the mean absolute one-step change of a span before its origin, so the
+    # interval follows the load's present volatility; sig[c] belongs to the origin c (data
+    # y[:c]); the change d[jj][k] to the origin k + 1. The span, per series and bucket, is the
+    # candidate with the lowest interval score on this history (nothing after the origin)
+    sigs = [_local_scale(hist, w) for w in local_steps]
+    spans: dict[int, NDArray[np.int64]] = {}  # per bucket, computed where persistence is used
+    local_s = np.full((nb, n), np.nan)
     q = {qq: np.zeros((h_n, n)) for qq in QUANTILES}
     basis = ["none"] * n
     samples = np.zeros(n, np.int64)
@@ -892,16 +935,21 @@ def _skill_forecast_at(
                 skill[b, j] = np.nan
             p50[:, j] = now["persistence"][:, j]
         n_pairs = []
+        pick, sig_b, loc_b = _series_spans(
+            [model[b][j] for b in range(nb)], j, spans, d, sigs, los, his
+        )
         for b, (lo, hi) in enumerate(zip(los, his, strict=True)):
             if model[b][j] == "persistence":
+                if loc_b[b]:
+                    local_s[b, j] = local_steps[pick[b]] * step_s
                 for jj in range(lo, hi):
-                    x, width = _pers_scores(d[jj][:, j], sig[:, j], jj, len(d[jj]), local[j])
+                    x, width = _pers_scores(d[jj][:, j], sig_b[b], jj, len(d[jj]), loc_b[b])
                     n_pairs.append(len(x))
                     if len(x) < 2 * min_origins:
                         continue
                     lv = _conformal_levels(len(x))
                     for qq in QUANTILES:
-                        q[qq][jj, j] = np.quantile(x, lv[qq]) * (sig_now[j] if width else 1.0)
+                        q[qq][jj, j] = np.quantile(x, lv[qq]) * (sig_b[b][o] if width else 1.0)
             else:
                 zz = z[:, lo:hi, j]
                 zz = zz[np.isfinite(zz)]
@@ -911,9 +959,8 @@ def _skill_forecast_at(
                     q[qq][lo:hi, j] = np.quantile(zz, lv[qq]) * scale[lo:hi, j]
         samples[j] = min(n_pairs, default=0)
         if samples[j] < 2 * min_origins:
-            q_j = [q[qq][:, j] for qq in QUANTILES]
-            for arr in q_j:
-                arr[:] = 0.0
+            for qq in QUANTILES:
+                q[qq][:, j] = 0.0
             continue
         if all(model[b][j] == "persistence" for b in range(nb)):
             basis[j] = "empirical h-step changes"
@@ -925,16 +972,12 @@ def _skill_forecast_at(
             [origins[k] for k in np.nonzero(valid_o[:, j])[0]],
             actual[valid_o[:, j], :, j],
             chosen_res[valid_o[:, j], :, j],
-            ([dd[:, j] for dd in d], sig[:, j], bool(local[j])),
+            ([dd[:, j] for dd in d], sig_b, loc_b),
             (z[valid_o[:, j], :, j], scale[:, j]),
             min_origins,
             floor,
         )
-    p05 = np.minimum(p50 + q[0.05], p50)
-    p90 = np.maximum(p50 + q[0.9], p50)
-    p95 = np.maximum(p50 + q[0.95], p90)
-    if floor is not None:
-        p05, p50, p90, p95 = (np.maximum(a, floor) for a in (p05, p50, p90, p95))
+    p05, p50, p90, p95 = _bands(p50, q, floor)
     with np.errstate(all="ignore"):
         coverage = np.where(cover_n > 0, cover_in / np.maximum(cover_n, 1), np.nan)
     return SkillForecast(
@@ -956,7 +999,39 @@ def _skill_forecast_at(
         coverage_90=coverage,
         coverage_points=cover_n,
         dip_period_s=cands.level(o)[1],
+        local_scale_s=local_s,
     )
+
+
+def _series_spans(
+    models: list[str],
+    j: int,
+    spans: dict[int, NDArray[np.int64]],
+    d: list[F64],
+    sigs: list[F64],
+    los: list[int],
+    his: list[int],
+) -> tuple[list[int], list[F64], list[bool]]:
+    """Series ``j``'s local-scale candidate per bucket (chosen by :func:`_pick_local_window`
+    for every series at once, the first time a bucket needs it: kept in ``spans``), its scale
+    (rows ``0..T``) and whether the present scale (last row) exists."""
+    for b, m in enumerate(models):
+        if m == "persistence" and b not in spans:
+            spans[b] = _pick_local_window(d, sigs, los[b], his[b])
+    pick = [int(spans[b][j]) if b in spans else 0 for b in range(len(models))]
+    sig_b = [sigs[i][:, j] for i in pick]
+    return pick, sig_b, [bool(np.isfinite(sb[-1]) and sb[-1] > 0) for sb in sig_b]
+
+
+def _bands(p50: F64, q: dict[float, F64], floor: float | None) -> tuple[F64, F64, F64, F64]:
+    """p05, p50, p90, p95 from the point and the quantile offsets, ordered, each at least
+    ``floor`` (power: 0)."""
+    p05 = np.minimum(p50 + q[0.05], p50)
+    p90 = np.maximum(p50 + q[0.9], p50)
+    p95 = np.maximum(p50 + q[0.95], p90)
+    if floor is None:
+        return p05, p50, p90, p95
+    return tuple(np.maximum(a, floor) for a in (p05, p50, p90, p95))  # type: ignore[return-value]
 
 
 def _pers_scores(d_j: F64, sig: F64, jj: int, upto: int, local: bool) -> tuple[F64, bool]:
@@ -968,6 +1043,15 @@ def _pers_scores(d_j: F64, sig: F64, jj: int, upto: int, local: bool) -> tuple[F
         s_k = sig[1 : upto + 1]  # d_j[k] is the origin k + 1's residual
         x = x / np.where(np.isfinite(s_k) & (s_k > 0), s_k, np.nan)
     return x[np.isfinite(x)], local
+
+
+def _local_steps(local_scale_s: float | Sequence[float], step_s: float) -> tuple[int, ...]:
+    """The candidate spans in grid steps (at least one step each, duplicates dropped)."""
+    if isinstance(local_scale_s, int | float):
+        spans = [float(local_scale_s)]
+    else:
+        spans = [float(w) for w in local_scale_s]
+    return tuple(sorted({max(1, round(w / step_s)) for w in spans}))
 
 
 def _score_spacing(h_n: int, score_spacing_s: float | None, step_s: float) -> int:
@@ -990,7 +1074,7 @@ def forecast_skill(
     margin: float = 0.02,
     z_gain: float = 2.0,
     floor: float | None = 0.0,
-    local_scale_s: float = LOCAL_SCALE_S,
+    local_scale_s: float | Sequence[float] = LOCAL_SCALE_CANDIDATES_S,
     **model_kw: float,
 ) -> SkillForecast:
     """The forecast each series earns on its own history.
@@ -1012,8 +1096,13 @@ def forecast_skill(
     residuals keep the lead's own spread) with the finite-sample correction. With fewer than
     ``min_origins`` scored origins the forecast is persistence and the interval comes from the
     series' empirical h-step changes (``interval_basis`` says which; "none" when even those are
-    too few). The 90 % interval's coverage is checked on rolling scoring origins, each with
-    quantiles from the origins before it. Every quantile is at least ``floor`` (power: 0).
+    too few). Persistence's interval is locally scaled: each past h-step change over the mean
+    absolute one-step change of a span before its origin, the quantiles multiplied back by the
+    present one; the span is chosen per series and lead bucket among ``local_scale_s`` (a
+    number fixes it) as the one with the lowest mean interval score on the history before
+    the origin (``local_scale_s`` in the result). The 90 % interval's coverage is checked on
+    rolling scoring origins, each with quantiles from the origins before it. Every quantile is
+    at least ``floor`` (power: 0).
 
     Leading rows where no series has data (a history window padded past the recording) are
     not scored and cost nothing.
@@ -1036,7 +1125,7 @@ def forecast_skill(
         margin=margin,
         z_gain=z_gain,
         floor=floor,
-        local_steps=max(1, round(local_scale_s / step_s)),
+        local_steps=_local_steps(local_scale_s, step_s),
     )
 
 
@@ -1085,7 +1174,7 @@ def backtest_skill(
     margin: float = 0.02,
     z_gain: float = 2.0,
     floor: float | None = 0.0,
-    local_scale_s: float = LOCAL_SCALE_S,
+    local_scale_s: float | Sequence[float] = LOCAL_SCALE_CANDIDATES_S,
     **model_kw: float,
 ) -> SkillBacktest:
     """Backtest :func:`forecast_skill` (same arguments) at ``origins`` (rows): each forecast
@@ -1117,7 +1206,7 @@ def backtest_skill(
             margin=margin,
             z_gain=z_gain,
             floor=floor,
-            local_steps=max(1, round(local_scale_s / step_s)),
+            local_steps=_local_steps(local_scale_s, step_s),
         )
         actual = y[o : o + h_n]
         h = actual.shape[0]

