@@ -182,9 +182,13 @@ def _controller_step_by_step(t0, ref, power, r, c, dt, idle, target):
 
 @pytest.mark.parametrize("n", [1, 511, 512, 513, 1300])
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
-def test_the_controller_and_the_model_path_are_the_step_by_step_recurrence(n, dtype) -> None:
-    """Computed a block of steps at a time, the paths are the step-by-step ones exactly, across
-    block boundaries, with GPUs held for part of the time and a float32 power."""
+@pytest.mark.parametrize("held_when", ["mostly", "rarely"])
+def test_the_controller_and_the_model_path_are_the_step_by_step_recurrence(
+    n, dtype, held_when
+) -> None:
+    """Computed a block of steps at a time (a free run checked at its end, step by step once
+    the controller acts), the paths are the step-by-step ones exactly: across block boundaries,
+    with GPUs held most of the time or in one short burst, and with a float32 power."""
     rng = np.random.default_rng(n)
     g = 6
     ref = 30.0 + rng.standard_normal((n, g))
@@ -193,6 +197,9 @@ def test_the_controller_and_the_model_path_are_the_step_by_step_recurrence(n, dt
     c = np.full(g, 900.0)
     idle, t0 = np.full(g, 60.0), np.full(g, 45.0)
     max_c = np.array([55.0, 60.0, 65.0, 70.0, 90.0, 40.0])  # from always to never held
+    if held_when == "rarely":  # one GPU's burst, mid-run, is all that trips the controller
+        max_c = np.full(g, 90.0)
+        power[n // 2 : n // 2 + 15, 2] = 3000.0
     res = gpu_temperatures(t0, ref, power, r, c, 10.0, idle_w=idle, max_temp_c=max_c)
     out, p, held = _controller_step_by_step(
         t0, ref, power, r, c, 10.0, idle, np.broadcast_to(max_c, (n, g))
@@ -200,7 +207,7 @@ def test_the_controller_and_the_model_path_are_the_step_by_step_recurrence(n, dt
     np.testing.assert_array_equal(res.temp_c, out)
     np.testing.assert_array_equal(res.power_w, p)
     np.testing.assert_array_equal(res.held, held)
-    assert n < 10 or 0 < held.sum() < held.size
+    assert n < 10 or 0 < held.sum() < (held.size if held_when == "mostly" else 20)
     free, _, _ = _controller_step_by_step(t0, ref, power, r, c, 10.0, idle, np.full((n, g), np.inf))
     np.testing.assert_array_equal(model_path(t0, ref, power, r, c, 10.0), free)
 

@@ -108,6 +108,8 @@ def gpu_temperatures(
     decay = np.exp(-dt_s / (r_k_per_w * c_j_per_k[None, :]))
     d = np.empty_like(x)
     hot = np.empty(g, dtype=bool)
+    xs = np.empty((min(STEP_BLOCK, n) + 1, g))  # a block's free path (float64, as x)
+    was_hot = False
     for k0 in range(0, n, STEP_BLOCK):
         # what does not depend on the path, for a block of steps at once (the same arithmetic
         # as step by step): the steady state at the asked power, the controller's trigger and
@@ -119,9 +121,24 @@ def gpu_temperatures(
         if len(goal_b) < len(e_b):  # the last step's goal is its own target
             goal_b = np.concatenate([goal_b, target[-1:]])
         trigger = goal_b + HOLD_TOL_K
+        b, start = len(e_b), 0
+        if not was_hot:
+            # the block without the controller, checked once at its end: up to the first step
+            # that trips it, that is the path (the same arithmetic as the loop below)
+            xs[0] = x
+            for i in range(b):
+                np.subtract(xs[i], steady[i], out=d)
+                d *= e_b[i]
+                np.add(steady[i], d, out=xs[i + 1])
+            tripped = (xs[1 : b + 1] > trigger).any(axis=1)
+            start = int(np.argmax(tripped)) if tripped.any() else b
+            last = min(k0 + start, n - 1)  # out rows k0 + 1 .. last are done
+            out[k0 + 1 : last + 1] = xs[1 : last - k0 + 1]
+            x = xs[start].copy()
+        was_hot = start < b
         ref_term = ref_b * (1.0 - e_b)
         hold_den = r_b * np.maximum(1.0 - e_b, 1e-12)
-        for i in range(len(e_b)):  # the last row's power holds past the window: held the same
+        for i in range(start, b):  # the last row's power holds past the window: held the same
             k = k0 + i
             e, ss = e_b[i], steady[i]
             np.subtract(x, ss, out=d)  # nxt = ss + (x - ss) * e
