@@ -13,7 +13,6 @@ from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
-from scipy.optimize import lsq_linear
 
 from models import coolant, gpu_thermal
 from models.fit_quality import data_problems, fit_quality, hold_gaps
@@ -782,6 +781,8 @@ def _pooled_rack_fit(
         lam = np.sqrt(prior_weight * gram_diag)
         aug = np.vstack([design, lam * np.eye(design.shape[1])])
         rhs = np.concatenate([yv, lam * np.asarray(prior_c)])
+        from scipy.optimize import lsq_linear  # imported when a fit needs it (~0.5 s)
+
         sol = lsq_linear(aug, rhs, bounds=(np.asarray(lo), np.asarray(hi))).x
         ses, _ = _ls_stderr(design, yv, sol)
         if not pooled:

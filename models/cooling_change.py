@@ -35,7 +35,6 @@ from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import NDArray
-from scipy.ndimage import maximum_filter1d, minimum_filter1d
 
 #: Width of the means compared. [s]
 MEAN_S = 30.0
@@ -151,6 +150,8 @@ def cooling_steps(
     # 2 FLAT_FRACTION of its middle; a missing mean (a gap) is not flat
     first = ks - pre + w - 1  # the first mean that lies wholly after k - pre
     length = pre - w + 1 + gap + after
+    from scipy.ndimage import maximum_filter1d, minimum_filter1d  # when needed (~0.5 s)
+
     centre = first + length // 2  # maximum_filter1d's window at i: [i - L//2, i - L//2 + L)
     p_max = maximum_filter1d(np.where(np.isnan(p_w), np.inf, p_w), length, axis=0)[centre]
     p_min = minimum_filter1d(np.where(np.isnan(p_w), -np.inf, p_w), length, axis=0)[centre]

@@ -68,7 +68,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
-from scipy.signal import fftconvolve
 
 __all__ = [
     "KINDS",
@@ -314,6 +313,8 @@ def _residual_correction(
     mm[win - 1 :] = np.where(np.isfinite(m), m, 0.0)
     ok_r = np.isfinite(r)
     rz = np.where(ok_r, r, 0.0)
+    from scipy.signal import fftconvolve  # imported when a forecast needs it (~0.5 s)
+
     num = fftconvolve(mm[::-1], rz, axes=0)[t_n : t_n + horizon_steps]
     den = fftconvolve((mm * mm)[::-1], ok_r.astype(float), axes=0)[t_n : t_n + horizon_steps]
     beta = np.zeros((horizon_steps, n))

@@ -474,3 +474,29 @@ def test_a_decaying_plate_idle_for_hours_stays_one_incident(topo) -> None:
     firing = [(i, r) for i, s, r in sent if s == "firing"]
     assert len(firing) == 1 and firing[0][1] == "gpu_r_drift", sent
     assert not [s for s in sent if s[1] == "resolved"], sent  # still open: not fixed
+
+
+def test_minute_means_are_the_trailing_window_means_with_or_without_gaps() -> None:
+    """The live "now" value per evaluation row: the mean of the finite samples of the last
+    NOW_WINDOW_S up to it (NaN where none); a column's figures do not depend on whether another
+    column has gaps (the gap-free case takes a path of its own)."""
+    from twin.headroom import NOW_WINDOW_S
+
+    rng = np.random.default_rng(3)
+    dt = 10.0
+    w = round(NOW_WINDOW_S / dt)
+    x = (300.0 + 100.0 * rng.random((600, 4))).astype(np.float32)
+    rows = np.arange(0, 600, 6) + 5
+    rows[0] = 0  # a row before a whole window
+    full = breach.minute_means(x, rows, dt)
+    for i, r in enumerate(rows):
+        want = x[max(0, r + 1 - w) : r + 1].astype(float).mean(axis=0)
+        np.testing.assert_allclose(full[i], want, rtol=1e-12)
+    gappy = x.copy()
+    gappy[:, 3] = np.nan
+    gappy[100:130, 2] = np.nan
+    part = breach.minute_means(gappy, rows, dt)
+    np.testing.assert_array_equal(part[:, :2], full[:, :2])
+    assert np.isnan(part[:, 3]).all()
+    i = int(np.flatnonzero(rows == 119)[0])  # a window wholly in the gap: no value
+    assert np.isnan(part[i, 2]) and np.isfinite(part[i + 2, 2])

@@ -153,6 +153,65 @@ def test_measured_plus_change_is_the_recording_when_nothing_changes() -> None:
     assert not res.held.any() and (res.power_w == p).all()
 
 
+def _controller_step_by_step(t0, ref, power, r, c, dt, idle, target):
+    """The controller as docs/physics.md §2.5 states it, one step at a time (the reference the
+    block-wise implementation must reproduce to the bit)."""
+    n, g = power.shape
+    p, held = power.copy(), np.zeros((n, g), bool)
+    out = np.empty((n, g), dtype=power.dtype)
+    x = np.asarray(t0, dtype=float).copy()
+    out[0] = x
+    decay = np.exp(-dt / (r * c[None, :]))
+    for k in range(n):
+        e = decay[k]
+        nxt = ref[k] + p[k] * r[k] + (x - (ref[k] + p[k] * r[k])) * e
+        goal = target[min(k + 1, n - 1)]
+        hot = nxt > goal + 0.01
+        if hot.any():
+            hold = (goal - x * e - ref[k] * (1.0 - e)) / (r[k] * np.maximum(1.0 - e, 1e-12))
+            cut = np.where(hot, np.maximum(np.minimum(p[k], hold), idle), p[k])
+            held[k] = hot & (cut < p[k] - 0.5)
+            p[k] = cut
+            ss = ref[k] + p[k] * r[k]
+            nxt = ss + (x - ss) * e
+        x = nxt
+        if k + 1 < n:
+            out[k + 1] = x
+    return out, p, held
+
+
+@pytest.mark.parametrize("n", [1, 511, 512, 513, 1300])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("held_when", ["mostly", "rarely"])
+def test_the_controller_and_the_model_path_are_the_step_by_step_recurrence(
+    n, dtype, held_when
+) -> None:
+    """Computed a block of steps at a time (a free run checked at its end, step by step once
+    the controller acts), the paths are the step-by-step ones exactly: across block boundaries,
+    with GPUs held most of the time or in one short burst, and with a float32 power."""
+    rng = np.random.default_rng(n)
+    g = 6
+    ref = 30.0 + rng.standard_normal((n, g))
+    power = (200.0 + 500.0 * rng.random((n, g))).astype(dtype)
+    r = 0.05 + 0.02 * rng.random((n, g))
+    c = np.full(g, 900.0)
+    idle, t0 = np.full(g, 60.0), np.full(g, 45.0)
+    max_c = np.array([55.0, 60.0, 65.0, 70.0, 90.0, 40.0])  # from always to never held
+    if held_when == "rarely":  # one GPU's burst, mid-run, is all that trips the controller
+        max_c = np.full(g, 90.0)
+        power[n // 2 : n // 2 + 15, 2] = 3000.0
+    res = gpu_temperatures(t0, ref, power, r, c, 10.0, idle_w=idle, max_temp_c=max_c)
+    out, p, held = _controller_step_by_step(
+        t0, ref, power, r, c, 10.0, idle, np.broadcast_to(max_c, (n, g))
+    )
+    np.testing.assert_array_equal(res.temp_c, out)
+    np.testing.assert_array_equal(res.power_w, p)
+    np.testing.assert_array_equal(res.held, held)
+    assert n < 10 or 0 < held.sum() < (held.size if held_when == "mostly" else 20)
+    free, _, _ = _controller_step_by_step(t0, ref, power, r, c, 10.0, idle, np.full((n, g), np.inf))
+    np.testing.assert_array_equal(model_path(t0, ref, power, r, c, 10.0), free)
+
+
 def test_the_phase_trend_fit_is_the_per_phase_least_squares() -> None:
     rng = np.random.default_rng(7)
     n, m, step = 15, 40, 60.0  # the fit uses the last TREND_WINDOW_S = 15 min

@@ -181,3 +181,36 @@ def test_a_stopped_replay_keeps_what_it_stored(clean_bundle: Path, tmp_path: Pat
         n = store.con.execute("SELECT count(*) FROM gpu").fetchall()[0][0]
     assert 0 < stats["rows"] < sum(b.manifest.rows.values())
     assert n == stats["rows"] == ing.counters.samples["gpu"]
+
+
+def test_the_what_if_grid_places_each_sample_on_its_step_and_leaves_the_rest_nan() -> None:
+    """``twin.replay.recording.grid``: a window that starts inside the recording, ids in an
+    order of its own and one the bundle lacks: each sample on its row and column, the rest NaN."""
+    from twin.replay.recording import grid
+
+    b = Bundle.load(Path(__file__).resolve().parents[1] / "sample_telemetry" / "demo_bundle")
+    m = b.manifest
+    dt = m.resolution_s
+    t0 = m.start + timedelta(hours=3)
+    n = 40
+    first = pq.ParquetFile(b.path / "gpu.parquet").read_row_group(0, columns=["id"])
+    some = sorted(set(first.column("id").to_pylist()))[:3][::-1]
+    ids = [*some, "no-such-gpu"]
+    t = pq.read_table(b.path / "gpu.parquet", columns=["ts", "id", "power_w"])
+    t = t.filter(pc.is_in(t.column("id").cast(pa.string()), value_set=pa.array(some)))
+    g = grid(b, "gpu", ids, ["power_w", "temp_c"], t0, dt, n)
+    assert g["power_w"].shape == (n, 4) and g["power_w"].dtype == np.float32
+    scale = m.resolutions["gpu"]["power_w"]
+    want = np.full((n, 4), np.nan, dtype=np.float32)
+    start_us = int(t0.timestamp() * 1e6)
+    ts = t.column("ts").to_numpy().astype("datetime64[us]").astype(np.int64)
+    row = np.rint((ts - start_us) / (dt * 1e6)).astype(np.int64)
+    sid = np.array(t.column("id").to_pylist())
+    v = t.column("power_w").to_numpy(zero_copy_only=False)
+    for j, name in enumerate(ids):
+        at = (sid == name) & (row >= 0) & (row < n)
+        vals = v[at] if scale is None else v[at] * scale
+        want[row[at], j] = vals.astype(np.float32)
+    np.testing.assert_array_equal(g["power_w"], want)
+    assert np.isfinite(want[:, :3]).sum() > 0.9 * 3 * n  # the window is inside the recording
+    assert np.isnan(g["power_w"][:, 3]).all() and np.isnan(g["temp_c"][:, 3]).all()

@@ -196,6 +196,26 @@ def test_figures_json_round_trips_through_plotly(runs) -> None:
     assert traces_of(back)["cdu-1-fails"].line.color == run_colours(scen)[2]
 
 
+def test_figures_json_without_plotly_objects_is_plotlys_own_json(runs) -> None:
+    """The report writes its figures' JSON without building plotly objects: it is exactly what
+    plotly's ``to_json`` of :func:`figures` reads back as, template, nulls for NaN and all."""
+    import json
+    import math
+
+    base, scen = runs
+    scen = [r.model_copy(deep=True) for r in scen]
+    y = scen[0].series["it_power_kw"]
+    y[1], y[2] = math.nan, math.inf  # a gap in a path: null in plotly's JSON
+    for start in (None, T0):
+        fast = figures_json(base, scen, start=start)
+        slow = figures_json(base, scen, figures(base, scen, start), start)
+        assert fast == slow
+        trace = fast[0]["figure"]["data"][0]
+        assert trace["y"][1] is None and trace["y"][2] is None
+        assert fast[0]["figure"]["layout"]["template"]["layout"]
+        assert json.loads(json.dumps(fast)) == fast  # strict JSON: no NaN left
+
+
 class Doc(HTMLParser):
     """The HTML's elements and its text, as Python's own parser reads them."""
 

@@ -23,6 +23,8 @@ import numpy as np
 HOLD_TOL_K = 0.01
 #: ... and a GPU counts as held when it sheds more than this. [W]
 HOLD_TOL_W = 0.5
+#: Steps whose path-independent terms are computed together (bounds the memory they take).
+STEP_BLOCK = 512
 
 
 @dataclass
@@ -51,9 +53,13 @@ def model_path(
     x = np.asarray(temp0_c, dtype=float).copy()
     out[0] = x
     decay = np.exp(-dt_s / (r_k_per_w * c_j_per_k[None, :]))
-    for k in range(n - 1):
-        ss = ref_c[k] + power_w[k] * r_k_per_w[k]
-        x = ss + (x - ss) * decay[k]
+    steady = ref_c + power_w * r_k_per_w  # (T, G) each step's steady state, at once
+    d = np.empty_like(x)
+    for k in range(n - 1):  # x <- ss + (x - ss) * decay, in place
+        ss = steady[k]
+        np.subtract(x, ss, out=d)
+        d *= decay[k]
+        np.add(ss, d, out=x)
         out[k + 1] = x
     return out
 
@@ -100,22 +106,56 @@ def gpu_temperatures(
     x = np.asarray(temp0_c, dtype=float).copy()
     out[0] = x
     decay = np.exp(-dt_s / (r_k_per_w * c_j_per_k[None, :]))
-    for k in range(n):  # the last row's power holds past the window: it is held the same
-        e, r, ref = decay[k], r_k_per_w[k], ref_c[k]
-        ss = ref + p[k] * r
-        nxt = ss + (x - ss) * e
-        goal = target[min(k + 1, n - 1)]
-        hot = nxt > goal + HOLD_TOL_K
-        if hot.any():
-            hold = (goal - x * e - ref * (1.0 - e)) / (r * np.maximum(1.0 - e, 1e-12))
-            cut = np.where(hot, np.maximum(np.minimum(p[k], hold), idle_w), p[k])
-            held[k] = hot & (cut < p[k] - HOLD_TOL_W)
-            p[k] = cut
-            ss = ref + p[k] * r
-            nxt = ss + (x - ss) * e
-        x = nxt
-        if k + 1 < n:
-            out[k + 1] = x
+    d = np.empty_like(x)
+    hot = np.empty(g, dtype=bool)
+    xs = np.empty((min(STEP_BLOCK, n) + 1, g))  # a block's free path (float64, as x)
+    was_hot = False
+    for k0 in range(0, n, STEP_BLOCK):
+        # what does not depend on the path, for a block of steps at once (the same arithmetic
+        # as step by step): the steady state at the asked power, the controller's trigger and
+        # the terms of its hold power
+        rows = slice(k0, min(k0 + STEP_BLOCK, n))
+        e_b, ref_b, r_b = decay[rows], ref_c[rows], r_k_per_w[rows]
+        steady = ref_b + p[rows] * r_b
+        goal_b = target[k0 + 1 : rows.stop + 1]
+        if len(goal_b) < len(e_b):  # the last step's goal is its own target
+            goal_b = np.concatenate([goal_b, target[-1:]])
+        trigger = goal_b + HOLD_TOL_K
+        b, start = len(e_b), 0
+        if not was_hot:
+            # the block without the controller, checked once at its end: up to the first step
+            # that trips it, that is the path (the same arithmetic as the loop below)
+            xs[0] = x
+            for i in range(b):
+                np.subtract(xs[i], steady[i], out=d)
+                d *= e_b[i]
+                np.add(steady[i], d, out=xs[i + 1])
+            tripped = (xs[1 : b + 1] > trigger).any(axis=1)
+            start = int(np.argmax(tripped)) if tripped.any() else b
+            last = min(k0 + start, n - 1)  # out rows k0 + 1 .. last are done
+            out[k0 + 1 : last + 1] = xs[1 : last - k0 + 1]
+            x = xs[start].copy()
+        was_hot = start < b
+        ref_term = ref_b * (1.0 - e_b)
+        hold_den = r_b * np.maximum(1.0 - e_b, 1e-12)
+        for i in range(start, b):  # the last row's power holds past the window: held the same
+            k = k0 + i
+            e, ss = e_b[i], steady[i]
+            np.subtract(x, ss, out=d)  # nxt = ss + (x - ss) * e
+            d *= e
+            nxt = ss + d
+            np.greater(nxt, trigger[i], out=hot)
+            if hot.any():
+                pk = p[k]
+                hold = (goal_b[i] - x * e - ref_term[i]) / hold_den[i]
+                cut = np.where(hot, np.maximum(np.minimum(pk, hold), idle_w), pk)
+                held[k] = hot & (cut < pk - HOLD_TOL_W)
+                pk[:] = cut
+                ss = ref_b[i] + pk * r_b[i]
+                nxt = ss + (x - ss) * e
+            x = nxt
+            if k + 1 < n:
+                out[k + 1] = x
     if delta:
         out = out + bias
     shed = power_w - p

@@ -157,21 +157,34 @@ class AlertFeed:
             self.rules, Topology.from_site(self.d.site), None, clock=lambda: times[-1]
         )
         sent: list[dict[str, Any]] = []
+        # every watched series' values as Python floats, minute by minute, and where they are
+        # finite: read once, not one numpy scalar per series and minute
+        m_rows = len(self.rows)
+        vals = (
+            np.stack([np.asarray(v, dtype=float) for *_, v in self.watched], axis=1)
+            if self.watched
+            else np.zeros((m_rows, 0))
+        )
+        seen = np.isfinite(vals)
+        excess = {j: np.asarray(x, dtype=float).tolist() for j, x in self.excess.items()}
         for i, k in enumerate(self.rows):
             now = times[k]
-            obs = [
-                Observation(
-                    metric=m,
-                    entity_kind=kind,  # type: ignore[arg-type]
-                    entity_id=sid,
-                    value=float(v[i]),
-                    excess=float(self.excess[j][i]) if j in self.excess else None,
-                    ts=now,
-                    labels={k: x[i] for k, x in self.labels.get(j, {}).items()},
+            row = vals[i].tolist()
+            obs = []
+            for j in np.flatnonzero(seen[i]).tolist():
+                m, kind, sid, _ = self.watched[j]
+                ex = excess.get(j)
+                obs.append(
+                    Observation(
+                        metric=m,
+                        entity_kind=kind,  # type: ignore[arg-type]
+                        entity_id=sid,
+                        value=row[j],
+                        excess=ex[i] if ex is not None else None,
+                        ts=now,
+                        labels={name: x[i] for name, x in self.labels.get(j, {}).items()},
+                    )
                 )
-                for j, (m, kind, sid, v) in enumerate(self.watched)
-                if np.isfinite(v[i])
-            ]
             for note in engine.evaluate(obs, now=now):
                 sent.append(
                     {

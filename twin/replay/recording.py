@@ -97,17 +97,32 @@ def grid(
             col[at : at + k] = lut[chunk.indices.to_numpy(zero_copy_only=False)]
             at += k
         ok = (col >= 0) & (row >= 0) & (row < n)
-        r_ok, c_ok = row[ok], col[ok]
+        every = bool(ok.all())  # the usual case: every row lands on the grid
+        flat = row * len(ids) + col  # one index into the flattened (T, N) grid
+        if not every:
+            flat = flat[ok]
         for q in present:
             v = t.column(q).to_numpy(zero_copy_only=False)
+            if not every:
+                v = v[ok]
             scale = res.get(q)
-            vals = v[ok].astype(F32) if scale is None else (v[ok] * scale).astype(F32)
-            out[q][r_ok, c_ok] = vals
+            out[q].reshape(-1)[flat] = v.astype(F32) if scale is None else (v * scale).astype(F32)
     return out
 
 
 def _filled(a: np.ndarray) -> np.ndarray:
+    """``a`` with its gaps held (``hold_fill``); ``a`` itself (float32) when it has none."""
+    if not np.isnan(a).any():
+        return a.astype(F32, copy=False)
     return hold_fill(a, backfill=True).astype(F32, copy=False)
+
+
+def _finite(a: np.ndarray, nan: float = 0.0) -> np.ndarray:
+    """``np.nan_to_num(a, nan=nan)`` in place (``a`` is a fresh grid of :func:`load`), without
+    a pass when everything is finite already."""
+    if np.isfinite(a).all():
+        return a
+    return np.nan_to_num(a, copy=False, nan=nan)
 
 
 def load(bundle: Bundle) -> Recording:
@@ -135,7 +150,8 @@ def load(bundle: Bundle) -> Recording:
         plim = np.fmax.reduce(g.pop("power_limit_w"), axis=0).astype(float)
     params = resolve(site, idx, bundle.params())
     plim = np.where(np.isfinite(plim) & (plim > 0), plim, params.gpu.limit_w)
-    act = np.clip(np.nan_to_num(_filled(act)), 0.0, 1.0)
+    act = _finite(_filled(act))
+    np.clip(act, 0.0, 1.0, out=act)
     node = grid(bundle, "node", [nd.name for nd in site.nodes], ["inlet_temp_c"], t0, dt, n)
     phases = phase_table(site)
     pdu_names = [p.name for p in site.pdus]
@@ -151,7 +167,7 @@ def load(bundle: Bundle) -> Recording:
         pump_on[c.name] = pumps_running(_filled(speeds[:, k : k + len(c.pumps)]))
         k += len(c.pumps)
     link = grid(bundle, "link", [lk.name for lk in site.links], ["tx_bps", "rx_bps"], t0, dt, n)
-    busy = np.nan_to_num(_filled(link_busy_gbps(link["tx_bps"], link["rx_bps"]).astype(F32)))
+    busy = _finite(_filled(link_busy_gbps(link["tx_bps"], link["rx_bps"]).astype(F32)))
     pdu_w = _filled(pdu["power_w"])
     pos = {p: i for i, p in enumerate(pdu_names)}
     rack_in = np.full((n, len(site.racks)), np.nan)
@@ -174,14 +190,14 @@ def load(bundle: Bundle) -> Recording:
         idx=idx,
         params=params,
         phases=phases,
-        gpu_power_w=np.nan_to_num(_filled(g["power_w"])),
+        gpu_power_w=_finite(_filled(g["power_w"])),
         gpu_temp_c=_filled(g["temp_c"]),
         gpu_activity=act,
         gpu_power_limit_w=plim,
-        node_inlet_c=np.nan_to_num(_filled(node["inlet_temp_c"]), nan=25.0),
+        node_inlet_c=_finite(_filled(node["inlet_temp_c"]), nan=25.0),
         pdu_power_w=pdu_w,
         pdu_pf=pf,
-        phase_current_a=np.nan_to_num(_filled(cur)),
+        phase_current_a=_finite(_filled(cur)),
         cdu={q: _filled(v).astype(float) for q, v in cdu.items()},
         pump_on=pump_on,
         link_busy_gbps=busy,

@@ -18,9 +18,11 @@ the baseline is dashed in a neutral grey and limits are dotted.
 
 from __future__ import annotations
 
+import copy
 import json
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +60,8 @@ VERDICT_TEXT = {"fits with risks": "#000000"}
 BASELINE_COLOUR = "#5f6368"
 #: Constant limits (a ratio of 1.0, ...): dotted, near black.
 LIMIT_COLOUR = "#202124"
+#: The plotly layout template of every figure.
+FIGURE_TEMPLATE = "plotly_white"
 #: One colour per scenario, by its position in the run, every one colour-blind-safe: the
 #: Okabe-Ito palette (Okabe & Ito, "Color Universal Design", 2008) without its black,
 #: grey-like and yellow entries, then Paul Tol's "muted" scheme (personal.sron.nl/~pault/,
@@ -186,6 +190,97 @@ def _x(t_h: list[float], start: datetime | None) -> list[Any]:
     return [(start + timedelta(hours=h)).strftime("%Y-%m-%d %H:%M:%S") for h in t_h]
 
 
+def _figure_dicts(
+    baseline: RunResult,
+    runs: list[RunResult],
+    start: datetime | None = None,
+    colours: list[str] | None = None,
+) -> list[tuple[str, dict[str, Any]]]:
+    """:func:`figures` as plain dicts in plotly's figure schema (``{"data", "layout"}``, the
+    layout's template by name), built without plotly's validation."""
+    colours = colours or run_colours(runs)
+    # the baseline is drawn last, over the scenarios (a scenario that leaves a path as recorded
+    # would hide it), and listed first in the legend (legendrank)
+    styled = [(r, colours[i], "solid", 1000 + 10 * i) for i, r in enumerate(runs)]
+    styled.append((baseline, BASELINE_COLOUR, "dash", 1))
+    at = "%{x|%H:%M} UTC" if start is not None else "%{x:.2f} h"
+    xs: dict[int, list[Any]] = {}  # each run's time axis, formatted once
+
+    def x_of(r: RunResult, t: list[float]) -> list[Any]:
+        if id(r) not in xs:
+            xs[id(r)] = _x(t, start)
+        return xs[id(r)]
+
+    out: list[tuple[str, dict[str, Any]]] = []
+    for key in series_keys(baseline, runs):
+        spec = _spec(key)
+        data: list[dict[str, Any]] = []
+        t_all: list[float] = []
+        for r, colour, dash, rank in styled:
+            y, t = r.series.get(key), r.series.get("t_h")
+            if not y or not t:
+                continue
+            t_all += [t[0], t[-1]]
+            data.append(
+                {
+                    "x": x_of(r, t),
+                    "y": [v * spec.scale for v in y],
+                    "name": r.name,
+                    "legendgroup": r.name,
+                    "legendrank": rank,
+                    "mode": "lines",
+                    "line": {"color": colour, "dash": dash, "width": 2},
+                    "hovertemplate": f"{r.name}<br>{at}: %{{y:,.4g}} {spec.unit}<extra></extra>",
+                    "type": "scatter",
+                }
+            )
+            lim = r.series.get(spec.limit_key) if spec.limit_key else None
+            if lim:
+                data.append(
+                    {
+                        "x": x_of(r, t),
+                        "y": [v * spec.scale for v in lim],
+                        "name": f"{r.name}: limit",
+                        "legendgroup": r.name,
+                        "legendrank": rank + 1,
+                        "mode": "lines",
+                        "line": {"color": colour, "dash": "dot", "width": 1.5},
+                        "hovertemplate": f"{r.name} limit<br>{at}: %{{y:,.4g}} {spec.unit}"
+                        "<extra></extra>",
+                        "type": "scatter",
+                    }
+                )
+        if spec.limit is not None and t_all:
+            data.append(
+                {
+                    "x": _x([min(t_all), max(t_all)], start),
+                    "y": [spec.limit, spec.limit],
+                    "name": f"limit ({spec.limit:g} {spec.unit})".replace(" )", ")"),
+                    "legendrank": 100_000,
+                    "mode": "lines",
+                    "line": {"color": LIMIT_COLOUR, "dash": "dot", "width": 1.5},
+                    "hoverinfo": "skip",
+                    "type": "scatter",
+                }
+            )
+        xaxis: dict[str, Any] = {
+            "title": {"text": TIME_TITLE if start is not None else "hours into the recording"}
+        }
+        if start is not None:
+            xaxis.update(type="date", tickformat="%H:%M\n%b %d")
+        layout = {
+            "title": {"text": spec.title()},
+            "xaxis": xaxis,
+            "yaxis": {"title": {"text": spec.axis_title()}},
+            "template": FIGURE_TEMPLATE,
+            "height": 340,
+            "margin": {"t": 50, "b": 45, "l": 60, "r": 20},
+            "showlegend": True,
+        }
+        out.append((key, {"data": data, "layout": layout}))
+    return out
+
+
 def figures(
     baseline: RunResult,
     runs: list[RunResult],
@@ -195,73 +290,23 @@ def figures(
     """One figure per site-level quantity: the baseline dashed grey, each scenario in its colour
     (:func:`run_colours`, or ``colours``), limits dotted. Keys absent from every run are
     skipped. ``start``: the recording's first time (UTC), to draw on clock time."""
-    colours = colours or run_colours(runs)
-    # the baseline is drawn last, over the scenarios (a scenario that leaves a path as recorded
-    # would hide it), and listed first in the legend (legendrank)
-    styled = [(r, colours[i], "solid", 1000 + 10 * i) for i, r in enumerate(runs)]
-    styled.append((baseline, BASELINE_COLOUR, "dash", 1))
-    at = "%{x|%H:%M} UTC" if start is not None else "%{x:.2f} h"
-    out: list[tuple[str, go.Figure]] = []
-    for key in series_keys(baseline, runs):
-        spec = _spec(key)
-        fig = go.Figure()
-        t_all: list[float] = []
-        for r, colour, dash, rank in styled:
-            y, t = r.series.get(key), r.series.get("t_h")
-            if not y or not t:
-                continue
-            t_all += [t[0], t[-1]]
-            fig.add_trace(
-                go.Scatter(
-                    x=_x(t, start),
-                    y=[v * spec.scale for v in y],
-                    name=r.name,
-                    legendgroup=r.name,
-                    legendrank=rank,
-                    mode="lines",
-                    line={"color": colour, "dash": dash, "width": 2},
-                    hovertemplate=f"{r.name}<br>{at}: %{{y:,.4g}} {spec.unit}<extra></extra>",
-                )
-            )
-            lim = r.series.get(spec.limit_key) if spec.limit_key else None
-            if lim:
-                fig.add_trace(
-                    go.Scatter(
-                        x=_x(t, start),
-                        y=[v * spec.scale for v in lim],
-                        name=f"{r.name}: limit",
-                        legendgroup=r.name,
-                        legendrank=rank + 1,
-                        mode="lines",
-                        line={"color": colour, "dash": "dot", "width": 1.5},
-                        hovertemplate=f"{r.name} limit<br>{at}: %{{y:,.4g}} {spec.unit}"
-                        "<extra></extra>",
-                    )
-                )
-        if spec.limit is not None and t_all:
-            fig.add_trace(
-                go.Scatter(
-                    x=_x([min(t_all), max(t_all)], start),
-                    y=[spec.limit, spec.limit],
-                    name=f"limit ({spec.limit:g} {spec.unit})".replace(" )", ")"),
-                    legendrank=100_000,
-                    mode="lines",
-                    line={"color": LIMIT_COLOUR, "dash": "dot", "width": 1.5},
-                    hoverinfo="skip",
-                )
-            )
-        fig.update_layout(
-            title={"text": spec.title()},
-            xaxis_title=TIME_TITLE if start is not None else "hours into the recording",
-            yaxis_title=spec.axis_title(),
-            template="plotly_white",
-            height=340,
-            margin={"t": 50, "b": 45, "l": 60, "r": 20},
-            showlegend=True,
-        )
-        if start is not None:
-            fig.update_xaxes(type="date", tickformat="%H:%M\n%b %d")
-        out.append((key, fig))
+    return [(k, go.Figure(f)) for k, f in _figure_dicts(baseline, runs, start, colours)]
+
+
+@cache
+def _template_json() -> dict[str, Any]:
+    """The layout template's plotly JSON (what ``to_json`` writes for it), built once."""
+    return json.loads(go.Figure(layout={"template": FIGURE_TEMPLATE}).to_json())["layout"][
+        "template"
+    ]
+
+
+def _plain_json(fig: dict[str, Any]) -> dict[str, Any]:
+    """A figure of :func:`_figure_dicts` as ``json.loads(go.Figure(fig).to_json())`` reads it
+    (the template expanded, NaN and infinities null), without building the plotly object."""
+    text = json.dumps({**fig, "layout": {**fig["layout"], "template": None}})
+    out = json.loads(text, parse_constant=lambda _: None)
+    out["layout"]["template"] = copy.deepcopy(_template_json())
     return out
 
 
@@ -274,9 +319,14 @@ def figures_json(
     """:func:`figures` as plain JSON: ``[{"key", "title", "figure"}]`` (``figure`` is plotly's
     JSON of the figure, which ``plotly.io.from_json`` or ``go.Figure(...)`` reads back).
     ``figs``: figures already built for these runs (they are built once per report)."""
+    if figs is not None:
+        return [
+            {"key": k, "title": f.layout.title.text, "figure": json.loads(f.to_json())}
+            for k, f in figs
+        ]
     return [
-        {"key": k, "title": f.layout.title.text, "figure": json.loads(f.to_json())}
-        for k, f in (figs if figs is not None else figures(baseline, runs, start))
+        {"key": k, "title": f["layout"]["title"]["text"], "figure": _plain_json(f)}
+        for k, f in _figure_dicts(baseline, runs, start)
     ]
 
 
@@ -722,8 +772,8 @@ def html_report(
     n = 0
     for r, colour in zip(runs, colours, strict=True):
         figs = []
-        for key, fig in figures(baseline, [r], start, [colour]):
-            figs.append({"key": key, "id": f"fig-{n}", "figure": json.loads(fig.to_json())})
+        for key, fig in _figure_dicts(baseline, [r], start, [colour]):
+            figs.append({"key": key, "id": f"fig-{n}", "figure": _plain_json(fig)})
             n += 1
         per_run.append(figs)
     return _ENV.get_template("report.html.j2").render(
