@@ -142,3 +142,33 @@ def test_a_nan_in_a_table_is_stored_as_the_message_paths_null(tmp_path):
             "SELECT id, power_w, isnan(power_w), temp_c FROM gpu ORDER BY id"
         ).fetchall()
     assert rows == [(f"{SOURCE}:0", None, None, 55.0), (f"{SOURCE}:1", 300.0, False, 56.0)]
+
+
+def test_the_redfish_collector_skips_at_the_edge_what_the_rule_refuses(caplog):
+    """A collector applies the same rule before it publishes: a reading the twin would refuse
+    is skipped with the rule's reason (the poll's other readings still go out), not sent to
+    dead-letter the whole message."""
+    from collectors.redfish import _Samples
+
+    samples = _Samples("pdu")
+    with caplog.at_level("WARNING", logger="collectors.redfish"):
+        samples.put("pdu-a/L1", "current_a", -1.0, "L1 current")
+        samples.put("pdu-a/L2", "current_a", 2e6, "L2 current")
+        samples.put("pdu-a/L3", "current_a", 1e6, "L3 current")  # the rule's own limit
+    assert samples.list() == [{"id": "pdu-a/L3", "current_a": 1e6}]
+    said = [r.getMessage() for r in caplog.records]
+    assert any("L1 current skipped: negative_value" in m for m in said), said
+    assert any("L2 current skipped: out_of_range" in m for m in said), said
+    with pytest.raises(ContractError) as e:  # what the twin says of the same reading
+        decode(
+            topic_for(SITE, "pdu", SOURCE),
+            encode(
+                collector="t",
+                source=SOURCE,
+                seq=1,
+                ts=_ts(),
+                samples=[{"id": "pdu-a/L2", "current_a": 2e6}],
+            ),
+            SITE,
+        )
+    assert e.value.reason == "out_of_range"
