@@ -56,7 +56,7 @@ before the crossing; the lead time of the first tied page to the crossing (or, f
 crosses none, to its first physical effect, its start: the simulator applies every fault from its
 start), median and min (negative: the page came after); pages per fault. Over the run: pages tied
 to no fault (and per day per 1,000 GPUs), each classified by the simulator's truth, never by
-the alert (``twin.replay.fault_score.classify_untied``): a *true limit state without a fault*
+the alert (``harness.fault_score.classify_untied``): a *true limit state without a fault*
 when the true quantity the rule judges met the rule's condition over the minute before the page
 (for a forecast rule: the true headroom reached the limit within its horizon), else *false*;
 and incidents with more than two pages (a fault's tied
@@ -88,7 +88,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from twin.replay.fault_score import STEP_KINDS, FaultCase, run_day, score  # noqa: E402
+from harness.fault_score import STEP_KINDS, FaultCase, run_day, score  # noqa: E402
 from twin.site import load_site  # noqa: E402
 
 DEMO_BUNDLE = ROOT / "sample_telemetry" / "demo_bundle"
@@ -181,8 +181,8 @@ def run_day_live(
 
     import numpy as np
 
+    from harness import fault_score as fs
     from harness.live_path import drive
-    from twin.replay import fault_score as fs
     from twin.simulator.faults import Fault
 
     site = load_site(site_path)

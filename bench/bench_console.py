@@ -10,7 +10,7 @@ critical ``cdu_pump_lost`` fires), the service's API on a free port; then the co
 
 Each page is opened ``--runs`` times, each in a fresh browser context (a new Streamlit session,
 as an operator opening the page), after one warm-up opening that is not counted. A page's load
-time is :func:`dashboards.pageload.load_s`: from the navigation's start to the last change drawn
+time is :func:`harness.pageload.load_s`: from the navigation's start to the last change drawn
 in the page's main area. Beside it: when the HTML's DOMContentLoaded fired (the frontend's
 bundle), when the page's title appeared (the websocket session is up and the script started),
 the JavaScript fetched (count, kB), and every API call the page's script made, timed by the
@@ -47,7 +47,7 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from dashboards import pageload  # noqa: E402
+from harness import pageload  # noqa: E402
 from twin.calibrate.calibrate import calibrate, save_run  # noqa: E402
 from twin.cli.demo import CONSOLE_STREAMLIT_OPTIONS  # noqa: E402
 from twin.service import Service, ServiceConfig  # noqa: E402

@@ -28,8 +28,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from harness.recovery import DEFAULT_START, compare, ingest_simulation
 from twin.calibrate.calibrate import calibrate
-from twin.calibrate.recovery import DEFAULT_START, compare, ingest_simulation
 from twin.simulator import SiteSimulator
 from twin.site import load_site
 from twin.store import Store

@@ -73,7 +73,7 @@ from urllib.parse import urljoin, urlsplit
 import httpx
 
 from collectors.base import CollectorError, Message, MessageBuilder
-from collectors.contract import QUANTITIES, phase_id, sub_id
+from collectors.contract import phase_id, sub_id, value_error
 
 __all__ = ["UCUM", "RedfishCollector"]
 
@@ -207,9 +207,9 @@ class _Samples:
             if value is not None:
                 log.debug("redfish: %s is not a finite number (%r); skipped", what, value)
             return
-        q = QUANTITIES[self.kind].get(quantity)
-        if q is not None and q.nonnegative and v < 0:
-            log.warning("redfish: %s = %s is negative, %s cannot be; skipped", what, v, quantity)
+        err = value_error(self.kind, quantity, v)  # the contract's value rule, at the edge
+        if err is not None:
+            log.warning("redfish: %s skipped: %s: %s", what, err.reason, err.detail)
             return
         sample = self.by_id.setdefault(sid, {"id": sid})
         sample.setdefault(quantity, v)

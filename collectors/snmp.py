@@ -64,7 +64,7 @@ from pysnmp.hlapi.v3arch.asyncio import (
 from pysnmp.proto.rfc1905 import EndOfMibView, NoSuchInstance, NoSuchObject
 
 from collectors.base import CollectorError, Message, MessageBuilder
-from collectors.contract import line_element, named_quantity
+from collectors.contract import line_element, value_error
 from collectors.snmp_profiles import (
     UNITS,
     Column,
@@ -333,9 +333,9 @@ class SnmpPduCollector:
                 if quantity == "power_factor" and not 0.0 <= value <= 1.0:
                     self._refuse(what, f"power factor {value} (raw {raw}) is outside 0..1")
                     continue
-                q = named_quantity("pdu", quantity)
-                if q is not None and q.nonnegative and value < 0:
-                    self._refuse(what, f"{quantity} cannot be negative ({value})")
+                err = value_error("pdu", quantity, value)  # the contract's value rule
+                if err is not None:
+                    self._refuse(what, f"{err.reason}: {err.detail}")
                     continue
                 samples.setdefault(sid, {"id": sid}).setdefault(quantity, value)
 

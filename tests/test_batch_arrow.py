@@ -14,8 +14,9 @@ from datetime import UTC, datetime, timedelta
 import orjson
 import pytest
 
-from collectors.contract import QUANTITIES, BatchDecoder, ContractError, decode, topic_for
+from collectors.contract import QUANTITIES, ContractError, decode, topic_for
 from twin.ingest import Ingester
+from twin.ingest.batch_decode import BatchDecoder
 from twin.site import load_site
 from twin.store import Store
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from twin.replay import fault_score as ba
+from harness import fault_score as ba
 from twin.simulator import SiteSimulator
 from twin.site import load_site
 

@@ -6,7 +6,7 @@ as `dctwin demo` starts it. Every page must open without an exception or error b
 map must show every rack, and an alert must be acknowledged from the Alerts page. What an operator
 must see is asserted on the drawn page: the critical pump alert listed first and in the critical
 colour, no "None", no truncated number, the rack deep link on the right rack. A screenshot per page
-and each page's load time (navigation to its last change drawn, :mod:`dashboards.pageload`;
+and each page's load time (navigation to its last change drawn, :mod:`harness.pageload`;
 recorded, never asserted) go to ``$DCTWIN_ARTIFACTS`` when set, else a folder under pytest's
 tmp path; the run prints where.
 
@@ -31,7 +31,7 @@ import httpx
 import pytest
 import yaml
 
-from dashboards import pageload
+from harness import pageload
 from twin.bands import BAND_HEX, LimitBands
 from twin.cli.demo import CONSOLE_STREAMLIT_OPTIONS
 from twin.service import Service

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -41,6 +42,53 @@ def test_collectors_import_only_collectors_and_third_party(path):
     for m in imports(path):
         top = m.split(".")[0]
         assert top not in {"twin", "models", "dashboards", "duckdb", "streamlit"}, (
+            f"{path.relative_to(REPO)} imports {m}"
+        )
+
+
+def test_the_shipped_packages_are_the_wheels():
+    """PACKAGES (what the rules below call shipped) is what the wheel holds, and harness/
+    (test and benchmark support) is not in it."""
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+    wheel = pyproject["tool"]["hatch"]["build"]["targets"]["wheel"]["packages"]
+    assert sorted(wheel) == sorted(PACKAGES)
+    assert (REPO / "harness" / "__init__.py").is_file()
+
+
+def any_imports(path: Path) -> set[str]:
+    """Every module ``path`` names in an import, at any level of the code (a function's own
+    imports included), and every string literal it hands to ``importlib.import_module`` or
+    ``__import__``."""
+    found = imports(path)
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if (
+            isinstance(node, ast.Call)
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+            and (
+                (isinstance(node.func, ast.Attribute) and node.func.attr == "import_module")
+                or (
+                    isinstance(node.func, ast.Name)
+                    and node.func.id in {"import_module", "__import__"}
+                )
+            )
+        ):
+            found.add(node.args[0].value)
+    return found
+
+
+@pytest.mark.parametrize(
+    "path",
+    [p for pkg in PACKAGES for p in files(pkg)],
+    ids=lambda p: str(p.relative_to(REPO)),
+)
+def test_shipped_packages_never_import_the_harness_tests_or_bench(path):
+    # harness/, tests/ and bench/ are not in the wheel: an installed dctwin that imported them
+    # would fail where it runs (an editable install has the repository root on sys.path, so
+    # only the source can tell)
+    for m in any_imports(path):
+        assert m.split(".")[0] not in {"harness", "tests", "bench"}, (
             f"{path.relative_to(REPO)} imports {m}"
         )
 

@@ -32,7 +32,6 @@ from collectors.contract import (
     MAX_EXTRA_VALUES,
     MAX_SAMPLE_KEYS,
     MAX_SAMPLES,
-    BatchDecoder,
     ContractError,
     decode,
     encode,
@@ -41,6 +40,7 @@ from collectors.contract import (
 from collectors.mqtt import connect, wait_until
 from twin.health import ServiceHealth
 from twin.ingest import Ingester, IngestLimits
+from twin.ingest.batch_decode import BatchDecoder
 from twin.ingest.mqtt_service import MqttIngestService, ServiceOptions
 from twin.site import load_site
 from twin.store import Store
@@ -484,16 +484,16 @@ def test_nested_payloads_among_plain_ones_cost_the_arrow_path_one_more_parse(mon
     interleaved: the nested ones are found in one pass and left out, so the good ones are
     parsed as columns in two parses, not split around each bad one (bench/bench_poison.py
     measures what that costs)."""
-    from collectors import contract
+    from twin.ingest import batch_decode
 
     calls = []
-    real = contract._ArrowPart.build.__func__
+    real = batch_decode._ArrowPart.build.__func__
 
     def build(cls, decoder, kind, items, idx, *rest):
         calls.append(len(idx))
         return real(cls, decoder, kind, items, idx, *rest)
 
-    monkeypatch.setattr(contract._ArrowPart, "build", classmethod(build))
+    monkeypatch.setattr(batch_decode._ArrowPart, "build", classmethod(build))
     start = datetime.now(UTC)
     items = []
     for i in range(6000):

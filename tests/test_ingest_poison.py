@@ -25,7 +25,6 @@ from collectors.contract import (
     DEAD_LETTER_REASONS,
     KINDS,
     QUANTITIES,
-    BatchDecoder,
     ContractError,
     decode,
     encode,
@@ -34,6 +33,7 @@ from collectors.contract import (
 from collectors.mqtt import connect, wait_until
 from twin.health import ServiceHealth
 from twin.ingest import Ingester, IngestLimits
+from twin.ingest.batch_decode import BatchDecoder
 from twin.ingest.ingester import StoreUnavailable
 from twin.ingest.mqtt_service import MqttIngestService, ServiceOptions
 from twin.site import load_site

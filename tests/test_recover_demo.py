@@ -2,7 +2,7 @@
 
 Simulated (from a fixed Wednesday-morning start, so the run is reproducible), ingested through
 the normal path, calibrated and compared with the simulator's truth by
-``twin.calibrate.recovery`` (what ``bench/recover_site.py`` reports; about 3 minutes on 2
+``harness.recovery`` (what ``bench/recover_site.py`` reports; about 3 minutes on 2
 cores). Every parameter of every device must be identified and within the issue's tolerance:
 R 5 %, C 15 %, idle and limit power 3 %, capture fraction 0.02.
 """
@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pytest
 
+from harness.recovery import CHECKS, DEFAULT_START, compare, ingest_simulation
 from twin.calibrate.calibrate import calibrate
-from twin.calibrate.recovery import CHECKS, DEFAULT_START, compare, ingest_simulation
 from twin.simulator import SiteSimulator
 from twin.site import load_site
 from twin.store import Store

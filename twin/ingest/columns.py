@@ -1,14 +1,16 @@
 """The contract's sample rules, column-wise over an Arrow table of samples (replay's path).
 
-:class:`collectors.contract.BatchDecoder` checks JSON messages; a recording that is already
-columns (a bundle's Parquet) is checked here against the same rules, read from the contract
-itself (:data:`~collectors.contract.QUANTITIES` and ``LONG_QUANTITIES`` with their bounds,
-:data:`EXTRA_BOUND`, :data:`MAX_EXTRA_NAME`, :data:`TS_MIN`/:data:`TS_MAX`, the sample models'
-id length), without building a message. :func:`suspect_rows` only *flags* rows: the ingest
+:class:`twin.ingest.batch_decode.BatchDecoder` checks JSON messages; a recording that is
+already columns (a bundle's Parquet) is checked here against the same rules, read from the
+contract itself (each value by its rule: :func:`collectors.contract.value_breaks` over
+:func:`~collectors.contract.value_rule`; names by :data:`~collectors.contract.MAX_EXTRA_NAME`,
+timestamps by ``TS_MIN_S``/``TS_MAX_S``, ids by ``MAX_ID_CHARS``, and the counts), without
+building a message. :func:`suspect_rows` only *flags* rows: the ingest
 sends the messages that hold a flagged row through the message path
 (:meth:`twin.ingest.Ingester.ingest`), which names the reason and dead-letters them exactly as
 it would live data. A flag is never a verdict, so a conservative flag (a message that may be too
-large) costs time, never a wrong row.
+large) costs time, never a wrong row. A NaN in a float column is a null (JSON has no NaN): a row
+that holds one is flagged too, so that the store gets the message path's null, never a NaN.
 """
 
 from __future__ import annotations
@@ -18,69 +20,46 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from collectors.contract import (
-    EXTRA_BOUND,
-    INT64_MAX,
     MAX_EXTRA_NAME,
     MAX_EXTRA_VALUES,
+    MAX_ID_CHARS,
     MAX_PAYLOAD_BYTES,
     MAX_SAMPLE_KEYS,
     MAX_SAMPLES,
     MAX_SOURCE_CHARS,
     QUANTITIES,
-    SAMPLE_MODELS,
-    TS_MAX,
-    TS_MIN,
-    named_quantity,
+    TS_MAX_S,
+    TS_MIN_S,
+    UNNAMED,
+    value_breaks,
+    value_rule,
 )
 
-_EPOCH_US = {"min": int(TS_MIN.timestamp()) * 1_000_000, "max": int(TS_MAX.timestamp()) * 1_000_000}
+_EPOCH_US = {"min": int(TS_MIN_S) * 1_000_000, "max": int(TS_MAX_S) * 1_000_000}
 #: Columns of a sample table that are not quantities.
 KEY_COLUMNS = ("ts", "source", "id")
-
-
-def _id_max_length() -> int:
-    """The longest sample id the contract's sample models accept."""
-    for meta in SAMPLE_MODELS["gpu"].model_fields["id"].metadata:
-        if getattr(meta, "max_length", None) is not None:
-            return int(meta.max_length)
-    raise RuntimeError("the contract's sample model has no id length bound")  # pragma: no cover
-
-
-ID_MAX_LENGTH = _id_max_length()
 #: A message whose estimated JSON size passes this share of MAX_PAYLOAD_BYTES is left to the
 #: message path, which measures it exactly (``oversized`` when it is).
 _SIZE_MARGIN = 0.5
 
 
-def _flag_float(arr: pa.Array, lower: float, upper: float) -> np.ndarray:
-    vals = arr.to_numpy(zero_copy_only=False).astype(np.float64)
-    with np.errstate(invalid="ignore"):  # NaN is a null: JSON has no NaN
-        return np.isinf(vals) | (vals < lower) | (vals > upper)
-
-
 def _flag_column(kind: str, name: str, arr: pa.Array) -> np.ndarray:
-    """Rows of one column whose value the contract would refuse (nulls never are)."""
-    q = named_quantity(kind, name)  # typed, or long (kept in extra_readings, checked alike)
+    """Rows of one column whose value the contract would refuse, or that hold a NaN (a null
+    the message path stores as one); nulls are never flagged."""
+    q = value_rule(kind, name)  # typed, long (kept in extra_readings, checked alike), unnamed
     t = arr.type
-    numeric = pa.types.is_integer(t) or pa.types.is_floating(t)
     present = np.asarray(arr.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
-    if q is None:  # a quantity the contract does not name: a finite number within EXTRA_BOUND
-        if len(name) > MAX_EXTRA_NAME or not numeric:
-            return present
-        return present & _flag_float(arr, -EXTRA_BOUND, EXTRA_BOUND) | (
-            present & np.isnan(arr.to_numpy(zero_copy_only=False).astype(np.float64))
-        )
-    if q.integer:
-        if not pa.types.is_integer(t):  # a float for an integer quantity: wrong_type
-            return present
-        lower = 0 if q.nonnegative else -INT64_MAX - 1
-        if pa.types.is_unsigned_integer(t):
-            return present & (arr.to_numpy(zero_copy_only=False) > INT64_MAX)
-        vals = arr.to_numpy(zero_copy_only=False)
-        return present & (vals < lower)
-    if not numeric:
+    if q is UNNAMED and len(name) > MAX_EXTRA_NAME:
         return present
-    return present & _flag_float(arr, q.lower, q.bound)
+    if pa.types.is_integer(t):
+        # int64 or narrower, or unsigned (past int64 only there): the rule on the values
+        vals = arr.fill_null(0).to_numpy(zero_copy_only=False)
+        return present & value_breaks(q, vals)[2]
+    if q.integer or not pa.types.is_floating(t):  # a float for an integer: wrong_type
+        return present
+    vals = arr.to_numpy(zero_copy_only=False).astype(np.float64)  # a null reads as NaN
+    non_finite, _, beyond = value_breaks(q, vals)
+    return present & (non_finite | beyond)
 
 
 def suspect_rows(kind: str, table: pa.Table, starts: np.ndarray) -> np.ndarray:
@@ -90,7 +69,7 @@ def suspect_rows(kind: str, table: pa.Table, starts: np.ndarray) -> np.ndarray:
     flags = np.zeros(n, dtype=bool)
     ids = table.column("id")
     id_len = pc.utf8_length(ids).to_numpy(zero_copy_only=False).astype(np.float64)
-    flags |= ~(id_len >= 1) | (id_len > ID_MAX_LENGTH)  # a null id has no length: flagged
+    flags |= ~(id_len >= 1) | (id_len > MAX_ID_CHARS)  # a null id has no length: flagged
     ts = table.column("ts").cast(pa.int64()).to_numpy(zero_copy_only=False).astype(np.float64)
     flags |= ~((ts >= _EPOCH_US["min"]) & (ts < _EPOCH_US["max"]))
     src_len = pc.utf8_length(table.column("source")).to_numpy(zero_copy_only=False)
@@ -121,4 +100,4 @@ def suspect_rows(kind: str, table: pa.Table, starts: np.ndarray) -> np.ndarray:
     return flags
 
 
-__all__ = ["ID_MAX_LENGTH", "KEY_COLUMNS", "suspect_rows"]
+__all__ = ["KEY_COLUMNS", "suspect_rows"]

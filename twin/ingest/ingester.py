@@ -5,7 +5,7 @@ every path applies the same rules. Nothing is silently dropped: a message is sto
 a duplicate of one already stored, or written to the dead-letter table with its reason.
 
 Validation is the contract's, column-wise over the whole batch
-(:class:`collectors.contract.BatchDecoder`). A batch the database still refuses is split in
+(:class:`twin.ingest.batch_decode.BatchDecoder`). A batch the database still refuses is split in
 halves until the refused message is alone; that message is dead-lettered as ``store_rejected``
 with the database's error, and every other message is stored: one bad message never blocks the
 rest, and no message is tried more than ``1 + log2(batch size)`` times. A store failure that is
@@ -20,7 +20,9 @@ import contextlib
 import gc
 import hashlib
 import itertools
+import json
 import logging
+import math
 import time
 from collections import Counter, OrderedDict, deque
 from collections.abc import Iterator
@@ -29,10 +31,12 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import numpy as np
+import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from collectors.contract import KINDS, TOPIC_PREFIX, BatchDecoder, encode, topic_for
+from collectors.contract import KINDS, TOPIC_PREFIX, encode, topic_for
+from twin.ingest.batch_decode import BatchDecoder
 from twin.ingest.columns import KEY_COLUMNS, suspect_rows
 from twin.site import Site
 from twin.store.schema import DEAD_PAYLOAD_KEEP_BYTES, DEAD_TOPIC_KEEP_CHARS, arrow_schema
@@ -725,13 +729,15 @@ def _messages_of(
     site: str,
 ) -> list[tuple[str, bytes]]:
     """The contract messages (topic, payload) of the runs ``which`` of ``table``, as
-    :class:`collectors.base.MessageBuilder` builds them (a quantity that is None left out)."""
+    :class:`collectors.base.MessageBuilder` builds them (a quantity that is None or NaN, a
+    column's null, left out). An infinite value is written as JSON's ``Infinity`` token, which
+    the message path refuses as ``non_finite`` (orjson would write a null: a value lost)."""
     items = []
     for j in np.flatnonzero(which):
         part = table.slice(int(starts[j]), int(counts[j])).to_pylist()
         first = part[0]
         samples = [
-            {k: v for k, v in row.items() if k not in ("ts", "source") and v is not None}
+            {k: v for k, v in row.items() if k not in ("ts", "source") and v is not None and v == v}
             for row in part
         ]
         payload = encode(
@@ -741,6 +747,9 @@ def _messages_of(
             ts=first["ts"],
             samples=samples,
         )
+        if any(type(v) is float and not math.isfinite(v) for s in samples for v in s.values()):
+            body = orjson.loads(payload) | {"samples": samples}
+            payload = json.dumps(body, separators=(",", ":"), allow_nan=True).encode()
         items.append((topic_for(site, kind, first["source"]), payload))
     return items
 

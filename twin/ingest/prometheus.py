@@ -42,7 +42,7 @@ import orjson
 import polars as pl
 
 from collectors.base import MessageBuilder
-from collectors.contract import QUANTITIES, gpu_id, sub_id, topic_for
+from collectors.contract import QUANTITIES, TS_MAX_S, TS_MIN_S, gpu_id, sub_id, topic_for
 
 #: Why an answer of the file is refused as a whole.
 RESPONSE_REASONS: dict[str, str] = {
@@ -72,7 +72,6 @@ POINT_REASONS: dict[str, str] = {
 }
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_TS_MAX_S = (datetime(2262, 1, 1, tzinfo=UTC) - _EPOCH).total_seconds()  # the contract's TS_MAX
 _INTEGER = frozenset(q for q, spec in QUANTITIES["gpu"].items() if spec.integer)
 _SIDE_SCHEMA = {
     "node": pl.String,
@@ -385,7 +384,7 @@ def _table(c: _Collect) -> pl.DataFrame:
     points = points.with_columns(pl.col("raw").cast(pl.Float64, strict=False).alias("v"))
     numeric = ["series", "skey", "qkey", "fkey", "scale", "fp64", "priority", "zu"]
     df = points.join(side.select(numeric), on="series", how="left")
-    ts_ok = pl.col("ts_s").is_finite() & (pl.col("ts_s") >= 0) & (pl.col("ts_s") < _TS_MAX_S)
+    ts_ok = pl.col("ts_s").is_finite() & (pl.col("ts_s") >= TS_MIN_S) & (pl.col("ts_s") < TS_MAX_S)
     v = pl.col("v")
     checks = [
         ("bad_point", pl.col("ts_s").is_null() | ~ts_ok | v.is_null()),

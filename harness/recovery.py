@@ -2,9 +2,10 @@
 how far each is from the value that produced the data (the simulator's ``truth()``).
 
 Used by ``bench/recover_site.py`` (whole-site recovery report) and the recovery acceptance
-test. The tolerances are issue 3's: R within 5 %, C within 15 %, idle and limit power within
-3 %, capture fraction within 0.02; held-out prediction: GPU temperature 10 min ahead MAE
-<= 1 K, rack power MAPE <= 2 %, CDU return temperature MAE <= 0.5 K.
+test (tests/test_recover_demo.py); it is not shipped in the wheel. The tolerances are issue
+3's: R within 5 %, C within 15 %, idle and limit power within 3 %, capture fraction within
+0.02; held-out prediction: GPU temperature 10 min ahead MAE <= 1 K, rack power MAPE <= 2 %,
+CDU return temperature MAE <= 0.5 K.
 """
 
 from __future__ import annotations

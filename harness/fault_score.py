@@ -6,6 +6,8 @@ the alert evaluation ``dctwin whatif`` uses, and scores the pages here against t
 ground truth (:meth:`twin.simulator.SiteSimulator.true_state`): which faults were paged, the
 lead from the first page to the limit crossing, pages tied to no fault, incidents with more
 than two pages. The benchmark's docstring gives the attribution and crossing rules.
+
+Benchmark support (tests/test_bench_alerts.py runs it too); it is not shipped in the wheel.
 """
 
 from __future__ import annotations
