@@ -30,6 +30,18 @@ RULES = REPO / "deploy" / "alert_rules.yaml"
 START = datetime(2026, 12, 1, 13, 0, tzinfo=UTC)  # the inference fleets near their daily peak
 
 
+def _one_pump_page_and_its_resolve(receiver: Recorder) -> dict[str, Any]:
+    """What the webhook received is one page and one resolve for cdu-2's pump, nothing else;
+    returns the page's notification."""
+    got = [r.body for r in receiver.requests]
+    events = [(b["event"], b["notification"]["rule"], b["notification"]["group"]) for b in got]
+    assert events == [
+        ("firing", "cdu_pump_lost", {"kind": "cdu", "id": "cdu-2"}),
+        ("resolved", "cdu_pump_lost", {"kind": "cdu", "id": "cdu-2"}),
+    ], [(e, b["notification"]["summary"]) for e, b in zip(events, got, strict=True)]
+    return got[0]["notification"]
+
+
 def _texts(a: dict[str, Any]) -> list[str]:
     return [str(a.get(k) or "") for k in ("summary", "paged_summary", "description")]
 
@@ -94,13 +106,7 @@ def test_a_pump_failure_sends_one_page_and_one_resolve_to_a_real_webhook(tmp_pat
         )
     finally:
         receiver.stop()
-    got = [r.body for r in receiver.requests]
-    events = [(b["event"], b["notification"]["rule"], b["notification"]["group"]) for b in got]
-    assert events == [
-        ("firing", "cdu_pump_lost", {"kind": "cdu", "id": "cdu-2"}),
-        ("resolved", "cdu_pump_lost", {"kind": "cdu", "id": "cdu-2"}),
-    ], [(e, b["notification"]["summary"]) for e, b in zip(events, got, strict=True)]
-    page = got[0]["notification"]
+    page = _one_pump_page_and_its_resolve(receiver)
     assert page["severity"] == "critical" and page["unit"] == "pumps"
     assert page["url"] == "http://127.0.0.1:8501/cooling?cdu=cdu-2"
     assert page["summary"] == "CDU cdu-2: 1 pump(s) running"
@@ -401,13 +407,7 @@ def test_dctwin_demo_with_a_pump_failure_sends_one_page_and_one_resolve_to_its_h
             assert p.wait(90) == 0, log.read_text()
     finally:
         receiver.stop()
-    got = [r.body for r in receiver.requests]
-    events = [(b["event"], b["notification"]["rule"], b["notification"]["group"]) for b in got]
-    assert events == [
-        ("firing", "cdu_pump_lost", {"kind": "cdu", "id": "cdu-2"}),
-        ("resolved", "cdu_pump_lost", {"kind": "cdu", "id": "cdu-2"}),
-    ], [(e, b["notification"]["summary"]) for e, b in zip(events, got, strict=True)]
-    page = got[0]["notification"]
+    page = _one_pump_page_and_its_resolve(receiver)
     assert page["severity"] == "critical" and page["summary"] == "CDU cdu-2: 1 pump(s) running"
     assert page["unit"] == "pumps" and "?" not in page["summary"]
     assert page["url"] is None  # --no-console: no link to a page nobody serves

@@ -169,6 +169,14 @@ class BatchDecoder:
             raise ContractError(t.reason, t.detail)
         return t
 
+    def _known_topic(self, topic: str) -> tuple[str, str, str] | bool:
+        """The topic's (site, kind, source), or False when the contract refuses it (the
+        per-message path names why)."""
+        try:
+            return self._topic(topic)
+        except ContractError:
+            return False
+
     def _ts_us(self, value: Any) -> int:
         if type(value) is not str:  # numbers are not cached: 1 == 1.0 == True as dict keys
             return _us(parse_timestamp(value))  # TimestampError: the caller refuses it
@@ -211,12 +219,7 @@ class BatchDecoder:
             topic, payload = items[i]
             # the common case, inline: a topic of a known shape, canonical JSON, a valid
             # header; anything else goes to decode(), which names the reason (or accepts it)
-            t = topics.get(topic)
-            if t is None:
-                try:
-                    t = self._topic(topic)
-                except ContractError:
-                    t = False
+            t = topics.get(topic) or self._known_topic(topic)
             if (
                 type(t) is tuple
                 and type(payload) is bytes
@@ -339,12 +342,7 @@ class BatchDecoder:
         fast: dict[str, tuple[list[int], list[str]]] = {}
         slow: list[int] = []
         for i, (topic, payload) in enumerate(items):
-            t = topics.get(topic)
-            if t is None:
-                try:
-                    t = self._topic(topic)
-                except ContractError:
-                    t = False
+            t = topics.get(topic) or self._known_topic(topic)
             if (
                 type(t) is tuple
                 and type(payload) is bytes
