@@ -130,14 +130,25 @@ class CalibrationTables:
 
     def calibration_param_medians(self, kind: str, param: str) -> dict[str, float]:
         """id -> the median of its usable values of ``param`` over the runs fitted on this
-        store's telemetry (its history; a seeded run is another recording's, not this site's)."""
+        store's telemetry (its history; a seeded run is another recording's, not this site's).
+
+        Kept until a newer run is stored: a detection pass asks twice (headroom and hot spots),
+        and the aggregate grows with every run's rows."""
+        newest = self.latest_calibration_run_id()
+        cache: dict[tuple[str, str], tuple[int | None, dict[str, float]]]
+        cache = self.__dict__.setdefault("_param_medians", {})
+        hit = cache.get((kind, param))
+        if hit is not None and hit[0] == newest:
+            return dict(hit[1])
         rows = self.con.execute(
             "SELECT id, median(value) FROM calibration_params p JOIN calibration_runs r"
             " USING (run_id) WHERE kind = ? AND param = ? AND usable AND value IS NOT NULL"
             " AND coalesce(r.source, 'fit') = 'fit' GROUP BY id",
             [kind, param],
         ).fetchall()
-        return {i: float(v) for i, v in rows}
+        out = {i: float(v) for i, v in rows}
+        cache[(kind, param)] = (newest, out)
+        return dict(out)
 
     def calibration_quality(self, run_id: int, *, kind: str | None = None) -> list[dict[str, Any]]:
         """Fit quality rows of one run (MAE, CV(RMSE), NMBE, MAPE, n per device and quantity)."""
