@@ -288,6 +288,22 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--seed", type=int, default=0, help="seed of the faults and simulations")
     ap.add_argument(
+        "--first-day",
+        type=int,
+        default=0,
+        help="index of the first simulated day (default 0): days are independent (each its own"
+        " seed-derived faults and simulation), so a long run can be split, day by day",
+    )
+    ap.add_argument(
+        "--merge",
+        type=Path,
+        nargs="+",
+        default=None,
+        metavar="JSON",
+        help="score the days of earlier single-path --json results together (same settings,"
+        " any seeds, no (seed, day) twice) instead of running anything",
+    )
+    ap.add_argument(
         "--resolution-s",
         type=float,
         default=60.0,
@@ -312,7 +328,11 @@ def main(argv: list[str] | None = None) -> int:
         "--rules", type=Path, default=DEMO_RULES, help="alert rule file (default: deploy's)"
     )
     ap.add_argument(
-        "--json", type=Path, default=None, help="also write the results as JSON here ('-': stdout)"
+        "--json",
+        type=Path,
+        default=None,
+        help="also write the results as JSON here ('-': stdout); with one --path, rewritten"
+        " after each day with the days done so far",
     )
     ap.add_argument(
         "--keep", type=Path, default=None, help="keep each day's bundle under this directory"
@@ -327,9 +347,13 @@ def main(argv: list[str] | None = None) -> int:
         " difference of their pages (default live)",
     )
     args = ap.parse_args(argv)
+    if args.merge:
+        return _merge_main(args)
     problems = []
     if args.days < 1:
         problems.append(f"--days {args.days}: must be at least 1")
+    if args.first_day < 0:
+        problems.append(f"--first-day {args.first_day}: must be >= 0")
     if not (math.isfinite(args.hours) and 1.0 <= args.hours <= 168.0):
         problems.append(f"--hours {args.hours}: must be in 1..168")
     if not (math.isfinite(args.resolution_s) and 1.0 <= args.resolution_s <= 300.0):
@@ -371,12 +395,10 @@ def main(argv: list[str] | None = None) -> int:
         )
     if args.json is not None:
         out = results if len(results) > 1 else results[paths[0]]
-        text = json.dumps(out, indent=1, default=str)
         if str(args.json) == "-":
-            print(text)
+            print(json.dumps(out, indent=1, default=str))
         else:
-            args.json.parent.mkdir(parents=True, exist_ok=True)
-            args.json.write_text(text)
+            _write_json(args.json, out)
     return 0
 
 
@@ -396,12 +418,15 @@ def compare_paths(live: dict[str, Any], replay: dict[str, Any]) -> dict[str, Any
 
 
 def _run_path(path: str, args: argparse.Namespace, site: Any) -> dict[str, Any]:
-    """Every simulated day through one path, scored."""
+    """Every simulated day through one path, scored. With ``--json FILE`` and one path, the
+    file is rewritten after each day with the days done so far (a live day is long: a run
+    stopped early keeps every finished day, scored)."""
     w0 = time.perf_counter()
     cases: list[FaultCase] = []
     untied: list[dict[str, Any]] = []
-    days_info = []
-    for day in range(args.days):
+    days_info: list[dict[str, Any]] = []
+    res: dict[str, Any] = {}
+    for day in range(args.first_day, args.first_day + args.days):
         common = (
             args.site,
             args.rules,
@@ -425,12 +450,37 @@ def _run_path(path: str, args: argparse.Namespace, site: Any) -> dict[str, Any]:
             file=sys.stderr,
             flush=True,
         )
+        res = _scored(path, args, site, cases, untied, days_info, w0)
+        if args.json is not None and str(args.json) != "-" and args.path != "both":
+            _write_json(args.json, res)
+    return res
+
+
+def _write_json(path: Path, res: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(res, indent=1, default=str))
+    tmp.replace(path)
+
+
+def _scored(
+    path: str,
+    args: argparse.Namespace,
+    site: Any,
+    cases: list[FaultCase],
+    untied: list[dict[str, Any]],
+    days_info: list[dict[str, Any]],
+    w0: float,
+) -> dict[str, Any]:
+    """The days done so far (``days_info``) scored: the result ``--json`` writes."""
+    days = len(days_info)
     gpus = sum(n.spec.gpus for n in site.nodes)
-    res = {
+    return {
         "path": path,
-        "days": args.days,
+        "days": days,
         "hours": args.hours,
         "seed": args.seed,
+        "first_day": args.first_day,
         "resolution_s": args.resolution_s,
         "tick_s": args.tick_s,
         "faults_per_kind": args.faults_per_kind,
@@ -438,7 +488,7 @@ def _run_path(path: str, args: argparse.Namespace, site: Any) -> dict[str, Any]:
         "site": str(args.site),
         "rules": str(args.rules),
         "gpus": gpus,
-        "score": score(cases, untied, args.days * args.hours / 24.0, gpus),
+        "score": score(cases, untied, days * args.hours / 24.0, gpus),
         "tickets": sum(i["tickets"] for i in days_info),
         "tickets_by_rule": {
             r: sum(i["tickets_by_rule"].get(r, 0) for i in days_info)
@@ -471,7 +521,77 @@ def _run_path(path: str, args: argparse.Namespace, site: Any) -> dict[str, Any]:
         "step_faults": step_page_delays(cases),
         "wall_s": round(time.perf_counter() - w0, 1),
     }
-    return res
+
+
+#: Settings that must agree for days of several runs to be scored together.
+_MERGE_KEYS = ("path", "hours", "resolution_s", "tick_s", "faults_per_kind", "margin_min", "gpus")
+
+
+def merge_results(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """The days of several single-path results (``--json`` of earlier runs) scored as one run.
+    Each day keeps its seed: an untied incident is keyed by seed and day. Raises ValueError
+    when the settings differ or a (seed, day) appears twice."""
+    if not results:
+        raise ValueError("nothing to merge")
+    base = results[0]
+    for r in results:
+        if "per_day" not in r or "faults" not in r:
+            raise ValueError("not a single-path bench_alerts result (run with one --path)")
+        diff = [k for k in _MERGE_KEYS if r.get(k) != base.get(k)]
+        if diff:
+            raise ValueError(f"settings differ ({', '.join(diff)}): cannot score together")
+    seen: set[tuple[int, int]] = set()
+    cases: list[FaultCase] = []
+    untied: list[dict[str, Any]] = []
+    per_day: list[dict[str, Any]] = []
+    names = set(FaultCase.__dataclass_fields__) - {"related"}
+    for r in results:
+        seed = int(r["seed"])
+        for d in r["per_day"]:
+            key = (seed, int(d["day"]))
+            if key in seen:
+                raise ValueError(f"seed {seed} day {d['day']} is in two results")
+            seen.add(key)
+            per_day.append({**d, "seed": seed})
+        for f in r["faults"]:
+            cases.append(FaultCase(**{k: v for k, v in f.items() if k in names}))
+        for u in r["untied_pages"]:
+            untied.append({**u, "day": f"seed {seed} day {u.get('day')}"})
+    days = len(per_day)
+    tickets_by_rule: dict[str, int] = {}
+    for d in per_day:
+        for rule, n in d["tickets_by_rule"].items():
+            tickets_by_rule[rule] = tickets_by_rule.get(rule, 0) + n
+    return {
+        **{k: base.get(k) for k in (*_MERGE_KEYS, "site", "rules")},
+        "days": days,
+        "seed": ", ".join(str(s) for s in sorted({int(r["seed"]) for r in results})),
+        "seed_days": sorted(f"seed {s} day {d}" for s, d in seen),
+        "score": score(cases, untied, days * float(base["hours"]) / 24.0, int(base["gpus"])),
+        "tickets": sum(d["tickets"] for d in per_day),
+        "tickets_by_rule": dict(sorted(tickets_by_rule.items())),
+        "faults": [{k: v for k, v in asdict(f).items() if k != "related"} for f in cases],
+        "untied_pages": untied,
+        "per_day": per_day,
+        "step_faults": step_page_delays(cases),
+        "wall_s": sum(float(r.get("wall_s", 0.0)) for r in results),
+    }
+
+
+def _merge_main(args: argparse.Namespace) -> int:
+    try:
+        res = merge_results([json.loads(p.read_text()) for p in args.merge])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        print(f"bench_alerts: --merge: {e}", file=sys.stderr)
+        return 1
+    print(table(res))
+    print(f"merged: {', '.join(res['seed_days'])}")
+    if args.json is not None:
+        if str(args.json) == "-":
+            print(json.dumps(res, indent=1, default=str))
+        else:
+            _write_json(args.json, res)
+    return 0
 
 
 if __name__ == "__main__":
