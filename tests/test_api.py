@@ -299,6 +299,8 @@ def test_overview_racks_power_cooling_network(client: httpx.Client) -> None:
     assert r01["cdu"] == "cdu-1" and r01["gpus"] == 16 and r01["power_kw"] > 1
     assert r01["alerts"] >= 1  # the CDU's pump alert names the racks it serves
     detail = ok(client.get("/api/v1/racks/r01"))
+    # one rack's summary is read for its own devices and rows: the same as in the listing
+    assert detail["rack"] == r01 and ok(client.get("/api/v1/racks/r02"))["rack"] == racks[1]
     assert [n["name"] for n in detail["nodes"]] == ["trn-r01-n1", "trn-r01-n2"]
     assert len(detail["nodes"][0]["gpus"]) == 8
     assert all(g["temp_c"] is not None for n in detail["nodes"] for g in n["gpus"])

@@ -446,8 +446,8 @@ def test_inference_load_drops_at_the_weekend(site: Site) -> None:
     # same seed, same hour: a Wednesday and a Saturday; the random stream is the same, so the
     # inference activity differs by the fleet's weekend factor
     def mean_activity(start: datetime) -> tuple[float, float]:
-        sim = SiteSimulator(site, seed=SEED, start=start, rate_hz=1.0)
-        rows = collect(sim, 600)
+        sim = SiteSimulator(site, seed=SEED, start=start, rate_hz=0.1)  # 10 min at 10 s
+        rows = collect(sim, 60)
         a = np.mean([series(rows, "gpu", f"inf-a01-n2:{i}", "sm_active") for i in range(8)])
         return float(a), sim.truth()["fleets"]["infer-chat"]["weekend_factor"]
 

@@ -214,9 +214,11 @@ HEADROOM_COLS = (
 )
 
 
+_HEADROOM_NAMES = tuple(c.strip() for c in HEADROOM_COLS.split(","))
+
+
 def _headroom_row(r: tuple[Any, ...]) -> dict[str, Any]:
-    names = [c.strip() for c in HEADROOM_COLS.split(",")]
-    d = dict(zip(names, r, strict=True))
+    d = dict(zip(_HEADROOM_NAMES, r, strict=True))
     d["limit"] = d.pop("limit_value")
     for k in (
         "limit",
@@ -232,13 +234,25 @@ def _headroom_row(r: tuple[Any, ...]) -> dict[str, Any]:
 
 
 def headroom_latest(
-    db: Store, kind: str | None = None, rack: str | None = None, cdu: str | None = None
+    db: Store,
+    kind: str | None = None,
+    rack: str | None = None,
+    cdu: str | None = None,
+    computed_at: datetime | None = None,
 ) -> tuple[datetime | None, datetime | None, list[dict[str, Any]]]:
-    """(computed_at, data_until, rows) of the newest stored headroom report."""
-    head = db.con.execute(
-        "SELECT computed_at, max(data_until) FROM headroom WHERE computed_at ="
-        " (SELECT max(computed_at) FROM headroom) GROUP BY computed_at"
-    ).fetchall()
+    """(computed_at, data_until, rows) of the newest stored headroom report (or of the one
+    computed at ``computed_at``: several reads of one answer read the same report)."""
+    if computed_at is None:
+        head = db.con.execute(
+            "SELECT computed_at, max(data_until) FROM headroom WHERE computed_at ="
+            " (SELECT max(computed_at) FROM headroom) GROUP BY computed_at"
+        ).fetchall()
+    else:
+        head = db.con.execute(
+            "SELECT computed_at, max(data_until) FROM headroom WHERE computed_at = ?"
+            " GROUP BY computed_at",
+            [computed_at],
+        ).fetchall()
     if not head:
         return None, None, []
     computed_at, data_until = head[0]

@@ -153,23 +153,41 @@ def overview(api: Api) -> m.Overview:
 
 
 def _rack_summaries(
-    api: ApiState,
+    api: ApiState, only: str | None = None
 ) -> tuple[datetime | None, list[m.RackSummary]]:
+    """Every rack's summary, or rack ``only``'s alone (the same figures, read for its
+    devices and headroom rows only: what ``/racks/{name}`` needs)."""
     idx = api.site_index()
     site = idx.site
     db = api.ctx.db()
     newest = queries.newest_all(db)
+    chosen = [r for r in site.racks if only is None or r.name == only]
 
-    def latest(kind: str, **kw: Any) -> dict[str, dict[str, Any]]:
+    def latest(kind: str, ids: list[str] | None, **kw: Any) -> dict[str, dict[str, Any]]:
         if newest[kind] is None:
             return {}
         since = newest[kind] - timedelta(seconds=LATEST_WINDOW_S)
-        return queries.latest_by_id(db, kind, since, **kw)
+        return queries.latest_by_id(db, kind, since, ids=ids, **kw)
 
-    node = latest("node", quantities=["power_w", "inlet_temp_c"])
-    gpu = latest("gpu", quantities=["temp_c", "util_pct"])
-    pdu = latest("pdu", quantities=["inlet_temp_c"], id_filter="whole")
-    _, _, hrows = queries.headroom_latest(db)
+    def ids(of: Any) -> list[str] | None:
+        return None if only is None else [x for r in chosen for x in of(r)]
+
+    node = latest(
+        "node", ids(lambda r: [n.name for n in r.nodes]), quantities=["power_w", "inlet_temp_c"]
+    )
+    gpu = latest(
+        "gpu",
+        ids(lambda r: [g for n in r.nodes for g in (*n.gpu_ids(), *(n.gpu_uuids or ()))]),
+        quantities=["temp_c", "util_pct"],
+    )
+    pdu = latest("pdu", ids(lambda r: list(r.pdus)), quantities=["inlet_temp_c"], id_filter="whole")
+    if only is None:
+        _, _, hrows = queries.headroom_latest(db)
+    else:  # its GPUs' and its own rows, and the phases (a phase may feed several racks)
+        at, _, hrows = queries.headroom_latest(db, rack=only)
+        hrows = [r for r in hrows if r["kind"] != "pdu_phase"]
+        if at is not None:
+            hrows += queries.headroom_latest(db, "pdu_phase", computed_at=at)[2]
     rack_hr = {r["id"]: r for r in hrows if r["kind"] == "rack"}
     gpu_hr: dict[str, float] = {}
     pdu_hr: dict[str, float] = {}
@@ -208,7 +226,7 @@ def _rack_summaries(
         for rk in racks:
             alerts[rk] = alerts.get(rk, 0) + 1
     out = []
-    for r in site.racks:
+    for r in chosen:
         hall, row = idx.rack_where[r.name]
         powers = [node[n.name]["power_w"] for n in r.nodes if n.name in node]
         powers = [p for p in powers if p is not None]
@@ -263,9 +281,7 @@ def _rack_summaries(
 def racks(api: Api) -> m.RacksResponse:
     """Every rack with its grid position and latest power, temperatures and headroom (the
     console's floor map)."""
-    until, out = _rack_summaries(
-        api,
-    )
+    until, out = _rack_summaries(api)
     return m.RacksResponse(data_until=until, racks=out)
 
 
@@ -325,9 +341,10 @@ def _cdu_rows(api: ApiState, names: list[str]) -> list[m.CduRow]:
         if nw is None
         else queries.latest_by_id(db, "cdu", nw - timedelta(seconds=LATEST_WINDOW_S))
     )
-    _, _, hrows = queries.headroom_latest(db)
-    cdu_hr = {r["id"]: r for r in hrows if r["kind"] == "cdu" and r["quantity"] == "heat_kw"}
-    loop_hr = {r["id"]: r for r in hrows if r["kind"] == "loop"}
+    at, _, hrows = queries.headroom_latest(db, "cdu")
+    cdu_hr = {r["id"]: r for r in hrows if r["quantity"] == "heat_kw"}
+    loop_rows = queries.headroom_latest(db, "loop", computed_at=at)[2] if at is not None else []
+    loop_hr = {r["id"]: r for r in loop_rows}
     out = []
     for name in names:
         c = site.cdu_by_name[name]
@@ -378,10 +395,7 @@ def rack_detail(api: Api, name: str) -> m.RackDetail:
     rack = next((r for r in idx.site.racks if r.name == name), None)
     if rack is None:
         raise bad(f"no rack {name!r} in site {idx.site.name!r}", 404)
-    until, summaries = _rack_summaries(
-        api,
-    )
-    summary = next(s for s in summaries if s.name == name)
+    until, [summary] = _rack_summaries(api, only=name)
     db = api.ctx.db()
     node_ids = [n.name for n in rack.nodes]
     gpu_ids = [g for n in rack.nodes for g in (*n.gpu_ids(), *(n.gpu_uuids or ()))]
