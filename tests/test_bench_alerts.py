@@ -311,3 +311,28 @@ def test_harness_short_day(tmp_path) -> None:
     assert set(s["targets"]) >= {"no incident with > 2 pages", "untied pages/day/1000 GPUs <= 1"}
     bad = subprocess.run([*cmd[:2], "--days", "0"], capture_output=True, text=True, cwd=REPO)
     assert bad.returncode == 1 and "--days 0" in bad.stderr and "Traceback" not in bad.stderr
+    # --merge scores the days of several runs together (another seed's copy of the day here)
+    twin_day = tmp_path / "r6.json"
+    twin_day.write_text(json.dumps({**r, "seed": 6}))
+    merged = tmp_path / "m.json"
+    m = subprocess.run(
+        [sys.executable, str(SCRIPT), "--merge", str(out), str(twin_day), "--json", str(merged)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
+    assert m.returncode == 0, m.stderr
+    assert "merged: seed 5 day 0, seed 6 day 0" in m.stdout
+    both = json.loads(merged.read_text())
+    assert both["days"] == 2 and both["score"]["faults"] == 24
+    assert both["score"]["tied_pages"] == 2 * s["tied_pages"]
+    assert both["score"]["untied_pages_per_day_per_1000_gpus"] == pytest.approx(
+        s["untied_pages_per_day_per_1000_gpus"], abs=1e-3
+    )
+    again = subprocess.run(
+        [sys.executable, str(SCRIPT), "--merge", str(out), str(out)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
+    assert again.returncode == 1 and "seed 5 day 0 is in two results" in again.stderr
