@@ -31,7 +31,8 @@ from twin.store import Store
 from .helpers import SMALL_SITE
 
 DCTWIN = [sys.executable, "-m", "twin.cli"]
-HHMM = r"\d\d:\d\d UTC"
+# HH:MM UTC, with the date before it when the time is not today's (a run across midnight)
+HHMM = r"(?:\d{4}-\d\d-\d\d )?\d\d:\d\d UTC"
 
 
 def _serve_fails(*args: str) -> str:
@@ -210,8 +211,10 @@ def test_no_calibration_yet_names_the_time_of_the_first_fit(tmp_path: Path) -> N
         # first of the loop's passes (every PROBE_S) from then: bracketed by when it was asked
         assert asked + timedelta(seconds=FIRST_WINDOW_S) <= due + timedelta(milliseconds=1)
         assert due < answered + timedelta(seconds=FIRST_WINDOW_S + PROBE_S)
+        # the time alone when it is today's (UTC), with the date when it falls after midnight
+        at = due.strftime("%H:%M UTC" if due.date() == answered.date() else "%Y-%m-%d %H:%M UTC")
         assert cal["note"] == (
-            f"no calibration yet: first fit expected at {due.strftime('%H:%M UTC')}, once the"
+            f"no calibration yet: first fit expected at {at}, once the"
             " store holds 10 minutes of GPU telemetry"
         )
         assert "--" not in cal["note"]
