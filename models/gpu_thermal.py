@@ -22,8 +22,11 @@ from models.fit_quality import _column_stats, data_problems, hold_gaps, join_rea
 __all__ = [
     "RcFit",
     "fit_rc",
+    "hold_power_at_decay_w",
+    "hold_power_w",
     "predict_temp_c",
     "r_at_flow_k_per_w",
+    "rc_recurrence",
     "rc_simulate",
     "rc_step",
     "sensor_quantum_k",
@@ -240,9 +243,63 @@ def hold_power_w(
     """
     r = np.asarray(r_k_per_w, dtype=float)
     e = np.exp(-np.asarray(dt_s, dtype=float) / (r * np.asarray(c_j_per_k, dtype=float)))
+    return hold_power_at_decay_w(temp_c, target_c, ref_temp_c, r, e)
+
+
+def hold_power_at_decay_w(
+    temp_c: ArrayLike,
+    target_c: ArrayLike,
+    ref_temp_c: ArrayLike,
+    r_k_per_w: ArrayLike,
+    decay: ArrayLike,
+) -> NDArray[np.float64]:
+    r""":func:`hold_power_w` with the step's decay :math:`e = e^{-\Delta t/(R C)}` given.
+
+    For a loop over time that has the decay of every step already (the thermal controller of
+    ``twin.chain.thermal``): the same arithmetic, without an exponential per step.
+
+    Examples
+    --------
+    >>> e = np.exp(-1.0 / (0.05 * 2000.0))
+    >>> bool(hold_power_at_decay_w(80.0, 87.0, 30.0, 0.05, e) == hold_power_w(
+    ...     80.0, 87.0, 30.0, 0.05, 2000.0, 1.0))
+    True
+    """
+    r = np.asarray(r_k_per_w, dtype=float)
+    e = np.asarray(decay, dtype=float)
     ref = np.asarray(ref_temp_c, dtype=float)
     num = np.asarray(target_c, dtype=float) - np.asarray(temp_c, dtype=float) * e - ref * (1 - e)
     return num / (r * np.maximum(1.0 - e, 1e-12))
+
+
+def rc_recurrence(
+    temp0_c: ArrayLike, steady_c: NDArray[np.floating], decay: ArrayLike, out: F64
+) -> F64:
+    r"""The RC model's exact step, repeated, from its precomputed terms, into ``out``.
+
+    ``out[0] = temp0_c`` and, for each row k of ``out`` after the first,
+
+    .. math:: T_{k+1} = T_{ss,k} + (T_k - T_{ss,k})\,d_k
+
+    where ``steady_c[k]`` is :math:`T_{ss,k} = T_{ref,k} + R_k P_k` and ``decay[k]`` is
+    :math:`d_k = e^{-\Delta t_k/(R_k C)}` (a broadcast view of one decay for a constant step).
+    ``out`` is ``(m + 1, ...)``; ``steady_c`` and ``decay`` have at least ``m`` rows. This is the
+    one loop over time of :func:`rc_simulate` and of the thermal controller
+    (``twin.chain.thermal``), :func:`rc_step`'s arithmetic term for term.
+
+    Examples
+    --------
+    >>> out = np.empty(3)
+    >>> rc_recurrence(30.0, np.array([30.0, 40.0]), np.full(2, 0.5), out)
+    array([30., 30., 35.])
+    """
+    out[0] = temp0_c
+    for k in range(1, out.shape[0]):
+        step = out[k, ...]  # a view, also for one GPU (0-d)
+        np.subtract(out[k - 1, ...], steady_c[k - 1], out=step)
+        step *= decay[k - 1]
+        step += steady_c[k - 1]
+    return out
 
 
 def rc_simulate(
@@ -264,7 +321,9 @@ def rc_simulate(
     power_w : array_like
         Power per sample, shape ``(n, ...)``. [W]
     r_k_per_w : array_like
-        Thermal resistance, shape ``(...)``. [K/W]
+        Thermal resistance, shape ``(...)``; or one per sample, ``(n, ...)`` with as many
+        dimensions as ``power_w`` (2 or more: a loop whose flow changes), row k held over the
+        interval from sample k to k + 1. [K/W]
     c_j_per_k : array_like
         Heat capacity, shape ``(...)``. [J/K]
     dt_s : array_like
@@ -304,30 +363,31 @@ def rc_simulate(
     r = np.asarray(r_k_per_w, dtype=float)
     c = np.asarray(c_j_per_k, dtype=float)
     dt = np.asarray(dt_s, dtype=float)
-    per_step = dt.ndim > 0
+    r_varies = power.ndim >= 2 and r.ndim == power.ndim  # (n, ...): one R per sample
+    if r_varies and r.shape[0] != n:
+        raise ValueError(f"a time-varying r_k_per_w needs {n} rows (one per sample), got {r.shape}")
     t = np.broadcast_to(
-        np.asarray(temp0_c, dtype=float), np.broadcast_shapes(power.shape[1:], r.shape, c.shape)
+        np.asarray(temp0_c, dtype=float),
+        np.broadcast_shapes(power.shape[1:], r.shape[1:] if r_varies else r.shape, c.shape),
     )
     out = np.empty((n, *t.shape))
-    out[0] = t
     if n < 2:
+        out[0] = t
         return out
-    # rc_step's arithmetic, term for term (so the result is the same to the bit), with the
-    # steady states of every sample and a constant step's decay computed once, outside the loop
-    # over time: 2 vector operations per sample instead of rc_step's dozen (1.2 s -> 0.03 s for
-    # 10,000 GPUs x 720 samples)
+    # rc_step's arithmetic, term for term (so the result is the same to the bit), with every
+    # sample's steady state and decay computed at once, outside the loop over time: 2 vector
+    # operations per sample instead of rc_step's dozen (1.2 s -> 0.03 s for 10,000 GPUs x 720
+    # samples)
     lead = (1,) * (t.ndim - (power.ndim - 1))
     t_ss = ref.reshape(n, *lead, *ref.shape[1:]) + r * power.reshape(n, *lead, *power.shape[1:])
     rc = r * c
-    decay = None if per_step else np.exp(-dt / rc)
-    for k in range(1, n):
-        d = np.exp(-dt[k - 1] / rc) if per_step else decay
-        ss = t_ss[k - 1]
-        step = out[k, ...]  # a view, also for one GPU (0-d)
-        np.subtract(out[k - 1, ...], ss, out=step)
-        step *= d
-        step += ss
-    return out
+    if dt.ndim == 0 and not r_varies:
+        decay = np.broadcast_to(np.exp(-dt / rc), (n - 1, *np.shape(rc)))
+    else:
+        if dt.ndim:  # one step per interval, (n, ...) or (n - 1, ...): on the sample axis
+            dt = dt[: n - 1].reshape(-1, *(1,) * (t.ndim - dt.ndim + 1), *dt.shape[1:])
+        decay = np.exp(-dt / (rc[: n - 1] if r_varies else rc))
+    return rc_recurrence(t, t_ss, decay, out)
 
 
 # ---- fitting and prediction ---------------------------------------------------------------------

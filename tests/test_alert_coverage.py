@@ -174,13 +174,13 @@ def test_phase_climbing_back_to_its_level_is_not_a_creep() -> None:
 
 def test_gpu_forecast_is_the_rc_model_crossing() -> None:
     """Closed form against the chain's RC model stepped minute by minute."""
-    from twin.chain.thermal import model_path
+    from models.gpu_thermal import rc_simulate
 
     r, c, ref, p, t0, tmax = np.array([0.02]), np.array([3000.0]), 40.0, 2400.0, 60.0, 87.0
     b = breach.gpu_breach_in_s(
         np.array([[t0]]), np.array([[ref]]), np.array([[p]]), r[None, :], c[None, :], tmax
     )
-    path = model_path(
+    path = rc_simulate(
         np.array([t0]), np.full((61, 1), ref), np.full((61, 1), p), np.full((61, 1), r), c, 60.0
     )
     k = int(np.argmax(path[:, 0] >= tmax))

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from models import electrical, gpu_thermal
+from models.gpu_thermal import rc_simulate
 from twin.chain import (
     derated_a,
     feed_capacity_kw,
@@ -19,7 +20,6 @@ from twin.chain import (
     resolve,
 )
 from twin.chain.params import default_rack_beta
-from twin.chain.thermal import model_path
 from twin.headroom import unexplained_trend
 from twin.site import load_site
 from twin.site.catalog import ASSUMPTIONS
@@ -136,7 +136,7 @@ def test_measured_plus_change_is_the_recording_when_nothing_changes() -> None:
     rng = np.random.default_rng(1)
     meas = 60 + rng.normal(0, 0.3, p.shape)
     meas[100:150, 0] = 88.0  # the recording itself sat over the limit: not throttled again
-    tb = model_path(meas[0], ref, p, r, c, 1.0)
+    tb = rc_simulate(meas[0], ref, p, r, c, 1.0)
     res = gpu_temperatures(
         meas[0],
         ref,
@@ -209,7 +209,7 @@ def test_the_controller_and_the_model_path_are_the_step_by_step_recurrence(
     np.testing.assert_array_equal(res.held, held)
     assert n < 10 or 0 < held.sum() < (held.size if held_when == "mostly" else 20)
     free, _, _ = _controller_step_by_step(t0, ref, power, r, c, 10.0, idle, np.full((n, g), np.inf))
-    np.testing.assert_array_equal(model_path(t0, ref, power, r, c, 10.0), free)
+    np.testing.assert_array_equal(rc_simulate(t0, ref, power, r, c, 10.0).astype(dtype), free)
 
 
 def test_the_phase_trend_fit_is_the_per_phase_least_squares() -> None:

@@ -343,3 +343,24 @@ def test_rc_simulate_is_repeated_rc_step_to_the_bit():
     for case in cases:
         got, want = rc_simulate(*case), stepwise(*case)
         assert got.shape == want.shape and np.array_equal(got, want, equal_nan=True)
+
+
+def test_rc_simulate_with_r_varying_in_time_is_rc_step_with_each_samples_r():
+    """A loop whose flow changes gives one R per sample (row k held from sample k to k + 1):
+    the same numbers as rc_step with that row's R, for a regular and a per-interval step."""
+    from models.gpu_thermal import rc_simulate, rc_step
+
+    rng = np.random.default_rng(4)
+    n, g = 40, 3
+    ref, p = rng.normal(32, 1, (n, g)), rng.uniform(100, 700, (n, g))
+    r = rng.uniform(0.02, 0.08, (n, g))  # e.g. a pump lost half way
+    c = rng.uniform(200, 900, g)
+    for dt in (10.0, rng.uniform(0.5, 2.0, n)):
+        got = rc_simulate(40.0, ref, p, r, c, dt)
+        t, want = np.full(g, 40.0), [np.full(g, 40.0)]
+        for k in range(1, n):
+            t = rc_step(t, ref[k - 1], p[k - 1], r[k - 1], c, dt if np.ndim(dt) == 0 else dt[k - 1])
+            want.append(t)
+        assert np.array_equal(got, np.array(want))
+    with pytest.raises(ValueError, match="one per sample"):
+        rc_simulate(40.0, ref, p, r[:-1], c, 1.0)

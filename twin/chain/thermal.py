@@ -1,6 +1,8 @@
 """GPU temperature through the calibrated RC model, with the GPU's thermal controller.
 
-Vectorized over GPUs, stepped over time (the model is a recurrence). Two uses:
+Vectorized over GPUs, stepped over time: the recurrence and the hold power are
+``models.gpu_thermal``'s (``rc_recurrence``, ``hold_power_at_decay_w``; a loop's changing flow
+makes R vary in time). Two uses:
 
 - **model paths** (live headroom): the temperature from the present one, under a power path;
 - **measured + change** (what-if): the recorded temperature plus the model's change between
@@ -19,6 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from models.gpu_thermal import hold_power_at_decay_w, rc_recurrence
+
 #: The controller acts on a rise beyond this (float32 recordings round at ~1e-5 K) ...
 HOLD_TOL_K = 0.01
 #: ... and a GPU counts as held when it sheds more than this. [W]
@@ -34,34 +38,6 @@ class ThermalResult:
     throttled_s: np.ndarray  # (G,) seconds each GPU was held by the controller
     undelivered_j: np.ndarray  # (G,) energy the controller did not let it draw
     held: np.ndarray  # (T, G) bool: held by the controller at that step
-
-
-def model_path(
-    temp0_c: np.ndarray,
-    ref_c: np.ndarray,
-    power_w: np.ndarray,
-    r_k_per_w: np.ndarray,
-    c_j_per_k: np.ndarray,
-    dt_s: float,
-) -> np.ndarray:
-    """(T, G) temperatures of the RC model from ``temp0_c`` (row 0), no controller.
-
-    ``ref_c``, ``power_w`` and ``r_k_per_w`` are (T, G): row k holds over step k -> k+1.
-    """
-    n = power_w.shape[0]
-    out = np.empty(power_w.shape, dtype=power_w.dtype)
-    x = np.asarray(temp0_c, dtype=float).copy()
-    out[0] = x
-    decay = np.exp(-dt_s / (r_k_per_w * c_j_per_k[None, :]))
-    steady = ref_c + power_w * r_k_per_w  # (T, G) each step's steady state, at once
-    d = np.empty_like(x)
-    for k in range(n - 1):  # x <- ss + (x - ss) * decay, in place
-        ss = steady[k]
-        np.subtract(x, ss, out=d)
-        d *= decay[k]
-        np.add(ss, d, out=x)
-        out[k + 1] = x
-    return out
 
 
 def gpu_temperatures(
@@ -112,8 +88,7 @@ def gpu_temperatures(
     was_hot = False
     for k0 in range(0, n, STEP_BLOCK):
         # what does not depend on the path, for a block of steps at once (the same arithmetic
-        # as step by step): the steady state at the asked power, the controller's trigger and
-        # the terms of its hold power
+        # as step by step): the steady state at the asked power and the controller's trigger
         rows = slice(k0, min(k0 + STEP_BLOCK, n))
         e_b, ref_b, r_b = decay[rows], ref_c[rows], r_k_per_w[rows]
         steady = ref_b + p[rows] * r_b
@@ -123,21 +98,16 @@ def gpu_temperatures(
         trigger = goal_b + HOLD_TOL_K
         b, start = len(e_b), 0
         if not was_hot:
-            # the block without the controller, checked once at its end: up to the first step
-            # that trips it, that is the path (the same arithmetic as the loop below)
-            xs[0] = x
-            for i in range(b):
-                np.subtract(xs[i], steady[i], out=d)
-                d *= e_b[i]
-                np.add(steady[i], d, out=xs[i + 1])
+            # the block without the controller (models.gpu_thermal's recurrence), checked once at
+            # its end: up to the first step that trips it, that is the path (the same arithmetic
+            # as the loop below)
+            rc_recurrence(x, steady, e_b, xs[: b + 1])
             tripped = (xs[1 : b + 1] > trigger).any(axis=1)
             start = int(np.argmax(tripped)) if tripped.any() else b
             last = min(k0 + start, n - 1)  # out rows k0 + 1 .. last are done
             out[k0 + 1 : last + 1] = xs[1 : last - k0 + 1]
             x = xs[start].copy()
         was_hot = start < b
-        ref_term = ref_b * (1.0 - e_b)
-        hold_den = r_b * np.maximum(1.0 - e_b, 1e-12)
         for i in range(start, b):  # the last row's power holds past the window: held the same
             k = k0 + i
             e, ss = e_b[i], steady[i]
@@ -147,7 +117,7 @@ def gpu_temperatures(
             np.greater(nxt, trigger[i], out=hot)
             if hot.any():
                 pk = p[k]
-                hold = (goal_b[i] - x * e - ref_term[i]) / hold_den[i]
+                hold = hold_power_at_decay_w(x, goal_b[i], ref_b[i], r_b[i], e)
                 cut = np.where(hot, np.maximum(np.minimum(pk, hold), idle_w), pk)
                 held[k] = hot & (cut < pk - HOLD_TOL_W)
                 pk[:] = cut

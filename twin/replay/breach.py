@@ -16,7 +16,7 @@ minute at once (vectorized over minutes and entities), each from the data up to 
   dip's minute, live as in replay: rules ride that out with the engine's ``keep_firing_for``;
 - GPUs (p90): the RC model of the chain at the p90 power (present power x the rack's p90 load
   ratio, within the enforced cap), from the present temperature: the closed form of
-  :func:`twin.chain.thermal.model_path` for constant inputs, which is exact on its steps;
+  :func:`models.gpu_thermal.rc_simulate` for constant inputs, which is exact on its steps;
 - racks, CDU heat and flow, loop return, links: flat p50 paths under persistence, so the time to
   breach is 0 when the limit is breached now and "never" otherwise.
 
@@ -203,7 +203,7 @@ def gpu_breach_in_s(
     """(M, G) time for the RC model at constant power to reach ``max_temp_c`` from ``temp_c``.
 
     ``T(t) = T_ss + (T_0 - T_ss) exp(-t / (R C))`` with ``T_ss = ref + R P`` (the model of
-    :func:`twin.chain.thermal.model_path`); reported on the path's steps: 0 when at or over the
+    :func:`models.gpu_thermal.rc_step`); reported on the path's steps: 0 when at or over the
     limit now, NaN when the steady state stays below it or the crossing is past the horizon.
     """
     n_last = round(horizon_s / step_s)

@@ -36,10 +36,11 @@ from typing import Any
 import numpy as np
 
 from collectors.contract import phase_id, sub_id
+from models.gpu_thermal import rc_simulate
 from twin.alerts import metrics as am
 from twin.chain import gpu_temperatures, rack_capacity_kw
 from twin.chain import propagate as chain
-from twin.chain.thermal import ThermalResult, model_path
+from twin.chain.thermal import ThermalResult
 from twin.replay import breach, hotspot_feed
 from twin.replay.alert_feed import (
     M_CDU_FREE,
@@ -209,7 +210,7 @@ def _baseline_model(d: Recording, sl: slice, ref_b: np.ndarray, r_b: np.ndarray)
         gp = d.params.gpu
         t0 = np.nan_to_num(d.gpu_temp_c[0, sl], nan=40.0)
         p = d.gpu_power_w[:, sl].astype(float)
-        d.cache[key] = model_path(t0, ref_b, p, r_b, gp.c_j_per_k[sl], d.dt_s).astype(np.float32)
+        d.cache[key] = rc_simulate(t0, ref_b, p, r_b, gp.c_j_per_k[sl], d.dt_s).astype(np.float32)
     return d.cache[key]
 
 
