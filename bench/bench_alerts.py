@@ -234,7 +234,7 @@ def run_day_live(
         case.related = fs.related_entities(site, f.kind, f.target)
         case.crossing_s, case.crossing = fs.crossing(site, tr, case, margin_s)
         cases.append(case)
-    known = fs._known_ids(site)
+    known = fs.known_ids(site)
     untied = fs.attribute(cases, alerts, t0, known, margin_s)
     from twin.alerts import load_rules
 

@@ -662,7 +662,7 @@ def run_day(
         case.related = related_entities(site, f.kind, f.target)
         case.crossing_s, case.crossing = crossing(site, tr, case, margin_s)
         cases.append(case)
-    known = _known_ids(site)
+    known = known_ids(site)
     untied = attribute(cases, list(result.alerts), t0, known, margin_s)
     classify_untied(site, tr, rules, untied, known)
     for u in untied:
@@ -690,17 +690,12 @@ def _by_rule(alerts: list[dict[str, Any]]) -> dict[str, int]:
     return dict(sorted(out.items()))
 
 
-def _known_ids(site: Site) -> set[str]:
-    ids = {g for n in site.nodes for g in n.gpu_ids()} | {n.name for n in site.nodes}
-    ids |= (
-        {r.name for r in site.racks} | {c.name for c in site.cdus} | {f.name for f in site.fleets}
-    )
-    for c in site.cdus:
-        ids |= {f"{c.name}/{p}" for p in c.pumps}
-    for p in site.pdus:
-        ids.add(p.name)
-        ids |= {f"{p.name}/L{k}" for k in (1, 2, 3)} | {f"{p.name}/{b.name}" for b in p.breakers}
-    return ids
+def known_ids(site: Site) -> set[str]:
+    """Every entity id of the site an alert can name: the sample ids the site knows
+    (``Site.known_ids``: GPUs and their UUIDs, nodes, PDUs, phases, breakers, CDUs, pumps,
+    links), its racks and its fleets."""
+    racks_fleets = [r.name for r in site.racks] + [f.name for f in site.fleets]
+    return set().union(*site.known_ids.values(), racks_fleets)
 
 
 # ---- output ------------------------------------------------------------------------------------

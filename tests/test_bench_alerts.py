@@ -52,7 +52,7 @@ def test_attribution_by_topology_and_window(site) -> None:
     pump = _case(site, "pump_failure", "cdu-2/pump1", 10_000, 11_000)
     phase = _case(site, "phase_creep", "pdu-d08-a/L1", 20_000, 86_400, crossing_s=30_000)
     faults = [plate, pump, phase]
-    known = ba._known_ids(site)
+    known = ba.known_ids(site)
     alerts = [
         _alert(3000, "gpu_temp_high", "rack a03", "GPU trn-a03-n2:5 4 K"),  # before the start
         _alert(4800, "gpu_temp_high", "rack a03", "GPU trn-a03-n2:5 4 K"),  # tied (group)
@@ -91,7 +91,7 @@ def test_paged_after_crossing_and_incidents_over_two_pages(site) -> None:
     pages, and three untied pages of one rule and group, are incidents with > 2 pages."""
     late = _case(site, "cold_plate_decay", "trn-a01-n1:0", 0, 86_400, crossing_s=6000)
     never = _case(site, "phase_overload", "pdu-a02-a/L2", 1000, 2000, crossing_s=1000)
-    known = ba._known_ids(site)
+    known = ba.known_ids(site)
     alerts = [_alert(t, "gpu_temp_high", "rack a01") for t in (6600, 9000, 12_000)]
     alerts += [_alert(t, "gpu_temp_high", "rack c03") for t in (100, 200, 300)]
     untied = ba.attribute([late, never], alerts, T0, known, margin_s=0)
@@ -112,7 +112,7 @@ def test_info_severity_is_a_ticket_and_step_faults_are_scored_apart(site) -> Non
     """An info notification (fleet_underused: a ticket) is neither a fault's page nor an
     untied page; the share paged before the crossing is also given over the faults with a
     ramp, without the step kinds (cold_plate, phase_overload) that cross at once."""
-    known = ba._known_ids(site)
+    known = ba.known_ids(site)
     ticket = {**_alert(100, "fleet_underused", "fleet infer-chat"), "severity": "info"}
     assert ba.is_ticket(ticket) and not ba.is_page(ticket)
     assert ba.is_page(_alert(100, "fleet_drained", "fleet infer-chat"))
@@ -136,7 +136,7 @@ def test_info_severity_is_a_ticket_and_step_faults_are_scored_apart(site) -> Non
 def test_untied_incidents_are_counted_within_one_day(site) -> None:
     """Each day is its own replay: the same rule and group paging once on each of three days
     is three incidents of one page, not one incident of three."""
-    known = ba._known_ids(site)
+    known = ba.known_ids(site)
     untied = []
     for day in range(3):
         for a in ba.attribute(
@@ -152,7 +152,7 @@ def test_reminders_are_not_pages_and_members_name_entities(site) -> None:
     """A repeat-interval reminder is not a new page; a notification's members (where the
     replay lists them) and a group given as kind and id tie it like its group does."""
     plate = _case(site, "cold_plate", "trn-a05-n1:3", 0, 7200)
-    known = ba._known_ids(site)
+    known = ba.known_ids(site)
     alerts = [
         _alert(600, "gpu_temp_high", "site demo"),
         {**_alert(1200, "gpu_temp_high", "site demo"), "reminder": True},
@@ -222,7 +222,7 @@ def test_untied_pages_are_classified_by_the_simulated_truth(site) -> None:
     j = ph.ids.index("pdu-a01-a/L2")
     cur[t >= 9000, j] = ph.limit_a[j] + 1.0  # crosses at 2:30
     truth = ba.Truth(t, [], np.zeros((len(t), 0)), list(ph.ids), cur, names, cdu)
-    known = ba._known_ids(site)
+    known = ba.known_ids(site)
 
     def page(rule, group, summary, t_s):
         return {"rule": rule, "group": group, "summary": summary, "t_s": t_s, "at": ""}
