@@ -212,7 +212,7 @@ def test_the_controller_and_the_model_path_are_the_step_by_step_recurrence(
     np.testing.assert_array_equal(rc_simulate(t0, ref, power, r, c, 10.0).astype(dtype), free)
 
 
-def test_the_phase_trend_fit_is_the_per_phase_least_squares() -> None:
+def test_the_phase_trend_fit_is_the_per_phase_least_squares(monkeypatch) -> None:
     rng = np.random.default_rng(7)
     n, m, step = 15, 40, 60.0  # the fit uses the last TREND_WINDOW_S = 15 min
     load = 1 + 0.05 * rng.standard_normal((n, m))
@@ -237,6 +237,14 @@ def test_the_phase_trend_fit_is_the_per_phase_least_squares() -> None:
         else:
             assert slope[j] == 0 and se[j] == 0
     assert (slope[::2] > 0).all()  # every creeping phase is found
+    # fitted in blocks of columns (a replay's minute x phase pairs), the numbers are the same
+    cur_h = np.concatenate([20 + rng.standard_normal((45, m)), cur])  # with an hour before
+    load_h = np.concatenate([np.ones((45, m)), load])
+    whole = unexplained_trend(cur_h, load_h, step)
+    monkeypatch.setattr("twin.headroom.TREND_COLUMNS", 7)
+    blocks = unexplained_trend(cur_h, load_h, step)
+    for a, b in zip(whole, blocks, strict=True):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_a_failed_links_traffic_goes_to_the_links_of_the_same_tier_at_its_ends(site) -> None:

@@ -65,6 +65,8 @@ TREND_WINDOW_S = 900.0
 LEVEL_WINDOW_S = 2700.0
 #: Window of the persistence p90. [s]
 PERSISTENCE_WINDOW_S = 3600.0
+#: Columns (phases, or a replay's minute x phase pairs) fitted per block of the trend fit.
+TREND_COLUMNS = 8192
 
 Kind = Literal["gpu", "pdu_phase", "rack", "cdu", "loop", "link"]
 
@@ -773,7 +775,31 @@ def unexplained_trend(
     to a level it held within the hour (after a dip, or the other feed's fault ending) is
     recovering, not creeping; a creep makes new highs. [A; bench/README.md bench_alerts: the
     8 untied phase forecasts of seeds 0 and 1 were such recoveries]
+
+    Columns are independent and fitted :data:`TREND_COLUMNS` at a time: a replay fits every
+    (minute, phase) pair at once, and its (window x 10^6) temporaries cost 4x the time of
+    cache-sized blocks (bench/README.md, bench_whatif).
     """
+    n_col = cur_hist.shape[1]
+    if n_col <= TREND_COLUMNS:
+        return _unexplained_trend_block(cur_hist, load_hist, step_s, level_before)
+    slope, se = np.empty(n_col), np.empty(n_col)
+    for lo in range(0, n_col, TREND_COLUMNS):
+        cols = slice(lo, lo + TREND_COLUMNS)
+        lvl = None if level_before is None else level_before[cols]
+        slope[cols], se[cols] = _unexplained_trend_block(
+            cur_hist[:, cols], load_hist[:, cols], step_s, lvl
+        )
+    return slope, se
+
+
+def _unexplained_trend_block(
+    cur_hist: np.ndarray,
+    load_hist: np.ndarray,
+    step_s: float,
+    level_before: np.ndarray | None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`unexplained_trend` on one block of columns."""
     k = max(3, round(TREND_WINDOW_S / step_s))
     y, x = cur_hist[-k:], load_hist[-k:]
     ok = ~(np.isnan(y) | np.isnan(x))
