@@ -301,7 +301,8 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         metavar="JSON",
         help="score the days of earlier single-path --json results together (same settings,"
-        " any seeds, no (seed, day) twice) instead of running anything",
+        " any seeds, no (seed, day) twice), each path apart, and compare the pages of the"
+        " days both paths ran, instead of running anything",
     )
     ap.add_argument(
         "--resolution-s",
@@ -403,17 +404,29 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def compare_paths(live: dict[str, Any], replay: dict[str, Any]) -> dict[str, Any]:
-    """The pages of the two paths, day by day, as (day, rule, group) keys."""
+    """The pages of the two paths as (seed, day, rule, group) keys, over the days both ran."""
+
+    def day_keys(res: dict[str, Any]) -> dict[tuple[Any, int], set[str]]:
+        seed = res.get("seed")
+        return {(d.get("seed", seed), int(d["day"])): set(d["page_keys"]) for d in res["per_day"]}
+
+    lv, rp = day_keys(live), day_keys(replay)
+    days = sorted(set(lv) & set(rp), key=lambda sd: (str(sd[0]), sd[1]))
     keys = {
-        name: {(d["day"], k) for d in res["per_day"] for k in d["page_keys"]}
-        for name, res in (("live", live), ("replay", replay))
+        name: {(sd, k) for sd in days for k in by_day[sd]}
+        for name, by_day in (("live", lv), ("replay", rp))
     }
+
+    def label(sd: tuple[Any, int], k: str) -> str:
+        return f"seed {sd[0]} day {sd[1]}: {k}"
+
     return {
+        "days": [f"seed {s} day {d}" for s, d in days],
         "live": len(keys["live"]),
         "replay": len(keys["replay"]),
         "both": len(keys["live"] & keys["replay"]),
-        "only_live": sorted(f"day {d}: {k}" for d, k in keys["live"] - keys["replay"]),
-        "only_replay": sorted(f"day {d}: {k}" for d, k in keys["replay"] - keys["live"]),
+        "only_live": sorted(label(*x) for x in keys["live"] - keys["replay"]),
+        "only_replay": sorted(label(*x) for x in keys["replay"] - keys["live"]),
     }
 
 
@@ -579,18 +592,34 @@ def merge_results(results: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _merge_main(args: argparse.Namespace) -> int:
+    """Each path's results merged; where both paths ran the same (seed, day), their pages
+    compared (a live run's days beside a replay run of the same days)."""
     try:
-        res = merge_results([json.loads(p.read_text()) for p in args.merge])
+        loaded = [json.loads(p.read_text()) for p in args.merge]
+        by_path: dict[str, list[dict[str, Any]]] = {}
+        for r in loaded:
+            by_path.setdefault(str(r.get("path")), []).append(r)
+        merged = {p: merge_results(rs) for p, rs in sorted(by_path.items())}
     except (OSError, ValueError, KeyError, TypeError) as e:
         print(f"bench_alerts: --merge: {e}", file=sys.stderr)
         return 1
-    print(table(res))
-    print(f"merged: {', '.join(res['seed_days'])}")
+    for res in merged.values():
+        print(table(res))
+        print(f"merged ({res['path']}): {', '.join(res['seed_days'])}")
+    out: dict[str, Any] = next(iter(merged.values())) if len(merged) == 1 else dict(merged)
+    if "live" in merged and "replay" in merged:
+        cmp = compare_paths(merged["live"], merged["replay"])
+        out["comparison"] = cmp
+        print(
+            f"\nlive vs replay over {len(cmp['days'])} days both ran, pages (first notices, by"
+            f" rule and group): live {cmp['live']}, replay {cmp['replay']}, in both"
+            f" {cmp['both']}; only live: {cmp['only_live']}; only replay: {cmp['only_replay']}"
+        )
     if args.json is not None:
         if str(args.json) == "-":
-            print(json.dumps(res, indent=1, default=str))
+            print(json.dumps(out, indent=1, default=str))
         else:
-            _write_json(args.json, res)
+            _write_json(args.json, out)
     return 0
 
 

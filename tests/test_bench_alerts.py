@@ -322,7 +322,7 @@ def test_harness_short_day(tmp_path) -> None:
         cwd=REPO,
     )
     assert m.returncode == 0, m.stderr
-    assert "merged: seed 5 day 0, seed 6 day 0" in m.stdout
+    assert "merged (live): seed 5 day 0, seed 6 day 0" in m.stdout
     both = json.loads(merged.read_text())
     assert both["days"] == 2 and both["score"]["faults"] == 24
     assert both["score"]["tied_pages"] == 2 * s["tied_pages"]
@@ -336,3 +336,49 @@ def test_harness_short_day(tmp_path) -> None:
         cwd=REPO,
     )
     assert again.returncode == 1 and "seed 5 day 0 is in two results" in again.stderr
+
+
+def test_merge_compares_the_pages_of_the_days_both_paths_ran(tmp_path) -> None:
+    """--merge of live runs beside a replay run: each path scored apart, and the pages of the
+    (seed, day) pairs both ran compared; a day only one path ran is not compared."""
+
+    def result(path: str, seed: int, days: list[tuple[int, list[str]]]) -> Path:
+        f = tmp_path / f"{path}{seed}.json"
+        res = {
+            "path": path,
+            **{"hours": 24.0, "resolution_s": 10.0, "tick_s": 10.0, "faults_per_kind": 2},
+            **{"margin_min": 30.0, "gpus": 880, "site": "s", "rules": "r", "seed": seed},
+            **{"wall_s": 1.0, "faults": [], "untied_pages": []},
+            "per_day": [
+                {"day": d, "page_keys": keys, "tickets": 0, "tickets_by_rule": {}}
+                for d, keys in days
+            ],
+        }
+        f.write_text(json.dumps(res))
+        return f
+
+    files = [
+        result("live", 0, [(0, ["a|rack a01", "b|cdu cdu-1"]), (1, ["c|gpu x"])]),
+        result("live", 2, [(0, ["a|rack a01"])]),
+        result("replay", 0, [(0, ["a|rack a01", "d|pdu p"])]),
+    ]
+    out = tmp_path / "m.json"
+    m = subprocess.run(
+        [sys.executable, str(SCRIPT), "--merge", *map(str, files), "--json", str(out)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
+    assert m.returncode == 0, m.stderr
+    assert "merged (live): seed 0 day 0, seed 0 day 1, seed 2 day 0" in m.stdout
+    assert "merged (replay): seed 0 day 0" in m.stdout
+    res = json.loads(out.read_text())
+    assert res["live"]["days"] == 3 and res["replay"]["days"] == 1
+    assert res["comparison"] == {
+        "days": ["seed 0 day 0"],
+        "live": 2,
+        "replay": 2,
+        "both": 1,
+        "only_live": ["seed 0 day 0: b|cdu cdu-1"],
+        "only_replay": ["seed 0 day 0: d|pdu p"],
+    }
