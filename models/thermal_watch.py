@@ -49,8 +49,10 @@ def minute_aggregates(
     temp_c: NDArray[np.floating], power_w: NDArray[np.floating], step_s: float
 ) -> tuple[F64, F64, F64]:
     """Per whole minute of a ``(T, N)`` grid sampled every ``step_s``: mean temperature [°C],
-    mean power [W] and the temperature's slope from its first to its last sample [K/s], each
-    ``(T // per_minute, N)``. A partial last minute is dropped; NaN samples are skipped."""
+    mean power [W] and the temperature's slope from its first to its last valid sample [K/s]
+    (0 with fewer than two), each ``(T // per_minute, N)``. A partial last minute is dropped;
+    NaN samples are skipped (a device reporting every 10 s on a 1 s grid has its slope from
+    its first and last reading of the minute)."""
     per = max(1, round(60.0 / step_s))
     m = temp_c.shape[0] // per
     n = temp_c.shape[1]
@@ -63,8 +65,15 @@ def minute_aggregates(
             warnings.simplefilter("ignore", RuntimeWarning)
             mean_t = np.nanmean(t, axis=1)
             mean_p = np.nanmean(p, axis=1)
-    span_s = (per - 1) * step_s
-    slope = (t[:, -1, :] - t[:, 0, :]) / span_s if per > 1 else np.zeros((m, n))
+    if per == 1:
+        return mean_t, mean_p, np.zeros((m, n))
+    ok = np.isfinite(t)
+    first = np.argmax(ok, axis=1)[:, None, :]  # (m, 1, n): the minute's first valid sample
+    last = per - 1 - np.argmax(ok[:, ::-1, :], axis=1)[:, None, :]
+    span_s = ((last - first) * step_s)[:, 0, :]
+    rise = (np.take_along_axis(t, last, axis=1) - np.take_along_axis(t, first, axis=1))[:, 0, :]
+    with np.errstate(all="ignore"):
+        slope = np.where(span_s > 0, rise / span_s, 0.0)
     return mean_t, mean_p, np.where(np.isfinite(slope), slope, 0.0)
 
 
@@ -145,6 +154,36 @@ def residual_k(
     with np.errstate(invalid="ignore"):
         unphysical = model < ref_c - MODEL_BELOW_REF_K
     return np.where(unphysical, np.nan, mean_temp_c - model), model
+
+
+def model_bias_k(
+    mean_temp_c: F64,
+    mean_power_w: F64,
+    slope_k_per_s: F64,
+    ref_c: F64,
+    r_k_per_w: F64,
+    c_j_per_k: F64,
+) -> F64:
+    """The model's level error now: a minute's measured mean temperature over the RC model's
+    for that minute's mean heat ``x = P - C dT/dt`` (:func:`residual_k`, exact in minute
+    means, so a transient is no error), 0 where it cannot be told. ``ref_c`` includes the
+    GPU's offset; ``r_k_per_w`` is R at the minute's flow. [K]
+
+    A forecast adds it to the model's path (the what-if adds the model's change to the
+    recording): a seeded or stale R that puts a healthy GPU's steady state 30 K over what it
+    measures is an error of the model's level, not headroom.
+
+    Examples
+    --------
+    >>> # 700 W at steady state (no slope) over 30 °C coolant: the model (R 0.08) says 86 °C
+    >>> float(model_bias_k(np.array(51.0), np.array(700.0), np.array(0.0), np.array(30.0),
+    ...                    np.array(0.08), np.array(400.0)).round(6))
+    -35.0
+    """
+    resid, _ = residual_k(
+        mean_temp_c, ref_c, 0.0, r_k_per_w, heat_w(mean_power_w, slope_k_per_s, c_j_per_k)
+    )
+    return np.where(np.isfinite(resid), resid, 0.0)
 
 
 def r_estimate(

@@ -500,3 +500,27 @@ def test_minute_means_are_the_trailing_window_means_with_or_without_gaps() -> No
     assert np.isnan(part[:, 3]).all()
     i = int(np.flatnonzero(rows == 119)[0])  # a window wholly in the gap: no value
     assert np.isnan(part[i, 2]) and np.isfinite(part[i + 2, 2])
+
+
+def test_the_replay_takes_the_live_headrooms_last_minute_slope_and_model_bias() -> None:
+    """The replay's per-row slope over the trailing minute is the live headroom's (the minute
+    aggregates of the window ending at the newest sample), and its GPU forecast is the closed
+    form from the measured temperature less the model's level error, against the limit less
+    it: a model 49 K too hot at a flat load forecasts no breach."""
+    from models import thermal_watch as tw
+
+    rng = np.random.default_rng(5)
+    dt = 10.0
+    x = 50.0 + np.cumsum(rng.normal(0, 0.3, (600, 3)), axis=0)
+    rows = np.arange(5, 600, 6)
+    slopes = breach.minute_slopes(x, rows, dt)
+    for i, r in enumerate(rows):
+        _, _, live = tw.minute_aggregates(x[r - 5 : r + 1], x[r - 5 : r + 1], dt)
+        np.testing.assert_allclose(slopes[i], live[-1], rtol=1e-12)
+    # 700 W at 51 °C over 30 °C coolant: the true R is 0.03 K/W, the model's 0.1 (100 °C)
+    t, ref, p, r, c = (np.array([[v]]) for v in (51.0, 30.0, 700.0, 0.1, 400.0))
+    bias = tw.model_bias_k(t, p, np.zeros((1, 1)), ref, r, c)
+    assert float(bias[0, 0]) == pytest.approx(-49.0)
+    raw = breach.gpu_breach_in_s(t, ref, p, r, c, np.array([[87.0]]))
+    fixed = breach.gpu_breach_in_s(t - bias, ref, p, r, c, 87.0 - bias)
+    assert np.isfinite(raw[0, 0]) and np.isnan(fixed[0, 0])

@@ -11,9 +11,10 @@ otherwise from persistence, with the 90th percentile of the last hour's power ov
 value as the p90 path (``basis`` says which). The physics then carries it, device by device:
 
 - GPU: power = present power x the rack's load ratio, capped at the enforced limit;
-  temperature = the calibrated RC model (``models.gpu_thermal.predict_temp_c``) from the
-  present temperature over the present coolant supply (or inlet air), with the GPU's fitted R,
-  C and coolant offset (catalog R and tau where no usable fit exists yet).
+  temperature = the present temperature plus the calibrated RC model's change
+  (``twin.chain.gpu_temperatures``, with the thermal controller) over the present coolant
+  supply (or inlet air), with the GPU's fitted R, C and coolant offset (catalog R and tau where
+  no usable fit exists yet); the model's level error now is taken out (``_model_bias_k``).
 - PDU phase / breaker: present current x the load ratio of the racks it feeds, plus the
   recent linear trend of the current that the rack load does not explain (load creeping onto
   a phase); the p90 path adds 1.28 standard errors of that slope.
@@ -41,6 +42,7 @@ import numpy as np
 import pyarrow as pa
 from pydantic import BaseModel
 
+from models import thermal_watch as tw
 from twin.chain import gpu_temperatures, phase_table, rack_capacity_kw, resolve
 from twin.chain import propagate as chain
 from twin.chain.params import history_capped_r
@@ -497,7 +499,8 @@ def _gpus_rows(p: _Pass) -> None:
     act_now[no_sm] = _mean(gpu.values["util_pct"])[no_sm] / 100.0
     with np.errstate(all="ignore"):
         plimit = np.fmax.reduce(gpu.values["power_limit_w"], axis=0)
-    ref_now = last_valid(gpu_reference(idx, cdu, node, _tail(pdu_hist, NOW_WINDOW_S)))
+    ref_grid = gpu_reference(idx, cdu, node, _tail(pdu_hist, NOW_WINDOW_S))
+    ref_now = last_valid(ref_grid)
     gpu_basis = [f"{basis}, {'calibrated' if t == 'calibrated' else t}" for t in gp.thermal_source]
     flow_ref = {
         c: v for c, v in zip(idx.cdu_names, cp.cdu_flow_ref_lpm, strict=True) if np.isfinite(v)
@@ -512,30 +515,10 @@ def _gpus_rows(p: _Pass) -> None:
     )
     r_k = chain.gpu_r_k_per_w(r_fit, gpu_flow_ratio(idx, flow_ref, _mean(cdu.values["flow_lpm"])))
     cap = np.where(np.isfinite(plimit) & (plimit > 0), plimit, gp.limit_w)
-    t50 = _gpu_path(
-        temp_now,
-        ref_now,
-        power_now,
-        act_now,
-        r50[:, idx.gpu_rack],
-        cap,
-        r_k,
-        gp,
-        step_s,
-        from_util=no_sm,
-    )
-    t90 = _gpu_path(
-        temp_now,
-        ref_now,
-        power_now,
-        act_now,
-        r90[:, idx.gpu_rack],
-        cap,
-        r_k,
-        gp,
-        step_s,
-        from_util=no_sm,
-    )
+    bias = _model_bias_k(gpu, _mean(ref_grid) + gp.offset_k, r_k, gp.c_j_per_k)
+    now = (temp_now, ref_now, power_now, act_now, bias)
+    t50 = _gpu_path(*now, r50[:, idx.gpu_rack], cap, r_k, gp, step_s, from_util=no_sm)
+    t90 = _gpu_path(*now, r90[:, idx.gpu_rack], cap, r_k, gp, step_s, from_util=no_sm)
     p.emit(
         "gpu",
         idx.gpu_ids,
@@ -667,11 +650,21 @@ def _links_rows(p: _Pass) -> None:
         )
 
 
+def _model_bias_k(gpu: Window, ref_c: np.ndarray, r_k: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """(G,) the model's level error over the last minute (``models.thermal_watch.model_bias_k``
+    on the window's minute aggregates); ``ref_c`` includes the offset."""
+    t_m, p_m, slope = tw.minute_aggregates(gpu.values["temp_c"], gpu.values["power_w"], gpu.step_s)
+    if not t_m.shape[0]:
+        return np.zeros(len(gpu.ids))
+    return tw.model_bias_k(t_m[-1], p_m[-1], slope[-1], ref_c, r_k, c)
+
+
 def _gpu_path(
     temp_now: np.ndarray,
     ref_now: np.ndarray,
     power_now: np.ndarray,
     act_now: np.ndarray,
+    bias_k: np.ndarray,
     ratio: np.ndarray,
     cap_w: np.ndarray,
     r_k: np.ndarray,
@@ -686,6 +679,12 @@ def _gpu_path(
     temperature the RC model with the thermal controller (``twin.chain.gpu_temperatures``).
     A GPU without activity telemetry scales its power with the ratio instead; ``from_util``
     marks the GPUs whose activity is GPU-Util (their curve may be a util-only one).
+
+    The path is the model's plus its bias now (``bias_k``, :func:`_model_bias_k`), as the
+    what-if's is the recording plus the model's change: the model's level error is not headroom
+    (a seeded or stale R that puts a healthy GPU's steady state 30 K over what it measures must
+    not forecast its slowdown), while its response to the load path and its transients are.
+    The controller holds the model at the max operating temperature less the bias.
     """
     n = ratio.shape[0]
     act = np.where(np.isfinite(act_now), act_now, 0.0)
@@ -697,17 +696,17 @@ def _gpu_path(
     p = np.where(np.isfinite(act_now)[None, :], p, np.minimum(p_now[None, :] * ratio, cap_w))
     ref = np.broadcast_to(np.nan_to_num(ref_now) + gp.offset_k, (n, len(p_now)))
     res = gpu_temperatures(
-        np.where(np.isfinite(temp_now), temp_now, ref_now),
+        np.where(np.isfinite(temp_now), temp_now, ref_now) - bias_k,
         ref,
         p,
         np.broadcast_to(r_k, (n, len(p_now))),
         gp.c_j_per_k,
         step_s,
         idle_w=gp.idle_w,
-        max_temp_c=gp.max_temp_c,
+        max_temp_c=gp.max_temp_c - bias_k,
     )
-    # the model path starts at the measured temperature; a GPU with no reference is unknown
-    return np.where(np.isfinite(ref_now)[None, :], res.temp_c, np.nan)
+    # the path starts at the measured temperature; a GPU with no reference is unknown
+    return np.where(np.isfinite(ref_now)[None, :], res.temp_c + bias_k[None, :], np.nan)
 
 
 def _tail(w: Window, seconds: float) -> Window:

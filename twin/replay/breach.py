@@ -15,7 +15,9 @@ minute at once (vectorized over minutes and entities), each from the data up to 
   persistence a checkpoint dip is taken for the load to come, so the forecast clears for the
   dip's minute, live as in replay: rules ride that out with the engine's ``keep_firing_for``;
 - GPUs (p90): the RC model of the chain at the p90 power (present power x the rack's p90 load
-  ratio, within the enforced cap), from the present temperature: the closed form of
+  ratio, within the enforced cap), from the present temperature less the model's level error
+  of the last minute (``models.thermal_watch.model_bias_k``, as the live headroom takes it
+  out), against the limit less that error: the closed form of
   :func:`models.gpu_thermal.rc_simulate` for constant inputs, which is exact on its steps;
 - racks, CDU heat and flow, loop return, links: flat p50 paths under persistence, so the time to
   breach is 0 when the limit is breached now and "never" otherwise.
@@ -47,6 +49,7 @@ __all__ = [
     "flat_breach_in_s",
     "gpu_breach_in_s",
     "minute_means",
+    "minute_slopes",
     "p90_ratio",
     "trailing_quantile",
     "trend_breach_in_s",
@@ -79,6 +82,19 @@ def minute_means(x: np.ndarray, rows: np.ndarray, dt_s: float) -> np.ndarray:
         c = cn[hi] - cn[lo]
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(c > 0, s / np.maximum(c, 1), np.nan)
+
+
+def minute_slopes(x: np.ndarray, rows: np.ndarray, dt_s: float) -> np.ndarray:
+    """(M, N): per evaluation row, the slope of ``x`` from the first to the last sample of the
+    last ``NOW_WINDOW_S`` up to and including it [per s] (0 where it cannot be told), as
+    ``models.thermal_watch.minute_aggregates`` gives the live headroom's last minute."""
+    w = max(1, round(NOW_WINDOW_S / dt_s))
+    lo = np.maximum(rows - (w - 1), 0)
+    span_s = (rows - lo).astype(float)[:, None] * dt_s
+    x = np.asarray(x, dtype=float)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        slope = np.where(span_s > 0, (x[rows] - x[lo]) / span_s, 0.0)
+    return np.where(np.isfinite(slope), slope, 0.0)
 
 
 def trailing_quantile(a: np.ndarray, k: int, q: float) -> np.ndarray:

@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from collectors.contract import phase_id, sub_id
+from models import thermal_watch as tw
 from models.gpu_thermal import rc_simulate
 from twin.alerts import metrics as am
 from twin.chain import gpu_temperatures, rack_capacity_kw
@@ -349,18 +350,30 @@ def _gpus_run(
         feed.offer(M_GPU_K, "gpu", idx.gpu_ids[sl], gp.max_temp_c[sl][None, :] - res.temp_c)
         if forecast:
             # the live headroom's p90 path: present power x the rack's p90 ratio, within the
-            # enforced cap, through the RC model from the present temperature (minute means)
+            # enforced cap, through the RC model from the present temperature (minute means),
+            # the model's level error of the last minute taken out
             p_now = breach.minute_means(res.power_w, rows, d.dt_s)
             r_scale = hotspot_feed.causal_r_scale(d)
             cap_w = np.fmin(d.gpu_power_limit_w[sl], cap[sl])[None, :]
+            ref_now = breach.minute_means(ref_s, rows, d.dt_s)
+            r_rows = np.asarray(r_s, dtype=float)[rows] if np.ndim(r_s) == 2 else r_s
+            r_now = r_rows * r_scale[:, sl]  # causal: no R the recording had not shown yet
+            c_g = gp.c_j_per_k[sl][None, :]
+            bias = tw.model_bias_k(  # the model's level error is not headroom (live alike)
+                breach.minute_means(res.temp_c, rows, d.dt_s),
+                p_now,
+                breach.minute_slopes(res.temp_c, rows, d.dt_s),
+                ref_now,
+                r_now,
+                c_g,
+            )
             b90 = breach.gpu_breach_in_s(
-                res.temp_c[rows],
-                breach.minute_means(ref_s, rows, d.dt_s),
+                res.temp_c[rows] - bias,
+                ref_now,
                 np.minimum(np.nan_to_num(p_now) * ratio90[:, rack], cap_w),
-                (np.asarray(r_s, dtype=float)[rows] if np.ndim(r_s) == 2 else r_s)
-                * r_scale[:, sl],  # causal: no R the recording had not shown yet
-                gp.c_j_per_k[sl][None, :],
-                gp.max_temp_c[sl][None, :],
+                r_now,
+                c_g,
+                gp.max_temp_c[sl][None, :] - bias,
             )
             b90 = np.where(np.isfinite(res.temp_c[rows]), breach.beyond_horizon(b90), np.nan)
             feed.offer_series(am.HEADROOM_GPU_TIME_TO_BREACH_P90_S, "gpu", idx.gpu_ids[sl], b90)
