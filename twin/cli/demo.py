@@ -213,6 +213,7 @@ def demo(
             seed_bundle=seed_bundle,
         )
     finally:
+        stop.set()  # the readiness thread too, whatever ended the run
         _demo_stop(procs, b)
         # its ports and token are stale now: another shell must not read them as current
         (data / "demo.env").unlink(missing_ok=True)
@@ -329,7 +330,11 @@ def _demo_run(
         "  Ctrl-C (or SIGTERM) stops everything.",
         highlight=False,
     )
+    # the readiness lines come from the API, polled on a thread of their own: a slow answer
+    # (up to two 5 s timeouts while the service runs its first detection pass) must not keep
+    # this loop from seeing a stop signal
     readiness = _Readiness(api_url, time.monotonic())
+    threading.Thread(target=readiness.run, args=(stop,), name="readiness", daemon=True).start()
     deadline = time.monotonic() + duration if duration else None
     while not stop.wait(0.5):
         if deadline is not None and time.monotonic() >= deadline:
@@ -337,7 +342,6 @@ def _demo_run(
         for name, p in procs:
             if p.poll() is not None:
                 raise fail(f"the {name} exited with code {p.returncode}", 1)
-        readiness.poll()
 
 
 def _check_hooks(path: Path) -> None:
@@ -405,6 +409,11 @@ class _Readiness:
         self.detected = False
         self.ready = False
         self.calibrated = False
+
+    def run(self, stop: threading.Event) -> None:
+        """Poll until the first fit on live data is seen or ``stop`` is set."""
+        while not self.calibrated and not stop.wait(0.5):
+            self.poll()
 
     def poll(self) -> None:
         now = time.monotonic()
