@@ -56,25 +56,31 @@ def minute_aggregates(
     per = max(1, round(60.0 / step_s))
     m = temp_c.shape[0] // per
     n = temp_c.shape[1]
-    t = np.asarray(temp_c[: m * per], dtype=float).reshape(m, per, n)
-    p = np.asarray(power_w[: m * per], dtype=float).reshape(m, per, n)
-    with np.errstate(all="ignore"):
-        import warnings
-
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)
-            mean_t = np.nanmean(t, axis=1)
-            mean_p = np.nanmean(p, axis=1)
+    # reshaped views of the input (float32 stays float32): the sums run in float64 over the
+    # same values in the same order as on a float64 copy, without making the copy
+    t = np.asarray(temp_c)[: m * per].reshape(m, per, n)
+    p = np.asarray(power_w)[: m * per].reshape(m, per, n)
+    ok = np.isfinite(t)
+    mean_t = _mean_over_minute(t, ok)
+    mean_p = _mean_over_minute(p, ok if p is t else np.isfinite(p))
     if per == 1:
         return mean_t, mean_p, np.zeros((m, n))
-    ok = np.isfinite(t)
     first = np.argmax(ok, axis=1)[:, None, :]  # (m, 1, n): the minute's first valid sample
     last = per - 1 - np.argmax(ok[:, ::-1, :], axis=1)[:, None, :]
     span_s = ((last - first) * step_s)[:, 0, :]
-    rise = (np.take_along_axis(t, last, axis=1) - np.take_along_axis(t, first, axis=1))[:, 0, :]
+    t_last = np.take_along_axis(t, last, axis=1)[:, 0, :].astype(float)
+    rise = t_last - np.take_along_axis(t, first, axis=1)[:, 0, :].astype(float)
     with np.errstate(all="ignore"):
         slope = np.where(span_s > 0, rise / span_s, 0.0)
     return mean_t, mean_p, np.where(np.isfinite(slope), slope, 0.0)
+
+
+def _mean_over_minute(a: NDArray[np.floating], ok: NDArray[np.bool_]) -> F64:
+    """``np.nanmean(a, axis=1)`` in float64 (NaN where a minute has no finite sample)."""
+    total = np.add.reduce(np.where(ok, a, 0), axis=1, dtype=float)
+    count = np.add.reduce(ok, axis=1, dtype=np.intp)
+    with np.errstate(all="ignore"):
+        return total / count
 
 
 def heat_w(mean_power_w: F64, slope_k_per_s: F64, c_j_per_k: F64) -> F64:

@@ -479,7 +479,7 @@ def test_a_decaying_plate_idle_for_hours_stays_one_incident(topo) -> None:
 def test_minute_means_are_the_trailing_window_means_with_or_without_gaps() -> None:
     """The live "now" value per evaluation row: the mean of the finite samples of the last
     NOW_WINDOW_S up to it (NaN where none); a column's figures do not depend on whether another
-    column has gaps (the gap-free case takes a path of its own)."""
+    column has gaps."""
     from twin.headroom import NOW_WINDOW_S
 
     rng = np.random.default_rng(3)

@@ -134,23 +134,23 @@ def hotspot_series(
     shape = (m_eval, g)
     res_sig, meas, model = (np.full(shape, np.nan, np.float32) for _ in range(3))
     r_est = np.full(shape, np.nan)
+    # the coolant and inlet minute means once per CDU and node (a column's means are its own)
+    if idx.cdu_names:
+        sup_c = tw.minute_aggregates(d.cdu["supply_temp_c"], flow, d.dt_s)[0]
+        fl_c = tw.minute_aggregates(flow, flow, d.dt_s)[0]
+    inlet_n = tw.minute_aggregates(d.node_inlet_c, d.node_inlet_c, d.dt_s)[0]
     for lo in range(0, g, GPU_CHUNK):
         sl = slice(lo, min(lo + GPU_CHUNK, g))
         t_m, p_m, slope = tw.minute_aggregates(d.gpu_temp_c[:, sl], d.gpu_power_w[:, sl], d.dt_s)
         mm = t_m.shape[0]
         liq = liquid[sl]
         if idx.cdu_names:
-            sup, _, _ = tw.minute_aggregates(
-                d.cdu["supply_temp_c"][:, own[sl]], flow[:, own[sl]], d.dt_s
-            )
-            fl, _, _ = tw.minute_aggregates(flow[:, own[sl]], flow[:, own[sl]], d.dt_s)
-            ratio = fl / np.maximum(ref_flow[own[sl]], 1e-9)[None, :]
+            sup = sup_c[:, own[sl]]
+            ratio = fl_c[:, own[sl]] / np.maximum(ref_flow[own[sl]], 1e-9)[None, :]
         else:
             sup = np.full((mm, sl.stop - lo), np.nan)
             ratio = np.ones_like(sup)
-        inlet, _, _ = tw.minute_aggregates(
-            d.node_inlet_c[:, node_col[sl]], d.node_inlet_c[:, node_col[sl]], d.dt_s
-        )
+        inlet = inlet_n[:, node_col[sl]]
         ref = np.where(liq[None, :], sup, inlet)
         factor = np.where(liq[None, :], r_at_flow_k_per_w(1.0, ratio), 1.0)
         off = gp.offset_k[sl][None, :]

@@ -231,19 +231,28 @@ def _thermal(d, sl, tb, ref_b, r_b, p_meas, ref_s, r_s, p_dem) -> ThermalResult:
     throttled, undelivered = np.zeros(g), np.zeros(g)
     if moved.any():
         c = np.flatnonzero(moved)
+        every = len(c) == g  # a change that reaches every GPU: no column copies
+
+        def cols(a: np.ndarray) -> np.ndarray:
+            return a if every else a[:, c]
+
         gsl = np.arange(sl.start, sl.stop)[c]
         res = gpu_temperatures(
             np.nan_to_num(d.gpu_temp_c[0, gsl], nan=40.0),
-            ref_s[:, c],
-            p_dem[:, c],
-            r_s[:, c],
+            cols(ref_s),
+            cols(p_dem),
+            cols(r_s),
             gp.c_j_per_k[gsl],
             d.dt_s,
             idle_w=gp.idle_w[gsl],
             max_temp_c=gp.max_temp_c[gsl],
-            measured_c=meas[:, c],
-            baseline_model_c=tb[:, c].astype(float),
+            measured_c=cols(meas),
+            baseline_model_c=cols(tb).astype(float),
         )
+        if every:
+            return ThermalResult(
+                res.temp_c, res.power_w, res.throttled_s, res.undelivered_j, res.held
+            )
         temp = meas.copy()
         temp[:, c], power[:, c], held[:, c] = res.temp_c, res.power_w, res.held
         throttled[c], undelivered[c] = res.throttled_s, res.undelivered_j
@@ -288,12 +297,15 @@ def _gpus_run(
         if idx.cdu_names
         else None
     )
+    r_factor_b = chain.gpu_r_k_per_w(1.0, fr_b_cdu) if fr_b_cdu is not None else None
     n_r = len(d.site.racks)
     rack_change = np.zeros((n, n_r))
     fleets = sorted(set(idx.gpu_fleet))
     act_sum = {f: np.zeros((2, n)) for f in fleets}
     pow_sum = {f: np.zeros(n) for f in fleets}  # the run's GPU board power per fleet [W]
     fleet_n = {f: 0 for f in fleets}
+    f_pos = {f: i for i, f in enumerate(fleets)}
+    fleet_of = np.array([f_pos[f] for f in idx.gpu_fleet], dtype=np.int64)
     temp_max = np.full(n, -np.inf)
     held_n = np.zeros(n)
     mean_t = np.empty(g)
@@ -319,18 +331,22 @@ def _gpus_run(
             )
             ref_b = np.where(liq[None, :], sup_b, inlet) + off
             ref_s = np.where(liq[None, :], sup_s, inlet) + off
-            fr_b = np.where(liq[None, :], fr_b_cdu[:, own], 1.0)
-            # the flow a GPU's cold plate gets: its serving CDU's flow per rack, over the flow
-            # per rack its R was fitted at (its own CDU's reference)
-            fr_s = cool.per_rack_flow[np.arange(n)[:, None], np.maximum(serve, 0)]
-            fr_s = fr_s / np.maximum(cool.per_rack_ref, 1e-9)[own][None, :]
-            fr_s = np.where(serve >= 0, fr_s, 0.0)
-            fr_s = np.where(liq[None, :], fr_s, 1.0)
+            # R's flow factor once per CDU (baseline) and per (rack, own CDU) pair (scenario),
+            # then taken by each GPU: the same arithmetic as per GPU (R0 x factor), a fraction
+            # of the powers. The flow a GPU's cold plate gets in the scenario: its serving
+            # CDU's flow per rack, over the flow per rack its R was fitted at (its own CDU's)
+            r0 = gp.r_k_per_w[sl][None, :]
+            r_b = r0 * np.where(liq[None, :], r_factor_b[:, own], 1.0)
+            pair, col = np.unique(rack * len(idx.cdu_names) + own, return_inverse=True)
+            p_rack, p_own = pair // len(idx.cdu_names), pair % len(idx.cdu_names)
+            p_serve = cool.serve[:, p_rack]
+            fr_s = cool.per_rack_flow[np.arange(n)[:, None], np.maximum(p_serve, 0)]
+            fr_s = fr_s / np.maximum(cool.per_rack_ref, 1e-9)[p_own][None, :]
+            fr_s = np.where(p_serve >= 0, fr_s, 0.0)
+            r_s = r0 * np.where(liq[None, :], chain.gpu_r_k_per_w(1.0, fr_s)[:, col], 1.0)
         else:
             ref_b = ref_s = inlet + off
-            fr_b = fr_s = np.ones((n, sl.stop - sl.start))
-        r_b = chain.gpu_r_k_per_w(gp.r_k_per_w[sl][None, :], fr_b)
-        r_s = r_b if fr_s is fr_b else chain.gpu_r_k_per_w(gp.r_k_per_w[sl][None, :], fr_s)
+            r_b = r_s = np.broadcast_to(gp.r_k_per_w[sl][None, :], (n, sl.stop - sl.start))
         p_meas = d.gpu_power_w[:, sl].astype(float)
         act = d.gpu_activity[:, sl].astype(float)
         act_s = np.clip(act * scale[sl][None, :], 0.0, 1.0)
@@ -377,16 +393,20 @@ def _gpus_run(
             )
             b90 = np.where(np.isfinite(res.temp_c[rows]), breach.beyond_horizon(b90), np.nan)
             feed.offer_series(am.HEADROOM_GPU_TIME_TO_BREACH_P90_S, "gpu", idx.gpu_ids[sl], b90)
-        # each GPU's power change summed into its rack, a rack at a time (np.add.at is slow)
+        # each GPU's power change summed into its rack, its activity and power into its fleet:
+        # one product with the chunk's (GPU x group) membership each (the inputs are finite)
         diff = res.power_w - p_meas
-        for r in np.unique(rack):
-            rack_change[:, r] += diff[:, rack == r].sum(axis=1)
-        for f in set(idx.gpu_fleet[sl]):
-            m = np.array(idx.gpu_fleet[sl]) == f
-            act_sum[f][0] += act[:, m].sum(axis=1)
-            act_sum[f][1] += act_s[:, m].sum(axis=1)
-            pow_sum[f] += np.nan_to_num(res.power_w[:, m]).sum(axis=1)
-            fleet_n[f] += int(m.sum())
+        in_rack, rack_col = _membership(rack)
+        rack_change[:, in_rack] += diff @ rack_col
+        in_fleet, fleet_col = _membership(fleet_of[sl])
+        a_sum, s_sum = act @ fleet_col, act_s @ fleet_col
+        w_sum = np.nan_to_num(res.power_w) @ fleet_col
+        for k, f_i in enumerate(in_fleet.tolist()):
+            f = fleets[f_i]
+            act_sum[f][0] += a_sum[:, k]
+            act_sum[f][1] += s_sum[:, k]
+            pow_sum[f] += w_sum[:, k]
+            fleet_n[f] += int(fleet_col[:, k].sum())
         temp_max = np.fmax(temp_max, np.fmax.reduce(res.temp_c, axis=1))
         held_n += res.held.sum(axis=1)
         mean_t[sl] = np.nanmean(res.temp_c, axis=0)
@@ -408,6 +428,15 @@ def _gpus_run(
         "throttled_s": throttled,
         "undelivered_j": undelivered,
     }
+
+
+def _membership(group: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The groups present in ``group`` (one index per column) and the (columns x groups)
+    0/1 matrix whose product with a (T x columns) array sums each group's columns."""
+    present, col = np.unique(group, return_inverse=True)
+    onehot = np.zeros((len(group), len(present)))
+    onehot[np.arange(len(group)), col] = 1.0
+    return present, onehot
 
 
 def _new_racks(d: Recording, changes: list[Any], fleet_act: dict) -> list[dict[str, Any]]:
