@@ -298,6 +298,10 @@ def _gpus_run(
         else None
     )
     r_factor_b = chain.gpu_r_k_per_w(1.0, fr_b_cdu) if fr_b_cdu is not None else None
+    # each rack's coolant supply in the scenario (its serving CDU's), once for all its GPUs
+    sup_rack = (
+        cool.supply[np.arange(n)[:, None], np.maximum(cool.serve, 0)] if idx.cdu_names else None
+    )
     n_r = len(d.site.racks)
     rack_change = np.zeros((n, n_r))
     fleets = sorted(set(idx.gpu_fleet))
@@ -326,9 +330,7 @@ def _gpus_run(
         if idx.cdu_names:
             sup_b = d.cdu["supply_temp_c"][:, own]
             serve = cool.serve[:, rack]
-            sup_s = np.where(
-                serve >= 0, cool.supply[np.arange(n)[:, None], np.maximum(serve, 0)], sup_b
-            )
+            sup_s = np.where(serve >= 0, sup_rack[:, rack], sup_b)
             ref_b = np.where(liq[None, :], sup_b, inlet) + off
             ref_s = np.where(liq[None, :], sup_s, inlet) + off
             # R's flow factor once per CDU (baseline) and per (rack, own CDU) pair (scenario),
