@@ -261,6 +261,7 @@ def draw(data: pd.DataFrame, spec: dict[str, Any], key: str, width_px: float = C
             data[UTC_TEXT.format(col)] = ts.dt.strftime("%Y-%m-%d %H:%M:%S UTC")
             data[col] = epoch_ms(ts)
     if svgchart.supported(spec):
+        # markdown with HTML allowed: st.html's sanitizer keeps no SVG
         st.markdown(svgchart.svg(data, spec, key, width_px), unsafe_allow_html=True)
         return
     st.vega_lite_chart(data, spec, width="stretch", key=key)

@@ -417,15 +417,17 @@ def table(
     """A table with the console's number format, drawn as static HTML (:func:`table_html`):
     Streamlit's interactive grid is the slowest element of a page to load (issue 15). Rows
     come in ``df``'s order (the pages give them worst first); with ``sort_key`` a control
-    above the table sorts them by any column, up or down."""
+    above the table sorts them by any column, up or down. The control sits in a popover
+    whose button names the order: the browser loads a select box's code (21 files) only
+    when the popover opens, not with every page."""
     if sort_key is not None and len(df) > 1:
-        choice = st.selectbox(
-            "Sort rows by",
-            sort_choices(df, names),
-            key=sort_key,
-            label_visibility="collapsed",
-            help="rows come worst first; sort by any column instead",
-        )
+        with st.popover(f"Sort: {st.session_state.get(sort_key, WORST_FIRST)}"):
+            choice = st.selectbox(
+                "Sort rows by",
+                sort_choices(df, names),
+                key=sort_key,
+                help="rows come worst first; sort by any column instead",
+            )
         df = sort_frame(df, choice, names)
     st.html(table_html(df, names, missing_why, max_rows, bars))
 
@@ -453,11 +455,19 @@ def severity_badge(severity: str) -> str:
     return f":{colour}-badge[{severity.upper()}]"
 
 
-def ago(ts: str | None) -> str:
+def ago(ts: str | None, markdown: bool = False) -> str:
+    """A UTC time to the second (``–`` for none). ``markdown``: for a caption or markdown,
+    its colons escaped (shown the same): Streamlit's markdown fetches its emoji table (259 kB)
+    for any ``:word:`` in a text, and ``02:13:45`` is one."""
     if not ts:
         return "–"
-    t = datetime.fromisoformat(ts)
-    return t.strftime("%Y-%m-%d %H:%M:%S UTC")
+    text = datetime.fromisoformat(ts).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return text.replace(":", "\\:") if markdown else text
+
+
+def md_time(ts: str | None) -> str:
+    """:func:`ago` for a caption or markdown."""
+    return ago(ts, markdown=True)
 
 
 def age_text(seconds: float) -> str:
@@ -477,7 +487,7 @@ def freshness(ts: str | None, what: str = "data") -> None:
         return
     t = datetime.fromisoformat(ts)
     age = (datetime.now(UTC) - t).total_seconds()
-    text = f"{what} until {t.strftime('%Y-%m-%d %H:%M:%S UTC')} · {age_text(max(age, 0.0))} old"
+    text = f"{what} until {ago(ts, markdown=True)} · {age_text(max(age, 0.0))} old"
     limit = stale_s()
     if age > limit:
         st.markdown(f":orange[:material/schedule: {text}: stale, older than {limit:g} s]")

@@ -3,8 +3,9 @@ tests/test_browser.py and bench/bench_console.py.
 
 A page's load time is from the navigation's start (``performance.timeOrigin``) to the last
 change drawn in the page's main area (Streamlit's ``stMain``: a chart's SVG or canvas, a table,
-a metric), once Streamlit's script has finished, no placeholder (``stSkeleton``, shown while an
-element's code loads) is left and nothing has changed there for :data:`QUIET_MS`. The header's
+a metric), once Streamlit's script has finished (``data-test-script-state`` of its app root
+is ``notRunning``), no placeholder (``stSkeleton``, shown while an element's code loads) is
+left and nothing has changed there for :data:`QUIET_MS`. The header's
 status widget and toolbar are not counted. The console itself never imports this module (nor
 Playwright).
 """
@@ -32,6 +33,10 @@ new MutationObserver((muts) => {
 """
 
 _DONE = """(quiet) => {
+  // the script run has ended (Streamlit's own flag on its app root; its status widget shows
+  // "Running" only after a delay, so a slow API call can pass for a finished page)
+  const app = document.querySelector('[data-testid="stApp"]');
+  if (app && app.dataset.testScriptState !== 'notRunning') return false;
   const w = document.querySelector('[data-testid="stStatusWidget"]');
   if (w && w.innerText.includes('Running')) return false;
   const main = document.querySelector('[data-testid="stMain"]');

@@ -172,19 +172,28 @@ def active() -> None:
     if data["enabled"] and not data["active"]:
         st.success("No active alerts.")
     if groups:
-        f = st.columns(4 if WRITES else 3)
-        silence_h = (
-            f[3].selectbox("silence for [h]", SILENCE_HOURS, index=1, key="silence_hours")
-            if WRITES
-            else 0.0
-        )
-        sev = f[0].multiselect(
-            "severity", [s for s in triage.SEVERITIES if any(g.severity == s for g in groups)]
-        )
-        rules = f[1].multiselect("rule", sorted({g.rule for g in groups}))
-        scopes = f[2].multiselect(
-            "rack, CDU or fleet", sorted({f"{g.scope_kind} {g.scope_id}" for g in groups})
-        )
+        # the label filters and the silence length in popovers whose buttons say what is set:
+        # their select boxes' code (about 20 files for the browser) loads when one opens
+        f = st.columns(4)
+        on = [k for k in ("alert_sev", "alert_rules", "alert_scopes") if st.session_state.get(k)]
+        with f[0].popover(f"Filters ({len(on)} set)" if on else "Filters"):
+            sev = st.multiselect(
+                "severity",
+                [s for s in triage.SEVERITIES if any(g.severity == s for g in groups)],
+                key="alert_sev",
+            )
+            rules = st.multiselect("rule", sorted({g.rule for g in groups}), key="alert_rules")
+            scopes = st.multiselect(
+                "rack, CDU or fleet",
+                sorted({f"{g.scope_kind} {g.scope_id}" for g in groups}),
+                key="alert_scopes",
+            )
+        silence_h = 0.0
+        if WRITES:
+            with f[1].popover(f"Silence for {st.session_state.get('silence_hours', 2.0):g} h"):
+                silence_h = st.selectbox(
+                    "silence for [h]", SILENCE_HOURS, index=1, key="silence_hours"
+                )
         shown = triage.filter_groups(groups, sev, rules, scopes)
         st.caption(
             "critical first, then the soonest breach and the smallest margin"
@@ -216,7 +225,7 @@ ui.live(active)
 
 st.subheader("Silences")
 if WRITES:
-    with st.expander("New silence by matchers"), st.form("silence", clear_on_submit=True):
+    with st.popover("New silence by matchers"), st.form("silence", clear_on_submit=True):
         st.markdown("Matchers must all match; empty ones are left out.")
         c = st.columns(3)
         rule = c[0].text_input("rule")
@@ -255,7 +264,7 @@ if sil is not None:
         c1, c2 = st.columns([5, 1])
         state = "active" if s["active"] else "ended"
         c1.markdown(
-            f"`{s['id'][:8]}` {s['matchers']} until {ui.ago(s['ends_at'])} ({state}) by"
+            f"`{s['id'][:8]}` {s['matchers']} until {ui.md_time(s['ends_at'])} ({state}) by"
             f" {s['created_by']} {('· ' + s['comment']) if s['comment'] else ''}"
         )
         if s["active"] and WRITES:

@@ -25,9 +25,9 @@ def body() -> None:
     if run["source"] == "seed":
         st.info("Calibration " + cal["note"] + ".")
     st.caption(
-        f"run {run['run_id']} of {cal['runs']} · fitted {ui.ago(run['fitted_at'])} on"
-        f" {ui.ago(run['window_start'])} .. {ui.ago(run['window_end'])}, held out from"
-        f" {ui.ago(run['holdout_start'])} · {run['gpus']} GPUs in {run['seconds']:.1f} s"
+        f"run {run['run_id']} of {cal['runs']} · fitted {ui.md_time(run['fitted_at'])} on"
+        f" {ui.md_time(run['window_start'])} .. {ui.md_time(run['window_end'])}, held out from"
+        f" {ui.md_time(run['holdout_start'])} · {run['gpus']} GPUs in {run['seconds']:.1f} s"
     )
     rows = []
     for c in cal["classes"]:

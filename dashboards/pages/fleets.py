@@ -24,7 +24,7 @@ def body() -> None:
     if seen and seen != [window_h]:
         over += f" (of a {window_h} window)"
     st.caption(
-        f"inference fleets {over}, to {ui.ago(data['window_end'])};"
+        f"inference fleets {over}, to {ui.md_time(data['window_end'])};"
         f" flagged when mean SM activity < {data['threshold']:.0%} and a GPU can be given back"
         f" with the rest at {data['target_util']:.0%} of the p95 load; a fleet with too little"
         " data is not judged"

@@ -37,12 +37,18 @@ USED = {
     "pdu_phase": "pdu_used_pct",
 }
 
-metric = st.selectbox(
-    "Show on the tiles",
-    list(METRICS),
-    format_func=lambda k: f"{METRICS[k][0]} [{METRICS[k][1]}]" if METRICS[k][1] else METRICS[k][0],
-    key="floor_metric",
-)
+
+def metric_label(k: str) -> str:
+    return f"{METRICS[k][0]} [{METRICS[k][1]}]" if METRICS[k][1] else METRICS[k][0]
+
+
+# the choice in a popover whose button names it: a select box's code (21 files for the
+# browser) loads when it opens, not with the page
+shown_metric = st.session_state.get("floor_metric", next(iter(METRICS)))
+with st.popover(f"Tiles: {metric_label(shown_metric)}"):
+    metric = st.selectbox(
+        "Show on the tiles", list(METRICS), format_func=metric_label, key="floor_metric"
+    )
 
 
 def with_shares(df: pd.DataFrame) -> pd.DataFrame:
@@ -144,8 +150,8 @@ ui.live(body)
 
 racks = st.session_state.get("floor_racks", [])
 if racks:
-    c1, c2 = st.columns([3, 1])
-    chosen = c1.selectbox("Rack", racks, key="floor_rack")
-    if c2.button("Open rack", key="open_rack"):
-        st.session_state["rack"] = chosen
-        st.switch_page("pages/rack.py", query_params={"rack": chosen})
+    with st.popover("Open a rack"):
+        chosen = st.selectbox("Rack", racks, key="floor_rack")
+        if st.button("Open rack", key="open_rack"):
+            st.session_state["rack"] = chosen
+            st.switch_page("pages/rack.py", query_params={"rack": chosen})

@@ -161,7 +161,7 @@ def body() -> None:
         if not ov["headroom"]:
             st.info("No headroom report yet: the service computes one every --detect-every s.")
         else:
-            st.caption(f"report of {ui.ago(ov['headroom_computed_at'])}")
+            st.caption(f"report of {ui.md_time(ov['headroom_computed_at'])}")
             df = pd.DataFrame(ov["headroom"])
             df["min_id"] = [ui.MISSING if v is None else v for v in df["min_id"]]
             df["smallest headroom"] = [

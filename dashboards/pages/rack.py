@@ -22,13 +22,17 @@ if names and asked and asked not in names and st.session_state.get("rack_pick") 
     )
     wanted = None
 if names:
-    rack = st.selectbox(
-        "Rack",
-        names,
-        index=names.index(wanted) if wanted in names else None,
-        placeholder="choose a rack",
-        key="rack_pick",
-    )
+    # the picker in a popover whose button names the rack shown: a select box's code (21 files
+    # for the browser) loads when it opens, not with the page
+    shown = st.session_state.get("rack_pick") or (wanted if wanted in names else None)
+    with st.popover(f"Rack {shown}" if shown else "Choose a rack"):
+        rack = st.selectbox(
+            "Rack",
+            names,
+            index=names.index(wanted) if wanted in names else None,
+            placeholder="choose a rack",
+            key="rack_pick",
+        )
     if rack is not None:
         st.session_state["rack"] = rack
         st.query_params["rack"] = rack
