@@ -382,3 +382,23 @@ def running_ingest(b: LocalBroker, db: Path, client_id: str) -> Iterator[tuple[S
             yield store, ingester
         finally:
             svc.stop()
+
+
+#: One figure drawn by ``dashboards.ui.metric``: its label, value and optional delta.
+_STAT = re.compile(
+    r'class="dctwin-stat" data-label="([^"]*)".*?<div class="value"[^>]*>([^<]*)</div>'
+    r'(?:<div class="delta"[^>]*>([^<]*)</div>)?',
+    re.S,
+)
+
+
+def page_figures(at: Any) -> dict[str, tuple[str, str | None]]:
+    """A Streamlit AppTest page's labelled figures (``dashboards.ui.metric``, HTML): label ->
+    (value, delta or None), the text as shown."""
+    import html
+
+    out: dict[str, tuple[str, str | None]] = {}
+    for h in at.html:
+        for label, value, delta in _STAT.findall(h.value):
+            out[html.unescape(label)] = (html.unescape(value), html.unescape(delta) or None)
+    return out

@@ -244,10 +244,10 @@ def problems(page) -> list[str]:  # type: ignore[no-untyped-def]
 BAD_TEXT = re.compile(r"\b(None|nan|NaN)\b|\d\s?\S*…")
 
 #: Elements of the main area whose text is cut by CSS (text-overflow: ellipsis shows "…" on
-#: screen while innerText keeps the whole text): metric values and labels, table cells.
+#: screen while innerText keeps the whole text): figures and their labels, table cells.
 CLIPPED = """() => [...document.querySelectorAll(
-    '[data-testid="stMain"] [data-testid="stMetricValue"] *,'
-    + '[data-testid="stMain"] [data-testid="stMetricLabel"] *,'
+    '[data-testid="stMain"] .dctwin-stat .value,'
+    + '[data-testid="stMain"] .dctwin-stat .label,'
     + '[data-testid="stMain"] [data-testid="stTable"] td,'
     + '[data-testid="stMain"] [data-testid="stTable"] th')]
   .filter(e => e.scrollWidth > e.clientWidth + 1 && e.innerText.trim())
@@ -525,8 +525,8 @@ def test_the_fleets_headline_equals_its_table(  # type: ignore[no-untyped-def]
 ) -> None:
     page.goto(f"{console}/fleets")
     settle(page, "Fleets")
-    metric = page.locator('[data-testid="stMetric"]').filter(has_text="GPUs to reclaim").first
-    headline = int(metric.locator('[data-testid="stMetricValue"]').inner_text().replace(",", ""))
+    metric = page.locator(".dctwin-stat").filter(has_text="GPUs to reclaim").first
+    headline = int(metric.locator(".value").inner_text().replace(",", ""))
     table = page.locator(".dctwin-table table").filter(has_text="gpus_to_reclaim").first
     head = table.locator("th").all_inner_texts()
     col = head.index("gpus_to_reclaim")

@@ -22,7 +22,7 @@ from streamlit.testing.v1 import AppTest
 from twin.service import Service
 
 from .helpers import API_TOKEN as TOKEN
-from .helpers import PUMP_KEY, REPO
+from .helpers import PUMP_KEY, REPO, page_figures
 
 DASH = REPO / "dashboards"
 PAGES = sorted((DASH / "pages").glob("*.py"))
@@ -57,7 +57,8 @@ def run(page: Path | str, errors: int = 0, **query: str) -> AppTest:
 
 
 def metrics(at: AppTest) -> dict[str, str]:
-    return {m.label: m.value for m in at.metric}
+    """The page's labelled figures (``dashboards.ui.metric``), label -> value as shown."""
+    return {label: value for label, (value, _) in page_figures(at).items()}
 
 
 def vega(at: AppTest) -> list[tuple[dict, pd.DataFrame]]:
@@ -255,10 +256,11 @@ def test_overview(env: Service) -> None:
     "page", ["overview", "rack", "power", "cooling", "network", "fleets", "alerts", "calibration"]
 )
 def test_pages_show_no_none_and_no_false_delta(env: Service, page: str) -> None:
-    """A missing value is a dash, never "None"/"nan"; st.metric's arrows are for changes only
+    """A missing value is a dash, never "None"/"nan"; a figure's delta is for changes only
     (a limit, a share of capacity or a count of GPUs is context, shown as a caption)."""
     at = run(DASH / "pages" / f"{page}.py", **({"rack": "r01"} if page == "rack" else {}))
-    shown = text(at) + "\n".join(f"{m.label} {m.value}" for m in at.metric)
+    figures = page_figures(at)
+    shown = text(at) + "\n".join(f"{label} {v}" for label, (v, _) in figures.items())
     for t in tables(at):
         shown += "\n" + "\n".join(" ".join(r) for r in [t["header"], *t["rows"]])
     # a missing value is a dash that says why in its tooltip
@@ -266,7 +268,7 @@ def test_pages_show_no_none_and_no_false_delta(env: Service, page: str) -> None:
         dashes = sum(r.count("–") for r in t["rows"])
         assert len([tip for tip in t["tips"] if tip]) >= dashes, t
     assert not re.search(r"\b(None|nan|NaN)\b", shown), shown
-    assert [m.label for m in at.metric if m.delta] == []
+    assert [label for label, (_, delta) in figures.items() if delta] == []
 
 
 def test_number_formatter() -> None:

@@ -44,7 +44,7 @@ def body() -> None:
             with cols[k]:
                 ui.link("rack", f"rack {r}", rack=r)
         c = st.columns(6)
-        c[0].metric("Supply", ui.fmt(cdu["supply_temp_c"], "°C"))
+        ui.metric(c[0], "Supply", ui.fmt(cdu["supply_temp_c"], "°C"))
         ui.stat(
             c[1],
             "Return",

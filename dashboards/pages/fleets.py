@@ -40,7 +40,7 @@ def body() -> None:
         reclaim = int(df["gpus_to_reclaim"].fillna(0).sum())
         freed = float(df["kw_freed"].fillna(0).sum())
         c = st.columns(3)
-        c[0].metric("Underused fleets", f"{len(flagged)} / {len(df)}")
+        ui.metric(c[0], "Underused fleets", f"{len(flagged)} / {len(df)}")
         # the headline is the table's column summed: the same fleets, the same figures
         ui.stat(
             c[1],

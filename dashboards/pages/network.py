@@ -23,9 +23,9 @@ def body() -> None:
         return
     ui.freshness(data["data_until"])
     c = st.columns(3)
-    c[0].metric("Links", len(df))
-    c[1].metric("Busiest", ui.fmt(df["utilization_pct"].max(), "%"))
-    c[2].metric("Links with errors", int((df["errors"].fillna(0) > 0).sum()))
+    ui.metric(c[0], "Links", len(df))
+    ui.metric(c[1], "Busiest", ui.fmt(df["utilization_pct"].max(), "%"))
+    ui.metric(c[2], "Links with errors", int((df["errors"].fillna(0) > 0).sum()))
     st.markdown("**Link utilization** (the busier direction against capacity)")
     if len(df) > BARS:
         st.caption(f"the {BARS} busiest of {len(df):,} links; all in the table")

@@ -89,7 +89,7 @@ def alert_stat(al: dict, active: list[dict]) -> None:
     """The number of active alerts in the colour of the worst severity among them, with the
     count per severity under it."""
     if not al["enabled"]:
-        st.metric("Active alerts", "off")
+        ui.metric(st, "Active alerts", "off")
         st.caption("no --rules")
         return
     worst = triage.worst_severity(active)
@@ -134,8 +134,8 @@ def body() -> None:
         return
     ui.freshness(ov["data_until"])
     c = st.columns(5)
-    c[0].metric("IT power", ui.fmt(ov["it_power_kw"], "kW"))
-    c[1].metric("GPU power", ui.fmt(ov["gpu_power_kw"], "kW"))
+    ui.metric(c[0], "IT power", ui.fmt(ov["it_power_kw"], "kW"))
+    ui.metric(c[1], "GPU power", ui.fmt(ov["gpu_power_kw"], "kW"))
     cap = ov["cooling_capacity_kw"]
     used = (
         f"{100 * ov['cooling_load_kw'] / cap:.0f} % of {cap:,.0f} kW"
@@ -143,7 +143,7 @@ def body() -> None:
         else None
     )
     # st.metric's delta is for changes; these are context, so they go in a caption
-    c[2].metric("Cooling load (CDUs)", ui.fmt(ov["cooling_load_kw"], "kW"))
+    ui.metric(c[2], "Cooling load (CDUs)", ui.fmt(ov["cooling_load_kw"], "kW"))
     if used:
         c[2].caption(used)
     al = ov["alerts"]
@@ -151,7 +151,7 @@ def body() -> None:
     with c[3]:
         alert_stat(al, (alerts or {}).get("active", []))
     lag = max((v for v in ov["ingest"]["lag_s"].values() if v is not None), default=None)
-    c[4].metric("Data age", ui.fmt(lag, "s", 0))
+    ui.metric(c[4], "Data age", ui.fmt(lag, "s", 0))
     c[4].caption(ui.plural(ov["gpus_reporting"], "GPU") + " reporting")
     trends(ov)
 
@@ -223,10 +223,10 @@ def body() -> None:
         st.subheader("Ingest")
         ing = ov["ingest"]
         c1, c2, c3 = st.columns(3)
-        c1.metric("messages received", ui.fmt(ing["received"], "", 0))
-        c2.metric("stored", ui.fmt(ing["stored_messages"], "", 0))
+        ui.metric(c1, "messages received", ui.fmt(ing["received"], "", 0))
+        ui.metric(c2, "stored", ui.fmt(ing["stored_messages"], "", 0))
         dead = sum(ing["dead_letters_stored"].values())
-        c3.metric("dead letters", dead)
+        ui.metric(c3, "dead letters", dead)
         rows = [
             {"kind": k, "newest sample": ui.ago(t), "age": ui.fmt(ing["lag_s"][k], "s", 0)}
             for k, t in ing["newest"].items()

@@ -57,7 +57,7 @@ def body() -> None:
         f" {s['fleet'] or '–'} · CDU {s['cdu'] or 'none (air)'} · PDUs {', '.join(s['pdus'])}"
     )
     c = st.columns(5)
-    c[0].metric("IT power", ui.fmt(s["power_kw"], "kW"))
+    ui.metric(c[0], "IT power", ui.fmt(s["power_kw"], "kW"))
     ui.stat(
         c[1],
         "Feed limit",
@@ -76,8 +76,8 @@ def body() -> None:
             else "no headroom report yet"
         ),
     )
-    c[3].metric("Inlet air", ui.fmt(s["inlet_temp_c"], "°C"))
-    c[4].metric("Active alerts", s["alerts"])
+    ui.metric(c[3], "Inlet air", ui.fmt(s["inlet_temp_c"], "°C"))
+    ui.metric(c[4], "Active alerts", s["alerts"])
     if s["alerts"]:
         with c[4]:
             ui.link("alerts", "see the alerts")
@@ -151,14 +151,14 @@ def body() -> None:
         st.info("Air-cooled: this rack has no CDU loop.")
     else:
         c = st.columns(5)
-        c[0].metric("Supply", ui.fmt(cdu["supply_temp_c"], "°C"))
+        ui.metric(c[0], "Supply", ui.fmt(cdu["supply_temp_c"], "°C"))
         ui.stat(
             c[1],
             "Return",
             ui.fmt(cdu["return_temp_c"], "°C"),
             f"{ui.fmt(cdu['return_headroom_k'], 'K')} to limit",
         )
-        c[2].metric("Flow", ui.fmt(cdu["flow_lpm"], "L/min"))
+        ui.metric(c[2], "Flow", ui.fmt(cdu["flow_lpm"], "L/min"))
         ui.stat(
             c[3],
             "Heat",
@@ -166,7 +166,7 @@ def body() -> None:
             f"{ui.fmt(cdu['capacity_used_pct'], '%', 0)} of capacity",
         )
         running = sum(1 for p in cdu["pumps"] if p["running"])
-        c[4].metric("Pumps running", f"{running} / {len(cdu['pumps'])}")
+        ui.metric(c[4], "Pumps running", f"{running} / {len(cdu['pumps'])}")
         st.caption(f"CDU {cdu['name']} serves racks {', '.join(cdu['racks'])}")
         ui.link("cooling", f"CDU {cdu['name']} on the Cooling page", cdu=cdu["name"])
 

@@ -102,14 +102,15 @@ def jobs() -> None:
             st.markdown(f"- {reason}")
         ui.table(pd.DataFrame([kind_row(k, b_kinds.get(k["kind"])) for k in r["kinds"]]))
         c1, c2, c3, c4 = st.columns(4)
-        c1.metric(
+        ui.metric(
+            c1,
             "IT energy",
             ui.fmt(r["it_energy_kwh"], "kWh", 0),
-            delta=ui.fmt(r["it_energy_kwh"] - base["it_energy_kwh"], "kWh", 0),
+            delta=f"{r['it_energy_kwh'] - base['it_energy_kwh']:+,.0f} kWh against the baseline",
         )
-        c2.metric("heat to liquid", ui.fmt(r["liquid_heat_kwh"], "kWh", 0))
-        c3.metric("throttled GPU-hours", ui.fmt(r["throttled_gpu_s"] / 3600, "", 1))
-        c4.metric("alerts fired", sum(a["status"] == "firing" for a in r["alerts"]))
+        ui.metric(c2, "heat to liquid", ui.fmt(r["liquid_heat_kwh"], "kWh", 0))
+        ui.metric(c3, "throttled GPU-hours", ui.fmt(r["throttled_gpu_s"] / 3600, "", 1))
+        ui.metric(c4, "alerts fired", sum(a["status"] == "firing" for a in r["alerts"]))
         recorded = r.get("recorded_breaches") or base.get("recorded_breaches") or []
         if recorded:
             st.markdown("**Already breaching in the recording**")
