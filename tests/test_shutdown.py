@@ -159,6 +159,27 @@ def test_demo_sighup_when_the_terminal_closes_stops_everything(tmp_path):
 # -- serve ----------------------------------------------------------------------------------------
 
 
+def test_a_stop_signal_that_lands_while_the_main_thread_holds_the_events_lock_still_stops():
+    """The stop handler runs in the main thread between two bytecodes, possibly inside
+    ``stop.wait()`` while that thread holds the event's lock (right after a timeout). Setting
+    the event there must not wait for that lock: ``dctwin demo`` once hung 15 s after SIGHUP
+    this way (CI of 2026-12-06). Run in a process of its own: the old handler hangs it."""
+    code = (
+        "import signal, threading\n"
+        "from twin.procs import on_stop_signals\n"
+        "stop = threading.Event()\n"
+        "on_stop_signals(stop)\n"
+        "handler = signal.getsignal(signal.SIGTERM)\n"
+        "with stop._cond:  # the lock Event.wait holds around its timeout\n"
+        "    handler(signal.SIGTERM, None)\n"
+        "print('set' if stop.wait(5) else 'not set')\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=20, cwd=REPO
+    )
+    assert out.returncode == 0 and out.stdout.strip() == "set", (out.stdout, out.stderr)
+
+
 @pytest.mark.mqtt
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 @pytest.mark.slow  # 3 s or more: out of the fast tier

@@ -38,9 +38,18 @@ def on_stop_signals(stop: threading.Event, *, hup: bool = True) -> list[signal.S
     for sig in wanted:
         if sig != signal.SIGTERM and signal.getsignal(sig) is signal.SIG_IGN:
             continue
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, lambda *_: _set_later(stop))
         handled.append(sig)
     return handled
+
+
+def _set_later(stop: threading.Event) -> None:
+    """Set ``stop`` from a signal handler, on a thread of its own. A handler runs in the main
+    thread between two bytecodes, possibly while that thread holds the event's own lock
+    (inside ``stop.wait()``, just after a timeout): ``stop.set()`` there waits for a lock its
+    own thread holds and never returns, and the command never stops. A new thread takes the
+    lock once the main thread lets it go."""
+    threading.Thread(target=stop.set, name="stop-signal", daemon=True).start()
 
 
 def lower_this_thread(nice: int) -> bool:
