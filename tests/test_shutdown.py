@@ -148,7 +148,13 @@ def test_demo_sighup_when_the_terminal_closes_stops_everything(tmp_path):
     db = tmp_path / "demo.duckdb"
     log = tmp_path / "demo.log"
     args = ["demo", "--site", str(SMALL_SITE), "--db", str(db), "--no-console"]
-    p = spawn([*args, "--api-port", str(free_port())], log)
+    # SIGHUP at its default, as a terminal's child has it: a suite run under nohup would hand
+    # the demo an ignored SIGHUP, which it rightly keeps ignoring (CI of 2026-12-06, run so)
+    p = spawn(
+        [*args, "--api-port", str(free_port())],
+        log,
+        preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL),
+    )
     demo_tree_up(p, (" serve ", " sim "))
     wait_log(log, "serving:", p)
     tree = descendants(p.pid)
