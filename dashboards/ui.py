@@ -507,7 +507,7 @@ def freshness(ts: str | None, what: str = "data") -> None:
         return
     t = datetime.fromisoformat(ts)
     age = (datetime.now(UTC) - t).total_seconds()
-    text = f"{what} until {ago(ts, markdown=True)} · {age_text(max(age, 0.0))} old"
+    text = f"{what} until {md_time(ts)} · {age_text(max(age, 0.0))} old"
     limit = stale_s()
     if age > limit:
         st.markdown(f":orange[:material/schedule: {text}: stale, older than {limit:g} s]")

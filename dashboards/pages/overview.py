@@ -142,7 +142,7 @@ def body() -> None:
         if cap and ov["cooling_load_kw"] is not None
         else None
     )
-    # st.metric's delta is for changes; these are context, so they go in a caption
+    # a delta is for changes; these are context, so they go in a caption
     ui.metric(c[2], "Cooling load (CDUs)", ui.fmt(ov["cooling_load_kw"], "kW"))
     if used:
         c[2].caption(used)
