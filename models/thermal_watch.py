@@ -205,15 +205,45 @@ def r_estimate(
 ) -> F64:
     """R at the calibration's flow, re-estimated over each trailing ``window`` of minutes
     (``(M, N)``; NaN where fewer than ``min_minutes`` minutes carried ``min_heat_w``). [K/W]"""
+    return r_estimate_at_heat(
+        mean_temp_c,
+        ref_c,
+        offset_k,
+        x_w,
+        flow_factor,
+        window,
+        min_heat_w=min_heat_w,
+        min_minutes=min_minutes,
+    )[0]
+
+
+def r_estimate_at_heat(
+    mean_temp_c: F64,
+    ref_c: F64,
+    offset_k: F64,
+    x_w: F64,
+    flow_factor: F64,
+    window: int,
+    *,
+    min_heat_w: float = MIN_HEAT_W,
+    min_minutes: int = MIN_R_MINUTES,
+) -> tuple[F64, F64]:
+    """:func:`r_estimate` and the heat it was made at: the mean of ``flow_factor * x_w`` over
+    the window's minutes that entered it (``(M, N)`` each, NaN alike) [K/W], [W]. An R that
+    is ``dr`` over a reference R runs ``dr * heat`` kelvin hotter than the reference would at
+    the same heat and flow: what a drift amounts to in the GPU's temperature."""
     fx = flow_factor * x_w
     y = mean_temp_c - ref_c - offset_k
     ok = np.isfinite(y) & np.isfinite(fx) & (x_w >= min_heat_w)
     yx = trailing_sum(np.where(ok, y * fx, 0.0), window)
     xx = trailing_sum(np.where(ok, fx * fx, 0.0), window)
+    xs = trailing_sum(np.where(ok, fx, 0.0), window)
     cnt = trailing_sum(ok.astype(float), window)
+    enough = (cnt >= min_minutes) & (xx > 0)
     with np.errstate(all="ignore"):
         r = yx / xx
-    return np.where((cnt >= min_minutes) & (xx > 0), r, np.nan)
+        heat = xs / cnt
+    return np.where(enough, r, np.nan), np.where(enough, heat, np.nan)
 
 
 def group_median(values: F64, group: NDArray[np.int64], min_group: int = MIN_GROUP) -> F64:

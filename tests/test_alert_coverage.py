@@ -41,9 +41,23 @@ def topo() -> Topology:
     return Topology.from_site(load_site(SMALL_SITE))
 
 
-def _obs(metric: str, kind: str, sid: str, value: float, t_s: float) -> Observation:
+def _obs(
+    metric: str, kind: str, sid: str, value: float, t_s: float, excess: float | None = None
+) -> Observation:
     ts = T0 + timedelta(seconds=t_s)
-    return Observation(metric=metric, entity_kind=kind, entity_id=sid, value=value, ts=ts)  # type: ignore[arg-type]
+    return Observation(
+        metric=metric,
+        entity_kind=kind,  # type: ignore[arg-type]
+        entity_id=sid,
+        value=value,
+        excess=excess,
+        ts=ts,
+    )
+
+
+def _drift(sid: str, value: float, t_s: float, heat_w: float = 700.0) -> Observation:
+    """An R-drift observation of a 0.03 K/W plate at ``heat_w``: its excess is the drift's K."""
+    return _obs("drift.gpu.r_k_per_w", "gpu", sid, value, t_s, excess=value * 0.03 * heat_w)
 
 
 def _run(engine: AlertEngine, minutes: list[list[Observation]]) -> list[tuple[int, str, str]]:
@@ -460,7 +474,7 @@ def test_a_decaying_plate_idle_for_hours_stays_one_incident(topo) -> None:
         t = 60 * i
         if i < 50:  # loaded, R climbing past +35 %
             obs = [
-                _obs("drift.gpu.r_k_per_w", "gpu", gpu, 0.30 + 0.01 * i, t),
+                _drift(gpu, 0.30 + 0.01 * i, t),
                 _obs("headroom.gpu.k_to_slowdown", "gpu", gpu, 20.0 - 0.1 * i, t),
             ]
         elif i < 280:  # idle: no R estimate, cool
@@ -468,7 +482,7 @@ def test_a_decaying_plate_idle_for_hours_stays_one_incident(topo) -> None:
         else:  # loaded again: at its limit at once, R re-estimated at +210 %
             obs = [_obs("headroom.gpu.k_to_slowdown", "gpu", gpu, 0.0, t)]
             if i >= 285:
-                obs.append(_obs("drift.gpu.r_k_per_w", "gpu", gpu, 2.1, t))
+                obs.append(_drift(gpu, 2.1, t))
         minutes.append(obs)
     sent = _run(engine, minutes)
     firing = [(i, r) for i, s, r in sent if s == "firing"]

@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from harness.live_path import drive
-from twin.alerts import Observation, parse_rules
+from twin.alerts import Observation, load_rules, parse_rules
 from twin.simulator.faults import parse_fault
 
 from .helpers import Recorder
@@ -135,6 +135,31 @@ rules:
     assert rule.breached(6.0, excess=3.0)
     assert not rule.breached(3.9, excess=10.0)  # 10 K but under 4 sigma
     assert not rule.breached(9.0, excess=None)  # a residual without its excess is not judged
+
+
+def test_the_shipped_r_drift_rule_needs_its_excess_in_kelvin_as_well_as_the_drift() -> None:
+    """An R drift at low heat is an offset error as much as a plate (docs/physics.md §9.2):
+    the shipped gpu_r_drift pages +35 % only where it also runs 3 K hotter for it."""
+    from twin.alerts import RuleFileError
+
+    rule = load_rules(RULES).by_name()["gpu_r_drift"]
+    assert rule.min_excess_k == 3.0
+    assert not rule.breached(0.351, excess=1.9)  # seed 1 day 3's drained GPU: +35 %, ~2 K
+    assert rule.breached(0.36, excess=7.4)  # a fouled 0.03 K/W plate at 700 W
+    assert not rule.breached(0.30, excess=10.0)  # under the band
+    assert not rule.breached(0.5, excess=None)  # a drift without its excess is not judged
+    with pytest.raises(RuleFileError, match=r"min_excess_k: only for a metric whose .*not"):
+        parse_rules(
+            """
+rules:
+  - name: hot
+    metric: headroom.gpu.k_to_slowdown
+    entity_kind: gpu
+    op: "<="
+    value: 5
+    min_excess_k: 3
+"""
+        )
 
 
 def test_a_summary_quoting_a_label_its_metric_does_not_carry_is_refused() -> None:

@@ -111,3 +111,26 @@ def test_a_model_below_its_coolant_is_not_judged() -> None:
     assert resid[0, 1] == 0.5 and resid[1, 1] == 47.0 - 47.0
     z = tw.loaded_min(resid / 0.3, x, 3, 1)
     assert not np.isnan(z[-1, 1])
+
+
+def test_an_r_drift_at_low_heat_is_a_kelvin_not_a_plate() -> None:
+    """The heat R was estimated at turns a relative drift into kelvin (docs/physics.md §9.2):
+    a 1 K offset error is +33 % of a 0.03 K/W plate at 100 W and +5 % at 700 W, and in
+    either case 1 K."""
+    minutes, r0 = 40, 0.03
+    ref = np.full((minutes, 2), 30.0)
+    off = np.zeros((1, 2))
+    one = np.ones((minutes, 2))
+    x = np.column_stack([np.full(minutes, 160.0), np.full(minutes, 700.0)])
+    temp = ref + r0 * x + 1.0  # both 1 K warmer than the offset says: an offset error
+    r_est, heat = tw.r_estimate_at_heat(temp, ref, off, x, one, 30)
+    assert np.allclose(heat[-1], [160.0, 700.0])
+    assert np.allclose(r_est[-1], tw.r_estimate(temp, ref, off, x, one, 30)[-1])
+    drift = r_est[-1] / r0 - 1.0
+    assert drift[0] > 0.2 and drift[1] < 0.05  # relative: large at low heat only
+    assert np.allclose((r_est[-1] - r0) * heat[-1], 1.0)  # in kelvin: the same 1 K
+    # a minute under MIN_HEAT_W never enters R nor its heat; too few loaded minutes: NaN both
+    idle = x.copy()
+    idle[:, 0] = 100.0
+    r_i, h_i = tw.r_estimate_at_heat(ref + r0 * idle, ref, off, idle, one, 30)
+    assert np.isnan(r_i[-1, 0]) and np.isnan(h_i[-1, 0]) and np.isfinite(h_i[-1, 1])

@@ -348,13 +348,20 @@ def observations(d: Detection) -> list[Observation]:
             )
         )
     for gid, v in hs.r_drift.items() if armed else ():
-        obs(
-            DRIFT_GPU_R,
-            "gpu",
-            gid,
-            v,
-            r_k_per_w=f"{hs.r_k_per_w[gid]:.4f}",
-            fleet_r_k_per_w=f"{hs.fleet_r_k_per_w[gid]:.4f}",
+        out.append(
+            Observation(
+                metric=DRIFT_GPU_R,
+                entity_kind="gpu",
+                entity_id=gid,
+                value=v,
+                excess=hs.r_excess_k[gid],  # K: what a drift rule's min_excess_k is checked on
+                ts=ts,
+                labels={
+                    "r_k_per_w": f"{hs.r_k_per_w[gid]:.4f}",
+                    "fleet_r_k_per_w": f"{hs.fleet_r_k_per_w[gid]:.4f}",
+                    "excess_k": f"{hs.r_excess_k[gid]:.1f}",
+                },
+            )
         )
     for h in d.hotspots.hotspots:
         if h.reason == "over_limit":

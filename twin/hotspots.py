@@ -16,9 +16,11 @@ Five detectors, each on the store's newest data:
   (``measured_c``, ``model_c``, ``sigma_k``).
 - ``r_drift``: R re-estimated every pass over the last ``DRIFT_WINDOW_MIN`` minutes (least
   squares of the minute means, at the calibration's flow) more than ``R_DRIFT_BAND`` over the
-  median of its fleet's same estimate (``r_k_per_w``, ``fleet_r_k_per_w``, ``r_drift``). It
-  needs no refit (a drift event of the calibration comes only with a refit, and only past
-  +50 %) and no calibration at all (without one, offset 0 and no heat-storage term).
+  median of its fleet's same estimate (``r_k_per_w``, ``fleet_r_k_per_w``, ``r_drift``), and
+  by at least ``min_excess_k`` kelvin at the heat it was estimated at (``r_excess_k``: at low
+  heat a kelvin of offset error is a large share of R, docs/physics.md §9.2). It needs no
+  refit (a drift event of the calibration comes only with a refit, and only past +50 %) and
+  no calibration at all (without one, offset 0 and no heat-storage term).
 - ``inlet_high``: rack inlet air above the ASHRAE TC 9.9 recommended envelope's 27 °C.
 - ``cooling_changed``: a GPU's temperature fell by at least ``MIN_STEP_K`` over the model while
   its power stayed flat, in the last ``COOLING_LOOKBACK_MIN`` minutes
@@ -69,8 +71,9 @@ MIN_EXCESS_K = RESIDUAL_MIN_EXCESS_K
 #: sigma = RMSE; for normal errors RMSE = sqrt(pi / 2) * MAE.
 RMSE_PER_MAE = math.sqrt(math.pi / 2.0)
 #: A GPU whose R re-estimate is this far over its fleet's median is listed as an ``r_drift``
-#: hot spot: above healthy cold plates' +-15 % spread (docs/physics.md §9.2) with margin; the
-#: shipped gpu_r_drift rule pages at the same figure. [1]
+#: hot spot (when it also runs ``min_excess_k`` hotter for it): above healthy cold plates'
+#: +-15 % spread (docs/physics.md §9.2) with margin; the shipped gpu_r_drift rule pages at
+#: +35 % and 3 K. [1]
 R_DRIFT_BAND = 0.25
 #: Minutes of the residual judged: the residual-sigma figure is the smallest of their minute
 #: residuals, so one transient minute (a checkpoint's step) cannot raise it. [min]
@@ -131,6 +134,9 @@ class HotSpotReport(BaseModel):
     r_k_per_w: dict[str, float] = {}
     fleet_r_k_per_w: dict[str, float] = {}
     r_drift: dict[str, float] = {}
+    #: (R - the fleet's median) x the mean heat R was estimated at: how many K hotter the GPU
+    #: runs than its fleet's median R would run it [K]
+    r_excess_k: dict[str, float] = {}
     rack_inlet_c: dict[str, float]  # every rack with an inlet reading: the last minute's warmest
     problems: list[str]
     #: the calibration run the model-based detectors judged with: the newest run fitted on this
@@ -214,6 +220,7 @@ def find_hotspots(
         r_k_per_w=figures["r_k_per_w"],
         fleet_r_k_per_w=figures["fleet_r_k_per_w"],
         r_drift=figures["r_drift"],
+        r_excess_k=figures["r_excess_k"],
         rack_inlet_c=inlet,
         problems=problems,
         model_run=model_run,
@@ -365,10 +372,13 @@ def _watch(
         z = tw.loaded_min(
             resid / sigma[None, :], x, minutes, min(minutes, tw.MIN_RESIDUAL_MINUTES)
         )[-1]
-    r_est = tw.r_estimate(t_m, ref, off[None, :], x, factor, DRIFT_WINDOW_MIN)[-1]
+    r_est, r_heat = (
+        a[-1] for a in tw.r_estimate_at_heat(t_m, ref, off[None, :], x, factor, DRIFT_WINDOW_MIN)
+    )
     fleet = tw.group_median(r_est[None, :], gpu_groups(idx))[0]
     with np.errstate(all="ignore"):
         drift = r_est / fleet - 1.0
+        r_excess = (r_est - fleet) * r_heat  # K over the fleet's R at this GPU's heat
     if run is None:
         problems.append(
             "no calibration fitted on this site's telemetry yet: the model-residual and R-drift"
@@ -393,6 +403,7 @@ def _watch(
     keep("r_k_per_w", r_est, has_r)
     keep("fleet_r_k_per_w", fleet, has_r)
     keep("r_drift", drift, has_r)
+    keep("r_excess_k", r_excess, has_r)
     out: list[HotSpot] = []
     flagged = judged & (z >= k_sigma) & (excess >= min_excess_k)
     for i in np.flatnonzero(flagged):  # only the flagged GPUs
@@ -416,7 +427,8 @@ def _watch(
             )
         )
     # R drift is judged against a fit on this site's data too (its offset is the fit's)
-    for i in np.flatnonzero(has_r & (drift > R_DRIFT_BAND) & (run is not None)):
+    drifted = has_r & (drift > R_DRIFT_BAND) & (r_excess >= min_excess_k)
+    for i in np.flatnonzero(drifted & (run is not None)):
         out.append(
             HotSpot(
                 kind="gpu",
@@ -428,7 +440,9 @@ def _watch(
                 rack=racks[idx.gpu_rack[i]].name,
                 detail=(
                     f"R {r_est[i]:.4f} K/W over the last {DRIFT_WINDOW_MIN} min is "
-                    f"{drift[i]:+.0%} over its fleet's median {fleet[i]:.4f} K/W"
+                    f"{drift[i]:+.0%} over its fleet's median {fleet[i]:.4f} K/W:"
+                    f" {r_excess[i]:.1f} K hotter than the median R at its mean loaded heat"
+                    f" {r_heat[i]:.0f} W"
                 ),
             )
         )

@@ -23,6 +23,7 @@ __all__ = [
     "CDU_PUMPS_RUNNING",
     "COOLING_GPU_STEP_K",
     "DRIFT_GPU_R",
+    "EXCESS_METRICS",
     "FLEET_DRAIN_DROP",
     "FLEET_UNDERUSED_GPUS",
     "HEADROOM_CDU_FLOW_LPM_TO_LIMIT",
@@ -226,7 +227,7 @@ _SPECS = (
 #: ``free_kw``, ``stopped`` ...) into the payloads' labels.
 _LABELS: dict[str, tuple[str, ...]] = {
     HOTSPOT_GPU_RESIDUAL_SIGMA: ("excess_k", "sigma_k", "measured_c", "model_c"),
-    DRIFT_GPU_R: ("r_k_per_w", "fleet_r_k_per_w"),
+    DRIFT_GPU_R: ("r_k_per_w", "fleet_r_k_per_w", "excess_k"),
     FLEET_UNDERUSED_GPUS: ("kw_freed", "covered_s", "covered"),
     FLEET_DRAIN_DROP: ("level_now", "level_before", "basis", "window"),
 }
@@ -243,6 +244,11 @@ METRICS: Mapping[str, MetricSpec] = MappingProxyType(
 MODEL_METRICS: frozenset[str] = frozenset(
     {HOTSPOT_GPU_RESIDUAL_SIGMA, DRIFT_GPU_R, HEADROOM_GPU_TIME_TO_BREACH_P90_S}
 )
+
+#: Metrics whose observations carry ``excess``, the absolute excess in K the value stands for
+#: (the residual: the smallest loaded minute over the model; R drift: (R - the fleet's median)
+#: x the heat R was estimated at): a rule on one may ask for ``min_excess_k``.
+EXCESS_METRICS: frozenset[str] = frozenset({HOTSPOT_GPU_RESIDUAL_SIGMA, DRIFT_GPU_R})
 
 
 def metric_problem(

@@ -24,8 +24,9 @@ A rule file::
         flap_window_s: 3600              # ... within this window mark the incident flapping
         flap_stable_s: null              # a flapping incident resolves once clear this long
                                          # (default: flap_window_s)
-        min_excess_k: 3                  # residual only: the excess over the model in K
-                                         # must reach this too (default 3 K; physics §2.7)
+        min_excess_k: 3                  # residual and R drift: the excess the value stands
+                                         # for, in K, must reach this too (residual default
+                                         # 3 K; physics §2.7, §9.2)
         runbook_url: https://wiki.example.com/runbooks/gpu_temp_high  # sent with every page
         summary: "GPU {entity_id} {value:.1f} K from slowdown"
         labels: {team: facilities}       # static labels, carried into every payload; names
@@ -44,6 +45,9 @@ Types set validation and defaults; evaluation is the same for all (one state mac
   it fires only where the excess over the model is also at least ``min_excess_k`` kelvin
   (default :data:`twin.alerts.metrics.RESIDUAL_MIN_EXCESS_K`): k sigma alone pages a
   fraction of a kelvin where sigma is small.
+- ``min_excess_k`` is also taken by a ``drift`` rule on ``drift.gpu.r_k_per_w``, whose
+  observations carry (R - the fleet's median) x the heat R was estimated at, in K (no
+  default: a rule without it judges the relative drift alone).
 - ``fleet_underuse`` takes ``min_coverage_s``: a fleet is judged only once its figures cover
   that many seconds of data (until then it neither fires nor clears).
 - ``drift`` and ``fleet_underuse``: event-like observations (a calibration drift event, an
@@ -116,7 +120,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from twin.alerts.metrics import METRICS, RESIDUAL_MIN_EXCESS_K, metric_problem
+from twin.alerts.metrics import EXCESS_METRICS, METRICS, RESIDUAL_MIN_EXCESS_K, metric_problem
 from twin.alerts.model import EntityKind, LabelSet, Severity
 from twin.redact import parse_error_text, redact_text, register_config_secrets
 
@@ -204,9 +208,10 @@ class Rule(BaseModel):
     min_excess_k: float | None = Field(
         default=None,
         ge=0,
-        description="residual: fire only when the excess over the model is also at least this"
-        " many K (default RESIDUAL_MIN_EXCESS_K, 3 K; docs/physics.md §2.7): k sigma alone"
-        " pages a fraction of a kelvin where sigma is small",
+        description="residual and R drift: fire only when the excess the value stands for is"
+        " also at least this many K (residual default RESIDUAL_MIN_EXCESS_K, 3 K;"
+        " docs/physics.md §2.7 and §9.2): k sigma alone pages a fraction of a kelvin where"
+        " sigma is small, and an R drift at low heat is a kelvin of offset error",
     )
     runbook_url: str | None = Field(
         default=None,
@@ -242,9 +247,10 @@ class Rule(BaseModel):
     def _consistent(self) -> Rule:
         if self.type == "forecast_breach" and self.horizon_s is None:
             raise ValueError("horizon_s: required for type forecast_breach")
-        if self.min_excess_k is not None and self.type != "residual":
+        if self.min_excess_k is not None and self.metric not in EXCESS_METRICS:
             raise ValueError(
-                "min_excess_k: only for type residual (its observations carry the excess in K)"
+                f"min_excess_k: only for a metric whose observations carry the excess in K"
+                f" ({', '.join(sorted(EXCESS_METRICS))}), not {self.metric!r}"
             )
         if self.min_coverage_s is not None and self.type != "fleet_underuse":
             raise ValueError(

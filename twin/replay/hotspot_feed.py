@@ -9,7 +9,8 @@ that minute only:
   (measured over the calibrated RC model, ``models.thermal_watch``) over the GPU's sigma,
   labelled ``measured_c``, ``model_c`` (the last minute's means) and ``sigma_k``;
 - ``drift.gpu.r_k_per_w``: R re-estimated over the last ``window_min`` minutes against the
-  median of its fleet's, minus 1, labelled ``r_k_per_w`` and ``fleet_r_k_per_w``.
+  median of its fleet's, minus 1, labelled ``r_k_per_w``, ``fleet_r_k_per_w`` and
+  ``excess_k`` (its excess: (R - the fleet's median) x the heat R was estimated at, in K).
 
 The model is the replay's own (``Recording.params``: the bundle's calibration where it has a
 usable fit, else the catalog's R and tau), its R capped at :data:`HISTORY_MARGIN` over the mean
@@ -69,7 +70,8 @@ class HotspotSeries:
     ids: list[str]
     values: np.ndarray
     labels: dict[str, np.ndarray] = field(default_factory=dict)
-    #: residual: the excess over the model in K that ``values`` (sigmas) stands for, ``(M, N)``
+    #: the excess in K that ``values`` stands for, ``(M, N)``: the residual's over the model,
+    #: the R drift's (R - the fleet's median) x the heat R was estimated at
     excess: np.ndarray | None = None
 
 
@@ -134,6 +136,7 @@ def hotspot_series(
     shape = (m_eval, g)
     res_sig, meas, model = (np.full(shape, np.nan, np.float32) for _ in range(3))
     r_est = np.full(shape, np.nan)
+    r_heat = np.full(shape, np.nan)
     # the coolant and inlet minute means once per CDU and node (a column's means are its own)
     if idx.cdu_names:
         sup_c = tw.minute_aggregates(d.cdu["supply_temp_c"], flow, d.dt_s)[0]
@@ -155,7 +158,7 @@ def hotspot_series(
         factor = np.where(liq[None, :], r_at_flow_k_per_w(1.0, ratio), 1.0)
         off = gp.offset_k[sl][None, :]
         x = tw.heat_w(p_m, slope, gp.c_j_per_k[sl][None, :])
-        est = tw.r_estimate(t_m, ref, off, x, factor, window_min)
+        est, heat = tw.r_estimate_at_heat(t_m, ref, off, x, factor, window_min)
         r_model = _model_r(gp.r_k_per_w[sl], est)
         resid, mod = tw.residual_k(t_m, ref, off, r_model * factor, x)
         z = tw.loaded_min(
@@ -167,9 +170,11 @@ def hotspot_series(
         meas[1 : k + 1, sl] = t_m[:k]
         model[1 : k + 1, sl] = mod[:k]
         r_est[1 : k + 1, sl] = est[:k]
+        r_heat[1 : k + 1, sl] = heat[:k]
     fleet = tw.group_median(r_est, gpu_groups(idx))
     with np.errstate(all="ignore"):
         drift = r_est / fleet - 1.0
+        r_excess = ((r_est - fleet) * r_heat).astype(np.float32)  # K, as the live detector's
     sig_lab = np.broadcast_to(sigma.astype(np.float32)[None, :], shape)
     excess = res_sig * sig_lab  # the smallest minute residual in K, as the live detector's
     ids = list(idx.gpu_ids)
@@ -187,7 +192,12 @@ def hotspot_series(
             "gpu",
             ids,
             drift.astype(np.float32),
-            {"r_k_per_w": r_est.astype(np.float32), "fleet_r_k_per_w": fleet.astype(np.float32)},
+            {
+                "r_k_per_w": r_est.astype(np.float32),
+                "fleet_r_k_per_w": fleet.astype(np.float32),
+                "excess_k": r_excess,
+            },
+            excess=r_excess,
         ),
     ]
 
