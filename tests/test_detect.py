@@ -142,6 +142,64 @@ def test_degrading_cold_plate_is_a_hot_spot_before_slowdown(site: Site, replay) 
     assert not false_alarms
 
 
+def _refit(store: Store, gid: str, *, mae: float | None = None, refused: bool = False) -> int:
+    """Save the newest fit again as a new fit run with GPU ``gid``'s held-out error set to
+    ``mae`` (a refit whose held-out minutes caught a fault) or its fit refused."""
+    run = store.latest_fit_run_id()
+    rows = store.calibration_param_rows(run)
+    quality = store.calibration_quality(run)
+    if refused:
+        rows = [
+            {**r, "value": None, "usable": False, "reason": "R not identifiable (test)"}
+            if (r["kind"], r["id"]) == ("gpu", gid)
+            else r
+            for r in rows
+        ]
+        quality = [q for q in quality if (q["kind"], q["id"]) != ("gpu", gid)]
+    if mae is not None:
+        quality = [
+            {**q, "mae": mae} if (q["kind"], q["id"]) == ("gpu", gid) else q for q in quality
+        ]
+    meta = next(x for x in store.calibration_runs() if x["run_id"] == run)
+    meta = {k: v for k, v in meta.items() if k != "run_id"}
+    return store.save_calibration_run(meta, rows, quality, [])
+
+
+@pytest.mark.slow  # the module's two simulated hours
+def test_refits_over_a_fault_do_not_clear_its_hot_spot(site: Site, replay) -> None:
+    """bench_alerts seed 0 day 3 (trn-a05-n3:5): a step on a cold plate was paged by its
+    residual; the hourly refit whose held-out minutes caught the step published a 6 K error
+    (sigma 7.8 K: the page cleared), and the next refit was refused (the GPU was no longer
+    judged), so the fault paged twice more. The residual's sigma is never above the GPU's
+    own history's, and a GPU whose newest fit is refused is judged by its last usable one."""
+    from twin.alerts import load_rules
+    from twin.api.queries import model_rule_status
+
+    gpu = "trn-r01-n1:3"
+    r = replay(f"cold_plate:{gpu}@2h+1h=2.0")
+    for _ in range(12):
+        r.minute()
+    before = find_hotspots(r.store, site)
+    assert gpu in {h.id for h in before.hotspots if h.reason == "above_model"}
+    sigma = before.sigma_k[gpu]
+    for _ in range(2):  # the hourly refits before the fault
+        _refit(r.store, gpu)
+    _refit(r.store, gpu, mae=6.0)  # the held-out minutes caught the step
+    report = find_hotspots(r.store, site)
+    assert report.sigma_k[gpu] == pytest.approx(sigma)  # the history's, not 7.5 K
+    assert gpu in {h.id for h in report.hotspots if h.reason == "above_model"}
+    first = r.store.latest_fit_run_id()
+    refused = _refit(r.store, gpu, refused=True)
+    report = find_hotspots(r.store, site)
+    assert report.model_run == refused and gpu not in report.not_judged
+    assert gpu in {h.id for h in report.hotspots if h.reason == "above_model"}
+    assert f"1 GPU(s) judged by their newest usable fit (runs {first})" in report.model_note
+    rules = load_rules(Path(__file__).resolve().parents[1] / "deploy" / "alert_rules.yaml")
+    status = model_rule_status(r.store, rules)
+    assert status is not None and status["gpus_judged_by_earlier_fit"] == 1
+    assert status["gpus_not_judged"] == 0
+
+
 @pytest.mark.slow  # 3 s or more: out of the fast tier
 def test_cdu_losing_its_pumps_pages_once_mutes_its_gpus_and_resolves(
     site: Site, replay, tmp_path: Path

@@ -11,9 +11,11 @@ Five detectors, each on the store's newest data:
   DuckDB, so 10,000 GPUs cost a GROUP BY, not a per-second simulation. The standard deviation
   is the GPU's own held-out error from its calibration (RMSE ~ 1.25 MAE), at least
   ``MIN_SIGMA_K``. The model's R is the lower of the latest run's and the median of the GPU's
-  own fits: a refit over a degrading cold plate would otherwise learn the fault and hide it
-  (a slow ramp is absorbed one refit at a time). What the GPU's figures were is in the report
-  (``measured_c``, ``model_c``, ``sigma_k``).
+  own fits, and its held-out error likewise: a refit over a degrading cold plate would
+  otherwise learn the fault and hide it (a slow ramp is absorbed one refit at a time; a step
+  in a refit's held-out minutes makes its error kelvins and sigma with it). A GPU whose
+  latest fit was refused is judged by its newest usable fit on this store. What the GPU's
+  figures were is in the report (``measured_c``, ``model_c``, ``sigma_k``).
 - ``r_drift``: R re-estimated every pass over the last ``DRIFT_WINDOW_MIN`` minutes (least
   squares of the minute means, at the calibration's flow) more than ``R_DRIFT_BAND`` over the
   median of its fleet's same estimate (``r_k_per_w``, ``fleet_r_k_per_w``, ``r_drift``), and
@@ -195,12 +197,12 @@ def find_hotspots(
     run = store.latest_calibration_run_id()
     fit = store.latest_fit_run_id()
     model_run = fit if fit is not None and fit == run else None
-    found, figures, missing, not_judged = _watch(
+    found, figures, missing, not_judged, earlier = _watch(
         store, model_run, idx, racks, end, k_sigma, minutes, min_excess_k
     )
     out += found
     problems += missing
-    note = _model_note(store, run, model_run, not_judged)
+    note = _model_note(run, model_run, not_judged, earlier)
     out += _cooling_changes(store, run, idx, nodes, racks, end)
 
     # ---- rack inlet air over the ASHRAE recommended envelope
@@ -231,9 +233,10 @@ def find_hotspots(
 
 
 def _model_note(
-    store: Store, run: int | None, model_run: int | None, not_judged: dict[str, str]
+    run: int | None, model_run: int | None, not_judged: dict[str, str], earlier: dict[str, int]
 ) -> str:
-    """Why the model-based detectors judge nothing, or not every GPU ("" when they do)."""
+    """Why the model-based detectors judge nothing, or not every GPU, or some by an earlier
+    fit ("" when every GPU is judged by run ``model_run``)."""
     if model_run is None:
         if run is None:
             return "no calibration yet: the model-based rules wait for the first fit"
@@ -242,12 +245,19 @@ def _model_note(
             " (residual, R drift, GPU temperature forecast) wait for the first fit on this"
             " site's telemetry"
         )
+    notes = []
     if not_judged:
-        return (
+        notes.append(
             f"{len(not_judged)} GPU(s) not judged by the model: their fit in run {model_run} was"
-            " refused (see their reasons)"
+            " refused and they have no earlier usable fit on this site (see their reasons)"
         )
-    return ""
+    if earlier:
+        notes.append(
+            f"{len(earlier)} GPU(s) judged by their newest usable fit (runs"
+            f" {', '.join(str(r) for r in sorted(set(earlier.values())))}): their fit in run"
+            f" {model_run} was refused"
+        )
+    return "; ".join(notes)
 
 
 def _over_limit(
@@ -329,15 +339,18 @@ def _watch(
       error x sqrt(pi/2), at least :data:`MIN_SIGMA_K`, the sensor's half step). A hot spot
       needs both ``k_sigma`` and ``min_excess_k``. The model's R is the lower of the run's and
       the median of the GPU's own fits so far: a refit on a degrading cold plate must not teach
-      the model the fault and hide it. ``run`` None (no fit on this site's data): nothing is
-      judged; a GPU without a usable fit in ``run`` is not judged either.
+      the model the fault and hide it; sigma likewise comes from the lower of the fit's
+      held-out error and the median of the GPU's own. ``run`` None (no fit on this site's
+      data): nothing is judged; a GPU whose fit ``run`` refused is judged by its newest usable
+      fit on this store, and not at all without one.
     - drift: R re-estimated over the last :data:`DRIFT_WINDOW_MIN` minutes (at the
       calibration's flow) against its fleet's median of the same estimate.
 
     Returns the hot spots, the figures per GPU (``residual_sigma``, ``excess_k``,
     ``measured_c``, ``model_c``, ``sigma_k``, ``r_k_per_w``, ``fleet_r_k_per_w``,
-    ``r_drift``: id -> value), what could not be judged, and the GPUs whose refused fit keeps
-    them from being judged (id -> the fit's reason)."""
+    ``r_drift``, ``r_excess_k``: id -> value), what could not be judged, the GPUs whose refused
+    fit keeps them from being judged (id -> the fit's reason: they have no earlier usable
+    fit) and the GPUs judged by an earlier fit than ``run``'s (id -> its run)."""
     problems: list[str] = []
     n_min = max(minutes, DRIFT_WINDOW_MIN)
     start = end - timedelta(minutes=n_min)  # the last minute ends with the newest second
@@ -349,7 +362,7 @@ def _watch(
     node = _minute_window(store, "node", start, n_min, quantities=["inlet_temp_c"])
     pdu = _minute_window(store, "pdu", start, n_min, quantities=["inlet_temp_c"])
     ref = gpu_reference(idx, cdu, node, pdu)
-    params, mae, history, not_judged = _model_inputs(store, run)
+    params, mae, history, not_judged, earlier = _model_inputs(store, run)
 
     def per_gpu(name: str, default: float) -> np.ndarray:
         return np.array([params.get((gid, name), default) for gid in ids], dtype=float)
@@ -446,36 +459,42 @@ def _watch(
                 ),
             )
         )
-    return out, figures, problems, not_judged
+    return out, figures, problems, not_judged, earlier
 
 
 def _model_inputs(
     store: Store, run: int | None
-) -> tuple[dict[tuple[str, str], float], dict[str, float], dict[str, float], dict[str, str]]:
-    """What the residual judges with, from run ``run`` (nothing when None): the usable GPU
-    parameters ((id, param) -> value), each GPU's held-out temperature MAE, each GPU's R
-    history (the median of its fits on this store), and the GPUs whose fit was refused."""
+) -> tuple[
+    dict[tuple[str, str], float], dict[str, float], dict[str, float], dict[str, str], dict[str, int]
+]:
+    """What the residual judges with as of run ``run`` (nothing when None): each GPU's newest
+    usable fit on this store (``run``'s, else the latest earlier one: a refit refused over a
+    fault must not stop the model judging the fault) as ((id, param) -> value); each GPU's
+    held-out temperature MAE, that fit's but never above the median of its own fits' (a refit
+    whose held-out minutes caught a fault, 6 K against 0.08 K, must not widen sigma and clear
+    the page); each GPU's R history (the median of its fits); the GPUs with no usable fit on
+    this store whose fit in ``run`` was refused (id -> reason); and the GPUs judged by an
+    earlier fit (id -> its run)."""
     if run is None:
-        return {}, {}, {}, {}
-    params = {
-        (i_, p): v
-        for (_, i_, p), v in store.calibration_params(
-            run, kind="gpu", params=("r_k_per_w", "c_j_per_k", "offset_k", "flow_ref_lpm")
-        ).items()
-        if v is not None
-    }
-    mae = {
-        q["id"]: q["mae"]
-        for q in store.calibration_quality(run, kind="gpu")
-        if q["quantity"].startswith("temp_c@") and q["mae"] is not None
-    }
+        return {}, {}, {}, {}, {}
+    fits = store.gpu_thermal_fits(run, ("r_k_per_w", "c_j_per_k", "offset_k", "flow_ref_lpm"))
+    params = {(gid, p): v for gid, f in fits.items() for p, v in f["params"].items()}
+    mae: dict[str, float] = {}
+    for gid, f in fits.items():
+        known = [v for v in (f["mae"], f["mae_median"]) if v is not None]
+        if known:
+            mae[gid] = min(known)
     history = store.calibration_param_medians("gpu", "r_k_per_w")
     not_judged = {
         row["id"]: row["reason"] or "fit refused"
         for row in store.calibration_param_rows(run)
-        if row["kind"] == "gpu" and row["param"] == "r_k_per_w" and not row["usable"]
+        if row["kind"] == "gpu"
+        and row["param"] == "r_k_per_w"
+        and not row["usable"]
+        and row["id"] not in fits
     }
-    return params, mae, history, not_judged
+    earlier = {gid: f["run_id"] for gid, f in fits.items() if f["run_id"] != run}
+    return params, mae, history, not_judged, earlier
 
 
 def _cooling_changes(

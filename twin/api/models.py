@@ -470,7 +470,14 @@ class ModelRules(BaseModel):
     run_id: int | None = Field(description="the run they judge with (None: not armed)")
     rules: list[str] = Field(description="the rule file's model-based rules")
     waiting: list[str] = Field(description="those waiting for the first fit (empty once armed)")
-    gpus_not_judged: int = Field(description="GPUs whose fit was refused: the model skips them")
+    gpus_not_judged: int = Field(
+        description="GPUs whose fit was refused and that have no earlier usable fit on this"
+        " site: the model skips them"
+    )
+    gpus_judged_by_earlier_fit: int = Field(
+        default=0,
+        description="GPUs whose fit in this run was refused, judged by their newest usable fit",
+    )
     note: str
 
 

@@ -375,20 +375,31 @@ def model_rule_status(db: Store, rules: Any | None) -> dict[str, Any] | None:
     names = [r.name for r in rules if r.metric in MODEL_METRICS]
     latest, fit = db.latest_calibration_run_id(), db.latest_fit_run_id()
     armed = fit is not None and fit == latest
-    refused = 0
+    refused = earlier = 0
     if armed:
         assert fit is not None
-        refused = sum(
-            1
+        fits = db.gpu_thermal_fits(fit, ("r_k_per_w",))
+        rejected = {
+            p["id"]
             for p in db.calibration_param_rows(fit)
             if p["kind"] == "gpu" and p["param"] == "r_k_per_w" and not p["usable"]
-        )
+        }
+        refused = len(rejected - set(fits))
+        earlier = len(rejected & set(fits))
     if not names:
         note = "the rule file has no model-based rule"
     elif armed:
         note = f"judged with calibration run {fit}, fitted on this site's telemetry"
+        if earlier:
+            note += (
+                f"; {earlier} GPU(s) whose fit was refused are judged by their newest usable"
+                " fit on this site"
+            )
         if refused:
-            note += f"; {refused} GPU(s) whose fit was refused are not judged by the model"
+            note += (
+                f"; {refused} GPU(s) whose fit was refused and that have no earlier usable fit"
+                " are not judged by the model"
+            )
     elif latest is None:
         note = f"{', '.join(names)} wait for the first fit (no calibration yet)"
     else:
@@ -403,6 +414,7 @@ def model_rule_status(db: Store, rules: Any | None) -> dict[str, Any] | None:
         "rules": names,
         "waiting": [] if armed else names,
         "gpus_not_judged": refused,
+        "gpus_judged_by_earlier_fit": earlier,
         "note": note,
     }
 

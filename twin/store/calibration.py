@@ -150,6 +150,44 @@ class CalibrationTables:
         cache[(kind, param)] = (newest, out)
         return dict(out)
 
+    def gpu_thermal_fits(self, run_id: int, params: Sequence[str]) -> dict[str, dict[str, Any]]:
+        """Each GPU's newest usable thermal fit on this store's telemetry as of run ``run_id``
+        (its R usable in that run or the latest fit run before it that had one): id ->
+        ``run_id`` (the fit's), ``params`` (name -> value, the usable ones of ``params`` of
+        that run), ``mae`` (that run's held-out temperature MAE, None without one) and
+        ``mae_median`` (the median of its held-out temperature MAEs over its usable fits up to
+        ``run_id``). A GPU with no usable fit on this store is absent."""
+        rows = self.con.execute(
+            "WITH fits AS (SELECT p.id, p.run_id FROM calibration_params p"
+            " JOIN calibration_runs r USING (run_id) WHERE p.kind = 'gpu'"
+            " AND p.param = 'r_k_per_w' AND p.usable AND p.value IS NOT NULL"
+            " AND coalesce(r.source, 'fit') = 'fit' AND p.run_id <= ?),"
+            " q AS (SELECT id, run_id, min(mae) AS mae FROM calibration_quality"
+            " WHERE kind = 'gpu' AND starts_with(quantity, 'temp_c@') AND mae IS NOT NULL"
+            " GROUP BY id, run_id),"
+            " hist AS (SELECT f.id, max(f.run_id) AS run_id, median(q.mae) AS mae_median"
+            " FROM fits f LEFT JOIN q USING (id, run_id) GROUP BY f.id)"
+            " SELECT h.id, h.run_id, h.mae_median, q.mae, p.param, p.value FROM hist h"
+            " LEFT JOIN q USING (id, run_id)"
+            " JOIN calibration_params p ON p.id = h.id AND p.run_id = h.run_id"
+            " AND p.kind = 'gpu' AND p.usable AND p.value IS NOT NULL"
+            " AND list_contains(?, p.param)",
+            [run_id, list(params)],
+        ).fetchall()
+        out: dict[str, dict[str, Any]] = {}
+        for gid, run, mae_med, mae, param, value in rows:
+            fit = out.setdefault(
+                gid,
+                {
+                    "run_id": int(run),
+                    "params": {},
+                    "mae": None if mae is None else float(mae),
+                    "mae_median": None if mae_med is None else float(mae_med),
+                },
+            )
+            fit["params"][param] = float(value)
+        return out
+
     def calibration_quality(self, run_id: int, *, kind: str | None = None) -> list[dict[str, Any]]:
         """Fit quality rows of one run (MAE, CV(RMSE), NMBE, MAPE, n per device and quantity)."""
         extra, args = _filters(kind, None)
