@@ -138,7 +138,7 @@ rules:
 
 
 def test_the_shipped_r_drift_rule_needs_its_excess_in_kelvin_as_well_as_the_drift() -> None:
-    """An R drift at low heat is an offset error as much as a plate (docs/physics.md §9.2):
+    """An R drift at low heat is an offset error as much as a plate (docs/physics.md §2.6):
     the shipped gpu_r_drift pages +35 % only where it also runs 3 K hotter for it."""
     from twin.alerts import RuleFileError
 

@@ -114,7 +114,7 @@ def test_a_model_below_its_coolant_is_not_judged() -> None:
 
 
 def test_an_r_drift_at_low_heat_is_a_kelvin_not_a_plate() -> None:
-    """The heat R was estimated at turns a relative drift into kelvin (docs/physics.md §9.2):
+    """The heat R was estimated at turns a relative drift into kelvin (docs/physics.md §2.6):
     a 1 K offset error is +33 % of a 0.03 K/W plate at 100 W and +5 % at 700 W, and in
     either case 1 K."""
     minutes, r0 = 40, 0.03

@@ -20,7 +20,7 @@ Five detectors, each on the store's newest data:
   squares of the minute means, at the calibration's flow) more than ``R_DRIFT_BAND`` over the
   median of its fleet's same estimate (``r_k_per_w``, ``fleet_r_k_per_w``, ``r_drift``), and
   by at least ``min_excess_k`` kelvin at the heat it was estimated at (``r_excess_k``: at low
-  heat a kelvin of offset error is a large share of R, docs/physics.md §9.2). It needs no
+  heat a kelvin of offset error is a large share of R, docs/physics.md §2.6). It needs no
   refit (a drift event of the calibration comes only with a refit, and only past +50 %) and
   no calibration at all (without one, offset 0 and no heat-storage term).
 - ``inlet_high``: rack inlet air above the ASHRAE TC 9.9 recommended envelope's 27 °C.

@@ -26,7 +26,7 @@ A rule file::
                                          # (default: flap_window_s)
         min_excess_k: 3                  # residual and R drift: the excess the value stands
                                          # for, in K, must reach this too (residual default
-                                         # 3 K; physics §2.7, §9.2)
+                                         # 3 K; physics §2.7, §2.6)
         runbook_url: https://wiki.example.com/runbooks/gpu_temp_high  # sent with every page
         summary: "GPU {entity_id} {value:.1f} K from slowdown"
         labels: {team: facilities}       # static labels, carried into every payload; names
@@ -210,7 +210,7 @@ class Rule(BaseModel):
         ge=0,
         description="residual and R drift: fire only when the excess the value stands for is"
         " also at least this many K (residual default RESIDUAL_MIN_EXCESS_K, 3 K;"
-        " docs/physics.md §2.7 and §9.2): k sigma alone pages a fraction of a kelvin where"
+        " docs/physics.md §2.7 and §2.6): k sigma alone pages a fraction of a kelvin where"
         " sigma is small, and an R drift at low heat is a kelvin of offset error",
     )
     runbook_url: str | None = Field(
