@@ -156,7 +156,15 @@ class CalibrationTables:
         ``run_id`` (the fit's), ``params`` (name -> value, the usable ones of ``params`` of
         that run), ``mae`` (that run's held-out temperature MAE, None without one) and
         ``mae_median`` (the median of its held-out temperature MAEs over its usable fits up to
-        ``run_id``). A GPU with no usable fit on this store is absent."""
+        ``run_id``). A GPU with no usable fit on this store is absent.
+
+        Kept for the last ``(run_id, params)`` asked (runs are only ever added, so the answer
+        for a run never changes; the entries are shared: read them, do not change them): a
+        detection pass asks every minute, and the join grows with every run's rows."""
+        key = (run_id, tuple(params))
+        hit = self.__dict__.get("_thermal_fits")
+        if hit is not None and hit[0] == key:
+            return dict(hit[1])
         rows = self.con.execute(
             "WITH fits AS (SELECT p.id, p.run_id FROM calibration_params p"
             " JOIN calibration_runs r USING (run_id) WHERE p.kind = 'gpu'"
@@ -186,7 +194,8 @@ class CalibrationTables:
                 },
             )
             fit["params"][param] = float(value)
-        return out
+        self.__dict__["_thermal_fits"] = (key, out)
+        return dict(out)
 
     def calibration_quality(self, run_id: int, *, kind: str | None = None) -> list[dict[str, Any]]:
         """Fit quality rows of one run (MAE, CV(RMSE), NMBE, MAPE, n per device and quantity)."""
