@@ -202,36 +202,13 @@ def r_estimate(
     *,
     min_heat_w: float = MIN_HEAT_W,
     min_minutes: int = MIN_R_MINUTES,
-) -> F64:
-    """R at the calibration's flow, re-estimated over each trailing ``window`` of minutes
-    (``(M, N)``; NaN where fewer than ``min_minutes`` minutes carried ``min_heat_w``). [K/W]"""
-    return r_estimate_at_heat(
-        mean_temp_c,
-        ref_c,
-        offset_k,
-        x_w,
-        flow_factor,
-        window,
-        min_heat_w=min_heat_w,
-        min_minutes=min_minutes,
-    )[0]
-
-
-def r_estimate_at_heat(
-    mean_temp_c: F64,
-    ref_c: F64,
-    offset_k: F64,
-    x_w: F64,
-    flow_factor: F64,
-    window: int,
-    *,
-    min_heat_w: float = MIN_HEAT_W,
-    min_minutes: int = MIN_R_MINUTES,
 ) -> tuple[F64, F64]:
-    """:func:`r_estimate` and the heat it was made at: the mean of ``flow_factor * x_w`` over
-    the window's minutes that entered it (``(M, N)`` each, NaN alike) [K/W], [W]. An R that
-    is ``dr`` over a reference R runs ``dr * heat`` kelvin hotter than the reference would at
-    the same heat and flow: what a drift amounts to in the GPU's temperature."""
+    """R at the calibration's flow, re-estimated over each trailing ``window`` of minutes, and
+    the heat it was made at: the mean of ``flow_factor * x_w`` over the window's minutes that
+    entered it (``(M, N)`` each; NaN where fewer than ``min_minutes`` minutes carried
+    ``min_heat_w``) [K/W], [W]. An R that is ``dr`` over a reference R runs ``dr * heat``
+    kelvin hotter than the reference would at the same heat and flow: what a drift amounts to
+    in the GPU's temperature."""
     fx = flow_factor * x_w
     y = mean_temp_c - ref_c - offset_k
     ok = np.isfinite(y) & np.isfinite(fx) & (x_w >= min_heat_w)

@@ -42,7 +42,7 @@ def test_a_30_percent_ramp_is_seen_by_residual_and_drift_before_5_k_from_slowdow
     x = tw.heat_w(p_m, slope, np.full((1, n_gpu), C_J_PER_K))
     resid, model = tw.residual_k(t_m, ref, off, r0[None, :], x)  # calibrated on the healthy hour
     z = tw.trailing_min(resid / 0.3, 5)
-    r_est = tw.r_estimate(t_m, ref, off, x, one, 30)
+    r_est = tw.r_estimate(t_m, ref, off, x, one, 30)[0]
     fleet = tw.group_median(r_est, np.zeros(n_gpu, dtype=np.int64))
     drift = r_est / fleet - 1.0
     # healthy hour: every GPU's estimate within 3 % of its own R, the model within 2 sigma
@@ -123,14 +123,13 @@ def test_an_r_drift_at_low_heat_is_a_kelvin_not_a_plate() -> None:
     one = np.ones((minutes, 2))
     x = np.column_stack([np.full(minutes, 160.0), np.full(minutes, 700.0)])
     temp = ref + r0 * x + 1.0  # both 1 K warmer than the offset says: an offset error
-    r_est, heat = tw.r_estimate_at_heat(temp, ref, off, x, one, 30)
+    r_est, heat = tw.r_estimate(temp, ref, off, x, one, 30)
     assert np.allclose(heat[-1], [160.0, 700.0])
-    assert np.allclose(r_est[-1], tw.r_estimate(temp, ref, off, x, one, 30)[-1])
     drift = r_est[-1] / r0 - 1.0
     assert drift[0] > 0.2 and drift[1] < 0.05  # relative: large at low heat only
     assert np.allclose((r_est[-1] - r0) * heat[-1], 1.0)  # in kelvin: the same 1 K
     # a minute under MIN_HEAT_W never enters R nor its heat; too few loaded minutes: NaN both
     idle = x.copy()
     idle[:, 0] = 100.0
-    r_i, h_i = tw.r_estimate_at_heat(ref + r0 * idle, ref, off, idle, one, 30)
+    r_i, h_i = tw.r_estimate(ref + r0 * idle, ref, off, idle, one, 30)
     assert np.isnan(r_i[-1, 0]) and np.isnan(h_i[-1, 0]) and np.isfinite(h_i[-1, 1])

@@ -386,7 +386,7 @@ def _watch(
             resid / sigma[None, :], x, minutes, min(minutes, tw.MIN_RESIDUAL_MINUTES)
         )[-1]
     r_est, r_heat = (
-        a[-1] for a in tw.r_estimate_at_heat(t_m, ref, off[None, :], x, factor, DRIFT_WINDOW_MIN)
+        a[-1] for a in tw.r_estimate(t_m, ref, off[None, :], x, factor, DRIFT_WINDOW_MIN)
     )
     fleet = tw.group_median(r_est[None, :], gpu_groups(idx))[0]
     with np.errstate(all="ignore"):

@@ -158,7 +158,7 @@ def hotspot_series(
         factor = np.where(liq[None, :], r_at_flow_k_per_w(1.0, ratio), 1.0)
         off = gp.offset_k[sl][None, :]
         x = tw.heat_w(p_m, slope, gp.c_j_per_k[sl][None, :])
-        est, heat = tw.r_estimate_at_heat(t_m, ref, off, x, factor, window_min)
+        est, heat = tw.r_estimate(t_m, ref, off, x, factor, window_min)
         r_model = _model_r(gp.r_k_per_w[sl], est)
         resid, mod = tw.residual_k(t_m, ref, off, r_model * factor, x)
         z = tw.loaded_min(
