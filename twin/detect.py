@@ -249,16 +249,19 @@ def detect(
 
 
 def _observer(out: list[Observation], ts: datetime) -> Callable[..., None]:
-    """``obs(metric, kind, id, value, **labels)``: append that observation at ``ts`` to
-    ``out``."""
+    """``obs(metric, kind, id, value, excess=None, **labels)``: append that observation at
+    ``ts`` to ``out`` (``excess``: the K a residual or drift value stands for)."""
 
-    def obs(metric: str, kind: str, sid: str, value: float, **labels: str) -> None:
+    def obs(
+        metric: str, kind: str, sid: str, value: float, excess: float | None = None, **labels: str
+    ) -> None:
         out.append(
             Observation(
                 metric=metric,
                 entity_kind=kind,  # type: ignore[arg-type]
                 entity_id=sid,
                 value=value,
+                excess=excess,
                 ts=ts,
                 labels=labels,
             )
@@ -331,37 +334,27 @@ def observations(d: Detection) -> list[Observation]:
             obs(HEADROOM_LINK_GBPS_TO_LIMIT, "link", r.id, r.headroom_now)
             breach(HEADROOM_LINK_TIME_TO_BREACH_P50_S, "link", r.id, r.breach_in_s_p50)
     for gid, z in hs.residual_sigma.items() if armed else ():
-        out.append(
-            Observation(
-                metric=HOTSPOT_GPU_RESIDUAL_SIGMA,
-                entity_kind="gpu",
-                entity_id=gid,
-                value=z,
-                excess=hs.excess_k[gid],
-                ts=ts,
-                labels={
-                    "excess_k": f"{hs.excess_k[gid]:.1f}",
-                    "sigma_k": f"{hs.sigma_k[gid]:.2f}",
-                    "measured_c": f"{hs.measured_c[gid]:.1f}",
-                    "model_c": f"{hs.model_c[gid]:.1f}",
-                },
-            )
+        obs(
+            HOTSPOT_GPU_RESIDUAL_SIGMA,
+            "gpu",
+            gid,
+            z,
+            excess=hs.excess_k[gid],
+            excess_k=f"{hs.excess_k[gid]:.1f}",
+            sigma_k=f"{hs.sigma_k[gid]:.2f}",
+            measured_c=f"{hs.measured_c[gid]:.1f}",
+            model_c=f"{hs.model_c[gid]:.1f}",
         )
     for gid, v in hs.r_drift.items() if armed else ():
-        out.append(
-            Observation(
-                metric=DRIFT_GPU_R,
-                entity_kind="gpu",
-                entity_id=gid,
-                value=v,
-                excess=hs.r_excess_k[gid],  # K: what a drift rule's min_excess_k is checked on
-                ts=ts,
-                labels={
-                    "r_k_per_w": f"{hs.r_k_per_w[gid]:.4f}",
-                    "fleet_r_k_per_w": f"{hs.fleet_r_k_per_w[gid]:.4f}",
-                    "excess_k": f"{hs.r_excess_k[gid]:.1f}",
-                },
-            )
+        obs(
+            DRIFT_GPU_R,
+            "gpu",
+            gid,
+            v,
+            excess=hs.r_excess_k[gid],  # K: what a drift rule's min_excess_k is checked on
+            r_k_per_w=f"{hs.r_k_per_w[gid]:.4f}",
+            fleet_r_k_per_w=f"{hs.fleet_r_k_per_w[gid]:.4f}",
+            excess_k=f"{hs.r_excess_k[gid]:.1f}",
         )
     for h in d.hotspots.hotspots:
         if h.reason == "over_limit":

@@ -254,8 +254,8 @@ def _model_note(
     if earlier:
         notes.append(
             f"{len(earlier)} GPU(s) judged by their newest usable fit (runs"
-            f" {', '.join(str(r) for r in sorted(set(earlier.values())))}): their fit in run"
-            f" {model_run} was refused"
+            f" {', '.join(str(r) for r in sorted(set(earlier.values())))}): run {model_run}"
+            " refused or made none for them"
         )
     return "; ".join(notes)
 
@@ -485,15 +485,7 @@ def _model_inputs(
         if known:
             mae[gid] = min(known)
     history = store.calibration_param_medians("gpu", "r_k_per_w")
-    not_judged = {
-        row["id"]: row["reason"] or "fit refused"
-        for row in store.calibration_param_rows(run)
-        if row["kind"] == "gpu"
-        and row["param"] == "r_k_per_w"
-        and not row["usable"]
-        and row["id"] not in fits
-    }
-    earlier = {gid: f["run_id"] for gid, f in fits.items() if f["run_id"] != run}
+    not_judged, earlier = store.gpu_fit_standing(run)
     return params, mae, history, not_judged, earlier
 
 

@@ -476,7 +476,8 @@ class ModelRules(BaseModel):
     )
     gpus_judged_by_earlier_fit: int = Field(
         default=0,
-        description="GPUs whose fit in this run was refused, judged by their newest usable fit",
+        description="GPUs without a usable fit in this run (refused or not made), judged by"
+        " their newest usable fit",
     )
     note: str
 

@@ -378,22 +378,16 @@ def model_rule_status(db: Store, rules: Any | None) -> dict[str, Any] | None:
     refused = earlier = 0
     if armed:
         assert fit is not None
-        fits = db.gpu_thermal_fits(fit, ("r_k_per_w",))
-        rejected = {
-            p["id"]
-            for p in db.calibration_param_rows(fit)
-            if p["kind"] == "gpu" and p["param"] == "r_k_per_w" and not p["usable"]
-        }
-        refused = len(rejected - set(fits))
-        earlier = len(rejected & set(fits))
+        not_judged, by_earlier = db.gpu_fit_standing(fit)
+        refused, earlier = len(not_judged), len(by_earlier)
     if not names:
         note = "the rule file has no model-based rule"
     elif armed:
         note = f"judged with calibration run {fit}, fitted on this site's telemetry"
         if earlier:
             note += (
-                f"; {earlier} GPU(s) whose fit was refused are judged by their newest usable"
-                " fit on this site"
+                f"; {earlier} GPU(s) without a usable fit in it are judged by their newest"
+                " usable fit on this site"
             )
         if refused:
             note += (

@@ -197,6 +197,23 @@ class CalibrationTables:
         self.__dict__["_thermal_fits"] = (key, out)
         return dict(out)
 
+    def gpu_fit_standing(self, run_id: int) -> tuple[dict[str, str], dict[str, int]]:
+        """Which GPUs run ``run_id`` cannot judge by its own thermal fit: those whose fit it
+        refused and that have no earlier usable fit on this store (id -> the refusal's reason:
+        not judged), and those judged by an earlier fit, their fit in this run refused or not
+        made (id -> that fit's run; :meth:`gpu_thermal_fits`)."""
+        fits = self.gpu_thermal_fits(run_id, ("r_k_per_w",))
+        refused = {
+            row["id"]: row["reason"] or "fit refused"
+            for row in self.calibration_param_rows(run_id)
+            if row["kind"] == "gpu"
+            and row["param"] == "r_k_per_w"
+            and not row["usable"]
+            and row["id"] not in fits
+        }
+        earlier = {gid: f["run_id"] for gid, f in fits.items() if f["run_id"] != run_id}
+        return refused, earlier
+
     def calibration_quality(self, run_id: int, *, kind: str | None = None) -> list[dict[str, Any]]:
         """Fit quality rows of one run (MAE, CV(RMSE), NMBE, MAPE, n per device and quantity)."""
         extra, args = _filters(kind, None)
