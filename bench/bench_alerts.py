@@ -78,6 +78,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import subprocess
 import sys
 import time
 from dataclasses import asdict
@@ -500,6 +501,7 @@ def _scored(
         "margin_min": args.margin_min,
         "site": str(args.site),
         "rules": str(args.rules),
+        "commit": _commit(),
         "gpus": gpus,
         "score": score(cases, untied, days * args.hours / 24.0, gpus),
         "tickets": sum(i["tickets"] for i in days_info),
@@ -537,6 +539,30 @@ def _scored(
 
 
 #: Settings that must agree for days of several runs to be scored together.
+def _days_label(result: dict[str, Any]) -> str:
+    """'seed 0 day 3' or 'seed 2 days 0, 1': the days one result ran."""
+    days = [str(d["day"]) for d in result["per_day"]]
+    word = "day" if len(days) == 1 else "days"
+    return f"seed {result['seed']} {word} {', '.join(days)}"
+
+
+def _commit() -> str:
+    """The commit of the code this run imports (``git describe --always --dirty``), or
+    "unknown" outside a git checkout: a merged table says which code each day ran."""
+    try:
+        out = subprocess.run(
+            ["git", "describe", "--always", "--dirty"],
+            cwd=Path(__file__).resolve().parent,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return out.stdout.strip() or "unknown"
+
+
 _MERGE_KEYS = ("path", "hours", "resolution_s", "tick_s", "faults_per_kind", "margin_min", "gpus")
 
 
@@ -580,6 +606,7 @@ def merge_results(results: list[dict[str, Any]]) -> dict[str, Any]:
         "days": days,
         "seed": ", ".join(str(s) for s in sorted({int(r["seed"]) for r in results})),
         "seed_days": sorted(f"seed {s} day {d}" for s, d in seen),
+        "commits": {_days_label(r): r.get("commit", "not recorded") for r in results},
         "score": score(cases, untied, days * float(base["hours"]) / 24.0, int(base["gpus"])),
         "tickets": sum(d["tickets"] for d in per_day),
         "tickets_by_rule": dict(sorted(tickets_by_rule.items())),
@@ -606,6 +633,7 @@ def _merge_main(args: argparse.Namespace) -> int:
     for res in merged.values():
         print(table(res))
         print(f"merged ({res['path']}): {', '.join(res['seed_days'])}")
+        print("code: " + "; ".join(f"{k} at {c}" for k, c in res["commits"].items()))
     out: dict[str, Any] = next(iter(merged.values())) if len(merged) == 1 else dict(merged)
     if "live" in merged and "replay" in merged:
         cmp = compare_paths(merged["live"], merged["replay"])
