@@ -72,3 +72,48 @@ def test_one_detection_pass_reads_each_quantity_window_once(db: Path) -> None:
     assert {"gpu", "node", "pdu", "cdu"} <= kinds, kinds
     twice = {w: n for w, n in windows.items() if n > 1}
     assert not twice, f"windows read more than once in one pass: {twice}"
+
+
+class _CountingConnection:
+    """The store's connection, with the SQL it is given kept in ``sql``."""
+
+    def __init__(self, con) -> None:  # type: ignore[no-untyped-def]
+        self._con = con
+        self.sql: list[str] = []
+
+    def execute(self, sql: str, *args, **kwargs):  # type: ignore[no-untyped-def]
+        self.sql.append(sql)
+        return self._con.execute(sql, *args, **kwargs)
+
+    def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+        return getattr(self._con, name)
+
+
+RESIDUAL_PARAMS = ("r_k_per_w", "c_j_per_k", "offset_k", "flow_ref_lpm")
+
+
+def test_the_fits_a_pass_judges_by_are_read_once_per_run(db: Path, tmp_path: Path) -> None:
+    """Every minute a pass asks for the residual's fits and for the fit standing (which asks
+    for the fits with other parameters): both are answered from what was read for the run,
+    and a newer run is read afresh."""
+    copy = tmp_path / "copy.duckdb"
+    copy.write_bytes(db.read_bytes())
+    site = load_site(SMALL_SITE)
+    with Store(copy) as store:
+        run = store.latest_fit_run_id()
+        assert run is not None
+        fits = store.gpu_thermal_fits(run, RESIDUAL_PARAMS)
+        standing = store.gpu_fit_standing(run)
+        assert fits and all(f["run_id"] == run for f in fits.values())
+        counting = _CountingConnection(store.con)
+        store.con = counting  # type: ignore[assignment]
+        for _ in range(3):  # three passes' worth, the two callers alternating
+            assert store.gpu_thermal_fits(run, RESIDUAL_PARAMS) == fits
+            assert store.gpu_fit_standing(run) == standing
+        assert counting.sql == [], counting.sql
+        store.con = counting._con
+        run2 = save_run(store, calibrate(store, site, window_s=SECONDS, holdout_s=300.0))
+        fits2 = store.gpu_thermal_fits(run2, RESIDUAL_PARAMS)
+        assert set(fits2) == set(fits)
+        assert all(f["run_id"] == run2 for f in fits2.values())
+        assert store.gpu_fit_standing(run2) == ({}, {})

@@ -23,6 +23,8 @@ EventKind = Literal["firing", "resolved", "acknowledge"]
 
 
 def _aware_utc(ts: datetime) -> datetime:
+    if ts.tzinfo is UTC:  # the usual case, millions a day: already what is asked
+        return ts
     if ts.tzinfo is None or ts.utcoffset() is None:
         raise ValueError("timestamp must be timezone-aware (UTC)")
     return ts.astimezone(UTC)
@@ -49,10 +51,17 @@ def label_name_problem(name: str) -> str | None:
     return None
 
 
+@lru_cache(maxsize=4096)  # observations of one detector carry the same few name sets
+def _names_problem(names: tuple[str, ...]) -> str | None:
+    """Why some of ``names`` cannot be label names (each one's reason); None when all can."""
+    problems = [p for p in map(label_name_problem, names) if p is not None]
+    return "; ".join(problems) if problems else None
+
+
 def _label_names(labels: dict[str, str]) -> dict[str, str]:
-    problems = [p for p in map(label_name_problem, labels) if p is not None]
-    if problems:
-        raise ValueError("; ".join(problems))
+    problem = _names_problem(tuple(labels))
+    if problem is not None:
+        raise ValueError(problem)
     return labels
 
 

@@ -158,13 +158,16 @@ class CalibrationTables:
         ``mae_median`` (the median of its held-out temperature MAEs over its usable fits up to
         ``run_id``). A GPU with no usable fit on this store is absent.
 
-        Kept for the last ``(run_id, params)`` asked (runs are only ever added, so the answer
-        for a run never changes; the entries are shared: read them, do not change them): a
-        detection pass asks every minute, and the join grows with every run's rows."""
+        Kept for the newest ``run_id`` asked, per ``params`` (runs are only ever added, so the
+        answer for a run never changes; the entries are shared: read them, do not change
+        them): a detection pass asks every minute, twice (the residual's inputs and the fit
+        standing), and the join grows with every run's rows."""
+        cache: dict[tuple[int, tuple[str, ...]], dict[str, dict[str, Any]]]
+        cache = self.__dict__.get("_thermal_fits", {})
         key = (run_id, tuple(params))
-        hit = self.__dict__.get("_thermal_fits")
-        if hit is not None and hit[0] == key:
-            return dict(hit[1])
+        hit = cache.get(key)
+        if hit is not None:
+            return dict(hit)
         rows = self.con.execute(
             "WITH fits AS (SELECT p.id, p.run_id FROM calibration_params p"
             " JOIN calibration_runs r USING (run_id) WHERE p.kind = 'gpu'"
@@ -194,14 +197,23 @@ class CalibrationTables:
                 },
             )
             fit["params"][param] = float(value)
-        self.__dict__["_thermal_fits"] = (key, out)
+        # a new dict, never one changed in place (another thread may be reading the old one);
+        # an older run's answers are not asked again
+        self.__dict__["_thermal_fits"] = {
+            **{k: v for k, v in cache.items() if k[0] == run_id},
+            key: out,
+        }
         return dict(out)
 
     def gpu_fit_standing(self, run_id: int) -> tuple[dict[str, str], dict[str, int]]:
         """Which GPUs run ``run_id`` cannot judge by its own thermal fit: those whose fit it
         refused and that have no earlier usable fit on this store (id -> the refusal's reason:
         not judged), and those judged by an earlier fit, their fit in this run refused or not
-        made (id -> that fit's run; :meth:`gpu_thermal_fits`)."""
+        made (id -> that fit's run; :meth:`gpu_thermal_fits`). Kept for the newest run asked,
+        as :meth:`gpu_thermal_fits` is (a run's rows never change once stored)."""
+        hit = self.__dict__.get("_fit_standing")
+        if hit is not None and hit[0] == run_id:
+            return dict(hit[1]), dict(hit[2])
         fits = self.gpu_thermal_fits(run_id, ("r_k_per_w",))
         refused = {
             row["id"]: row["reason"] or "fit refused"
@@ -212,7 +224,8 @@ class CalibrationTables:
             and row["id"] not in fits
         }
         earlier = {gid: f["run_id"] for gid, f in fits.items() if f["run_id"] != run_id}
-        return refused, earlier
+        self.__dict__["_fit_standing"] = (run_id, refused, earlier)
+        return dict(refused), dict(earlier)
 
     def calibration_quality(self, run_id: int, *, kind: str | None = None) -> list[dict[str, Any]]:
         """Fit quality rows of one run (MAE, CV(RMSE), NMBE, MAPE, n per device and quantity)."""
