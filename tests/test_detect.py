@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from twin.alerts import AlertEngine, Outbox, Topology, load_rules
+from twin.alerts.metrics import HEADROOM_GPU_TIME_TO_BREACH_P90_S
 from twin.calibrate.calibrate import calibrate, save_run
 from twin.detect import detect, observations
 from twin.headroom import compute_headroom, latest_headroom, save_headroom
@@ -198,6 +199,15 @@ def test_refits_over_a_fault_do_not_clear_its_hot_spot(site: Site, replay) -> No
     status = model_rule_status(r.store, rules)
     assert status is not None and status["gpus_judged_by_earlier_fit"] == 1
     assert status["gpus_not_judged"] == 0
+    # what the note says of the temperature forecast holds: it forecasts with the newest
+    # run's parameters, so it skips the GPU that run refused, and judges the others
+    assert "the GPU temperature forecast skips them" in status["note"]
+    forecasts = {
+        o.entity_id
+        for o in observations(detect(r.store, site))
+        if o.metric == HEADROOM_GPU_TIME_TO_BREACH_P90_S
+    }
+    assert forecasts and gpu not in forecasts
 
 
 @pytest.mark.slow  # 3 s or more: out of the fast tier

@@ -255,7 +255,9 @@ def _model_note(
         notes.append(
             f"{len(earlier)} GPU(s) judged by their newest usable fit (runs"
             f" {', '.join(str(r) for r in sorted(set(earlier.values())))}): run {model_run}"
-            " refused or made none for them"
+            " refused or made none for them; that holds for the residual and R drift, while the"
+            " GPU temperature forecast, which forecasts with the newest run's parameters, skips"
+            " them until a run fits them again"
         )
     return "; ".join(notes)
 

@@ -477,7 +477,8 @@ class ModelRules(BaseModel):
     gpus_judged_by_earlier_fit: int = Field(
         default=0,
         description="GPUs without a usable fit in this run (refused or not made), judged by"
-        " their newest usable fit",
+        " their newest usable fit for the residual and R drift; the GPU temperature forecast"
+        " (which uses the newest run's parameters) skips them until a run fits them again",
     )
     note: str
 

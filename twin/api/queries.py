@@ -387,7 +387,8 @@ def model_rule_status(db: Store, rules: Any | None) -> dict[str, Any] | None:
         if earlier:
             note += (
                 f"; {earlier} GPU(s) without a usable fit in it are judged by their newest"
-                " usable fit on this site"
+                " usable fit on this site for the residual and R drift (the GPU temperature"
+                " forecast skips them until a run fits them again)"
             )
         if refused:
             note += (
