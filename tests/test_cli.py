@@ -236,3 +236,44 @@ def test_every_command_has_help():
     for cmd in commands:
         r = run(*cmd.split(), "--help")
         assert r.returncode == 0 and "Usage" in r.stdout, (cmd, r.stderr)
+
+
+def _help_tree(group, path=()):  # type: ignore[no-untyped-def]
+    """(path, click command) for every command under ``group``, groups included."""
+    yield path, group
+    for name, cmd in getattr(group, "commands", {}).items():
+        yield from _help_tree(cmd, (*path, name))
+
+
+#: A unit or other word in brackets, as help texts write them ("[kW]", "[s]", "[min]").
+_BRACKETED = re.compile(r"\\?\[([^\]\s]+)\]")
+
+
+def test_help_shows_every_bracketed_unit_and_lists_each_command_on_flowing_lines() -> None:
+    """Rich markup took ``[kW]`` and ``[s]`` for style tags and dropped them from --help; a
+    command listing kept the docstrings' hard line breaks. Every command's --help must show
+    each bracketed word its docstring and its options' help hold."""
+    import typer
+    from typer.testing import CliRunner
+
+    from twin.cli import app
+
+    runner = CliRunner()
+    env = {"COLUMNS": "400", "TERM": "dumb", "NO_COLOR": "1"}
+    checked = 0
+    for path, cmd in _help_tree(typer.main.get_command(app)):
+        texts = [cmd.help or "", *(getattr(p, "help", None) or "" for p in cmd.params)]
+        words = {m.group(1) for t in texts for m in _BRACKETED.finditer(t)}
+        if not words:
+            continue
+        r = runner.invoke(app, [*path, "--help"], env=env)
+        assert r.exit_code == 0, (path, r.output)
+        shown = " ".join(r.output.split())
+        for w in words:
+            assert f"[{w}]" in shown, f"dctwin {' '.join(path)} --help lost [{w}]"
+            checked += 1
+    assert checked >= 5  # the forecast's [kW] among them
+    listing = " ".join(runner.invoke(app, ["--help"], env=env).output.split())
+    assert "the p90 and p95 peaks [kW] and when" in listing
+    # one flowing summary: the serve line is not cut where its docstring's line ends
+    assert "refit the model and recompute headroom" in listing

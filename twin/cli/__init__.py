@@ -21,7 +21,7 @@ from typing import Any
 import typer
 from typer.core import TyperGroup
 
-from twin.cli import analysis, data, demo, replay, serve, sim, siteview
+from twin.cli import analysis, data, demo, help_text, replay, serve, sim, siteview
 from twin.cli.collect import collect_app
 from twin.cli.common import missing_extra
 from twin.cli.history import query_app
@@ -93,5 +93,6 @@ app.add_typer(query_app, name="query", cls=_ExtrasGroup)
 app.add_typer(site_app, name="site", cls=_ExtrasGroup)
 for command in (replay.record, replay.replay, replay.whatif):
     app.command()(command)
+help_text.prepare(app)  # units in brackets survive Rich markup; one-line listings
 
 __all__ = ["app"]
