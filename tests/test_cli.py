@@ -277,3 +277,18 @@ def test_help_shows_every_bracketed_unit_and_lists_each_command_on_flowing_lines
     assert "the p90 and p95 peaks [kW] and when" in listing
     # one flowing summary: the serve line is not cut where its docstring's line ends
     assert "refit the model and recompute headroom" in listing
+
+
+def test_an_error_message_is_printed_as_written(capsys: pytest.CaptureFixture[str]) -> None:
+    """Rich markup dropped bracketed words from error messages: a unit ``[s]``, an extra's
+    ``dctwin[service]``; ``fail`` prints the message as it was written, each bracket kept."""
+    import typer
+
+    from twin.cli.common import fail, needs_extra
+
+    assert isinstance(fail("--timeout must be above 0 [s] (got -1)"), typer.Exit)
+    assert isinstance(needs_extra("serve", "service", "duckdb"), typer.Exit)
+    err = " ".join(capsys.readouterr().err.split())
+    assert "--timeout must be above 0 [s] (got -1)" in err
+    assert "pip install 'dctwin[service]' (duckdb is not installed)" in err
+    assert "\\[" not in err  # escaped once, not twice

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 
 from twin.bands import BAND_STYLE, TEMPERATURE_UNITS, Band, bands
 from twin.cli.common import DEMO_SITE, err, fail, load_site_file
@@ -159,7 +160,7 @@ def headroom(
         err.print(title, highlight=False)
     emit_rows(rows, _HEADROOM_COLUMNS, out_fmt, limit, title=title, what="limits")
     for p in body.get("problems", []):
-        err.print(f"[yellow]{p}[/]")
+        err.print(f"[yellow]{escape(p)}[/]")
 
 
 def _hms(ts: Any) -> str:
@@ -287,7 +288,7 @@ def hotspots(
         rows = _hotspot_rows(report["hotspots"])
         emit_rows(rows, _HOTSPOT_COLUMNS, out_fmt, limit, title="hot spots", what="hot spots")
     for p in report["problems"]:
-        err.print(f"[yellow]{p}[/]")
+        err.print(f"[yellow]{escape(p)}[/]")
 
 
 _FLEET_COLUMNS = [

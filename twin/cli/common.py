@@ -111,7 +111,9 @@ def resolve_api_token(cli_token: str | None, token_file: Path | None) -> str | N
 
 
 def fail(message: str, code: int = 2) -> typer.Exit:
-    err.print(f"[bold red]error:[/] {message}", highlight=False)
+    """Print ``message`` as an error (as written: brackets such as ``[s]`` or a path's
+    ``[2]`` are not Rich markup) and return the exit to raise."""
+    err.print(f"[bold red]error:[/] {escape(message)}", highlight=False)
     return typer.Exit(code)
 
 
@@ -137,10 +139,8 @@ COMMAND_EXTRA = {"console": "console", "demo": "all"}
 def needs_extra(command: str, extra: str, module: str) -> typer.Exit:
     """The message (and exit 2) for a command run on an install without its extra."""
     return fail(
-        escape(
-            f"dctwin {command} needs the {extra} extra: pip install 'dctwin[{extra}]'"
-            f" ({module} is not installed)"
-        )
+        f"dctwin {command} needs the {extra} extra: pip install 'dctwin[{extra}]'"
+        f" ({module} is not installed)"
     )
 
 

@@ -71,7 +71,7 @@ def ingest(
     counters = ingester.counters.as_dict()
     typer.echo(json.dumps(counters))
     if counters["stored_messages"] == 0 and counters["duplicates"] == 0:
-        raise fail(escape(_nothing_stored(file, counters)), code=1)
+        raise fail(_nothing_stored(file, counters), code=1)
 
 
 def _nothing_stored(file: Path, counters: dict) -> str:
@@ -354,7 +354,7 @@ def calibrate(
             )
     _print_refusals(out, result["params"])
     for e in result["events"]:
-        out.print(f"[yellow]event[/] {e['id']}: {e['detail']}")
+        out.print(f"[yellow]event[/] {escape(str(e['id']))}: {escape(str(e['detail']))}")
 
 
 def _print_refusals(out: Console, rows: list[dict], per_kind: int = 8) -> None:

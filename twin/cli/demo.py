@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from collectors.mqtt import BrokerError
 from twin.cli.common import (
@@ -437,7 +438,7 @@ class _Readiness:
         if run is None:
             if not self.detected:
                 self.detected = True
-                err.print(f"[bold]detecting[/] ({took}): {live}; {note}.", highlight=False)
+                err.print(f"[bold]detecting[/] ({took}): {live}; {escape(note)}.", highlight=False)
             return
         if not self.ready:
             self.ready = True

@@ -135,14 +135,14 @@ def _deliver(
         dead = stats["refused_by_contract"]
     typer.echo(json.dumps(out))
     if stored == 0:
-        raise fail(escape(_nothing_stored(file, refused, dead)), code=1)
+        raise fail(_nothing_stored(file, refused, dead), code=1)
 
 
 def _check_target(db: Path | None, broker: str | None, file: Path) -> None:
     if (db is None) == (broker is None):
         raise fail("give exactly one of --db (direct) or --broker (over MQTT)")
     if not file.is_file():
-        raise fail(escape(f"{file}: no such file"))
+        raise fail(f"{file}: no such file")
 
 
 @import_app.command("nvidia-smi")
@@ -184,12 +184,12 @@ def nvidia_smi(
     try:
         topic_for(name, "gpu", node)
     except ValueError as e:  # a node or site name with '/', '+' or '#'
-        raise fail(escape(f"--node {node!r} / site {name!r}: {e}")) from None
+        raise fail(f"--node {node!r} / site {name!r}: {e}") from None
     try:
         with err.status(escape(f"reading {file}")):
             parsed = parse(file, node, query_gpu=query_gpu, tz=tz)
     except NvidiaSmiError as e:
-        raise fail(escape(str(e))) from None
+        raise fail(str(e)) from None
     items = messages(parsed, name, node)
     out: dict[str, object] = {"file": str(file), "node": node, "site": name, "timezone": tz}
     out.update(parsed.summary())
@@ -244,7 +244,7 @@ def prometheus(
     try:
         topic_for(name, "gpu", node or "node")
     except ValueError as e:  # a node or site name with '/', '+' or '#'
-        raise fail(escape(f"--node {node!r} / site {name!r}: {e}")) from None
+        raise fail(f"--node {node!r} / site {name!r}: {e}") from None
     try:
         table = DcgmTable(
             dcgm.DCGM_FIELDS,
@@ -255,7 +255,7 @@ def prometheus(
         with err.status(escape(f"reading {file}")):
             parsed = parse(file, table, node=node, site=name)
     except PrometheusError as e:
-        raise fail(escape(str(e))) from None
+        raise fail(str(e)) from None
     for text in parsed.errors[:5]:
         err.print(escape(f"note: refused {text}"), highlight=False)
     if len(parsed.errors) > 5:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 
 from twin.cli.common import (
     REPO,
@@ -313,7 +314,7 @@ def serve(
         pass
     err.print("stopping: flushing what has arrived", highlight=False)
     for problem in service.stop():
-        err.print(f"[yellow]{problem}[/]", highlight=False)
+        err.print(f"[yellow]{escape(problem)}[/]", highlight=False)
     typer.echo(json.dumps(service.ingester.counters.as_dict()))
 
 
