@@ -306,6 +306,16 @@ def main(argv: list[str] | None = None) -> int:
         " days both paths ran, instead of running anything",
     )
     ap.add_argument(
+        "--split",
+        type=Path,
+        nargs="+",
+        default=None,
+        metavar="JSON",
+        help="write each day of these single-path --json results as a result of its own"
+        " ([replay-]seedS-dayD.json beside it; an existing file is not overwritten), so one"
+        " day run again can replace that day alone in a --merge, instead of running anything",
+    )
+    ap.add_argument(
         "--resolution-s",
         type=float,
         default=60.0,
@@ -351,6 +361,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.merge:
         return _merge_main(args)
+    if args.split:
+        return _split_main(args.split)
     problems = []
     if args.days < 1:
         problems.append(f"--days {args.days}: must be at least 1")
@@ -616,6 +628,54 @@ def merge_results(results: list[dict[str, Any]]) -> dict[str, Any]:
         "step_faults": step_page_delays(cases),
         "wall_s": sum(float(r.get("wall_s", 0.0)) for r in results),
     }
+
+
+def split_result(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each day of a single-path result (``--json``) as a result of its own: its per-day
+    record, its faults and its untied pages, scored again for one day."""
+    if "per_day" not in result or "faults" not in result:
+        raise ValueError("not a single-path bench_alerts result (run with one --path)")
+    names = set(FaultCase.__dataclass_fields__) - {"related"}
+    hours, gpus = float(result["hours"]), int(result["gpus"])
+    out = []
+    for d in result["per_day"]:
+        day = int(d["day"])
+        faults = [f for f in result["faults"] if int(f["day"]) == day]
+        untied = [u for u in result["untied_pages"] if int(u["day"]) == day]
+        cases = [FaultCase(**{k: v for k, v in f.items() if k in names}) for f in faults]
+        out.append(
+            {
+                **result,
+                "days": 1,
+                "first_day": day,
+                "score": score(cases, untied, hours / 24.0, gpus),
+                "tickets": d["tickets"],
+                "tickets_by_rule": d["tickets_by_rule"],
+                "faults": faults,
+                "untied_pages": untied,
+                "per_day": [d],
+                "step_faults": step_page_delays(cases),
+                "wall_s": float(d.get("timing_s", {}).get("total_s", 0.0)),
+            }
+        )
+    return out
+
+
+def _split_main(paths: list[Path]) -> int:
+    """``--split``: each day of each result written beside it."""
+    try:
+        for p in paths:
+            for r in split_result(json.loads(p.read_text())):
+                prefix = "replay-" if r["path"] == "replay" else ""
+                dest = p.parent / f"{prefix}seed{r['seed']}-day{r['first_day']}.json"
+                if dest.exists():
+                    raise ValueError(f"{dest} exists: not overwritten")
+                _write_json(dest, {**r, "split_from": p.name})
+                print(f"{p} day {r['first_day']} -> {dest}")
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        print(f"bench_alerts: --split: {e}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def _merge_main(args: argparse.Namespace) -> int:

@@ -372,6 +372,8 @@ def test_merge_compares_the_pages_of_the_days_both_paths_ran(tmp_path) -> None:
     assert m.returncode == 0, m.stderr
     assert "merged (live): seed 0 day 0, seed 0 day 1, seed 2 day 0" in m.stdout
     assert "merged (replay): seed 0 day 0" in m.stdout
+    # which code each day ran: these hand-made results record no commit
+    assert "code: seed 0 days 0, 1 at not recorded; seed 2 day 0 at not recorded" in m.stdout
     res = json.loads(out.read_text())
     assert res["live"]["days"] == 3 and res["replay"]["days"] == 1
     assert res["comparison"] == {
@@ -382,3 +384,35 @@ def test_merge_compares_the_pages_of_the_days_both_paths_ran(tmp_path) -> None:
         "only_live": ["seed 0 day 0: b|cdu cdu-1"],
         "only_replay": ["seed 0 day 0: d|pdu p"],
     }
+
+
+def test_split_writes_each_day_apart_and_merges_to_the_same_figures(tmp_path) -> None:
+    """--split of a committed two-day live result: one result per day beside it (an existing
+    file is not overwritten), and the days merged again score exactly as the whole did, so a
+    day run again can replace that day alone."""
+    src = REPO / "bench" / "alerts-live" / "seed2-days2-3.json"
+    whole = tmp_path / src.name
+    whole.write_bytes(src.read_bytes())
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, str(SCRIPT), *args], capture_output=True, text=True, cwd=REPO
+        )
+
+    r = run("--split", str(whole))
+    assert r.returncode == 0, r.stderr
+    days = [tmp_path / "seed2-day2.json", tmp_path / "seed2-day3.json"]
+    assert all(p.is_file() for p in days)
+    one = json.loads(days[0].read_text())
+    assert one["days"] == 1 and [d["day"] for d in one["per_day"]] == [2]
+    assert {f["day"] for f in one["faults"]} == {2} and one["split_from"] == src.name
+    again = run("--split", str(whole))
+    assert again.returncode == 1 and "exists: not overwritten" in again.stderr
+    merged = {}
+    for name, files in (("whole", [whole]), ("days", days)):
+        out = tmp_path / f"{name}.out.json"
+        m = run("--merge", *map(str, files), "--json", str(out))
+        assert m.returncode == 0, m.stderr
+        merged[name] = json.loads(out.read_text())
+    for key in ("score", "faults", "untied_pages", "per_day", "tickets", "step_faults"):
+        assert merged["days"][key] == merged["whole"][key], key
