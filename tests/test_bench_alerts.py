@@ -387,12 +387,20 @@ def test_merge_compares_the_pages_of_the_days_both_paths_ran(tmp_path) -> None:
 
 
 def test_split_writes_each_day_apart_and_merges_to_the_same_figures(tmp_path) -> None:
-    """--split of a committed two-day live result: one result per day beside it (an existing
-    file is not overwritten), and the days merged again score exactly as the whole did, so a
-    day run again can replace that day alone."""
-    src = REPO / "bench" / "alerts-live" / "seed2-days2-3.json"
-    whole = tmp_path / src.name
-    whole.write_bytes(src.read_bytes())
+    """--split of a two-day live result (two committed days of seed 2 as one run had written
+    them): one result per day beside it (an existing file is not overwritten), and the days
+    merged again score exactly as the whole did, so a day run again can replace that day
+    alone."""
+    live = REPO / "bench" / "alerts-live"
+    d2, d3 = (json.loads((live / f"seed2-day{d}.json").read_text()) for d in (2, 3))
+    joined = {
+        **d2,
+        "days": 2,
+        **{k: d2[k] + d3[k] for k in ("faults", "untied_pages", "per_day")},
+    }
+    joined.pop("split_from", None)
+    whole = tmp_path / "seed2-days2-3.json"
+    whole.write_text(json.dumps(joined))
 
     def run(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run(
@@ -405,7 +413,7 @@ def test_split_writes_each_day_apart_and_merges_to_the_same_figures(tmp_path) ->
     assert all(p.is_file() for p in days)
     one = json.loads(days[0].read_text())
     assert one["days"] == 1 and [d["day"] for d in one["per_day"]] == [2]
-    assert {f["day"] for f in one["faults"]} == {2} and one["split_from"] == src.name
+    assert {f["day"] for f in one["faults"]} == {2} and one["split_from"] == whole.name
     again = run("--split", str(whole))
     assert again.returncode == 1 and "exists: not overwritten" in again.stderr
     merged = {}
