@@ -49,7 +49,7 @@ def _require_embedded_broker(command: str, kind: str) -> None:
         where = "" if kind == "embedded" else " (mosquitto is not on PATH)"
         raise fail(
             f"dctwin {command}: the embedded broker{where} needs the service extra:"
-            r" pip install 'dctwin\[service]' (amqtt is not installed)"
+            " pip install 'dctwin[service]' (amqtt is not installed)"
         )
 
 
