@@ -550,7 +550,6 @@ def _scored(
     }
 
 
-#: Settings that must agree for days of several runs to be scored together.
 def _days_label(result: dict[str, Any]) -> str:
     """'seed 0 day 3' or 'seed 2 days 0, 1': the days one result ran."""
     days = [str(d["day"]) for d in result["per_day"]]
@@ -575,6 +574,7 @@ def _commit() -> str:
     return out.stdout.strip() or "unknown"
 
 
+#: Settings that must agree for days of several runs to be scored together.
 _MERGE_KEYS = ("path", "hours", "resolution_s", "tick_s", "faults_per_kind", "margin_min", "gpus")
 
 
@@ -595,7 +595,6 @@ def merge_results(results: list[dict[str, Any]]) -> dict[str, Any]:
     cases: list[FaultCase] = []
     untied: list[dict[str, Any]] = []
     per_day: list[dict[str, Any]] = []
-    names = set(FaultCase.__dataclass_fields__) - {"related"}
     for r in results:
         seed = int(r["seed"])
         for d in r["per_day"]:
@@ -604,8 +603,7 @@ def merge_results(results: list[dict[str, Any]]) -> dict[str, Any]:
                 raise ValueError(f"seed {seed} day {d['day']} is in two results")
             seen.add(key)
             per_day.append({**d, "seed": seed})
-        for f in r["faults"]:
-            cases.append(FaultCase(**{k: v for k, v in f.items() if k in names}))
+        cases += _fault_cases(r["faults"])
         for u in r["untied_pages"]:
             untied.append({**u, "day": f"seed {seed} day {u.get('day')}"})
     days = len(per_day)
@@ -630,19 +628,24 @@ def merge_results(results: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def _fault_cases(faults: list[dict[str, Any]]) -> list[FaultCase]:
+    """The fault cases of a result's ``faults`` (JSON), as they were scored."""
+    names = set(FaultCase.__dataclass_fields__) - {"related"}
+    return [FaultCase(**{k: v for k, v in f.items() if k in names}) for f in faults]
+
+
 def split_result(result: dict[str, Any]) -> list[dict[str, Any]]:
     """Each day of a single-path result (``--json``) as a result of its own: its per-day
     record, its faults and its untied pages, scored again for one day."""
     if "per_day" not in result or "faults" not in result:
         raise ValueError("not a single-path bench_alerts result (run with one --path)")
-    names = set(FaultCase.__dataclass_fields__) - {"related"}
     hours, gpus = float(result["hours"]), int(result["gpus"])
     out = []
     for d in result["per_day"]:
         day = int(d["day"])
         faults = [f for f in result["faults"] if int(f["day"]) == day]
         untied = [u for u in result["untied_pages"] if int(u["day"]) == day]
-        cases = [FaultCase(**{k: v for k, v in f.items() if k in names}) for f in faults]
+        cases = _fault_cases(faults)
         out.append(
             {
                 **result,
