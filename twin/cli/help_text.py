@@ -73,7 +73,6 @@ def prepare(app: typer.Typer) -> None:
         for info in sub.registered_commands:
             if info.cls is None or info.cls is TyperCommand:
                 info.cls = RichSafeCommand
-        for group in (sub.info, *sub.registered_groups):
-            if isinstance(group.help, str) and not getattr(group, "_help_escaped", False):
+        for group in (sub.info, *sub.registered_groups):  # each visited once
+            if isinstance(group.help, str):
                 group.help = escape(group.help)
-                group._help_escaped = True  # type: ignore[attr-defined]
