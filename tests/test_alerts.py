@@ -228,6 +228,27 @@ def test_inhibition_hold_keeps_muting_after_the_source_clears(topo: Topology) ->
     assert [(n.rule, n.status) for n in out] == [("gpu_temp_high", "firing")]
 
 
+@pytest.mark.parametrize("later_k", [90.0, 70.0])
+def test_an_alert_freed_from_inhibition_pages_only_on_a_value_seen_since(
+    topo: Topology, later_k: float
+) -> None:
+    """A GPU alert muted by its CDU's page, not observed since (its fleet drained, say), does
+    not page with the value it was muted with when the CDU's page resolves: the next
+    observation decides, a page if still hot, nothing if it cooled meanwhile."""
+    e = engine(topo, RULES.replace("for_s: 30", "for_s: 0"))
+    e.evaluate(obs("cdu.pumps_running", "cdu", ["cdu-1"], 1, 0), at(0))
+    assert e.evaluate(temps(R01_GPUS[:2], 90, 10), at(10)) == []  # muted
+    out = e.evaluate(obs("cdu.pumps_running", "cdu", ["cdu-1"], 2, 20), at(20))
+    assert [(n.rule, n.status) for n in out] == [("cdu_pump_lost", "resolved")]
+    assert e.evaluate([], at(600)) == []  # freed, but its last value is from t=10
+    out = e.evaluate(temps(R01_GPUS[:2], later_k, 660), at(660))
+    if later_k >= 84:
+        assert [(n.rule, n.status) for n in out] == [("gpu_temp_high", "firing")]
+        assert out[0].members[0].value == later_k
+    else:
+        assert out == [] and e.active() == []
+
+
 # ---- silences ------------------------------------------------------------------------------
 
 

@@ -114,6 +114,9 @@ def _dt(s: str | None) -> datetime | None:
 # ---- state ---------------------------------------------------------------------------------
 
 
+_INSTANCE_TIMES = ("since", "last_ts", "fired_at", "clearing_since", "released_at")
+
+
 @dataclass
 class _Instance:
     """One rule on one entity, pending or firing."""
@@ -128,6 +131,8 @@ class _Instance:
     fired_at: datetime | None = None
     labels: dict[str, str] = field(default_factory=dict)
     clearing_since: datetime | None = None  # firing, past clear_value: keep_firing_for runs
+    muted: bool = False  # inhibited or silenced at the last evaluation
+    released_at: datetime | None = None  # when it was last unmuted: a page needs a value since
 
     @property
     def key(self) -> str:
@@ -135,14 +140,14 @@ class _Instance:
 
     def to_json(self) -> str:
         d = asdict(self)
-        for k in ("since", "last_ts", "fired_at", "clearing_since"):
+        for k in _INSTANCE_TIMES:
             d[k] = d[k].isoformat() if d[k] is not None else None
         return json.dumps(d)
 
     @classmethod
     def from_json(cls, s: str) -> _Instance:
         d = json.loads(s)
-        for k in ("since", "last_ts", "fired_at", "clearing_since"):
+        for k in _INSTANCE_TIMES:
             d.setdefault(k, None)
             d[k] = _dt(d[k])
         return cls(**d)
@@ -668,6 +673,7 @@ class AlertEngine:
             }
             silenced = _silenced_members(silences, fields, (m.entity_id for m in members))
             live = [m for m in members if m.key not in inhibited and m.entity_id not in silenced]
+            self._note_muting(members, live, now)
             flapping = self._flapping(gkey)
             if group.notified:
                 added = [m for m in live if m.entity_id not in group.members]
@@ -682,14 +688,35 @@ class AlertEngine:
             waited = (now - group.first_fired_at).total_seconds() >= rule.group_wait_s
             # a new page needs a member whose condition holds now: one kept firing over a clear
             # (keep_firing_for) only holds an open page, it never starts one (else a forecast
-            # muted by its breach would page once the breach resolved, for what is over)
-            breached = [m for m in live if m.clearing_since is None]
+            # muted by its breach would page once the breach resolved, for what is over); and
+            # one muted until now pages on a value observed since, not on the one it was muted
+            # with (a drift measured during a fault, unmeasurable since, is not news once the
+            # fault's page resolves)
+            breached = [
+                m
+                for m in live
+                if m.clearing_since is None
+                and (m.released_at is None or m.last_ts >= m.released_at)
+            ]
             if breached and waited:
                 note = self._recurrence(rule, group, self._fire(rule, group, live, now, flapping))
                 if note is not None:
                     out.append(note)
                 self._dirty.add(gkey)
         return out
+
+    def _note_muting(self, members: list[_Instance], live: list[_Instance], now: datetime) -> None:
+        """Keep each member's muting (inhibited or silenced) across evaluations, and when a
+        muted member comes free, the time it did (``released_at``)."""
+        free = {m.key for m in live}
+        for m in members:
+            muted = m.key not in free
+            if muted == m.muted:
+                continue
+            m.muted = muted
+            if not muted:
+                m.released_at = now
+            self._dirty.add(m.key)
 
     def _recurrence(self, rule: Rule, group: _Group, note: Notification) -> Notification | None:
         """``recur_as_ticket_s``: the first incident of a rule on a group pages; while the
