@@ -35,7 +35,9 @@ One evaluation (:meth:`AlertEngine.evaluate`) does, in order:
    X or on entities below X (along ``cooling`` or ``power``) are muted, and stay muted
    ``hold_s`` after A clears. **Silences** mute by matchers until they expire. A muted alert
    is not paged, as in Alertmanager; it still has its state, so if it still fires once the
-   mute ends it is paged then. An incident already paged is still resolved when it clears,
+   mute ends it is paged then, on a value observed since the mute ended (not on the one it
+   was muted with: a drift measured during a fault and unmeasurable since is not news when
+   the fault's page resolves). An incident already paged is still resolved when it clears,
    even if muted meanwhile: an open page that never resolves is worse than one resolve more.
 4. **Persist and enqueue**: the engine's state (pending and firing alerts with their
    keep-firing clocks, incidents with their reminder counts, flap counts, holds)
