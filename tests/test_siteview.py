@@ -127,8 +127,10 @@ def view(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SiteView]:
 
                 assert wait_until(ready, 90)
         spec = ",".join(f"{n}={u}" for n, u in shards.items())
+        # 30 s per shard: two shards detecting every 2 s on a loaded 2-vCPU CI machine took
+        # over 2 s for a first forecast read (a 503); the killed shard below is refused at once
         procs["view"] = _cli(
-            *("site-view", "--shards", spec, "--port", "0", "--timeout-s", "2"),
+            *("site-view", "--shards", spec, "--port", "0", "--timeout-s", "30"),
             log=tmp / "view.log",
             env=dict(os.environ),
         )
