@@ -249,6 +249,21 @@ def test_an_alert_freed_from_inhibition_pages_only_on_a_value_seen_since(
         assert out == [] and e.active() == []
 
 
+def test_a_page_after_a_mute_is_headed_by_the_member_seen_since(topo: Topology) -> None:
+    """When a mute ends and one member is seen hot again, the page's summary quotes that member
+    and its new value, not another member's value from before the mute (still listed)."""
+    e = engine(topo, RULES.replace("for_s: 30", "for_s: 0"))
+    e.evaluate(obs("cdu.pumps_running", "cdu", ["cdu-1"], 1, 0), at(0))
+    assert e.evaluate(temps(R01_GPUS[:2], 90, 10), at(10)) == []  # both muted at 90
+    e.evaluate(obs("cdu.pumps_running", "cdu", ["cdu-1"], 2, 20), at(20))  # pump back
+    out = e.evaluate(temps(R01_GPUS[:1], 86, 660), at(660))  # only the first seen since
+    assert [(n.rule, n.status) for n in out] == [("gpu_temp_high", "firing")]
+    page = out[0]
+    assert R01_GPUS[0] in page.summary and "86" in page.summary
+    assert R01_GPUS[1] not in page.summary and "90" not in page.summary
+    assert page.description.index(f"{R01_GPUS[0]} (86)") < page.description.index(R01_GPUS[1])
+
+
 # ---- silences ------------------------------------------------------------------------------
 
 

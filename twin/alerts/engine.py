@@ -694,13 +694,7 @@ class AlertEngine:
             # one muted until now pages on a value observed since, not on the one it was muted
             # with (a drift measured during a fault, unmeasurable since, is not news once the
             # fault's page resolves)
-            breached = [
-                m
-                for m in live
-                if m.clearing_since is None
-                and (m.released_at is None or m.last_ts >= m.released_at)
-            ]
-            if breached and waited:
+            if any(self._fresh(m) for m in live) and waited:
                 note = self._recurrence(rule, group, self._fire(rule, group, live, now, flapping))
                 if note is not None:
                     out.append(note)
@@ -774,7 +768,7 @@ class AlertEngine:
         """The incident's page, or (once paged) a reminder: same dedup key and start, the
         members seen so far, ``repeat`` counting reminders."""
         reminder = group.notified
-        live = self._worst_first(rule, live)
+        live = self._headline_first(rule, live)
         worst = live[0]
         common = dict(worst.labels)
         for m in live[1:]:
@@ -836,9 +830,21 @@ class AlertEngine:
         return self.console_url + self.topology.console_path(entity)
 
     @staticmethod
-    def _worst_first(rule: Rule, members: list[_Instance]) -> list[_Instance]:
+    def _fresh(m: _Instance) -> bool:
+        """The member's condition holds on a value seen since its last mute ended: not kept
+        firing over a clear, and observed since it came free."""
+        return m.clearing_since is None and (m.released_at is None or m.last_ts >= m.released_at)
+
+    @classmethod
+    def _headline_first(cls, rule: Rule, members: list[_Instance]) -> list[_Instance]:
+        """Members in the order a page names them: those breached on a fresh value first,
+        then the rest (held over a clear, or muted until now and not seen since), each worst
+        first, so the summary never quotes a value from before a mute when a fresh one paged."""
         above = rule.op in (">", ">=")
-        return sorted(members, key=lambda m: (-m.value if above else m.value, m.entity_id))
+        return sorted(
+            members,
+            key=lambda m: (not cls._fresh(m), -m.value if above else m.value, m.entity_id),
+        )
 
     @staticmethod
     def _summary(rule: Rule, group: _Group, live: list[_Instance]) -> str:
@@ -950,7 +956,7 @@ class AlertEngine:
             spec = METRICS.get(rule.metric) if rule is not None else None
             row["unit"] = spec.unit if spec is not None else None
             if rule is not None and members:
-                live = self._worst_first(rule, members)
+                live = self._headline_first(rule, members)
                 row["summary"] = self._summary(rule, g, live)
                 row["value"] = live[0].value
             out.append(row)
