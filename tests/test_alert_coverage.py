@@ -538,3 +538,54 @@ def test_the_replay_takes_the_live_headrooms_last_minute_slope_and_model_bias() 
     raw = breach.gpu_breach_in_s(t, ref, p, r, c, np.array([[87.0]]))
     fixed = breach.gpu_breach_in_s(t - bias, ref, p, r, c, 87.0 - bias)
     assert np.isfinite(raw[0, 0]) and np.isnan(fixed[0, 0])
+
+
+def test_the_replay_forecasts_a_gpu_as_the_live_headroom_does() -> None:
+    """One figure, one answer: ``headroom.gpu.time_to_breach_p90_s`` from the replay's closed
+    form (every minute's row) equals the live headroom's stepped path for the same present
+    values and a flat p90 load ratio, on GPUs near their limit at various activities: the
+    ratio scales their activity on the calibrated curve in both (not their power), one breaches
+    now, one never, the rest within the hour or past it."""
+    from models import thermal_watch as tw
+    from twin import headroom
+    from twin.chain import propagate, resolve
+    from twin.site.index import index_site
+
+    site = load_site(SMALL_SITE)
+    idx = index_site(site)
+    gp = resolve(site, idx, {}).gpu
+    g = len(idx.gpu_ids)
+    rng = np.random.default_rng(11)
+    act = rng.uniform(0.35, 0.95, g)
+    act[-1] = np.nan  # no activity telemetry: its power scales with the ratio
+    power = np.where(np.isfinite(act), propagate.gpu_power_w(np.nan_to_num(act), gp), 600.0)
+    ref = np.full(g, 32.0)
+    r = np.asarray(gp.r_k_per_w, float) * rng.uniform(0.9, 1.1, g)
+    temp = gp.max_temp_c - rng.uniform(0.5, 12.0, g)
+    temp[0] = gp.max_temp_c[0] + 1.0  # over its limit now
+    ratio = np.full(g, 1.35)
+    ratio[1] = 1.0  # a flat load on a GPU far below its limit: never
+    temp[1] = gp.max_temp_c[1] - 30.0
+    cap = np.asarray(gp.limit_w, float)
+
+    # live: the stepped p90 path of twin.headroom from the last minute's values
+    bias = tw.model_bias_k(temp, power, np.zeros(g), ref + gp.offset_k, r, gp.c_j_per_k)
+    path = headroom._gpu_path(
+        temp, ref, power, act, bias, np.tile(ratio, (61, 1)), cap, r, gp, 60.0
+    )
+    live = headroom._breach_in_s(gp.max_temp_c[None, :] - path, 60.0)
+
+    # replay: two minutes of the same constant values at 10 s, judged at the last row
+    def series(v: np.ndarray) -> np.ndarray:
+        return np.tile(v, (12, 1))
+
+    s = breach.GpuSeries(
+        series(temp), series(power), series(act), series(ref + gp.offset_k), np.array([11]), 10.0
+    )
+    replay = breach.gpu_p90_breach_in_s(s, r[None, :], ratio[None, :], cap[None, :], gp)[0]
+
+    expect = np.where(np.isfinite(live), live, 2 * breach.HORIZON_S)
+    np.testing.assert_array_equal(replay, expect)
+    assert replay[0] == 0.0 and replay[1] == 2 * breach.HORIZON_S
+    inside = (replay > 0) & (replay <= breach.HORIZON_S)
+    assert inside.sum() >= 2 and (replay[2:] == 2 * breach.HORIZON_S).any()

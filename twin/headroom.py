@@ -675,8 +675,9 @@ def _gpu_path(
     """(n, G) temperature path of every GPU for a load-ratio path of its rack.
 
     The rack's load ratio scales each GPU's activity; power follows the calibrated curve
-    (measured power plus the curve's change, ``twin.chain.propagate.gpu_power_after_w``) and the
-    temperature the RC model with the thermal controller (``twin.chain.gpu_temperatures``).
+    (measured power plus the curve's change: ``twin.chain.propagate.gpu_power_at_ratio_w``, the
+    step a replay's forecast takes too) and the temperature the RC model with the thermal
+    controller (``twin.chain.gpu_temperatures``).
     A GPU without activity telemetry scales its power with the ratio instead; ``from_util``
     marks the GPUs whose activity is GPU-Util (their curve may be a util-only one).
 
@@ -686,20 +687,16 @@ def _gpu_path(
     not forecast its slowdown), while its response to the load path and its transients are.
     The controller holds the model at the max operating temperature less the bias.
     """
-    n = ratio.shape[0]
-    act = np.where(np.isfinite(act_now), act_now, 0.0)
-    p_now = np.nan_to_num(power_now)
-    a_path = np.clip(act[None, :] * ratio, 0.0, 1.0)
-    p = chain.gpu_power_after_w(
-        p_now[None, :], act[None, :], a_path, gp, cap_w[None, :], from_util=from_util
+    n, g = ratio.shape
+    p = chain.gpu_power_at_ratio_w(
+        power_now[None, :], act_now[None, :], ratio, gp, cap_w[None, :], from_util=from_util
     )
-    p = np.where(np.isfinite(act_now)[None, :], p, np.minimum(p_now[None, :] * ratio, cap_w))
-    ref = np.broadcast_to(np.nan_to_num(ref_now) + gp.offset_k, (n, len(p_now)))
+    ref = np.broadcast_to(np.nan_to_num(ref_now) + gp.offset_k, (n, g))
     res = gpu_temperatures(
         np.where(np.isfinite(temp_now), temp_now, ref_now) - bias_k,
         ref,
         p,
-        np.broadcast_to(r_k, (n, len(p_now))),
+        np.broadcast_to(r_k, (n, g)),
         gp.c_j_per_k,
         step_s,
         idle_w=gp.idle_w,

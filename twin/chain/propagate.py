@@ -56,6 +56,29 @@ def gpu_power_after_w(
     return np.clip(p, 0.0, cap_w)
 
 
+def gpu_power_at_ratio_w(
+    power_w: np.ndarray,
+    activity: np.ndarray,
+    ratio: np.ndarray,
+    gp: GpuParams,
+    cap_w: np.ndarray,
+    cols: Any = slice(None),
+    from_util: Any = None,
+) -> np.ndarray:
+    """A GPU's power when its rack's load is ``ratio`` times the present: its activity scaled by
+    the ratio (within [0, 1]) on the calibrated curve (:func:`gpu_power_after_w`), within the
+    cap. A GPU without activity telemetry (NaN) scales its power with the ratio instead.
+
+    The one load-to-power step of the GPU temperature forecast, live (``twin.headroom``, a
+    ratio path from now) and in a replay (``twin.replay.breach``, every minute's p90 ratio)."""
+    known = np.isfinite(activity)
+    act = np.where(known, activity, 0.0)
+    p_now = np.nan_to_num(power_w)
+    after = np.clip(act * ratio, 0.0, 1.0)
+    p = gpu_power_after_w(p_now, act, after, gp, cap_w, cols, from_util)
+    return np.where(known, p, np.minimum(p_now * ratio, cap_w))
+
+
 # ---- racks and PDUs --------------------------------------------------------------------------
 def rack_power_w(rack_w: np.ndarray, gpu_change_w: np.ndarray, beta: np.ndarray) -> np.ndarray:
     """Rack input power after a change of its GPUs' power (``alpha + beta * sum P_gpu``)."""

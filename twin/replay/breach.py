@@ -14,11 +14,13 @@ minute at once (vectorized over minutes and entities), each from the data up to 
   :data:`twin.headroom.TREND_WINDOW_S`; the p50 path is ``current + slope * t``. Under
   persistence a checkpoint dip is taken for the load to come, so the forecast clears for the
   dip's minute, live as in replay: rules ride that out with the engine's ``keep_firing_for``;
-- GPUs (p90): the RC model of the chain at the p90 power (present power x the rack's p90 load
-  ratio, within the enforced cap), from the present temperature less the model's level error
-  of the last minute (``models.thermal_watch.model_bias_k``, as the live headroom takes it
-  out), against the limit less that error: the closed form of
-  :func:`models.gpu_thermal.rc_simulate` for constant inputs, which is exact on its steps;
+- GPUs (p90, :func:`gpu_p90_breach_in_s`): the RC model of the chain at the p90 power (the
+  present activity x the rack's p90 load ratio on the calibrated curve, within the enforced
+  cap, by the live path's own ``twin.chain.propagate.gpu_power_at_ratio_w``), from the
+  present temperature less the model's level error of the last minute
+  (``models.thermal_watch.model_bias_k``, as the live headroom takes it out), against the
+  limit less that error: the closed form of :func:`models.gpu_thermal.rc_simulate` for
+  constant inputs, which is exact on its steps;
 - racks, CDU heat and flow, loop return, links: flat p50 paths under persistence, so the time to
   breach is 0 when the limit is breached now and "never" otherwise.
 
@@ -30,10 +32,13 @@ reports twice the horizon, labelled ``beyond_horizon``, as :func:`twin.detect.ob
 from __future__ import annotations
 
 import warnings
+from typing import Any, NamedTuple
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
+from models import thermal_watch as tw
+from twin.chain import propagate as chain
 from twin.headroom import (
     LEVEL_WINDOW_S,
     NOW_WINDOW_S,
@@ -45,9 +50,11 @@ from twin.headroom import (
 __all__ = [
     "HORIZON_S",
     "STEP_S",
+    "GpuSeries",
     "beyond_horizon",
     "flat_breach_in_s",
     "gpu_breach_in_s",
+    "gpu_p90_breach_in_s",
     "minute_means",
     "minute_slopes",
     "p90_ratio",
@@ -231,3 +238,51 @@ def gpu_breach_in_s(
         k = np.ceil(t / step_s - 1e-9)
         out = np.where(temp_c >= max_temp_c, 0.0, np.where(k <= n_last, k * step_s, np.nan))
     return out
+
+
+class GpuSeries(NamedTuple):
+    """A replay's GPU series ``(T, G)`` and the rows (one per evaluation minute) to judge at."""
+
+    temp_c: np.ndarray
+    power_w: np.ndarray
+    activity: np.ndarray  # SM activity, else GPU-Util / 100 (NaN: none)
+    ref_c: np.ndarray  # coolant supply (inlet air) plus the fitted offset
+    rows: np.ndarray
+    dt_s: float
+
+
+def gpu_p90_breach_in_s(
+    s: GpuSeries,
+    r_k_per_w: np.ndarray,
+    ratio90: np.ndarray,
+    cap_w: np.ndarray,
+    gp: Any,
+    cols: Any = slice(None),
+    from_util: Any = None,
+    *,
+    horizon_s: float = HORIZON_S,
+    step_s: float = STEP_S,
+) -> np.ndarray:
+    """(M, G) the GPUs' p90 time to breach at each evaluation row, as the live headroom forecasts
+    it (``twin.headroom``) under its persistence basis, beyond the horizon reported as twice it.
+
+    Power: the present activity (the last minute's mean) scaled by the rack's p90 load ratio on
+    the calibrated curve, within the cap (``twin.chain.propagate.gpu_power_at_ratio_w``, the
+    live path's own step); temperature: the RC model from the present temperature (the row's
+    sample) at that constant power (:func:`gpu_breach_in_s`), the model's level error of the
+    last minute (``models.thermal_watch.model_bias_k``) taken out of the start and the limit.
+    ``r_k_per_w``: (M, G) R at each row; ``ratio90``: (M, G) each GPU's rack's p90 ratio."""
+    rows, dt = s.rows, s.dt_s
+    p_now = minute_means(s.power_w, rows, dt)
+    ref_now = minute_means(s.ref_c, rows, dt)
+    c = gp.c_j_per_k[cols][None, :]
+    t_mean, slope = minute_means(s.temp_c, rows, dt), minute_slopes(s.temp_c, rows, dt)
+    bias = tw.model_bias_k(t_mean, p_now, slope, ref_now, r_k_per_w, c)
+    a_now = minute_means(s.activity, rows, dt)
+    p90 = chain.gpu_power_at_ratio_w(p_now, a_now, ratio90, gp, cap_w, cols, from_util)
+    t_now = s.temp_c[rows]
+    limit = gp.max_temp_c[cols][None, :] - bias
+    b = gpu_breach_in_s(
+        t_now - bias, ref_now, p90, r_k_per_w, c, limit, horizon_s=horizon_s, step_s=step_s
+    )
+    return np.where(np.isfinite(t_now), beyond_horizon(b, horizon_s), np.nan)

@@ -36,7 +36,6 @@ from typing import Any
 import numpy as np
 
 from collectors.contract import phase_id, sub_id
-from models import thermal_watch as tw
 from models.gpu_thermal import rc_simulate
 from twin.alerts import metrics as am
 from twin.chain import gpu_temperatures, rack_capacity_kw
@@ -367,33 +366,17 @@ def _gpus_run(
         judge.add("gpu", idx.gpu_ids[sl], "°C", res.temp_c, gp.max_temp_c[sl], over=at_max)
         feed.offer(M_GPU_K, "gpu", idx.gpu_ids[sl], gp.max_temp_c[sl][None, :] - res.temp_c)
         if forecast:
-            # the live headroom's p90 path: present power x the rack's p90 ratio, within the
-            # enforced cap, through the RC model from the present temperature (minute means),
-            # the model's level error of the last minute taken out
-            p_now = breach.minute_means(res.power_w, rows, d.dt_s)
             r_scale = hotspot_feed.causal_r_scale(d)
-            cap_w = np.fmin(d.gpu_power_limit_w[sl], cap[sl])[None, :]
-            ref_now = breach.minute_means(ref_s, rows, d.dt_s)
             r_rows = np.asarray(r_s, dtype=float)[rows] if np.ndim(r_s) == 2 else r_s
-            r_now = r_rows * r_scale[:, sl]  # causal: no R the recording had not shown yet
-            c_g = gp.c_j_per_k[sl][None, :]
-            bias = tw.model_bias_k(  # the model's level error is not headroom (live alike)
-                breach.minute_means(res.temp_c, rows, d.dt_s),
-                p_now,
-                breach.minute_slopes(res.temp_c, rows, d.dt_s),
-                ref_now,
-                r_now,
-                c_g,
+            b90 = breach.gpu_p90_breach_in_s(
+                breach.GpuSeries(res.temp_c, res.power_w, act_s, ref_s, rows, d.dt_s),
+                r_rows * r_scale[:, sl],  # causal: no R the recording had not shown yet
+                ratio90[:, rack],
+                np.fmin(d.gpu_power_limit_w[sl], cap[sl])[None, :],
+                gp,
+                sl,
+                from_util,
             )
-            b90 = breach.gpu_breach_in_s(
-                res.temp_c[rows] - bias,
-                ref_now,
-                np.minimum(np.nan_to_num(p_now) * ratio90[:, rack], cap_w),
-                r_now,
-                c_g,
-                gp.max_temp_c[sl][None, :] - bias,
-            )
-            b90 = np.where(np.isfinite(res.temp_c[rows]), breach.beyond_horizon(b90), np.nan)
             feed.offer_series(am.HEADROOM_GPU_TIME_TO_BREACH_P90_S, "gpu", idx.gpu_ids[sl], b90)
         # each GPU's power change summed into its rack, its activity and power into its fleet:
         # one product with the chunk's (GPU x group) membership each (the inputs are finite)
