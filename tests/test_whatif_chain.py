@@ -9,6 +9,7 @@ from typing import ClassVar
 
 import numpy as np
 import pytest
+import yaml
 
 import twin.replay.whatif as whatif_mod
 from twin.alerts import load_rules
@@ -119,9 +120,11 @@ def test_no_time_over_a_limit_exceeds_the_recording(demo, demo_baseline) -> None
             assert c.time_over_s <= length and c.baseline_time_over_s <= length
 
 
-def _twenty_minutes_recorded(tmp_path: Path) -> tuple[Bundle, datetime]:
+def _twenty_minutes_recorded(
+    tmp_path: Path, site_file: Path = SMALL_SITE
+) -> tuple[Bundle, datetime]:
     """20 simulated minutes of the small site, ingested and recorded as a bundle."""
-    site = load_site(SMALL_SITE)
+    site = load_site(site_file)
     start = datetime(2026, 11, 20, 12, 0, tzinfo=UTC)
     sim = SiteSimulator(site, seed=11, start=start)
     with Store(tmp_path / "src.duckdb") as src:
@@ -131,7 +134,7 @@ def _twenty_minutes_recorded(tmp_path: Path) -> tuple[Bundle, datetime]:
             for _ in range(60):
                 batch.extend(sim.step())
             ing.ingest(batch)
-        record(src, SMALL_SITE, tmp_path / "b", start, start + timedelta(minutes=20))
+        record(src, site_file, tmp_path / "b", start, start + timedelta(minutes=20))
     return Bundle.load(tmp_path / "b"), start
 
 
@@ -215,6 +218,33 @@ def test_live_detection_and_a_neutral_whatif_offer_the_engine_the_same_observati
     for k, v in ours.items():
         tol = {"rel": 0.01, "abs": 0.01} if k[0] in loose else {"rel": 1e-6, "abs": 1e-3}
         assert theirs[k] == pytest.approx(v, **tol), k
+
+
+def test_a_fleets_own_underuse_rule_judges_it_live_and_in_replay_alike(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fleet's ``underuse`` block in the site file (here: judged on 10 min of data, flagged
+    under 99 % activity, sized at 99 % of its p95) is the rule in a replay as it is live: the neutral what-if offers the
+    engine the GPUs to reclaim the live detection pass reports at the same minute."""
+    raw = yaml.safe_load(SMALL_SITE.read_text())
+    inference = [fl for fl in raw["fleets"] if fl["role"] == "inference"]
+    for fl in inference:
+        fl["underuse"] = {"threshold": 0.99, "target_util": 0.99, "min_coverage_s": 600}
+    site_file = tmp_path / "site.yaml"
+    site_file.write_text(yaml.safe_dump(raw))
+    bundle, start = _twenty_minutes_recorded(tmp_path, site_file)
+    monkeypatch.setattr(whatif_mod, "AlertFeed", _Offered)
+    _Offered.last = {}
+    d = load(bundle)
+    run(d, _neutral("train"), load_rules(RULES))
+    at = start + timedelta(seconds=float(_Offered(None, d).rows[-1]) * d.dt_s)
+    with Store(tmp_path / "dst.duckdb") as dst:
+        replay(bundle, sink=Ingester(dst, bundle.site, IngestLimits(max_past_s=0)).ingest)
+        det = detect(dst, bundle.site, now=at)
+    live = {o.entity_id: o.value for o in observations(det) if o.metric == FLEET_UNDERUSED_GPUS}
+    ours = {i: v for (m, _, i), v in _Offered.last.items() if m == FLEET_UNDERUSED_GPUS and v == v}
+    assert live == ours and set(live) == {fl["name"] for fl in inference}, (live, ours)
+    assert all(v >= 1 for v in live.values())
 
 
 def test_facility_water_moves_liquid_gpus_about_3k_and_not_air(demo, demo_baseline) -> None:

@@ -36,6 +36,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from pydantic import BaseModel, Field
 
 from twin.site import Site, load_site
@@ -75,6 +76,45 @@ DEFAULT_TARGET_UTIL = 0.7
 COVERAGE_BUCKET_S = 600.0
 #: Share of the window that must have data before a fleet is judged: 20 h of 24 h.
 DEFAULT_COVERAGE_SHARE = 20.0 / 24.0
+#: The window a fleet is judged over (``dctwin fleets``, the detection pass). [s]
+DEFAULT_WINDOW_S = 86400.0
+
+
+def underuse_rule(
+    fleet: Any,
+    window_s: float = DEFAULT_WINDOW_S,
+    threshold: float = DEFAULT_THRESHOLD,
+    target_util: float = DEFAULT_TARGET_UTIL,
+    min_coverage_s: float | None = None,
+) -> tuple[float, float, float]:
+    """A fleet's threshold, target utilization and the data it needs to be judged [s]: its
+    site file's ``underuse`` block where it sets them, else the given ones (the coverage:
+    :data:`DEFAULT_COVERAGE_SHARE` of the window). The live report and a replay take the rule
+    from here."""
+    rule = fleet.underuse
+    thr = rule.threshold if rule and rule.threshold is not None else threshold
+    tgt = rule.target_util if rule and rule.target_util is not None else target_util
+    if rule and rule.min_coverage_s is not None:
+        need_s = rule.min_coverage_s
+    else:
+        need_s = min_coverage_s if min_coverage_s is not None else DEFAULT_COVERAGE_SHARE * window_s
+    return thr, tgt, need_s
+
+
+def underuse_sizing(
+    mean_a: Any, p95: Any, gpus: int, covered_s: Any, rule: tuple[float, float, float]
+) -> tuple[Any, Any, Any, Any]:
+    """GPUs needed for the p95 load at the target utilization (at least 1, at most the
+    fleet), GPUs to reclaim, judged (enough data) and flagged (judged, mean activity under the
+    threshold and a GPU to reclaim), from :func:`underuse_rule`'s ``rule``; scalars or arrays
+    (a replay's every minute) alike."""
+    thr, tgt, need_s = rule
+    with np.errstate(invalid="ignore"):
+        needed = np.minimum(gpus, np.maximum(1, np.ceil(np.multiply(p95, gpus) / tgt - 1e-9)))
+        reclaim = np.maximum(0, gpus - needed)
+        judged = np.asarray(covered_s) >= need_s - 1e-6
+        flagged = judged & (np.asarray(mean_a) < thr) & (reclaim > 0)
+    return needed, reclaim, judged, flagged
 
 
 class FleetUsage(BaseModel):
@@ -166,7 +206,7 @@ def underused_fleets(
     store: Store,
     site: Site,
     now: datetime | None = None,
-    window_s: float = 86400.0,
+    window_s: float = DEFAULT_WINDOW_S,
     threshold: float = DEFAULT_THRESHOLD,
     target_util: float = DEFAULT_TARGET_UTIL,
     step_s: float = 60.0,
@@ -227,27 +267,18 @@ def underused_fleets(
             )
             continue
         buckets, mean_a, p50, p95, reporting, n_sm, n_util, span_s, cov_buckets = a
-        rule = f.underuse
-        thr = rule.threshold if rule and rule.threshold is not None else threshold
-        tgt = rule.target_util if rule and rule.target_util is not None else target_util
-        need_s = (
-            rule.min_coverage_s
-            if rule and rule.min_coverage_s is not None
-            else min_coverage_s
-            if min_coverage_s is not None
-            else DEFAULT_COVERAGE_SHARE * window_s
-        )
+        rule = underuse_rule(f, window_s, threshold, target_util, min_coverage_s)
+        thr, tgt, need_s = rule
         source = "mixed" if n_sm and n_util else ("sm_active" if n_sm else "util_pct")
         load95 = p95 * g
-        needed = min(g, max(1, math.ceil(load95 / tgt - 1e-9)))
-        reclaim = max(0, g - needed)
+        # first to last sample, less the 10-minute buckets without any
+        covered = min(window_s, float(span_s or 0.0) + step_s, float(cov_buckets) * cov_s)
+        sized = underuse_sizing(mean_a, p95, g, covered, rule)
+        needed, reclaim = int(sized[0]), int(sized[1])
+        judged, flagged = bool(sized[2]), bool(sized[3])
         gpu_w, non_gpu_w = power.get(f.name, (None, None))
         per_gpu_w = (gpu_w or 0.0) + max(0.0, non_gpu_w or 0.0)
         kw = reclaim * per_gpu_w / 1000.0 if gpu_w is not None else None
-        # first to last sample, less the 10-minute buckets without any
-        covered = min(window_s, float(span_s or 0.0) + step_s, float(cov_buckets) * cov_s)
-        judged = covered >= need_s - 1e-6
-        flagged = judged and mean_a < thr and reclaim > 0
         if not judged:
             reason = (
                 f"not judged: {span_text(covered)} of data in a {span_text(window_s)} window"

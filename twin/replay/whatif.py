@@ -670,49 +670,40 @@ def _fleet_underuse(
     feed: AlertFeed,
 ) -> None:
     """Inference fleets' GPUs to reclaim each minute, as :func:`twin.fleets.underused_fleets`
-    judges them live: the mean and p95 over the window up to the minute of the fleet's minute
-    activity (the run's), judged once the window holds the live coverage share, at the live
-    defaults for window, threshold and target utilization; kw_freed
-    from the run's mean GPU board power over the same window (the recording has no node input
-    power, so the hosts' share the live report adds is not in it: a lower bound)."""
+    judges them live (its rule and sizing, :func:`twin.fleets.underuse_rule` and
+    :func:`twin.fleets.underuse_sizing`, with the site file's per-fleet ``underuse``): the mean
+    and p95 over the window up to the minute of the fleet's minute activity (the run's), judged
+    once the window holds the rule's coverage; kw_freed from the run's mean GPU board power over
+    the same window (the recording has no node input power, so the hosts' share the live report
+    adds is not in it: a lower bound)."""
     if not feed.wants(am.FLEET_UNDERUSED_GPUS, "fleet"):
         return
-    import inspect
+    from twin.fleets import DEFAULT_WINDOW_S, span_text, underuse_rule, underuse_sizing
 
-    from twin.fleets import DEFAULT_COVERAGE_SHARE, span_text, underused_fleets
-
-    live = inspect.signature(underused_fleets).parameters
-    window_s = float(live["window_s"].default)
-    threshold, target = float(live["threshold"].default), float(live["target_util"].default)
     rows = feed.rows
-    k = max(1, round(window_s / 60.0))
-    covered = np.minimum(np.arange(len(rows)) * 60.0 + 60.0, window_s)
+    k = max(1, round(DEFAULT_WINDOW_S / 60.0))
+    covered = np.minimum(np.arange(len(rows)) * 60.0 + 60.0, DEFAULT_WINDOW_S)
+    hi = np.arange(1, len(rows) + 1)
+    lo = np.maximum(hi - k, 0)
+
+    def trailing_mean(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The mean over the window up to each minute, and the minutes with data in it."""
+        cs = np.concatenate([[0.0], np.cumsum(np.nan_to_num(x))])
+        cn = np.concatenate([[0], np.cumsum(np.isfinite(x))])
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return (cs[hi] - cs[lo]) / (cn[hi] - cn[lo]), cn[hi] - cn[lo]
+
     for f in d.site.fleets:
         if f.role != "inference" or f.name not in fleet_act or not fleet_n.get(f.name):
             continue
         a = breach.minute_means(np.asarray(fleet_act[f.name][1])[:, None], rows, d.dt_s)[:, 0]
-        p95 = breach.trailing_quantile(a, k, 0.95)
-        ca = np.concatenate([[0.0], np.cumsum(np.nan_to_num(a))])
-        cna = np.concatenate([[0], np.cumsum(np.isfinite(a))])
-        hi_a = np.arange(1, len(a) + 1)
-        lo_a = np.maximum(hi_a - k, 0)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            mean_a = (ca[hi_a] - ca[lo_a]) / (cna[hi_a] - cna[lo_a])
-        data_s = (cna[hi_a] - cna[lo_a]) * 60.0
+        mean_a, minutes = trailing_mean(a)
         # mean board power per GPU over the window up to each minute
         pw = breach.minute_means(np.asarray(fleet_gpu_w[f.name])[:, None], rows, d.dt_s)[:, 0]
-        cs = np.concatenate([[0.0], np.cumsum(np.nan_to_num(pw))])
-        cn = np.concatenate([[0], np.cumsum(np.isfinite(pw))])
-        hi = np.arange(1, len(rows) + 1)
-        lo = np.maximum(hi - k, 0)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            gpu_w = (cs[hi] - cs[lo]) / (cn[hi] - cn[lo])
-        g = fleet_n[f.name]
-        with np.errstate(invalid="ignore"):
-            needed = np.minimum(g, np.maximum(1, np.ceil(p95 * g / target - 1e-9)))
-            reclaim = np.maximum(0, g - needed)
-            judged = data_s >= DEFAULT_COVERAGE_SHARE * window_s - 1e-6
-            flagged = judged & (mean_a < threshold) & (reclaim > 0)
+        gpu_w, _ = trailing_mean(pw)
+        p95 = breach.trailing_quantile(a, k, 0.95)
+        rule = underuse_rule(f)
+        _, reclaim, _, flagged = underuse_sizing(mean_a, p95, fleet_n[f.name], minutes * 60.0, rule)
         value = np.where(flagged, reclaim, np.nan)[:, None]
         labels = {
             "covered_s": [f"{c:.0f}" for c in covered],
