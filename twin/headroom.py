@@ -10,7 +10,9 @@ The load path of each rack comes from the forecast (``twin.forecast``) when it c
 otherwise from persistence, with the 90th percentile of the last hour's power over its present
 value as the p90 path (``basis`` says which). The physics then carries it, device by device:
 
-- GPU: power = present power x the rack's load ratio, capped at the enforced limit;
+- GPU: power = present power plus the calibrated curve's change for the present activity x
+  the rack's load ratio (``twin.chain.propagate.gpu_power_at_ratio_w``), capped at the
+  enforced limit;
   temperature = the present temperature plus the calibrated RC model's change
   (``twin.chain.gpu_temperatures``, with the thermal controller) over the present coolant
   supply (or inlet air), with the GPU's fitted R, C and coolant offset (catalog R and tau where
