@@ -259,12 +259,14 @@ def test_replay_series_see_only_the_past_and_say_what_they_saw() -> None:
     r, fleet = float(lab["r_k_per_w"]), float(lab["fleet_r_k_per_w"])
     assert r > 1.25 * fleet and drift.values[at, j] == pytest.approx(r / fleet - 1, abs=2e-3)
     assert set(labels_at(residual, at, j)) == {"excess_k", "measured_c", "model_c", "sigma_k"}
-    # a change from 08:00 on moves nothing before 08:01 (minute 08:00's figure is the next row)
+    # a change from the 08:00:00 sample on moves nothing before 08:00; the 08:00 evaluation
+    # sees that sample, the newest a live pass at 08:00 reads (its last minute ends with it)
     cut = 8 * 360  # samples at 10 s
     temp = d.gpu_temp_c.copy()
     temp[cut:] += 10.0
     res2, drift2 = hotspot_series(dataclasses.replace(d, gpu_temp_c=temp, cache={}))
     row = cut // 6
     for a, b in ((residual.values, res2.values), (drift.values, drift2.values)):
-        assert np.array_equal(a[: row + 1], b[: row + 1], equal_nan=True)
+        assert np.array_equal(a[:row], b[:row], equal_nan=True)
+    assert not np.array_equal(drift.values[row], drift2.values[row], equal_nan=True)
     assert np.nanmin(res2.values[row + 6 :, j] - residual.values[row + 6 :, j]) > 0

@@ -15,6 +15,7 @@ import twin.replay.whatif as whatif_mod
 from twin.alerts import load_rules
 from twin.alerts.metrics import (
     CDU_PUMPS_RUNNING,
+    DRIFT_GPU_R,
     FLEET_DRAIN_DROP,
     FLEET_UNDERUSED_GPUS,
     HEADROOM_CDU_FLOW_LPM_TO_LIMIT,
@@ -22,8 +23,10 @@ from twin.alerts.metrics import (
     HEADROOM_GPU_K_TO_SLOWDOWN,
     HEADROOM_LINK_GBPS_TO_LIMIT,
     HEADROOM_PDU_PHASE_A_TO_LIMIT,
+    HOTSPOT_GPU_RESIDUAL_SIGMA,
     MODEL_METRICS,
 )
+from twin.calibrate.calibrate import calibrate, save_run
 from twin.detect import detect, observations
 from twin.headroom import compute_headroom
 from twin.ingest import Ingester, IngestLimits
@@ -220,12 +223,54 @@ def test_live_detection_and_a_neutral_whatif_offer_the_engine_the_same_observati
         assert theirs[k] == pytest.approx(v, **tol), k
 
 
+def test_live_detection_with_its_fit_and_a_replay_give_the_same_model_observations(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The model-based metrics (residual, R drift, GPU temperature forecast), which wait for a
+    fit: an hour of the small site fitted on its store and recorded with that calibration,
+    then live detection over the bundle's data in a store holding the same fit, and the
+    bundle's baseline replay, at the replay's last evaluation minute. Both take the minute
+    means that end with the newest sample, coolant and inlet air included."""
+    site = load_site(SMALL_SITE)
+    start = datetime(2026, 11, 20, 12, 0, tzinfo=UTC)
+    sim = SiteSimulator(site, seed=11, start=start)
+    with Store(tmp_path / "src.duckdb") as src:
+        ing = Ingester(src, site, IngestLimits(max_past_s=0))
+        for _ in range(60):
+            ing.ingest([m for _ in range(60) for m in sim.step()])
+        fit = calibrate(src, site, window_s=3600.0, holdout_s=1200.0)
+        save_run(src, fit)
+        record(src, SMALL_SITE, tmp_path / "b", start, start + timedelta(minutes=60))
+    bundle = Bundle.load(tmp_path / "b")
+    monkeypatch.setattr(whatif_mod, "AlertFeed", _Offered)
+    _Offered.last = {}
+    d = load(bundle)
+    run(d, None, load_rules(RULES))
+    at = start + timedelta(seconds=float(_Offered(None, d).rows[-1]) * d.dt_s)
+    with Store(tmp_path / "dst.duckdb") as dst:
+        replay(bundle, sink=Ingester(dst, bundle.site, IngestLimits(max_past_s=0)).ingest)
+        save_run(dst, fit)
+        det = detect(dst, bundle.site, now=at)
+    assert det.hotspots.model_run is not None and not det.hotspots.not_judged
+    live = {
+        (o.metric, o.entity_id): o.value for o in observations(det) if o.metric in MODEL_METRICS
+    }
+    ours = {(m, i): v for (m, _, i), v in _Offered.last.items() if m in MODEL_METRICS and v == v}
+    assert set(live) == set(ours), sorted(set(live) ^ set(ours))[:10]
+    gpus = sum(len(nd.gpu_ids()) for nd in site.nodes)
+    assert {m for m, _ in live} == set(MODEL_METRICS) and len(live) == 3 * gpus
+    tol = {DRIFT_GPU_R: 1e-3, HOTSPOT_GPU_RESIDUAL_SIGMA: 0.05}  # float32 series in replay
+    for k, v in live.items():
+        assert ours[k] == pytest.approx(v, abs=tol.get(k[0], 1e-9)), (k, v, ours[k])
+
+
 def test_a_fleets_own_underuse_rule_judges_it_live_and_in_replay_alike(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A fleet's ``underuse`` block in the site file (here: judged on 10 min of data, flagged
-    under 99 % activity, sized at 99 % of its p95) is the rule in a replay as it is live: the neutral what-if offers the
-    engine the GPUs to reclaim the live detection pass reports at the same minute."""
+    under 99 % activity, sized at 99 % of its p95) is the rule in a replay as it is live: the
+    neutral what-if offers the engine the GPUs to reclaim the live detection pass reports at
+    the same minute."""
     raw = yaml.safe_load(SMALL_SITE.read_text())
     inference = [fl for fl in raw["fleets"] if fl["role"] == "inference"]
     for fl in inference:

@@ -51,6 +51,7 @@ from twin.site import Site
 from twin.site.index import gpu_flow_ratio, gpu_reference, index_site
 from twin.store import Store
 from twin.store.windows import (
+    Window,
     WindowReader,
     hold_fill,
     infer_step_s,
@@ -314,12 +315,15 @@ def _gpu_minutes(
     return m.means["temp_c"], m.means["power_w"], m.slope
 
 
-def _minute_window(store: Store, kind: str, start: datetime, n_min: int, **kw: Any) -> Any:
-    """One sample per minute of ``[start, start + n_min min)``, held over missing minutes."""
-    w = load_window(store, kind, start, start + timedelta(minutes=n_min), step_s=60.0, **kw)
-    for q, v in w.values.items():
-        w.values[q] = hold_fill(v, backfill=True)
-    return w
+def _minute_window(
+    store: Store, kind: str, start: datetime, n_min: int, ids: list[str], quantities: list[str]
+) -> Window:
+    """Each quantity's mean per id and minute of ``[start, start + n_min min)``
+    (:func:`twin.store.windows.load_minute_stats`: the minute means the GPUs' temperature and
+    power are taken as, and a replay's reference), held over missing minutes."""
+    m = load_minute_stats(store, kind, ids, start, n_min, quantities)
+    held = {q: hold_fill(v, backfill=True) for q, v in m.means.items()}
+    return Window(kind, start, 60.0, list(ids), held)
 
 
 def _watch(
@@ -358,11 +362,11 @@ def _watch(
     start = end - timedelta(minutes=n_min)  # the last minute ends with the newest second
     ids = idx.gpu_ids
     t_m, p_m, slope = _gpu_minutes(store, ids, start, n_min)
-    cdu = _minute_window(
-        store, "cdu", start, n_min, ids=idx.cdu_names, quantities=["supply_temp_c", "flow_lpm"]
-    )
-    node = _minute_window(store, "node", start, n_min, quantities=["inlet_temp_c"])
-    pdu = _minute_window(store, "pdu", start, n_min, quantities=["inlet_temp_c"])
+    cdu = _minute_window(store, "cdu", start, n_min, idx.cdu_names, ["supply_temp_c", "flow_lpm"])
+    nodes = sorted(set(idx.gpu_node))
+    node = _minute_window(store, "node", start, n_min, nodes, ["inlet_temp_c"])
+    pdus = sorted({p for rack in idx.rack_pdus for p in rack})
+    pdu = _minute_window(store, "pdu", start, n_min, pdus, ["inlet_temp_c"])
     ref = gpu_reference(idx, cdu, node, pdu)
     params, mae, history, not_judged, earlier = _model_inputs(store, run)
 

@@ -18,9 +18,11 @@ of the GPU's own R re-estimates up to the minute, and sigma the bundle's held-ou
 (``temp_c@600s`` MAE x sqrt(pi/2), at least ``twin.hotspots.MIN_SIGMA_K``); a GPU without a
 calibrated thermal model gets no residual (a catalog R says nothing about its cold plate).
 
-The value at evaluation minute ``i`` (``t0 + i`` min) uses the whole minutes before it, so
-minute 0 has none (NaN). Labels are ``(M, N)`` float arrays with a format each
-(:data:`LABEL_FORMAT`); :func:`labels_at` renders one entity's at one minute.
+The value at evaluation minute ``i`` (row ``r``, ``t0 + i`` min) uses the minutes that end at
+and include row ``r``'s sample, as the live pass's last minute ends at its newest sample (at
+10 s: the samples of ``(t - 60 s, t]``); minute 0 has none (NaN). Labels are ``(M, N)`` float
+arrays with a format each (:data:`LABEL_FORMAT`); :func:`labels_at` renders one entity's at
+one minute.
 """
 
 from __future__ import annotations
@@ -139,12 +141,12 @@ def hotspot_series(
     r_heat = np.full(shape, np.nan)
     # the coolant and inlet minute means once per CDU and node (a column's means are its own)
     if idx.cdu_names:
-        sup_c = tw.minute_aggregates(d.cdu["supply_temp_c"], flow, d.dt_s)[0]
-        fl_c = tw.minute_aggregates(flow, flow, d.dt_s)[0]
-    inlet_n = tw.minute_aggregates(d.node_inlet_c, d.node_inlet_c, d.dt_s)[0]
+        sup_c = tw.minute_aggregates(d.cdu["supply_temp_c"][1:], flow[1:], d.dt_s)[0]
+        fl_c = tw.minute_aggregates(flow[1:], flow[1:], d.dt_s)[0]
+    inlet_n = tw.minute_aggregates(d.node_inlet_c[1:], d.node_inlet_c[1:], d.dt_s)[0]
     for lo in range(0, g, GPU_CHUNK):
         sl = slice(lo, min(lo + GPU_CHUNK, g))
-        t_m, p_m, slope = tw.minute_aggregates(d.gpu_temp_c[:, sl], d.gpu_power_w[:, sl], d.dt_s)
+        t_m, p_m, slope = tw.minute_aggregates(d.gpu_temp_c[1:, sl], d.gpu_power_w[1:, sl], d.dt_s)
         mm = t_m.shape[0]
         liq = liquid[sl]
         if idx.cdu_names:
@@ -164,7 +166,8 @@ def hotspot_series(
         z = tw.loaded_min(
             resid / sigma[sl][None, :], x, minutes, min(minutes, tw.MIN_RESIDUAL_MINUTES)
         )
-        # evaluation minute i sees the whole minutes before it: minute k's figure is row k + 1
+        # the minutes start at row 1, so minute k ends at row (k + 1) x per: evaluation minute
+        # k + 1's own sample, the newest its live pass would have (twin.hotspots)
         k = min(mm, m_eval - 1)
         res_sig[1 : k + 1, sl] = z[:k]
         meas[1 : k + 1, sl] = t_m[:k]
