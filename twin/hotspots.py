@@ -321,7 +321,7 @@ def _minute_window(
     """Each quantity's mean per id and minute of ``[start, start + n_min min)``
     (:func:`twin.store.windows.load_minute_stats`: the minute means the GPUs' temperature and
     power are taken as, and a replay's reference), held over missing minutes."""
-    m = load_minute_stats(store, kind, ids, start, n_min, quantities)
+    m = load_minute_stats(store, kind, ids, start, n_min, quantities, with_slope=False)
     held = {q: hold_fill(v, backfill=True) for q, v in m.means.items()}
     return Window(kind, start, 60.0, list(ids), held)
 
