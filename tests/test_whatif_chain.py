@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 import pytest
@@ -186,6 +186,32 @@ class _Offered(AlertFeed):
         super().offer_series(metric, kind, ids, values, *args, **kwargs)
 
 
+def _live_and_replayed(
+    bundle: Bundle,
+    start: datetime,
+    scenario: Scenario | None,
+    db: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    fit: dict | None = None,
+) -> tuple[list[Any], dict[tuple[str, str, str], float], Any]:
+    """The live detection pass's observations over the bundle's data ingested into a store
+    (holding ``fit`` as its calibration, if given) at the what-if's last evaluation minute,
+    what the what-if of ``scenario`` offered the engine at that minute (finite values) and the
+    pass itself."""
+    monkeypatch.setattr(whatif_mod, "AlertFeed", _Offered)
+    _Offered.last = {}
+    d = load(bundle)
+    run(d, scenario, load_rules(RULES))
+    at = start + timedelta(seconds=float(_Offered(None, d).rows[-1]) * d.dt_s)
+    with Store(db) as dst:
+        replay(bundle, sink=Ingester(dst, bundle.site, IngestLimits(max_past_s=0)).ingest)
+        if fit is not None:
+            save_run(dst, fit)
+        det = detect(dst, bundle.site, now=at)
+    offered = {k: v for k, v in _Offered.last.items() if np.isfinite(v)}
+    return observations(det), offered, det
+
+
 def test_live_detection_and_a_neutral_whatif_offer_the_engine_the_same_observations(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -195,20 +221,15 @@ def test_live_detection_and_a_neutral_whatif_offer_the_engine_the_same_observati
     without a fit, with the same values (a CDU's heat and flow and a link's traffic within
     1 %: the live pass reads them as the last minute's mean, the what-if at its sample)."""
     bundle, start = _twenty_minutes_recorded(tmp_path)
-    monkeypatch.setattr(whatif_mod, "AlertFeed", _Offered)
-    _Offered.last = {}
-    d = load(bundle)
-    run(d, _neutral("train"), load_rules(RULES))
-    at = start + timedelta(seconds=float(_Offered(None, d).rows[-1]) * d.dt_s)
-    with Store(tmp_path / "dst.duckdb") as dst:
-        replay(bundle, sink=Ingester(dst, bundle.site, IngestLimits(max_past_s=0)).ingest)
-        det = detect(dst, bundle.site, now=at)
-    live = {(o.metric, o.entity_kind, o.entity_id): o.value for o in observations(det)}
+    obs, offered, _ = _live_and_replayed(
+        bundle, start, _neutral("train"), tmp_path / "dst.duckdb", monkeypatch
+    )
+    live = {(o.metric, o.entity_kind, o.entity_id): o.value for o in obs}
     watched = {r.metric for r in load_rules(RULES).rules}
     # the model's metrics wait for a fit (none here); the fleets' need an hour of data
     compared = watched - MODEL_METRICS - {FLEET_UNDERUSED_GPUS, FLEET_DRAIN_DROP}
     ours = {k: v for k, v in live.items() if k[0] in compared}
-    theirs = {k: v for k, v in _Offered.last.items() if k[0] in compared and np.isfinite(v)}
+    theirs = {k: v for k, v in offered.items() if k[0] in compared}
     assert set(ours) == set(theirs), sorted(set(ours) ^ set(theirs))[:10]
     assert {m for m, _, _ in ours} >= {
         CDU_PUMPS_RUNNING,
@@ -242,20 +263,12 @@ def test_live_detection_with_its_fit_and_a_replay_give_the_same_model_observatio
         save_run(src, fit)
         record(src, SMALL_SITE, tmp_path / "b", start, start + timedelta(minutes=60))
     bundle = Bundle.load(tmp_path / "b")
-    monkeypatch.setattr(whatif_mod, "AlertFeed", _Offered)
-    _Offered.last = {}
-    d = load(bundle)
-    run(d, None, load_rules(RULES))
-    at = start + timedelta(seconds=float(_Offered(None, d).rows[-1]) * d.dt_s)
-    with Store(tmp_path / "dst.duckdb") as dst:
-        replay(bundle, sink=Ingester(dst, bundle.site, IngestLimits(max_past_s=0)).ingest)
-        save_run(dst, fit)
-        det = detect(dst, bundle.site, now=at)
+    obs, offered, det = _live_and_replayed(
+        bundle, start, None, tmp_path / "dst.duckdb", monkeypatch, fit
+    )
     assert det.hotspots.model_run is not None and not det.hotspots.not_judged
-    live = {
-        (o.metric, o.entity_id): o.value for o in observations(det) if o.metric in MODEL_METRICS
-    }
-    ours = {(m, i): v for (m, _, i), v in _Offered.last.items() if m in MODEL_METRICS and v == v}
+    live = {(o.metric, o.entity_id): o.value for o in obs if o.metric in MODEL_METRICS}
+    ours = {(m, i): v for (m, _, i), v in offered.items() if m in MODEL_METRICS}
     assert set(live) == set(ours), sorted(set(live) ^ set(ours))[:10]
     gpus = sum(len(nd.gpu_ids()) for nd in site.nodes)
     assert {m for m, _ in live} == set(MODEL_METRICS) and len(live) == 3 * gpus
@@ -278,16 +291,11 @@ def test_a_fleets_own_underuse_rule_judges_it_live_and_in_replay_alike(
     site_file = tmp_path / "site.yaml"
     site_file.write_text(yaml.safe_dump(raw))
     bundle, start = _twenty_minutes_recorded(tmp_path, site_file)
-    monkeypatch.setattr(whatif_mod, "AlertFeed", _Offered)
-    _Offered.last = {}
-    d = load(bundle)
-    run(d, _neutral("train"), load_rules(RULES))
-    at = start + timedelta(seconds=float(_Offered(None, d).rows[-1]) * d.dt_s)
-    with Store(tmp_path / "dst.duckdb") as dst:
-        replay(bundle, sink=Ingester(dst, bundle.site, IngestLimits(max_past_s=0)).ingest)
-        det = detect(dst, bundle.site, now=at)
-    live = {o.entity_id: o.value for o in observations(det) if o.metric == FLEET_UNDERUSED_GPUS}
-    ours = {i: v for (m, _, i), v in _Offered.last.items() if m == FLEET_UNDERUSED_GPUS and v == v}
+    obs, offered, _ = _live_and_replayed(
+        bundle, start, _neutral("train"), tmp_path / "dst.duckdb", monkeypatch
+    )
+    live = {o.entity_id: o.value for o in obs if o.metric == FLEET_UNDERUSED_GPUS}
+    ours = {i: v for (m, _, i), v in offered.items() if m == FLEET_UNDERUSED_GPUS}
     assert live == ours and set(live) == {fl["name"] for fl in inference}, (live, ours)
     assert all(v >= 1 for v in live.values())
 
