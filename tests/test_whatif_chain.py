@@ -123,26 +123,29 @@ def test_no_time_over_a_limit_exceeds_the_recording(demo, demo_baseline) -> None
             assert c.time_over_s <= length and c.baseline_time_over_s <= length
 
 
-def _twenty_minutes_recorded(
-    tmp_path: Path, site_file: Path = SMALL_SITE
-) -> tuple[Bundle, datetime]:
-    """20 simulated minutes of the small site, ingested and recorded as a bundle."""
+def _recorded(
+    tmp_path: Path, site_file: Path = SMALL_SITE, minutes: int = 20, fit: bool = False
+) -> tuple[Bundle, datetime, dict | None]:
+    """``minutes`` simulated minutes of the small site, ingested and recorded as a bundle; with
+    ``fit``, calibrated on its store first (the last third held out), so the bundle carries
+    that fit, which comes back too."""
     site = load_site(site_file)
     start = datetime(2026, 11, 20, 12, 0, tzinfo=UTC)
     sim = SiteSimulator(site, seed=11, start=start)
+    result = None
     with Store(tmp_path / "src.duckdb") as src:
         ing = Ingester(src, site, IngestLimits(max_past_s=0))
-        for _ in range(20):
-            batch = []
-            for _ in range(60):
-                batch.extend(sim.step())
-            ing.ingest(batch)
-        record(src, site_file, tmp_path / "b", start, start + timedelta(minutes=20))
-    return Bundle.load(tmp_path / "b"), start
+        for _ in range(minutes):
+            ing.ingest([m for _ in range(60) for m in sim.step()])
+        if fit:
+            result = calibrate(src, site, window_s=minutes * 60.0, holdout_s=minutes * 20.0)
+            save_run(src, result)
+        record(src, site_file, tmp_path / "b", start, start + timedelta(minutes=minutes))
+    return Bundle.load(tmp_path / "b"), start, result
 
 
 def test_live_headroom_and_a_neutral_whatif_agree_on_every_component(tmp_path: Path) -> None:
-    bundle, _ = _twenty_minutes_recorded(tmp_path)
+    bundle, _, _ = _recorded(tmp_path)
     with Store(tmp_path / "dst.duckdb") as dst:  # the recording, as the live twin stores it
         replay(bundle, sink=Ingester(dst, bundle.site, IngestLimits(max_past_s=0)).ingest)
         live = compute_headroom(dst, bundle.site, use_forecast=False)
@@ -220,7 +223,7 @@ def test_live_detection_and_a_neutral_whatif_offer_the_engine_the_same_observati
     same (metric, entity) pairs for every metric a shipped rule watches that both compute
     without a fit, with the same values (a CDU's heat and flow and a link's traffic within
     1 %: the live pass reads them as the last minute's mean, the what-if at its sample)."""
-    bundle, start = _twenty_minutes_recorded(tmp_path)
+    bundle, start, _ = _recorded(tmp_path)
     obs, offered, _ = _live_and_replayed(
         bundle, start, _neutral("train"), tmp_path / "dst.duckdb", monkeypatch
     )
@@ -252,17 +255,8 @@ def test_live_detection_with_its_fit_and_a_replay_give_the_same_model_observatio
     then live detection over the bundle's data in a store holding the same fit, and the
     bundle's baseline replay, at the replay's last evaluation minute. Both take the minute
     means that end with the newest sample, coolant and inlet air included."""
-    site = load_site(SMALL_SITE)
-    start = datetime(2026, 11, 20, 12, 0, tzinfo=UTC)
-    sim = SiteSimulator(site, seed=11, start=start)
-    with Store(tmp_path / "src.duckdb") as src:
-        ing = Ingester(src, site, IngestLimits(max_past_s=0))
-        for _ in range(60):
-            ing.ingest([m for _ in range(60) for m in sim.step()])
-        fit = calibrate(src, site, window_s=3600.0, holdout_s=1200.0)
-        save_run(src, fit)
-        record(src, SMALL_SITE, tmp_path / "b", start, start + timedelta(minutes=60))
-    bundle = Bundle.load(tmp_path / "b")
+    bundle, start, fit = _recorded(tmp_path, minutes=60, fit=True)
+    site = bundle.site
     obs, offered, det = _live_and_replayed(
         bundle, start, None, tmp_path / "dst.duckdb", monkeypatch, fit
     )
@@ -290,7 +284,7 @@ def test_a_fleets_own_underuse_rule_judges_it_live_and_in_replay_alike(
         fl["underuse"] = {"threshold": 0.99, "target_util": 0.99, "min_coverage_s": 600}
     site_file = tmp_path / "site.yaml"
     site_file.write_text(yaml.safe_dump(raw))
-    bundle, start = _twenty_minutes_recorded(tmp_path, site_file)
+    bundle, start, _ = _recorded(tmp_path, site_file)
     obs, offered, _ = _live_and_replayed(
         bundle, start, _neutral("train"), tmp_path / "dst.duckdb", monkeypatch
     )
