@@ -3,6 +3,7 @@ live headroom agreeing with a neutral what-if on the same recording."""
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, ClassVar
@@ -30,6 +31,7 @@ from twin.calibrate.calibrate import calibrate, save_run
 from twin.detect import detect, observations
 from twin.headroom import compute_headroom
 from twin.ingest import Ingester, IngestLimits
+from twin.replay import breach
 from twin.replay.alert_feed import AlertFeed
 from twin.replay.bundle import Bundle, record
 from twin.replay.replay import replay
@@ -123,12 +125,29 @@ def test_no_time_over_a_limit_exceeds_the_recording(demo, demo_baseline) -> None
             assert c.time_over_s <= length and c.baseline_time_over_s <= length
 
 
+def _without_activity(msg: tuple[str, bytes], gpu: str | None) -> tuple[str, bytes]:
+    """A simulated message with GPU ``gpu``'s SM activity and GPU-Util taken out."""
+    topic, payload = msg
+    if gpu is None or "/gpu/" not in topic:
+        return msg
+    body = json.loads(payload)
+    for sample in body.get("samples", []):
+        if sample.get("id") == gpu:
+            sample.pop("sm_active", None)
+            sample.pop("util_pct", None)
+    return topic, json.dumps(body).encode()
+
+
 def _recorded(
-    tmp_path: Path, site_file: Path = SMALL_SITE, minutes: int = 20, fit: bool = False
+    tmp_path: Path,
+    site_file: Path = SMALL_SITE,
+    minutes: int = 20,
+    fit: bool = False,
+    without_activity: str | None = None,
 ) -> tuple[Bundle, datetime, dict | None]:
     """``minutes`` simulated minutes of the small site, ingested and recorded as a bundle; with
     ``fit``, calibrated on its store first (the last third held out), so the bundle carries
-    that fit, which comes back too."""
+    that fit, which comes back too; ``without_activity``: a GPU that reports no activity."""
     site = load_site(site_file)
     start = datetime(2026, 11, 20, 12, 0, tzinfo=UTC)
     sim = SiteSimulator(site, seed=11, start=start)
@@ -136,7 +155,9 @@ def _recorded(
     with Store(tmp_path / "src.duckdb") as src:
         ing = Ingester(src, site, IngestLimits(max_past_s=0))
         for _ in range(minutes):
-            ing.ingest([m for _ in range(60) for m in sim.step()])
+            ing.ingest(
+                [_without_activity(m, without_activity) for _ in range(60) for m in sim.step()]
+            )
         if fit:
             result = calibrate(src, site, window_s=minutes * 60.0, holdout_s=minutes * 20.0)
             save_run(src, result)
@@ -269,6 +290,35 @@ def test_live_detection_with_its_fit_and_a_replay_give_the_same_model_observatio
     tol = {DRIFT_GPU_R: 1e-3, HOTSPOT_GPU_RESIDUAL_SIGMA: 0.05}  # float32 series in replay
     for k, v in live.items():
         assert ours[k] == pytest.approx(v, abs=tol.get(k[0], 1e-9)), (k, v, ours[k])
+
+
+def test_a_gpu_without_activity_telemetry_is_forecast_on_its_power_in_replay_as_live(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A GPU that reports neither SM activity nor GPU-Util: the live forecast scales its power
+    by the load ratio (``gpu_power_at_ratio_w`` with no activity); the replay's recording fills
+    its activity with 0, so it must say the GPU reported none, and its forecast must hand that
+    GPU's activity on as unknown, not as 0 (which would hold its power)."""
+    gpu = "inf-r02-n1:0"
+    bundle, _, _ = _recorded(tmp_path, without_activity=gpu)
+    d = load(bundle)
+    j = d.idx.gpu_ids.index(gpu)
+    assert d.gpu_activity_reported is not None
+    assert (
+        not d.gpu_activity_reported[j] and d.gpu_activity_reported.sum() == len(d.idx.gpu_ids) - 1
+    )
+    handed: list[np.ndarray] = []
+    real = breach.gpu_p90_breach_in_s
+
+    def spy(s: breach.GpuSeries, *args: Any, **kwargs: Any) -> np.ndarray:
+        handed.append(np.asarray(s.activity))
+        return real(s, *args, **kwargs)
+
+    monkeypatch.setattr(breach, "gpu_p90_breach_in_s", spy)
+    run(d, None, load_rules(RULES))
+    act = np.concatenate(handed, axis=1)  # the chunks of GPUs, in site order
+    assert act.shape[1] == len(d.idx.gpu_ids)
+    assert np.isnan(act[:, j]).all() and np.isfinite(np.delete(act, j, axis=1)).all()
 
 
 def test_a_fleets_own_underuse_rule_judges_it_live_and_in_replay_alike(

@@ -53,6 +53,9 @@ class Recording:
     #: (G,) True where ``gpu_activity`` is GPU-Util (no SM activity recorded): those GPUs'
     #: power may follow a curve calibrated on util (twin.chain.propagate.gpu_power_w)
     gpu_activity_from_util: np.ndarray | None = None
+    #: (G,) False where the GPU reported neither SM activity nor GPU-Util in the recording
+    #: (``gpu_activity`` holds 0 there): a forecast scales its power, as the live one does
+    gpu_activity_reported: np.ndarray | None = None
 
     @property
     def duration_s(self) -> float:
@@ -145,6 +148,7 @@ def load(bundle: Bundle) -> Recording:
     act = g["sm_active"]
     no_sm = np.isnan(act).all(axis=0)
     act[:, no_sm] = g["util_pct"][:, no_sm] / F32(100.0)
+    reported = ~np.isnan(act).all(axis=0)
     del g["util_pct"]
     with np.errstate(all="ignore"):
         plim = np.fmax.reduce(g.pop("power_limit_w"), axis=0).astype(float)
@@ -203,4 +207,5 @@ def load(bundle: Bundle) -> Recording:
         link_busy_gbps=busy,
         rack_in_w=rack_in,
         gpu_activity_from_util=no_sm,
+        gpu_activity_reported=reported,
     )
