@@ -369,7 +369,8 @@ def _gpus_run(
             r_scale = hotspot_feed.causal_r_scale(d)
             r_rows = np.asarray(r_s, dtype=float)[rows] if np.ndim(r_s) == 2 else r_s
             seen = d.gpu_activity_reported
-            act_f = act_s if seen is None else np.where(seen[sl][None, :], act_s, np.nan)
+            unseen = seen is not None and not seen[sl].all()  # else no (T, chunk) copy
+            act_f = np.where(seen[sl][None, :], act_s, np.nan) if unseen else act_s
             b90 = breach.gpu_p90_breach_in_s(
                 breach.GpuSeries(res.temp_c, res.power_w, act_f, ref_s, rows, d.dt_s),
                 r_rows * r_scale[:, sl],  # causal: no R the recording had not shown yet
