@@ -290,6 +290,13 @@ def test_live_detection_with_its_fit_and_a_replay_give_the_same_model_observatio
     tol = {DRIFT_GPU_R: 1e-3, HOTSPOT_GPU_RESIDUAL_SIGMA: 0.05}  # float32 series in replay
     for k, v in live.items():
         assert ours[k] == pytest.approx(v, abs=tol.get(k[0], 1e-9)), (k, v, ours[k])
+    # an hour is enough for each fleet's drain (15 min against the trailing 45 of the hour):
+    # the minute means end with the newest sample on both paths
+    drain = {o.entity_id: o.value for o in obs if o.metric == FLEET_DRAIN_DROP}
+    theirs = {i: v for (m, _, i), v in offered.items() if m == FLEET_DRAIN_DROP}
+    assert set(drain) == set(theirs) == {f.name for f in site.fleets}, (drain, theirs)
+    for name, v in drain.items():
+        assert theirs[name] == pytest.approx(v, abs=1e-6), (name, v, theirs[name])
 
 
 def test_a_gpu_without_activity_telemetry_is_forecast_on_its_power_in_replay_as_live(

@@ -144,9 +144,9 @@ def drain_labels(s: DrainSeries, i: int, j: int, now_min: int = NOW_MIN) -> dict
 def fleet_minute_activity(
     store: Store, site: Site, now: datetime, minutes: int
 ) -> tuple[list[str], np.ndarray]:
-    """Every fleet's mean GPU activity per minute over the ``minutes`` minutes before ``now``:
-    (fleet names, (minutes, F) array, row ``minutes - 1`` the minute ending at ``now``; NaN
-    where no GPU of the fleet reported). One parameterized DuckDB query."""
+    """Every fleet's mean GPU activity per minute over the ``minutes`` minutes up to ``now``:
+    (fleet names, (minutes, F) array, row ``minutes - 1`` the minute ending with the sample at
+    ``now``; NaN where no GPU of the fleet reported). One parameterized DuckDB query."""
     names = [f.name for f in site.fleets]
     nodes = {n.name: n for n in site.nodes}
     ids: list[str] = []
@@ -158,13 +158,16 @@ def fleet_minute_activity(
     out = np.full((minutes, len(names)), np.nan)
     if not ids:
         return names, out
-    start = now - timedelta(minutes=minutes)
+    # the last minute ends with the sample at ``now`` (the hot-spot detector's minutes and a
+    # replay's: on the samples' 1 s grid)
+    end = now + timedelta(seconds=1)
+    start = end - timedelta(minutes=minutes)
     # only the minutes the detector reads: the trailing level's and yesterday's window
-    recent = now - timedelta(minutes=min(minutes, NOW_MIN + BEFORE_MIN))
-    y_lo = now - timedelta(minutes=DAY_MIN + NOW_MIN)
-    y_hi = now - timedelta(minutes=DAY_MIN)
+    recent = end - timedelta(minutes=min(minutes, NOW_MIN + BEFORE_MIN))
+    y_lo = end - timedelta(minutes=DAY_MIN + NOW_MIN)
+    y_hi = end - timedelta(minutes=DAY_MIN)
     rows = load_group_activity(
-        store, ids, fleet, start, now, 60.0, keep=[(recent, now), (y_lo, y_hi)]
+        store, ids, fleet, start, end, 60.0, keep=[(recent, end), (y_lo, y_hi)]
     )
     col = {n: j for j, n in enumerate(names)}
     for f, b, v in rows:
