@@ -69,19 +69,26 @@ class CoolingSteps:
     flagged: NDArray[np.bool_]
 
 
-def _rolling_mean(a: NDArray[np.float64], n: int) -> NDArray[np.float64]:
-    """Mean of the ``n`` samples ending at each index (NaN-aware; NaN with no valid sample or
-    before ``n`` samples exist), along axis 0."""
-    ok = np.isfinite(a)
-    s = np.cumsum(np.where(ok, a, 0.0), axis=0)
-    c = np.cumsum(ok, axis=0)
-    s = np.vstack([np.zeros((1, a.shape[1])), s])
-    c = np.vstack([np.zeros((1, a.shape[1])), c])
-    out = np.full(a.shape, np.nan)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        cnt = c[n:] - c[:-n]
-        out[n - 1 :] = np.where(cnt > 0, (s[n:] - s[:-n]) / np.maximum(cnt, 1), np.nan)
-    return out
+class _Prefix:
+    """Prefix sums of one (T, N) series' finite values and their counts along axis 0, so that
+    the mean of any ``n`` samples ending at any row is a difference of two rows (NaN-aware)."""
+
+    def __init__(self, a: NDArray[np.float64]) -> None:
+        ok = np.isfinite(a)
+        self.s = np.zeros((a.shape[0] + 1, a.shape[1]))
+        np.cumsum(np.where(ok, a, 0.0), axis=0, out=self.s[1:])
+        self.c = np.zeros((a.shape[0] + 1, a.shape[1]), dtype=np.int64)
+        np.cumsum(ok, axis=0, out=self.c[1:])
+
+    def mean(self, lo: int, hi: int, n: int) -> NDArray[np.float64]:
+        """Mean of the ``n`` samples ending at each row ``lo .. hi - 1`` (``lo >= n - 1``), as
+        ``(hi - lo, N)``; NaN with no valid sample. Slices, not gathers: no index copies."""
+        cnt = self.c[lo + 1 : hi + 1] - self.c[lo + 1 - n : hi + 1 - n]
+        total = self.s[lo + 1 : hi + 1] - self.s[lo + 1 - n : hi + 1 - n]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            total /= np.maximum(cnt, 1)
+        total[cnt == 0] = np.nan
+        return total
 
 
 def cooling_steps(
@@ -140,11 +147,14 @@ def cooling_steps(
     )
     if k1 <= k0 or n_g == 0:
         return empty
-    t_w, p_w = _rolling_mean(temp_c, w), _rolling_mean(power_w, w)
-    t_a, p_a = _rolling_mean(temp_c, after), _rolling_mean(power_w, after)
+    # one pass of prefix sums per series; each mean is then read only where it is used
+    temp, power = _Prefix(temp_c), _Prefix(power_w)
     ks = np.arange(k0, k1)
-    tb, pb = t_w[ks - 1], p_w[ks - 1]
-    ta, pa = t_a[ks + gap + after - 1], p_a[ks + gap + after - 1]
+    p_w = np.full((n_t, n_g), np.nan)  # every 30 s power mean: the flatness test's input
+    p_w[w - 1 :] = power.mean(w - 1, n_t, w)
+    tb, pb = temp.mean(k0 - 1, k1 - 1, w), p_w[k0 - 1 : k1 - 1]
+    end0 = k0 + gap + after - 1  # the after mean of candidate k ends at k + gap + after - 1
+    ta, pa = temp.mean(end0, end0 + len(ks), after), power.mean(end0, end0 + len(ks), after)
     step = (ta - tb) - r_k_per_w[None, :] * (pa - pb)
     # flat power from k - pre to the end of the after mean: the 30 s means' range within
     # 2 FLAT_FRACTION of its middle; a missing mean (a gap) is not flat

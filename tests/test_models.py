@@ -364,3 +364,60 @@ def test_rc_simulate_with_r_varying_in_time_is_rc_step_with_each_samples_r():
         assert np.array_equal(got, np.array(want))
     with pytest.raises(ValueError, match="one per sample"):
         rc_simulate(40.0, ref, p, r[:-1], c, 1.0)
+
+
+def _cooling_steps_by_definition(temp_c: np.ndarray, power_w: np.ndarray, r: np.ndarray) -> list:
+    """``models.cooling_change`` at 1 s, one GPU and candidate at a time, as its Notes define
+    it: (step, index) of the largest judged fall per GPU, ``(nan, -1)`` where none."""
+    from models import cooling_change as cc
+
+    w, gap, after, pre = int(cc.MEAN_S), int(cc.GAP_S), int(cc.AFTER_S), int(cc.PRE_S)
+    n_t, n_g = temp_c.shape
+
+    def mean(x: np.ndarray) -> float:
+        x = x[np.isfinite(x)]
+        return float(x.mean()) if len(x) else math.nan
+
+    out = []
+    for g in range(n_g):
+        p_w = [mean(power_w[i - w + 1 : i + 1, g]) if i >= w - 1 else math.nan for i in range(n_t)]
+        best = (math.inf, -1)
+        for k in range(pre + w, n_t - gap - after):
+            tb, pb = mean(temp_c[k - w : k, g]), mean(power_w[k - w : k, g])
+            ta = mean(temp_c[k + gap : k + gap + after, g])
+            pa = mean(power_w[k + gap : k + gap + after, g])
+            step = (ta - tb) - r[g] * (pa - pb)
+            means = p_w[k - pre + w - 1 : k + gap + after]  # the 30 s means from k - pre on
+            flat = all(math.isfinite(m) for m in means) and (
+                max(means) - min(means) <= cc.FLAT_FRACTION * (max(means) + min(means))
+            )
+            if flat and math.isfinite(step) and step < best[0]:
+                best = (step, k)
+        out.append(best if best[1] >= 0 else (math.nan, -1))
+    return out
+
+
+def test_cooling_steps_equal_their_definition_with_gaps_and_falls() -> None:
+    """The vectorized detector (prefix sums, running min and max) against a loop over every GPU
+    and candidate: the same largest fall and its start, with missing samples and power steps."""
+    from models.cooling_change import cooling_steps
+
+    rng = np.random.default_rng(7)
+    n_t, n_g = 260, 6
+    temp = 60.0 + rng.normal(0.0, 0.4, (n_t, n_g))
+    power = 175.0 + rng.normal(0.0, 3.0, (n_t, n_g))
+    temp[150:, [0, 2, 4]] -= 9.0  # cooling changes at flat power
+    power[150:, 4] -= 60.0  # ... except that one follows its power down
+    temp[rng.random((n_t, n_g)) < 0.08] = np.nan
+    power[rng.random((n_t, n_g)) < 0.05] = np.nan
+    power[100:140, 5] = np.nan  # a gap: no candidate near it is flat
+    r = np.full(n_g, 0.07)
+    got = cooling_steps(temp, power, r)
+    want = _cooling_steps_by_definition(temp, power, r)
+    for g, (step, k) in enumerate(want):
+        assert got.index[g] == k, (g, got.index[g], k)
+        if k >= 0:
+            assert got.step_k[g] == pytest.approx(step, abs=1e-9)
+        else:
+            assert math.isnan(got.step_k[g])
+    assert list(got.flagged) == [True, False, True, False, False, False]
