@@ -247,6 +247,30 @@ def test_the_phase_trend_fit_is_the_per_phase_least_squares(monkeypatch) -> None
         np.testing.assert_array_equal(a, b)
 
 
+def test_a_phase_whose_load_did_not_move_is_fitted_without_it() -> None:
+    """Normal equations that are singular (a rack load that held still is the intercept
+    again) take the pseudo-inverse: the trend and its error are the least squares of the
+    identifiable columns (intercept, time, level shift), as ``lstsq`` gives them."""
+    rng = np.random.default_rng(3)
+    n, m, step = 15, 30, 60.0
+    t = np.arange(n) * step
+    load = np.ones((n, m))  # no load change at all
+    slope_true = np.where(np.arange(m) % 3 == 0, 0.005, 0.0)
+    cur = 30 + slope_true[None, :] * t[:, None] + 0.05 * rng.standard_normal((n, m))
+    slope, se = unexplained_trend(cur, load, step)
+    for j in range(m):
+        at = int(np.argmax(np.abs(np.diff(cur[:, j]))))
+        x = np.column_stack([np.ones(n), t - t.mean(), (np.arange(n) > at).astype(float)])
+        coef, *_ = np.linalg.lstsq(x, cur[:, j], rcond=None)
+        resid = cur[:, j] - x @ coef
+        b_se = math.sqrt(float(resid @ resid) / (n - 4) * np.linalg.inv(x.T @ x)[1, 1])
+        if abs(coef[1]) > 3 * b_se:
+            assert slope[j] == pytest.approx(coef[1], rel=1e-6) and se[j] == pytest.approx(b_se)
+        else:
+            assert slope[j] == 0 and se[j] == 0
+    assert (slope[::3] > 0).all()
+
+
 def test_a_failed_links_traffic_goes_to_the_links_of_the_same_tier_at_its_ends(site) -> None:
     from twin.chain.propagate import link_busy_gbps, parallel_links
 
