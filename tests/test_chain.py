@@ -20,7 +20,7 @@ from twin.chain import (
     resolve,
 )
 from twin.chain.params import default_rack_beta
-from twin.headroom import unexplained_trend
+from twin.chain.trend import unexplained_trend
 from twin.site import load_site
 from twin.site.catalog import ASSUMPTIONS
 from twin.site.index import index_site
@@ -241,7 +241,7 @@ def test_the_phase_trend_fit_is_the_per_phase_least_squares(monkeypatch) -> None
     cur_h = np.concatenate([20 + rng.standard_normal((45, m)), cur])  # with an hour before
     load_h = np.concatenate([np.ones((45, m)), load])
     whole = unexplained_trend(cur_h, load_h, step)
-    monkeypatch.setattr("twin.headroom.TREND_COLUMNS", 7)
+    monkeypatch.setattr("twin.chain.trend.TREND_COLUMNS", 7)
     blocks = unexplained_trend(cur_h, load_h, step)
     for a, b in zip(whole, blocks, strict=True):
         np.testing.assert_array_equal(a, b)

@@ -48,6 +48,7 @@ from models import thermal_watch as tw
 from twin.chain import gpu_temperatures, phase_table, rack_capacity_kw, resolve
 from twin.chain import propagate as chain
 from twin.chain.params import history_capped_r
+from twin.chain.trend import TREND_WINDOW_S, unexplained_trend
 from twin.coverage import newest_sample
 from twin.forecast import rack_ratio_paths
 from twin.site import Site
@@ -62,15 +63,8 @@ log = logging.getLogger(__name__)
 Z90 = 1.2816
 #: Seconds averaged for "now" values (currents, power, flow) to take out sensor noise.
 NOW_WINDOW_S = 60.0
-#: Window of the phase-current trend. [s]
-TREND_WINDOW_S = 900.0
-#: Window before the trend's whose highest current a rising trend must exceed (the rest of the
-#: hour the headroom loads). [s]
-LEVEL_WINDOW_S = 2700.0
 #: Window of the persistence p90. [s]
 PERSISTENCE_WINDOW_S = 3600.0
-#: Columns (phases, or a replay's minute x phase pairs) fitted per block of the trend fit.
-TREND_COLUMNS = 8192
 
 Kind = Literal["gpu", "pdu_phase", "rack", "cdu", "loop", "link"]
 
@@ -722,135 +716,6 @@ def _tail(w: Window, seconds: float) -> Window:
 
 def _tail_array(a: np.ndarray, seconds: float, step_s: float) -> np.ndarray:
     return a[-max(1, round(seconds / step_s)) :]
-
-
-def _inv_sym(a: np.ndarray) -> np.ndarray:
-    """Inverses of a batch of small symmetric positive semi-definite matrices (N, k, k) (normal
-    equations): Gauss-Jordan elimination without pivoting, vectorized over the batch (stable
-    for positive definite matrices; k steps of (N, k, 2k) arithmetic, where a LAPACK call per
-    matrix costs ~20x more in a replay's million fits), where well conditioned; the
-    pseudo-inverse where (nearly) singular: the product of the pivots (the determinant) under
-    1e-9 of the diagonal's (an SVD per matrix costs ~50x more, so only there)."""
-    n, k, _ = a.shape
-    # (k, 2k, N): each row operation runs over the batch's contiguous last axis
-    aug = np.concatenate(
-        [a.transpose(1, 2, 0), np.broadcast_to(np.eye(k)[:, :, None], (k, k, n))], axis=1
-    )
-    det = np.ones(n)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        for j in range(k):
-            piv = aug[j, j].copy()
-            det *= piv
-            aug[j] /= piv
-            for i in range(k):
-                if i != j:
-                    aug[i] -= aug[i, j] * aug[j]
-    diag = np.abs(np.prod(np.diagonal(a, axis1=1, axis2=2), axis=1))
-    good = np.abs(det) > 1e-9 * diag  # False where a pivot was 0 (NaN)
-    out = np.ascontiguousarray(aug[:, k:].transpose(2, 0, 1))
-    if (~good).any():
-        out[~good] = np.linalg.pinv(a[~good])
-    return out
-
-
-def _largest_step(y: np.ndarray) -> np.ndarray:
-    """(k, N): 1 from the sample after each column's largest one-sample change (between
-    finite neighbours), 0 before; all 0 where the column has no such change."""
-    d = np.abs(np.diff(y, axis=0))
-    d = np.where(np.isfinite(d), d, -1.0)
-    if d.shape[0] == 0:
-        return np.zeros_like(y)
-    at = np.argmax(d, axis=0)  # the change between samples at and at + 1
-    has = d[at, np.arange(y.shape[1])] > 0
-    rows = np.arange(y.shape[0])[:, None]
-    return ((rows > at[None, :]) & has[None, :]).astype(float)
-
-
-def unexplained_trend(
-    cur_hist: np.ndarray,
-    load_hist: np.ndarray,
-    step_s: float,
-    level_before: np.ndarray | None = None,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Slope (A/s) and its standard error of the current the rack load does not explain.
-
-    Per phase, over the last :data:`TREND_WINDOW_S`: least squares of
-    ``I(t) = a + k * load(t) / load_now + b * t + c * step(t)``; ``b`` is the trend.
-    ``step`` is 0 up to the window's largest one-sample change of the current and 1 from it:
-    a level shift (the other feed's fault starting or ending moves the feeds' shares at once,
-    which the load of the racks does not explain) is a step, not a trend, and a creep is a
-    trend with or without it. [A; bench/README.md bench_alerts: the 2 untied phase forecasts
-    of seed 0 were such steps] A slope whose |t| < 3 is set to zero: no trend is claimed
-    from noise. Nor is a rising one while the present
-    current (the last sample) is not above ``level_before`` (default: the highest sample of
-    ``cur_hist`` before the trend window, :data:`LEVEL_WINDOW_S` of it): a phase climbing back
-    to a level it held within the hour (after a dip, or the other feed's fault ending) is
-    recovering, not creeping; a creep makes new highs. [A; bench/README.md bench_alerts: the
-    8 untied phase forecasts of seeds 0 and 1 were such recoveries]
-
-    Columns are independent and fitted :data:`TREND_COLUMNS` at a time: a replay fits every
-    (minute, phase) pair at once, and its (window x 10^6) temporaries cost 4x the time of
-    cache-sized blocks (bench/README.md, bench_whatif).
-    """
-    n_col = cur_hist.shape[1]
-    if n_col <= TREND_COLUMNS:
-        return _unexplained_trend_block(cur_hist, load_hist, step_s, level_before)
-    slope, se = np.empty(n_col), np.empty(n_col)
-    for lo in range(0, n_col, TREND_COLUMNS):
-        cols = slice(lo, lo + TREND_COLUMNS)
-        lvl = None if level_before is None else level_before[cols]
-        slope[cols], se[cols] = _unexplained_trend_block(
-            cur_hist[:, cols], load_hist[:, cols], step_s, lvl
-        )
-    return slope, se
-
-
-def _unexplained_trend_block(
-    cur_hist: np.ndarray,
-    load_hist: np.ndarray,
-    step_s: float,
-    level_before: np.ndarray | None,
-) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`unexplained_trend` on one block of columns."""
-    k = max(3, round(TREND_WINDOW_S / step_s))
-    y, x = cur_hist[-k:], load_hist[-k:]
-    ok = ~(np.isnan(y) | np.isnan(x))
-    w = ok.astype(float)
-    y0, x0 = np.where(ok, y, 0.0), np.where(ok, x, 0.0)
-    t = (np.arange(y.shape[0], dtype=float) * step_s)[:, None]
-    n_ok = w.sum(axis=0)
-    tc = np.where(ok, t - (t * w).sum(axis=0) / np.maximum(n_ok, 1), 0.0)  # centred per phase
-    h = _largest_step(y) * w
-    # the normal equations of y = a + k x + b t + c h, every phase at once: (N, 4, 4), (N, 4)
-    cols = [w, x0, tc, h]
-    npar = len(cols)
-    xtx = np.empty((y.shape[1], npar, npar))
-    xty = np.empty((y.shape[1], npar))
-    for i in range(npar):
-        xty[:, i] = (cols[i] * y0).sum(axis=0)
-        for j in range(i, npar):
-            xtx[:, i, j] = xtx[:, j, i] = (cols[i] * cols[j]).sum(axis=0)
-    inv = _inv_sym(xtx)  # batched; a phase whose load did not move is rank deficient
-    coef = np.einsum("nij,nj->ni", inv, xty)
-    resid = y0 - sum(coef[:, i] * cols[i] for i in range(npar))
-    s2 = (resid**2 * w).sum(axis=0) / np.maximum(n_ok - npar, 1)
-    b_se = np.sqrt(np.maximum(s2 * inv[:, 2, 2], 0.0))
-    keep = (n_ok >= 7) & (np.abs(coef[:, 2]) > 3 * b_se)
-    if level_before is None:
-        kb = max(1, round(LEVEL_WINDOW_S / step_s))
-        before = cur_hist[-(k + kb) : -k] if cur_hist.shape[0] > k else cur_hist[:0]
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)  # no history before: no guard
-            level_before = (
-                np.nanmax(before, axis=0) if before.shape[0] else np.full(y.shape[1], np.nan)
-            )
-    with np.errstate(invalid="ignore"):
-        # NaN (no history before, or no last sample) compares False: the slope is kept
-        recovering = (coef[:, 2] > 0) & (y[-1] <= level_before)
-    keep &= ~recovering
-    slope = np.where(keep, coef[:, 2], 0.0)
-    se = np.where(keep, b_se, 0.0)
-    return slope, se
 
 
 # ---- store -------------------------------------------------------------------------------------

@@ -6,7 +6,8 @@ breakers -> rack heat to liquid and air -> CDU heat, flow, return -> loop; plus 
 
 Live headroom (``twin.headroom``), what-if replay (``twin.replay.whatif``) and the API call these
 functions and keep no copy of them. ``limits`` owns every limit and derating, ``params`` says
-which parameter a device runs on (calibrated, else catalog).
+which parameter a device runs on (calibrated, else catalog), ``trend`` fits the phase current's
+trend that the racks' load does not explain.
 """
 
 from twin.chain.limits import (

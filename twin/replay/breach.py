@@ -10,8 +10,8 @@ minute at once (vectorized over minutes and entities), each from the data up to 
   load is the present load, the p90 the last hour's 90th percentile of the rack's power over
   its present power (at least 1);
 - PDU phases and breakers: the present current plus the trend the rack load does not explain,
-  fitted by the live headroom's own :func:`twin.headroom.unexplained_trend` over the same
-  :data:`twin.headroom.TREND_WINDOW_S`; the p50 path is ``current + slope * t``. Under
+  fitted by the live headroom's own :func:`twin.chain.trend.unexplained_trend` over the same
+  :data:`twin.chain.trend.TREND_WINDOW_S`; the p50 path is ``current + slope * t``. Under
   persistence a checkpoint dip is taken for the load to come, so the forecast clears for the
   dip's minute, live as in replay: rules ride that out with the engine's ``keep_firing_for``;
 - GPUs (p90, :func:`gpu_p90_breach_in_s`): the RC model of the chain at the p90 power (the
@@ -39,13 +39,8 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from models import thermal_watch as tw
 from twin.chain import propagate as chain
-from twin.headroom import (
-    LEVEL_WINDOW_S,
-    NOW_WINDOW_S,
-    PERSISTENCE_WINDOW_S,
-    TREND_WINDOW_S,
-    unexplained_trend,
-)
+from twin.chain.trend import LEVEL_WINDOW_S, TREND_WINDOW_S, unexplained_trend
+from twin.headroom import NOW_WINDOW_S, PERSISTENCE_WINDOW_S
 
 __all__ = [
     "HORIZON_S",
