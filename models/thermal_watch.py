@@ -20,6 +20,9 @@ the GPU was calibrated at, comparable across a fleet whose loops run at differen
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import NamedTuple
+
 import numpy as np
 from numpy.typing import NDArray
 
@@ -238,3 +241,53 @@ def group_median(values: F64, group: NDArray[np.int64], min_group: int = MIN_GRO
         enough = np.isfinite(v).sum(axis=1) >= min_group
         out[:, cols] = np.where(enough, med, np.nan)[:, None]
     return out
+
+
+class Watch(NamedTuple):
+    """:func:`watch`'s figures, ``(M, N)`` each: ``z`` (the residual over sigma, the smallest of
+    the trailing loaded minutes, :func:`loaded_min`), ``model_c`` (the model's minute mean
+    [°C]), ``r_est`` and ``r_heat`` (R re-estimated at the calibration's flow [K/W] and the heat
+    it was made at [W], :func:`r_estimate`)."""
+
+    z: F64
+    model_c: F64
+    r_est: F64
+    r_heat: F64
+
+
+def watch(
+    mean_temp_c: F64,
+    mean_power_w: F64,
+    slope_k_per_s: F64,
+    ref_c: F64,
+    offset_k: F64,
+    c_j_per_k: F64,
+    flow_factor: F64,
+    sigma_k: F64,
+    r_k_per_w: F64 | Callable[[F64], F64],
+    *,
+    minutes: int,
+    window: int,
+) -> Watch:
+    """Both detectors on a GPU's minute aggregates, every minute: the heat (:func:`heat_w`), R
+    re-estimated over the trailing ``window`` minutes, the residual against the model with R
+    ``r_k_per_w`` (or ``r_k_per_w(r_est)``: an R that depends on the re-estimates so far) at
+    the minute's flow, and that residual over ``sigma_k``, the smallest of the trailing
+    ``minutes`` loaded minutes. The live detector (``twin.hotspots``, its last minutes) and a
+    replay (``twin.replay.hotspot_feed``, every minute) both call this."""
+    x = heat_w(mean_power_w, slope_k_per_s, c_j_per_k)
+    r_est, r_heat = r_estimate(mean_temp_c, ref_c, offset_k, x, flow_factor, window)
+    r = r_k_per_w(r_est) if callable(r_k_per_w) else r_k_per_w
+    resid, model = residual_k(mean_temp_c, ref_c, offset_k, r * flow_factor, x)
+    with np.errstate(all="ignore"):
+        z = loaded_min(resid / sigma_k, x, minutes, min(minutes, MIN_RESIDUAL_MINUTES))
+    return Watch(z, model, r_est, r_heat)
+
+
+def fleet_drift(r_est: F64, r_heat: F64, group: NDArray[np.int64]) -> tuple[F64, F64, F64]:
+    """Each GPU's re-estimated R against its group's median (:func:`group_median`), ``(M, N)``
+    each: the median [K/W], the drift ``r_est / median - 1`` and what it amounts to at the
+    GPU's heat, ``(r_est - median) x r_heat`` [K]."""
+    fleet = group_median(r_est, group)
+    with np.errstate(all="ignore"):
+        return fleet, r_est / fleet - 1.0, (r_est - fleet) * r_heat

@@ -133,3 +133,36 @@ def test_an_r_drift_at_low_heat_is_a_kelvin_not_a_plate() -> None:
     idle[:, 0] = 100.0
     r_i, h_i = tw.r_estimate(ref + r0 * idle, ref, off, idle, one, 30)
     assert np.isnan(r_i[-1, 0]) and np.isnan(h_i[-1, 0]) and np.isfinite(h_i[-1, 1])
+
+
+def test_watch_is_its_steps_and_takes_an_r_from_the_re_estimates_so_far() -> None:
+    """``watch`` and ``fleet_drift`` (what the live detector and a replay both call) equal the
+    steps they compose, with a fixed R and with an R made from the re-estimates (a replay's
+    history cap): a GPU whose plate degrades is judged against R capped by its own past."""
+    rng = np.random.default_rng(4)
+    n_gpu, minutes = 6, 90
+    n = minutes * 6
+    r0 = np.full(n_gpu, 0.045)
+    r_t = np.broadcast_to(r0, (n, n_gpu)).copy()
+    r_t[n // 2 :, 0] *= 1.4  # a plate gone bad halfway
+    power = 650.0 + rng.normal(0.0, 5.0, (n, n_gpu))
+    temp = _rc(r_t, power, 40.0) + rng.normal(0.0, 0.1, (n, n_gpu))
+    t_m, p_m, slope = tw.minute_aggregates(temp, power, STEP_S)
+    ref, off = np.full_like(t_m, 40.0), np.zeros((1, n_gpu))
+    c, one, sigma = np.full((1, n_gpu), C_J_PER_K), np.ones_like(t_m), np.full((1, n_gpu), 0.3)
+    x = tw.heat_w(p_m, slope, c)
+    est, heat = tw.r_estimate(t_m, ref, off, x, one, 30)
+    for r in (r0[None, :] * 1.1, lambda e: np.fmin(r0[None, :] * 1.1, np.nan_to_num(e, nan=1.0))):
+        w = tw.watch(t_m, p_m, slope, ref, off, c, one, sigma, r, minutes=5, window=30)
+        r_used = r(est) if callable(r) else r
+        resid, model = tw.residual_k(t_m, ref, off, r_used, x)
+        np.testing.assert_array_equal(w.z, tw.loaded_min(resid / sigma, x, 5, 3))
+        np.testing.assert_array_equal(w.model_c, model)
+        np.testing.assert_array_equal(w.r_est, est)
+        np.testing.assert_array_equal(w.r_heat, heat)
+    fleet, drift, excess = tw.fleet_drift(est, heat, np.zeros(n_gpu, dtype=np.int64))
+    np.testing.assert_array_equal(fleet, tw.group_median(est, np.zeros(n_gpu, dtype=np.int64)))
+    np.testing.assert_array_equal(drift, est / fleet - 1.0)
+    np.testing.assert_array_equal(excess, (est - fleet) * heat)
+    assert drift[-1, 0] > 0.3 and np.nanmax(np.abs(drift[-1, 1:])) < 0.05
+    assert np.nanmax(w.z[-10:, 0]) > 4.0 and np.nanmax(w.z[-10:, 1:]) < 4.0

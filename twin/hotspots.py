@@ -385,19 +385,23 @@ def _watch(
     ratio = np.stack([gpu_flow_ratio(idx, flow_ref, flow[k]) for k in range(n_min)])
     factor = gpu_thermal.r_at_flow_k_per_w(1.0, ratio)
     factor = np.where((idx.gpu_cdu >= 0)[None, :], factor, 1.0)
-    x = tw.heat_w(p_m, slope, c[None, :])
-    resid, model = tw.residual_k(t_m, ref, off[None, :], r[None, :] * factor, x)
-    with np.errstate(all="ignore"):
-        z = tw.loaded_min(
-            resid / sigma[None, :], x, minutes, min(minutes, tw.MIN_RESIDUAL_MINUTES)
-        )[-1]
-    r_est, r_heat = (
-        a[-1] for a in tw.r_estimate(t_m, ref, off[None, :], x, factor, DRIFT_WINDOW_MIN)
+    w = tw.watch(
+        t_m,
+        p_m,
+        slope,
+        ref,
+        off[None, :],
+        c[None, :],
+        factor,
+        sigma[None, :],
+        r[None, :],
+        minutes=minutes,
+        window=DRIFT_WINDOW_MIN,
     )
-    fleet = tw.group_median(r_est[None, :], gpu_groups(idx))[0]
-    with np.errstate(all="ignore"):
-        drift = r_est / fleet - 1.0
-        r_excess = (r_est - fleet) * r_heat  # K over the fleet's R at this GPU's heat
+    z, model, r_est, r_heat = w.z[-1], w.model_c, w.r_est[-1], w.r_heat[-1]
+    groups = gpu_groups(idx)
+    # the fleet's median R and each GPU's drift over it, K at this GPU's heat
+    fleet, drift, r_excess = (a[0] for a in tw.fleet_drift(r_est[None], r_heat[None], groups))
     if run is None:
         problems.append(
             "no calibration fitted on this site's telemetry yet: the model-residual and R-drift"

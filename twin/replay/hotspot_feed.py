@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 
@@ -158,13 +159,18 @@ def hotspot_series(
         inlet = inlet_n[:, node_col[sl]]
         ref = np.where(liq[None, :], sup, inlet)
         factor = np.where(liq[None, :], r_at_flow_k_per_w(1.0, ratio), 1.0)
-        off = gp.offset_k[sl][None, :]
-        x = tw.heat_w(p_m, slope, gp.c_j_per_k[sl][None, :])
-        est, heat = tw.r_estimate(t_m, ref, off, x, factor, window_min)
-        r_model = _model_r(gp.r_k_per_w[sl], est)
-        resid, mod = tw.residual_k(t_m, ref, off, r_model * factor, x)
-        z = tw.loaded_min(
-            resid / sigma[sl][None, :], x, minutes, min(minutes, tw.MIN_RESIDUAL_MINUTES)
+        z, mod, est, heat = tw.watch(
+            t_m,
+            p_m,
+            slope,
+            ref,
+            gp.offset_k[sl][None, :],
+            gp.c_j_per_k[sl][None, :],
+            factor,
+            sigma[sl][None, :],
+            partial(_model_r, gp.r_k_per_w[sl]),  # capped by its own re-estimates so far
+            minutes=minutes,
+            window=window_min,
         )
         # the minutes start at row 1, so minute k ends at row (k + 1) x per: evaluation minute
         # k + 1's own sample, the newest its live pass would have (twin.hotspots)
@@ -174,10 +180,8 @@ def hotspot_series(
         model[1 : k + 1, sl] = mod[:k]
         r_est[1 : k + 1, sl] = est[:k]
         r_heat[1 : k + 1, sl] = heat[:k]
-    fleet = tw.group_median(r_est, gpu_groups(idx))
-    with np.errstate(all="ignore"):
-        drift = r_est / fleet - 1.0
-        r_excess = ((r_est - fleet) * r_heat).astype(np.float32)  # K, as the live detector's
+    fleet, drift, r_excess = tw.fleet_drift(r_est, r_heat, gpu_groups(idx))
+    r_excess = r_excess.astype(np.float32)  # K, as the live detector's
     sig_lab = np.broadcast_to(sigma.astype(np.float32)[None, :], shape)
     excess = res_sig * sig_lab  # the smallest minute residual in K, as the live detector's
     ids = list(idx.gpu_ids)
