@@ -135,8 +135,7 @@ def _ratio_paths_persistence(
     with np.errstate(all="ignore"), warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         q90 = np.nanquantile(rack_hist_w, 0.9, axis=0)
-    r90 = np.where(rack_now_w > 0, np.maximum(q90 / rack_now_w, 1.0), 1.0)
-    r90 = np.nan_to_num(r90, nan=1.0)
+    r90 = chain.p90_load_ratio(q90, rack_now_w)
     p50 = np.ones((n, rack_hist_w.shape[1]))
     return p50, np.broadcast_to(r90, (n, r90.size)).copy()
 

@@ -92,6 +92,15 @@ def load_ratio(after_w: np.ndarray, before_w: np.ndarray) -> np.ndarray:
     return np.where(ok, np.maximum(after_w, 0.0) / safe, 1.0)
 
 
+def p90_load_ratio(q90_w: np.ndarray, now_w: np.ndarray) -> np.ndarray:
+    """The persistence basis' p90 load ratio (docs/physics.md §11.1): a rack's 90th percentile
+    of power over the last hour over its present power, at least 1; 1 where either is unknown
+    or the rack draws nothing now. The live headroom and a replay's forecast both take it."""
+    with np.errstate(all="ignore"):
+        r = np.where(now_w > 0, np.maximum(q90_w / now_w, 1.0), 1.0)
+    return np.nan_to_num(r, nan=1.0)
+
+
 def rack_heat_kw(rack_w: Any, capture: Any) -> tuple[np.ndarray, np.ndarray]:
     """A rack's input power as heat: (to liquid, to the room's air); ``capture`` is the fitted
     (else catalog) share its cold plates take (docs/physics.md §3.7). [kW]"""

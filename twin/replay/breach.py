@@ -109,15 +109,19 @@ def trailing_quantile(a: np.ndarray, k: int, q: float) -> np.ndarray:
     if m == 0:
         return np.zeros(0)
     pad = np.concatenate([np.full(k - 1, np.nan), a])
-    win = np.sort(sliding_window_view(pad, k), axis=1)  # NaN sort last
-    n = np.isfinite(win).sum(axis=1)
+    return _sorted_quantile(np.sort(sliding_window_view(pad, k), axis=1), q, axis=1)
+
+
+def _sorted_quantile(win: np.ndarray, q: float, axis: int) -> np.ndarray:
+    """The ``q`` quantile of the finite values along ``axis`` of windows sorted along it (NaN
+    last), linear between order statistics as ``np.nanquantile``'s default; NaN where none."""
+    n = np.isfinite(win).sum(axis=axis)
     pos = q * np.maximum(n - 1, 0)
     lo = np.floor(pos).astype(np.int64)
     hi = np.minimum(lo + 1, np.maximum(n - 1, 0))
-    r = np.arange(m)
-    frac = pos - lo
-    out = win[r, lo] + (win[r, hi] - win[r, lo]) * frac
-    return np.where(n > 0, out, np.nan)
+    v_lo = np.take_along_axis(win, np.expand_dims(lo, axis), axis=axis).squeeze(axis)
+    v_hi = np.take_along_axis(win, np.expand_dims(hi, axis), axis=axis).squeeze(axis)
+    return np.where(n > 0, v_lo + (pos - lo) * (v_hi - v_lo), np.nan)
 
 
 def _windows(x: np.ndarray, k: int) -> np.ndarray:
@@ -194,17 +198,8 @@ def p90_ratio(rack_w: np.ndarray, step_s: float = STEP_S) -> np.ndarray:
     ``np.nanquantile`` gives, from one sort of every window at once.
     """
     k = max(1, round(PERSISTENCE_WINDOW_S / step_s))
-    win = np.sort(_windows(rack_w, k), axis=0)  # (k, M, R), NaN last
-    n_ok = np.isfinite(win).sum(axis=0)
-    pos = 0.9 * np.maximum(n_ok - 1, 0)
-    lo = np.floor(pos).astype(np.int64)
-    hi = np.minimum(lo + 1, np.maximum(n_ok - 1, 0))
-    v_lo = np.take_along_axis(win, lo[None], axis=0)[0]
-    v_hi = np.take_along_axis(win, hi[None], axis=0)[0]
-    q90 = np.where(n_ok > 0, v_lo + (pos - lo) * (v_hi - v_lo), np.nan)
-    with np.errstate(all="ignore"):
-        r = np.where(rack_w > 0, np.maximum(q90 / rack_w, 1.0), 1.0)
-    return np.nan_to_num(r, nan=1.0)
+    q90 = _sorted_quantile(np.sort(_windows(rack_w, k), axis=0), 0.9, axis=0)  # (k, M, R)
+    return chain.p90_load_ratio(q90, rack_w)
 
 
 def gpu_breach_in_s(
