@@ -278,3 +278,30 @@ def test_a_failed_links_traffic_goes_to_the_links_of_the_same_tier_at_its_ends(s
     # both leaf-spine links end on spine-1: each takes the other's traffic
     assert [names[k] for k in parallel_links(site, names.index("lnk-r01-s1"))] == ["lnk-r02-s1"]
     np.testing.assert_array_equal(link_busy_gbps([4e9, 1e9], [2e9, 3e9]), [4.0, 3.0])
+
+
+def test_the_replays_p90_load_ratio_is_the_live_headrooms_at_every_minute() -> None:
+    """One figure, two readers: a replay's p90 ratio (its windows sorted once, every minute at
+    once) equals what the live headroom's persistence basis (``np.nanquantile`` over the last
+    hour) gives at each minute, gaps, an idle rack and a rack with no data included; and the
+    fleets' trailing quantile equals ``np.nanquantile`` too."""
+    from twin.headroom import _ratio_paths_persistence
+    from twin.replay.breach import p90_ratio, trailing_quantile
+
+    rng = np.random.default_rng(11)
+    m, racks = 150, 5
+    rack_w = rng.normal(40_000.0, 6_000.0, (m, racks))
+    rack_w[rng.random((m, racks)) < 0.15] = np.nan
+    rack_w[:, 3] = 0.0  # idle: ratio 1
+    rack_w[:, 4] = np.nan  # no data: ratio 1
+    got = p90_ratio(rack_w)
+    for k in range(m):
+        hist = rack_w[max(0, k - 59) : k + 1]
+        _, r90 = _ratio_paths_persistence(hist, rack_w[k], 2)
+        np.testing.assert_allclose(got[k], r90[0], rtol=1e-12, atol=0)
+    assert (got[:, 3:] == 1.0).all() and (got[:, :3] >= 1.0).all() and (got[:, :3] > 1.0).any()
+    tq = trailing_quantile(rack_w[:, 0], 30, 0.95)
+    for k in range(m):
+        win = rack_w[max(0, k - 29) : k + 1, 0]
+        want = np.nanquantile(win, 0.95) if np.isfinite(win).any() else np.nan
+        np.testing.assert_allclose(tq[k], want, rtol=1e-12, equal_nan=True)
