@@ -38,12 +38,11 @@ sys.path.insert(0, str(REPO))
 
 from collectors.contract import cdu_sample_ids, sub_id  # noqa: E402
 from twin.api import ARROW_STREAM  # noqa: E402
-from twin.headroom import HEADROOM_SCHEMA  # noqa: E402
 from twin.service import Service, ServiceConfig  # noqa: E402
 from twin.site import Site  # noqa: E402
 from twin.site.index import index_site  # noqa: E402
 from twin.store import Store  # noqa: E402
-from twin.store.schema import arrow_schema  # noqa: E402
+from twin.store.schema import HEADROOM_SCHEMA, arrow_schema  # noqa: E402
 
 NOW = datetime.now(UTC).replace(microsecond=0)
 

@@ -746,8 +746,9 @@ def _time_get(url: str, runs: int) -> dict[str, Any]:
 
 
 def run_metrics(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
-    from twin.headroom import compute_headroom, save_headroom
+    from twin.headroom import compute_headroom
     from twin.store import Store
+    from twin.store.reads import save_headroom
 
     site_path, site = make_site(tmp, args.gpus, args.halls, 0, args.seed)
     db = tmp / "metrics.duckdb"

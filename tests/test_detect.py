@@ -23,12 +23,13 @@ from twin.alerts import AlertEngine, Outbox, Topology, load_rules
 from twin.alerts.metrics import HEADROOM_GPU_TIME_TO_BREACH_P90_S
 from twin.calibrate.calibrate import calibrate, save_run
 from twin.detect import detect, observations
-from twin.headroom import compute_headroom, latest_headroom, save_headroom
+from twin.headroom import compute_headroom
 from twin.hotspots import find_hotspots
 from twin.ingest import Ingester, IngestLimits
 from twin.simulator import SiteSimulator, parse_fault
 from twin.site import Site, load_site
 from twin.store import Store
+from twin.store.reads import latest_headroom_rows, save_headroom
 
 from .helpers import REPO, SMALL_SITE, Recorder, check_schemas, hooks_for
 
@@ -311,7 +312,7 @@ def test_headroom_is_stored_and_covers_every_limit(site: Site, base_db: Path, tm
         rack = next(x for x in report.rows if x.kind == "rack" and x.id == "r01")
         assert rack.limit == pytest.approx(2 * 3**0.5 * 415 * 0.8 * 32 / 1000, rel=0.03)
         n = save_headroom(store, report)
-        stored = latest_headroom(store)
+        stored = latest_headroom_rows(store)
         assert n == len(stored) == len(report.rows)
 
 

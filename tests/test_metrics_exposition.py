@@ -11,8 +11,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from twin.api.metrics import MetricFilter, headroom_exposition
-from twin.headroom import HeadroomReport, HeadroomRow, save_headroom
+from twin.headroom import HeadroomReport, HeadroomRow
 from twin.store import Store
+from twin.store.reads import save_headroom
 
 
 def _row(kind: str, id_: str, quantity: str, unit: str, limit: float, value: float | None):

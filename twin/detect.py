@@ -91,13 +91,13 @@ from twin.chain import phase_table, pumps_running
 from twin.coverage import NoTelemetry, missing_kinds, newest_sample
 from twin.fleet_drain import fleet_drain_observations
 from twin.fleets import FleetReport, span_text, underused_fleets
-from twin.headroom import HeadroomReport, compute_headroom, save_headroom
+from twin.headroom import HeadroomReport, compute_headroom
 from twin.health import ServiceHealth
 from twin.hotspots import HotSpotReport, find_hotspots
 from twin.procs import lower_this_thread
 from twin.site import Site
 from twin.store import Store
-from twin.store.reads import newest_values
+from twin.store.reads import newest_values, save_headroom
 from twin.store.windows import WindowReader
 
 log = logging.getLogger(__name__)

@@ -41,7 +41,6 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
 import numpy as np
-import pyarrow as pa
 from pydantic import BaseModel
 
 from models import thermal_watch as tw
@@ -54,7 +53,6 @@ from twin.forecast import rack_ratio_paths
 from twin.site import Site
 from twin.site.index import gpu_flow_ratio, gpu_reference, index_site
 from twin.store import Store
-from twin.store.reads import latest_headroom_rows, prune_headroom
 from twin.store.windows import Window, WindowReader, last_valid
 
 log = logging.getLogger(__name__)
@@ -158,26 +156,30 @@ class _Pass:
     store: Store
     site: Site
     idx: Any
-    n: int
+    n: int  # path samples, the first is "now"
     step_s: float
     basis: str
-    r50: np.ndarray
+    r50: np.ndarray  # (n, racks) load ratio paths
     r90: np.ndarray
-    racks: list[Any]
     gpu: Window
     cdu: Window
     node: Window
-    pdu_hist: Window
-    pdu_now: Window
+    pdu_hist: Window  # the hour (and trend window) at 60 s
     link: Window
-    pdu_pos: dict[str, int]
-    rack_now: np.ndarray
-    rack_w_now: np.ndarray
-    it_now: np.ndarray
-    it_hist: np.ndarray
-    rack_of_rack: dict[str, int]
-    cp: Any = None  # the chain's parameters (twin.chain.resolve)
+    rack_now: np.ndarray  # (racks,) PDU input power now, NaN where a feed is silent [W]
+    rack_w_now: np.ndarray  # its PDU input, else its nodes' IT load, else 0 [W]
+    it_now: np.ndarray  # (racks,) IT load now [W]
+    it_hist: np.ndarray  # (T, racks) IT load over the hour [W]
+    cp: Any  # the chain's parameters (twin.chain.resolve)
     rows: list[HeadroomRow] = field(default_factory=list)
+
+    @property
+    def racks(self) -> list[Any]:
+        return self.site.racks
+
+    @property
+    def pdu_now(self) -> Window:
+        return self.pdu_hist.tail(NOW_WINDOW_S)
 
     def emit(
         self,
@@ -299,27 +301,20 @@ def _load(
         step_s=60.0,
         quantities=["power_w", "current_a", "inlet_temp_c", "power_factor"],
     )
-    pdu_now = _tail(pdu_hist, NOW_WINDOW_S)
     link = reader.load("link", w_start, end, quantities=["tx_bps", "rx_bps"])
+    k_now = pdu_hist.tail(NOW_WINDOW_S).n_steps  # the rows of "now" on the hour's grid
 
     # ---- rack input power: sum of the rack's PDU units (feeds)
     racks = site.racks
-    pdu_pos = {p: i for i, p in enumerate(pdu_hist.ids)}
-    rack_hist = np.full((pdu_hist.n_steps, len(racks)), np.nan)
-    for r_i, r in enumerate(racks):
-        cols = [pdu_pos[p] for p in r.pdus if p in pdu_pos]
-        if cols:
-            feeds = pdu_hist.values["power_w"][:, cols]
-            rack_hist[:, r_i] = np.where(
-                np.isnan(feeds).all(axis=1), np.nan, np.nansum(feeds, axis=1)
-            )
+    feeds_w = pdu_hist.values["power_w"]
+    rack_hist = chain.rack_feed_power_w(feeds_w, _columns(pdu_hist.ids, [r.pdus for r in racks]))
     # "now" is the last minute: a PDU that stopped reporting has no present power (its hour
-    # of history still shapes the persistence p90 and the phase trend)
-    rack_now = last_valid(_tail_array(rack_hist, NOW_WINDOW_S, pdu_hist.step_s))
-    # a rack with a feed that has no power now: the reporting feeds' sum is not its load
-    feed_now = last_valid(_tail_array(pdu_hist.values["power_w"], NOW_WINDOW_S, pdu_hist.step_s))
+    # of history still shapes the persistence p90 and the phase trend); a rack with a feed
+    # that has no power now has no load now (the reporting feeds' sum is not its load)
+    rack_now = last_valid(rack_hist[-k_now:])
+    feed_now = dict(zip(pdu_hist.ids, np.isfinite(last_valid(feeds_w[-k_now:])), strict=True))
     for r_i, r in enumerate(racks):
-        if not all(p in pdu_pos and np.isfinite(feed_now[pdu_pos[p]]) for p in r.pdus):
+        if not all(feed_now.get(pdu, False) for pdu in r.pdus):
             rack_now[r_i] = np.nan
     # the IT load of each rack (sum of its nodes' input power), the load the forecast and the
     # ratio paths describe; a rack without node power falls back on its PDUs
@@ -339,7 +334,7 @@ def _load(
             p_nodes = node_hist.values["power_w"][:, cols]
             if not np.isnan(p_nodes[-1]).any():
                 it_hist[:, r_i] = p_nodes.sum(axis=1)
-    it_now = last_valid(_tail_array(it_hist, NOW_WINDOW_S, pdu_hist.step_s))
+    it_now = last_valid(it_hist[-k_now:])
     # a rack's load now for weighting and heat: its PDU input, else its nodes' IT load, else 0
     rack_w_now = np.nan_to_num(np.where(np.isfinite(rack_now), rack_now, it_now), nan=0.0)
     if np.isnan(rack_now).any():
@@ -355,138 +350,74 @@ def _load(
     else:
         r50, r90 = _ratio_paths_persistence(it_hist, it_now, n)
         basis = "persistence"
+    cp = resolve(site, idx, _latest_params(store))
     return _Pass(
-        store,
-        site,
-        idx,
-        n,
-        step_s,
-        basis,
-        r50,
-        r90,
-        racks,
-        gpu,
-        cdu,
-        node,
-        pdu_hist,
-        pdu_now,
-        link,
-        pdu_pos,
-        rack_now,
-        rack_w_now,
-        it_now,
-        it_hist,
-        {r.name: i for i, r in enumerate(racks)},
-        resolve(site, idx, _latest_params(store)),
-    )
+        store, site, idx, n, step_s, basis, r50, r90, gpu, cdu, node, pdu_hist, link,
+        rack_now, rack_w_now, it_now, it_hist, cp,
+    )  # fmt: skip
+
+
+def _columns(ids: list[str], groups: list[list[str]]) -> list[list[int]]:
+    """Each group's positions in ``ids`` (ids not there left out)."""
+    pos = {x: i for i, x in enumerate(ids)}
+    return [[pos[x] for x in g if x in pos] for g in groups]
 
 
 def _racks_rows(p: _Pass) -> None:
-    """Racks: kW against what their feeds carry together."""
-    site, r50, r90, racks, pdu_now, pdu_pos, rack_now = (
-        p.site,
-        p.r50,
-        p.r90,
-        p.racks,
-        p.pdu_now,
-        p.pdu_pos,
-        p.rack_now,
-    )
-    # ---- racks: kW against its feeds together (twin.chain.limits)
-    pf_now = _mean(pdu_now.values["power_factor"])
-    cap_kw = rack_capacity_kw(
-        site, racks, {p: float(pf_now[i]) for p, i in pdu_pos.items() if "/" not in p}
-    )
-    rack_kw_now = rack_now / 1000.0
-    p.emit(
-        "rack",
-        [r.name for r in racks],
-        "power_kw",
-        "kW",
-        cap_kw,
-        rack_kw_now,
-        rack_kw_now[None, :] * r50,
-        rack_kw_now[None, :] * r90,
-        rack=[r.name for r in racks],
-        cdu_of=[r.cdu for r in racks],
-    )
+    """Racks: kW against what their feeds carry together (twin.chain.limits)."""
+    pf_now = _mean(p.pdu_now.values["power_factor"])
+    pf = {pdu: float(v) for pdu, v in zip(p.pdu_hist.ids, pf_now, strict=True) if "/" not in pdu}
+    names = [r.name for r in p.racks]
+    kw_now = p.rack_now / 1000.0
+    cap_kw = rack_capacity_kw(p.site, p.racks, pf)
+    kw50, kw90 = kw_now[None, :] * p.r50, kw_now[None, :] * p.r90
+    cdu_of = [r.cdu for r in p.racks]
+    p.emit("rack", names, "power_kw", "kW", cap_kw, kw_now, kw50, kw90, rack=names, cdu_of=cdu_of)
 
 
 def _phases_rows(p: _Pass) -> None:
-    """PDU phases and breakers: current x load ratio, plus the unexplained trend."""
-    site, n, step_s, basis, r50, r90, racks, pdu_hist, rack_w_now, it_now, it_hist = (
-        p.site,
-        p.n,
-        p.step_s,
-        p.basis,
-        p.r50,
-        p.r90,
-        p.racks,
-        p.pdu_hist,
-        p.rack_w_now,
-        p.it_now,
-        p.it_hist,
+    """PDU phases and breakers: current x the load ratio of the racks they feed (weighted by
+    their load now), plus the trend of the current that the load does not explain."""
+    table = phase_table(p.site)
+    if not table.ids:
+        return
+    cur_hist = p.pdu_hist.select(table.ids).values["current_a"]
+    cur_now = _mean(p.pdu_now.select(table.ids).values["current_a"])
+    ratio50, ratio90 = np.ones((p.n, len(table.ids))), np.ones((p.n, len(table.ids)))
+    load_hist = np.ones((cur_hist.shape[0], len(table.ids)))
+    for j, fed in enumerate(table.racks):
+        if fed:
+            w = p.rack_w_now[fed]
+            if w.sum() <= 0:  # no load known for any rack it feeds: weigh them alike
+                w = np.ones(len(fed))
+            ratio50[:, j] = (p.r50[:, fed] * w).sum(axis=1) / w.sum()
+            ratio90[:, j] = (p.r90[:, fed] * w).sum(axis=1) / w.sum()
+            total_now = np.nansum(p.it_now[fed])
+            if total_now > 0:
+                load_hist[:, j] = np.nansum(p.it_hist[:, fed], axis=1) / total_now
+    slope, slope_se = unexplained_trend(cur_hist, load_hist, p.pdu_hist.step_s)
+    t = np.arange(p.n)[:, None] * p.step_s
+    path50 = cur_now[None, :] * ratio50 + slope[None, :] * t
+    path90 = cur_now[None, :] * ratio90 + (slope + Z90 * slope_se)[None, :] * t
+    p.emit(
+        "pdu_phase",
+        table.ids,
+        "current_a",
+        "A",
+        table.limit_a,
+        cur_now,
+        path50,
+        path90,
+        rack=[p.racks[f[0]].name if len(f) == 1 else None for f in table.racks],
+        # a significant trend was applied
+        basis_of=[p.basis + (", trend" if s != 0 else "") for s in np.nan_to_num(slope)],
     )
-    # ---- PDU phases and breakers: current x load ratio + unexplained trend
-    table = phase_table(site)
-    phase_ids, phase_limit, phase_racks = table.ids, table.limit_a, table.racks
-    if phase_ids:
-        cur_hist = pdu_hist.select(phase_ids).values["current_a"]
-        cur_now = _mean(_tail_array(cur_hist, NOW_WINDOW_S, pdu_hist.step_s))
-        ratio50 = np.ones((n, len(phase_ids)))
-        ratio90 = np.ones((n, len(phase_ids)))
-        load_hist = np.ones((cur_hist.shape[0], len(phase_ids)))
-        for j, fed in enumerate(phase_racks):
-            if fed:
-                w = rack_w_now[fed]
-                if w.sum() <= 0:  # no load known for any rack it feeds: weigh them alike
-                    w = np.ones(len(fed))
-                wsum = w.sum()
-                ratio50[:, j] = (r50[:, fed] * w).sum(axis=1) / wsum
-                ratio90[:, j] = (r90[:, fed] * w).sum(axis=1) / wsum
-                total_now = np.nansum(it_now[fed])
-                if total_now > 0:
-                    load_hist[:, j] = np.nansum(it_hist[:, fed], axis=1) / total_now
-        slope, slope_se = unexplained_trend(cur_hist, load_hist, pdu_hist.step_s)
-        t = np.arange(n)[:, None] * step_s
-        path50 = cur_now[None, :] * ratio50 + slope[None, :] * t
-        path90 = cur_now[None, :] * ratio90 + (slope + Z90 * slope_se)[None, :] * t
-        name_of = [r.name for r in racks]
-        p.emit(
-            "pdu_phase",
-            phase_ids,
-            "current_a",
-            "A",
-            phase_limit,
-            cur_now,
-            path50,
-            path90,
-            rack=[name_of[f[0]] if len(f) == 1 else None for f in phase_racks],
-            basis_of=[
-                basis + (", trend" if s != 0 else "")
-                for s in np.nan_to_num(slope)  # a trend was significant and applied
-            ],
-        )
 
 
 def _gpus_rows(p: _Pass) -> None:
-    """GPUs: temperature to the max operating temperature, through the chain."""
-    idx, step_s, basis, r50, r90, racks, gpu, cdu, node, pdu_hist, cp = (
-        p.idx,
-        p.step_s,
-        p.basis,
-        p.r50,
-        p.r90,
-        p.racks,
-        p.gpu,
-        p.cdu,
-        p.node,
-        p.pdu_hist,
-        p.cp,
-    )
-    # ---- GPUs: temperature to the max operating temperature, through the chain: power from
-    # activity on the calibrated curve, the RC model at the loop's flow, the thermal controller
-    gp = cp.gpu
+    """GPUs: temperature to the max operating temperature, through the chain: power from
+    activity on the calibrated curve, the RC model at the loop's flow, the thermal controller."""
+    idx, gp, gpu = p.idx, p.cp.gpu, p.gpu
     power_now = _mean(gpu.values["power_w"])
     temp_now = last_valid(gpu.values["temp_c"])
     act_now = _mean(gpu.values["sm_active"])
@@ -494,26 +425,25 @@ def _gpus_rows(p: _Pass) -> None:
     act_now[no_sm] = _mean(gpu.values["util_pct"])[no_sm] / 100.0
     with np.errstate(all="ignore"):
         plimit = np.fmax.reduce(gpu.values["power_limit_w"], axis=0)
-    ref_grid = gpu_reference(idx, cdu, node, _tail(pdu_hist, NOW_WINDOW_S))
+    ref_grid = gpu_reference(idx, p.cdu, p.node, p.pdu_now)
     ref_now = last_valid(ref_grid)
-    gpu_basis = [f"{basis}, {'calibrated' if t == 'calibrated' else t}" for t in gp.thermal_source]
     flow_ref = {
-        c: v for c, v in zip(idx.cdu_names, cp.cdu_flow_ref_lpm, strict=True) if np.isfinite(v)
+        c: v for c, v in zip(idx.cdu_names, p.cp.cdu_flow_ref_lpm, strict=True) if np.isfinite(v)
     }
     # a fitted R is capped by the GPU's fit history (twin.chain.params.history_capped_r): a fit
     # learned while a cold plate was fouled must not forecast a slowdown after it healed
     hist = p.store.calibration_param_medians("gpu", "r_k_per_w")
     fitted = np.array([t == "calibrated" for t in gp.thermal_source])
     r_hist = np.array([hist.get(g, np.nan) for g in idx.gpu_ids], dtype=float)
-    r_fit = np.where(
-        fitted, history_capped_r(np.asarray(gp.r_k_per_w, float), r_hist), gp.r_k_per_w
-    )
-    r_k = chain.gpu_r_k_per_w(r_fit, gpu_flow_ratio(idx, flow_ref, _mean(cdu.values["flow_lpm"])))
+    r_gpu = np.asarray(gp.r_k_per_w, float)
+    r_fit = np.where(fitted, history_capped_r(r_gpu, r_hist), gp.r_k_per_w)
+    flow_now = _mean(p.cdu.values["flow_lpm"])
+    r_k = chain.gpu_r_k_per_w(r_fit, gpu_flow_ratio(idx, flow_ref, flow_now))
     cap = np.where(np.isfinite(plimit) & (plimit > 0), plimit, gp.limit_w)
     bias = _model_bias_k(gpu, _mean(ref_grid) + gp.offset_k, r_k, gp.c_j_per_k)
     now = (temp_now, ref_now, power_now, act_now, bias)
-    t50 = _gpu_path(*now, r50[:, idx.gpu_rack], cap, r_k, gp, step_s, from_util=no_sm)
-    t90 = _gpu_path(*now, r90[:, idx.gpu_rack], cap, r_k, gp, step_s, from_util=no_sm)
+    t50 = _gpu_path(*now, p.r50[:, idx.gpu_rack], cap, r_k, gp, p.step_s, from_util=no_sm)
+    t90 = _gpu_path(*now, p.r90[:, idx.gpu_rack], cap, r_k, gp, p.step_s, from_util=no_sm)
     p.emit(
         "gpu",
         idx.gpu_ids,
@@ -523,126 +453,70 @@ def _gpus_rows(p: _Pass) -> None:
         temp_now,
         t50,
         t90,
-        rack=[racks[k].name for k in idx.gpu_rack],
+        rack=[p.racks[k].name for k in idx.gpu_rack],
         cdu_of=[idx.cdu_names[k] if k >= 0 else None for k in idx.gpu_cdu],
-        basis_of=gpu_basis,
+        basis_of=[f"{p.basis}, {t}" for t in gp.thermal_source],
     )
 
 
 def _cdus_rows(p: _Pass) -> None:
-    """CDUs (heat, flow) and their loops (return temperature)."""
-    site, idx, n, r50, r90, cdu, rack_w_now, cp = (
-        p.site,
-        p.idx,
-        p.n,
-        p.r50,
-        p.r90,
-        p.cdu,
-        p.rack_w_now,
-        p.cp,
-    )
-    # ---- CDUs and their loops
-    if idx.cdu_names:
-        cdus = site.cdus
-        supply = last_valid(cdu.values["supply_temp_c"])
-        flow = _mean(cdu.values["flow_lpm"])
-        heat_now = _mean(cdu.values["heat_kw"])
-        capture = cp.rack_capture
-        rack_w50 = rack_w_now[None, :] * r50 * capture[None, :]
-        rack_w90 = rack_w_now[None, :] * r90 * capture[None, :]
-        heat50 = np.zeros((n, len(cdus)))
-        heat90 = np.zeros((n, len(cdus)))
-        for r_i, c_i in enumerate(idx.rack_cdu):
-            if c_i >= 0:
-                heat50[:, c_i] += rack_w50[:, r_i] / 1000.0
-                heat90[:, c_i] += rack_w90[:, r_i] / 1000.0
-        # anchor the modelled heat on the measured heat now (the model's bias is not headroom)
-        with np.errstate(all="ignore"):
-            scale = np.where(heat50[0] > 0, heat_now / heat50[0], 1.0)
-        scale = np.nan_to_num(scale, nan=1.0)
-        heat50, heat90 = heat50 * scale, heat90 * scale
-        # no rack power to model the heat with (no PDU or node power): hold the measured heat
-        held = (heat50[0] <= 0) & np.isfinite(heat_now)
-        heat50[:, held] = heat_now[held]
-        heat90[:, held] = heat_now[held]
-        rated = np.array([c.capacity_kw for c in cdus], float)
-        max_flow = np.array([c.max_flow_lpm for c in cdus], float)
-        cap_now = chain.cdu_capacity_kw(rated, flow, max_flow)
-        names = [c.name for c in cdus]
-        p.emit("cdu", names, "heat_kw", "kW", cap_now, heat_now, heat50, heat90, cdu_of=names)
-        ret_limit = np.array([c.return_limit_c for c in cdus], float)
-        need50 = np.empty_like(heat50)
-        need90 = np.empty_like(heat90)
-        ret50 = np.empty_like(heat50)
-        ret90 = np.empty_like(heat90)
-        for c_i, c in enumerate(cdus):
-            lim, sup, fl = c.return_limit_c, supply[c_i], flow[c_i]
-            need50[:, c_i] = chain.flow_needed_lpm(heat50[:, c_i], sup, lim, c.coolant)
-            need90[:, c_i] = chain.flow_needed_lpm(heat90[:, c_i], sup, lim, c.coolant)
-            ret50[:, c_i] = chain.loop_return_c(sup, heat50[:, c_i], fl, c.coolant)
-            ret90[:, c_i] = chain.loop_return_c(sup, heat90[:, c_i], fl, c.coolant)
-        # flow: headroom = present flow - flow needed; as "limit - value" with limit = flow
-        p.emit(
-            "cdu",
-            names,
-            "flow_lpm",
-            "L/min",
-            flow,
-            need50[0],
-            need50,
-            need90,
-            cdu_of=names,
-        )
-        p.emit(
-            "loop",
-            names,
-            "return_temp_c",
-            "K",
-            ret_limit,
-            last_valid(cdu.values["return_temp_c"]),
-            ret50,
-            ret90,
-            cdu_of=names,
-        )
+    """CDUs (heat against capacity at their flow, flow against what the heat needs) and their
+    loops (return temperature), with the heat of the racks' load paths."""
+    if not p.idx.cdu_names:
+        return
+    cdus, cdu = p.site.cdus, p.cdu
+    supply = last_valid(cdu.values["supply_temp_c"])
+    flow = _mean(cdu.values["flow_lpm"])
+    heat_now = _mean(cdu.values["heat_kw"])
+    heat50, heat90 = np.zeros((p.n, len(cdus))), np.zeros((p.n, len(cdus)))
+    for r_i, c_i in enumerate(p.idx.rack_cdu):
+        if c_i >= 0:
+            w, capture = p.rack_w_now[r_i], p.cp.rack_capture[r_i]
+            heat50[:, c_i] += w * p.r50[:, r_i] * capture / 1000.0
+            heat90[:, c_i] += w * p.r90[:, r_i] * capture / 1000.0
+    # anchor the modelled heat on the measured heat now (the model's bias is not headroom)
+    with np.errstate(all="ignore"):
+        scale = np.nan_to_num(np.where(heat50[0] > 0, heat_now / heat50[0], 1.0), nan=1.0)
+    heat50, heat90 = heat50 * scale, heat90 * scale
+    # no rack power to model the heat with (no PDU or node power): hold the measured heat
+    held = (heat50[0] <= 0) & np.isfinite(heat_now)
+    heat50[:, held] = heat_now[held]
+    heat90[:, held] = heat_now[held]
+    rated = np.array([c.capacity_kw for c in cdus], float)
+    max_flow = np.array([c.max_flow_lpm for c in cdus], float)
+    cap_now = chain.cdu_capacity_kw(rated, flow, max_flow)
+    names = [c.name for c in cdus]
+    p.emit("cdu", names, "heat_kw", "kW", cap_now, heat_now, heat50, heat90, cdu_of=names)
+    ret50, need50 = chain.loop_paths(cdus, heat50, supply, flow)
+    ret90, need90 = chain.loop_paths(cdus, heat90, supply, flow)
+    # flow: headroom = present flow - flow needed; as "limit - value" with limit = flow
+    p.emit("cdu", names, "flow_lpm", "L/min", flow, need50[0], need50, need90, cdu_of=names)
+    ret_limit = np.array([c.return_limit_c for c in cdus], float)
+    ret_now = last_valid(cdu.values["return_temp_c"])
+    p.emit("loop", names, "return_temp_c", "K", ret_limit, ret_now, ret50, ret90, cdu_of=names)
 
 
 def _links_rows(p: _Pass) -> None:
-    """Links: the busier direction x the load ratio of its rack, against capacity."""
-    site, n, r50, r90, racks, link, rack_w_now, rack_of_rack = (
-        p.site,
-        p.n,
-        p.r50,
-        p.r90,
-        p.racks,
-        p.link,
-        p.rack_w_now,
-        p.rack_of_rack,
-    )
-    # ---- links
-    if site.links:
-        link_names = [lk.name for lk in site.links]
-        lw = link.select(link_names)
-        busy = chain.link_busy_gbps(_mean(lw.values["tx_bps"]), _mean(lw.values["rx_bps"]))
-        node_rack = {nd.name: rack_of_rack[site.rack_of_node[nd.name].name] for nd in site.nodes}
-        w = rack_w_now if rack_w_now.sum() > 0 else np.ones(len(racks))
-        site50 = (r50 * w).sum(axis=1) / (w.sum() or 1.0)
-        site90 = (r90 * w).sum(axis=1) / (w.sum() or 1.0)
-        l50 = np.empty((n, len(link_names)))
-        l90 = np.empty((n, len(link_names)))
-        for j, lk in enumerate(site.links):
-            ri = node_rack.get(lk.a, node_rack.get(lk.b))
-            l50[:, j] = busy[j] * (r50[:, ri] if ri is not None else site50)
-            l90[:, j] = busy[j] * (r90[:, ri] if ri is not None else site90)
-        p.emit(
-            "link",
-            link_names,
-            "traffic_gbps",
-            "Gb/s",
-            np.array([lk.capacity_gbps for lk in site.links], float),
-            busy,
-            l50,
-            l90,
-        )
+    """Links: the busier direction x the load ratio of the rack of a node at its ends (the
+    site's load-weighted ratio for links between switches), against capacity."""
+    site = p.site
+    if not site.links:
+        return
+    names = [lk.name for lk in site.links]
+    lw = p.link.select(names)
+    busy = chain.link_busy_gbps(_mean(lw.values["tx_bps"]), _mean(lw.values["rx_bps"]))
+    rack_pos = {r.name: i for i, r in enumerate(p.racks)}
+    node_rack = {nd.name: rack_pos[site.rack_of_node[nd.name].name] for nd in site.nodes}
+    w = p.rack_w_now if p.rack_w_now.sum() > 0 else np.ones(len(p.racks))
+    site50 = (p.r50 * w).sum(axis=1) / (w.sum() or 1.0)
+    site90 = (p.r90 * w).sum(axis=1) / (w.sum() or 1.0)
+    l50, l90 = np.empty((p.n, len(names))), np.empty((p.n, len(names)))
+    for j, lk in enumerate(site.links):
+        ri = node_rack.get(lk.a, node_rack.get(lk.b))
+        l50[:, j] = busy[j] * (p.r50[:, ri] if ri is not None else site50)
+        l90[:, j] = busy[j] * (p.r90[:, ri] if ri is not None else site90)
+    capacity = np.array([lk.capacity_gbps for lk in site.links], float)
+    p.emit("link", names, "traffic_gbps", "Gb/s", capacity, busy, l50, l90)
 
 
 def _model_bias_k(gpu: Window, ref_c: np.ndarray, r_k: np.ndarray, c: np.ndarray) -> np.ndarray:
@@ -699,65 +573,3 @@ def _gpu_path(
     )
     # the path starts at the measured temperature; a GPU with no reference is unknown
     return np.where(np.isfinite(ref_now)[None, :], res.temp_c + bias_k[None, :], np.nan)
-
-
-def _tail(w: Window, seconds: float) -> Window:
-    """The last ``seconds`` of a window."""
-    k = max(1, round(seconds / w.step_s))
-    return Window(
-        w.kind,
-        w.start + timedelta(seconds=max(w.n_steps - k, 0) * w.step_s),
-        w.step_s,
-        w.ids,
-        {q: a[-k:] for q, a in w.values.items()},
-    )
-
-
-def _tail_array(a: np.ndarray, seconds: float, step_s: float) -> np.ndarray:
-    return a[-max(1, round(seconds / step_s)) :]
-
-
-# ---- store -------------------------------------------------------------------------------------
-
-HEADROOM_SCHEMA = pa.schema(
-    [
-        pa.field("computed_at", pa.timestamp("us", tz="UTC")),
-        pa.field("data_until", pa.timestamp("us", tz="UTC")),
-        pa.field("kind", pa.string()),
-        pa.field("id", pa.string()),
-        pa.field("quantity", pa.string()),
-        pa.field("unit", pa.string()),
-        pa.field("limit_value", pa.float64()),
-        pa.field("value_now", pa.float64()),
-        pa.field("headroom_now", pa.float64()),
-        pa.field("headroom_min_p50", pa.float64()),
-        pa.field("headroom_min_p90", pa.float64()),
-        pa.field("breach_in_s_p50", pa.float64()),
-        pa.field("breach_in_s_p90", pa.float64()),
-        pa.field("rack", pa.string()),
-        pa.field("cdu", pa.string()),
-        pa.field("basis", pa.string()),
-    ]
-)
-
-
-def save_headroom(store: Store, report: HeadroomReport, keep: int = 1440) -> int:
-    """Store a report (one row per limit) and keep only the newest ``keep`` reports."""
-    cols: dict[str, list[Any]] = {f.name: [] for f in HEADROOM_SCHEMA}
-    for r in report.rows:
-        cols["computed_at"].append(report.computed_at)
-        cols["data_until"].append(report.data_until)
-        d = r.model_dump()
-        d["limit_value"] = d.pop("limit")
-        for k in HEADROOM_SCHEMA.names[2:]:
-            cols[k].append(d[k])
-    table = pa.Table.from_pydict(cols, schema=HEADROOM_SCHEMA)
-    with store.transaction():
-        store.insert_arrow("headroom", table)
-        prune_headroom(store, keep)
-    return len(report.rows)
-
-
-def latest_headroom(store: Store) -> list[dict[str, Any]]:
-    """The newest stored report's rows."""
-    return latest_headroom_rows(store)

@@ -80,6 +80,18 @@ def gpu_power_at_ratio_w(
 
 
 # ---- racks and PDUs --------------------------------------------------------------------------
+def rack_feed_power_w(feed_w: np.ndarray, feeds: list[list[int]]) -> np.ndarray:
+    """(T, R) each rack's input power: the sum of its feeds' columns of ``feed_w`` (T, P) (its
+    PDU units), NaN where none of them reports (and for a rack without a feed)."""
+    with np.errstate(invalid="ignore"):
+        out = np.full((feed_w.shape[0], len(feeds)), np.nan)
+        for r, cols in enumerate(feeds):
+            if cols:
+                f = feed_w[:, cols]
+                out[:, r] = np.where(np.isnan(f).all(axis=1), np.nan, np.nansum(f, axis=1))
+    return out
+
+
 def rack_power_w(rack_w: np.ndarray, gpu_change_w: np.ndarray, beta: np.ndarray) -> np.ndarray:
     """Rack input power after a change of its GPUs' power (``alpha + beta * sum P_gpu``)."""
     return np.maximum(rack_w + beta * gpu_change_w, 0.0)
@@ -150,6 +162,19 @@ def flow_needed_lpm(heat_kw: Any, supply_c: Any, return_limit_c: float, fluid: s
     """Flow that carries ``heat_kw`` with the return at its limit."""
     rise = np.maximum(return_limit_c - np.asarray(supply_c, dtype=float), 0.1)
     return coolant.flow_for_heat_lpm(heat_kw, rise, fluid, supply_c)
+
+
+def loop_paths(cdus: list[Any], heat_kw: Any, supply_c: Any, flow_lpm: Any) -> tuple[Any, Any]:
+    """(T, C) each CDU's loop return at ``flow_lpm`` (:func:`loop_return_c`) and the flow that
+    carries the heat with the return at its limit (:func:`flow_needed_lpm`), for ``heat_kw``
+    (T, C) with ``supply_c`` and ``flow_lpm`` broadcast to it, in each CDU's coolant."""
+    heat = np.asarray(heat_kw, dtype=float)
+    sup, flow = np.broadcast_to(supply_c, heat.shape), np.broadcast_to(flow_lpm, heat.shape)
+    ret, need = np.empty_like(heat), np.empty_like(heat)
+    for i, c in enumerate(cdus):
+        ret[:, i] = loop_return_c(sup[:, i], heat[:, i], flow[:, i], c.coolant)
+        need[:, i] = flow_needed_lpm(heat[:, i], sup[:, i], c.return_limit_c, c.coolant)
+    return ret, need
 
 
 def pump_flow_ratio(cdu: Any, running: int) -> float:

@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 
 from collectors.contract import sub_id
 from twin.chain import ChainParams, PhaseTable, phase_table, pumps_running, resolve
-from twin.chain.propagate import link_busy_gbps
+from twin.chain.propagate import link_busy_gbps, rack_feed_power_w
 from twin.replay.bundle import Bundle
 from twin.site import Site
 from twin.site.index import SiteIndex, index_site
@@ -174,11 +174,7 @@ def load(bundle: Bundle) -> Recording:
     busy = _finite(_filled(link_busy_gbps(link["tx_bps"], link["rx_bps"]).astype(F32)))
     pdu_w = _filled(pdu["power_w"])
     pos = {p: i for i, p in enumerate(pdu_names)}
-    rack_in = np.full((n, len(site.racks)), np.nan)
-    for r_i, r in enumerate(site.racks):
-        cols = [pos[p] for p in r.pdus if p in pos]
-        if cols and not np.isnan(pdu_w[:, cols]).all():
-            rack_in[:, r_i] = np.nansum(pdu_w[:, cols], axis=1)
+    rack_in = rack_feed_power_w(pdu_w, [[pos[p] for p in r.pdus if p in pos] for r in site.racks])
     with np.errstate(all="ignore"):
         import warnings
 

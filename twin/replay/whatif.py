@@ -561,18 +561,12 @@ def _cdus(d: Recording, cool: _Cooling, rack_s: np.ndarray, new, judge: Judge, f
     with np.errstate(divide="ignore", invalid="ignore"):
         feed.offer(M_CDU_FREE, "cdu", names, np.where(cap_s > 0, (cap_s - heat_s) / cap_s, np.nan))
     feed.offer(M_PUMPS, "cdu", names, cool.running)
+    # the return: recorded plus the model's change; the flow the scenario's heat needs
     supply, flow = d.cdu["supply_temp_c"], np.nan_to_num(d.cdu["flow_lpm"])
+    ret_model, need = chain.loop_paths(cdus, heat_s, cool.supply, cool.flow)
+    ret_base, _ = chain.loop_paths(cdus, heat, supply, flow)
     ret_meas = d.cdu["return_temp_c"]
-    ret_s = np.empty_like(heat_s)
-    need = np.empty_like(heat_s)
-    for i, c in enumerate(cdus):
-        change = chain.loop_return_c(cool.supply[:, i], heat_s[:, i], cool.flow[:, i], c.coolant)
-        change = change - chain.loop_return_c(supply[:, i], heat[:, i], flow[:, i], c.coolant)
-        rec = np.where(np.isfinite(ret_meas[:, i]), ret_meas[:, i], supply[:, i])
-        ret_s[:, i] = rec + change
-        need[:, i] = chain.flow_needed_lpm(
-            heat_s[:, i], cool.supply[:, i], c.return_limit_c, c.coolant
-        )
+    ret_s = np.where(np.isfinite(ret_meas), ret_meas, supply) + (ret_model - ret_base)
     judge.add("cdu_flow", names, "L/min", need, cool.flow)
     ret_limit = np.array([c.return_limit_c for c in cdus], float)
     judge.add("loop", names, "°C", ret_s, ret_limit)

@@ -17,6 +17,7 @@ import duckdb
 import pyarrow as pa
 
 from collectors.contract import KINDS, QUANTITIES
+from twin.store.schema import HEADROOM_SCHEMA
 from twin.store.store import Store
 
 
@@ -96,6 +97,24 @@ def set_memory_limit(store: Store, limit: str) -> None:
 
 
 # ---- headroom reports --------------------------------------------------------------------------
+
+
+def save_headroom(store: Store, report: Any, keep: int = 1440) -> int:
+    """Store a headroom report (``twin.headroom.HeadroomReport``: one row per limit) and keep
+    only the newest ``keep`` reports; returns the rows stored."""
+    cols: dict[str, list[Any]] = {f.name: [] for f in HEADROOM_SCHEMA}
+    for r in report.rows:
+        cols["computed_at"].append(report.computed_at)
+        cols["data_until"].append(report.data_until)
+        d = r.model_dump()
+        d["limit_value"] = d.pop("limit")
+        for k in HEADROOM_SCHEMA.names[2:]:
+            cols[k].append(d[k])
+    table = pa.Table.from_pydict(cols, schema=HEADROOM_SCHEMA)
+    with store.transaction():
+        store.insert_arrow("headroom", table)
+        prune_headroom(store, keep)
+    return len(report.rows)
 
 
 def prune_headroom(store: Store, keep: int) -> None:

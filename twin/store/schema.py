@@ -78,6 +78,28 @@ DEAD_SCHEMA = pa.schema(
     ]
 )
 
+#: One row per limit of a stored headroom report (``twin.headroom.HeadroomRow``).
+HEADROOM_SCHEMA = pa.schema(
+    [
+        pa.field("computed_at", pa.timestamp("us", tz="UTC")),
+        pa.field("data_until", pa.timestamp("us", tz="UTC")),
+        pa.field("kind", pa.string()),
+        pa.field("id", pa.string()),
+        pa.field("quantity", pa.string()),
+        pa.field("unit", pa.string()),
+        pa.field("limit_value", pa.float64()),
+        pa.field("value_now", pa.float64()),
+        pa.field("headroom_now", pa.float64()),
+        pa.field("headroom_min_p50", pa.float64()),
+        pa.field("headroom_min_p90", pa.float64()),
+        pa.field("breach_in_s_p50", pa.float64()),
+        pa.field("breach_in_s_p90", pa.float64()),
+        pa.field("rack", pa.string()),
+        pa.field("cdu", pa.string()),
+        pa.field("basis", pa.string()),
+    ]
+)
+
 UNKNOWN_SCHEMA = pa.schema(
     [
         pa.field("kind", pa.string(), nullable=False),
