@@ -21,7 +21,7 @@ from twin.ingest import Ingester, IngestLimits
 from twin.replay.bundle import Bundle, BundleError, record
 from twin.replay.replay import replay
 from twin.replay.scenario import Scenario, ScenarioError, load_scenario
-from twin.replay.whatif import load, run
+from twin.replay.whatif import component_results, load, run
 from twin.simulator import SiteSimulator
 from twin.site import load_site
 from twin.store import Store
@@ -289,3 +289,39 @@ def test_the_alerts_the_rule_file_would_have_sent(data) -> None:
     gpu_rules = {"gpu_temp_high", "gpu_slowdown_forecast", "gpu_hotspot_residual", "gpu_r_drift"}
     hot = [a for a in r.alerts if a["rule"] in gpu_rules and a["status"] == "firing"]
     assert hot and all("a03" in a["group"] for a in hot)
+
+
+def test_a_pdu_feeding_two_racks_follows_both_racks_load_in_a_what_if(tmp_path: Path) -> None:
+    """A PDU shared by two racks (r02's A feed is r01's A PDU): scaling the fleet of one of
+    them moves the shared phases by the load ratio of both racks weighted by their load
+    (``twin.chain.propagate.phase_load_ratio``, the live headroom's rule too), not by the
+    first rack's ratio alone."""
+    text = (
+        (SMALL_SITE)
+        .read_text()
+        .replace("pdus: [pdu-r02-a, pdu-r02-b]", "pdus: [pdu-r01-a, pdu-r02-b]")
+    )
+    site_file = tmp_path / "shared.yaml"
+    site_file.write_text(text)
+    site = load_site(site_file)
+    start = datetime(2026, 11, 20, 12, 0, tzinfo=UTC)
+    sim = SiteSimulator(site, seed=3, start=start)
+    with Store(tmp_path / "src.duckdb") as src:
+        Ingester(src, site, IngestLimits(max_past_s=0)).ingest(
+            [m for _ in range(600) for m in sim.step()]
+        )
+        record(src, site_file, tmp_path / "b", start, start + timedelta(minutes=10))
+    d = load(Bundle.load(tmp_path / "b"))
+    more = Scenario.model_validate(
+        {"name": "more", "changes": [{"op": "scale_fleet", "fleet": "infer-small", "factor": 2}]}
+    )
+    base = {(c.kind, c.id): c.value_end for c in component_results(d)}
+    scen = {(c.kind, c.id): c.value_end for c in component_results(d, more)}
+    racks_b = base["rack", "r01"] + base["rack", "r02"]
+    racks_s = scen["rack", "r01"] + scen["rack", "r02"]
+    assert scen["rack", "r01"] == base["rack", "r01"] and racks_s > racks_b * 1.02
+    for leg in ("L1", "cb1"):
+        shared = ("pdu_phase", f"pdu-r01-a/{leg}")
+        assert scen[shared] / base[shared] == pytest.approx(racks_s / racks_b, rel=1e-3)
+        own = ("pdu_phase", f"pdu-r01-b/{leg}")  # feeds r01 alone: as recorded
+        assert scen[own] == base[own]

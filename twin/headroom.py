@@ -383,18 +383,14 @@ def _phases_rows(p: _Pass) -> None:
         return
     cur_hist = p.pdu_hist.select(table.ids).values["current_a"]
     cur_now = _mean(p.pdu_now.select(table.ids).values["current_a"])
-    ratio50, ratio90 = np.ones((p.n, len(table.ids))), np.ones((p.n, len(table.ids)))
+    ratio50 = chain.phase_load_ratio(p.r50, table.racks, p.rack_w_now)
+    ratio90 = chain.phase_load_ratio(p.r90, table.racks, p.rack_w_now)
+    # the load the trend is explained by: the IT load of the racks it feeds, over its present
     load_hist = np.ones((cur_hist.shape[0], len(table.ids)))
     for j, fed in enumerate(table.racks):
-        if fed:
-            w = p.rack_w_now[fed]
-            if w.sum() <= 0:  # no load known for any rack it feeds: weigh them alike
-                w = np.ones(len(fed))
-            ratio50[:, j] = (p.r50[:, fed] * w).sum(axis=1) / w.sum()
-            ratio90[:, j] = (p.r90[:, fed] * w).sum(axis=1) / w.sum()
-            total_now = np.nansum(p.it_now[fed])
-            if total_now > 0:
-                load_hist[:, j] = np.nansum(p.it_hist[:, fed], axis=1) / total_now
+        total_now = np.nansum(p.it_now[fed])
+        if fed and total_now > 0:
+            load_hist[:, j] = np.nansum(p.it_hist[:, fed], axis=1) / total_now
     slope, slope_se = unexplained_trend(cur_hist, load_hist, p.pdu_hist.step_s)
     t = np.arange(p.n)[:, None] * p.step_s
     path50 = cur_now[None, :] * ratio50 + slope[None, :] * t

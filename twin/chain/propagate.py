@@ -104,6 +104,22 @@ def load_ratio(after_w: np.ndarray, before_w: np.ndarray) -> np.ndarray:
     return np.where(ok, np.maximum(after_w, 0.0) / safe, 1.0)
 
 
+def phase_load_ratio(ratio: np.ndarray, fed: list[list[int]], weight_w: np.ndarray) -> np.ndarray:
+    """(T, P) each PDU phase's (or breaker's) load ratio: the load ratio (T, R) of the racks it
+    feeds (``fed``: rack positions per phase), weighted by their load ``weight_w`` ((R,) or
+    (T, R); alike where none is known); 1 for a phase that feeds no rack."""
+    out = np.ones((ratio.shape[0], len(fed)))
+    weight = np.nan_to_num(np.asarray(weight_w, dtype=float))
+    for j, racks in enumerate(fed):
+        if len(racks) == 1:
+            out[:, j] = ratio[:, racks[0]]
+        elif racks:
+            w = weight[..., racks]
+            w = np.where(w.sum(axis=-1, keepdims=True) > 0, w, 1.0)
+            out[:, j] = (ratio[:, racks] * w).sum(axis=1) / w.sum(axis=-1)
+    return out
+
+
 def p90_load_ratio(q90_w: np.ndarray, now_w: np.ndarray) -> np.ndarray:
     """The persistence basis' p90 load ratio (docs/physics.md §11.1): a rack's 90th percentile
     of power over the last hour over its present power, at least 1; 1 where either is unknown

@@ -466,8 +466,7 @@ def _electrical(d: Recording, changes, rack_s, new, judge: Judge, feed) -> dict[
     pf = {p.name: float(d.pdu_pf[i]) for i, p in enumerate(site.pdus)}
     ratio = chain.load_ratio(rack_s, np.where(np.isfinite(d.rack_in_w), d.rack_in_w, np.nan))
     ph = d.phases
-    fed = np.array([f[0] if f else -1 for f in ph.racks])
-    cur = d.phase_current_a.astype(float) * np.where(fed >= 0, ratio[:, np.maximum(fed, 0)], 1.0)
+    cur = d.phase_current_a.astype(float) * chain.phase_load_ratio(ratio, ph.racks, d.rack_in_w)
     for c in changes:
         if not isinstance(c, FailFeed):
             continue
