@@ -125,16 +125,18 @@ def test_no_time_over_a_limit_exceeds_the_recording(demo, demo_baseline) -> None
             assert c.time_over_s <= length and c.baseline_time_over_s <= length
 
 
-def _without_activity(msg: tuple[str, bytes], gpu: str | None) -> tuple[str, bytes]:
-    """A simulated message with GPU ``gpu``'s SM activity and GPU-Util taken out."""
+def _without(
+    msg: tuple[str, bytes], sample: str | None, fields: tuple[str, ...]
+) -> tuple[str, bytes]:
+    """A simulated message with ``fields`` of sample ``sample`` (a GPU or node id) taken out."""
     topic, payload = msg
-    if gpu is None or "/gpu/" not in topic:
+    if sample is None or sample.split(":")[0] not in payload.decode():
         return msg
     body = json.loads(payload)
-    for sample in body.get("samples", []):
-        if sample.get("id") == gpu:
-            sample.pop("sm_active", None)
-            sample.pop("util_pct", None)
+    for s in body.get("samples", []):
+        if s.get("id") == sample:
+            for f in fields:
+                s.pop(f, None)
     return topic, json.dumps(body).encode()
 
 
@@ -144,10 +146,12 @@ def _recorded(
     minutes: int = 20,
     fit: bool = False,
     without_activity: str | None = None,
+    without_inlet: str | None = None,
 ) -> tuple[Bundle, datetime, dict | None]:
     """``minutes`` simulated minutes of the small site, ingested and recorded as a bundle; with
     ``fit``, calibrated on its store first (the last third held out), so the bundle carries
-    that fit, which comes back too; ``without_activity``: a GPU that reports no activity."""
+    that fit, which comes back too; ``without_activity``: a GPU that reports no activity;
+    ``without_inlet``: a node that reports no inlet air temperature."""
     site = load_site(site_file)
     start = datetime(2026, 11, 20, 12, 0, tzinfo=UTC)
     sim = SiteSimulator(site, seed=11, start=start)
@@ -156,7 +160,15 @@ def _recorded(
         ing = Ingester(src, site, IngestLimits(max_past_s=0))
         for _ in range(minutes):
             ing.ingest(
-                [_without_activity(m, without_activity) for _ in range(60) for m in sim.step()]
+                [
+                    _without(
+                        _without(m, without_activity, ("sm_active", "util_pct")),
+                        without_inlet,
+                        ("inlet_temp_c",),
+                    )
+                    for _ in range(60)
+                    for m in sim.step()
+                ]
             )
         if fit:
             result = calibrate(src, site, window_s=minutes * 60.0, holdout_s=minutes * 20.0)
@@ -268,15 +280,18 @@ def test_live_detection_and_a_neutral_whatif_offer_the_engine_the_same_observati
         assert theirs[k] == pytest.approx(v, **tol), k
 
 
+@pytest.mark.parametrize("without_inlet", [None, "inf-r02-n1"])
 def test_live_detection_with_its_fit_and_a_replay_give_the_same_model_observations(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, without_inlet: str | None
 ) -> None:
     """The model-based metrics (residual, R drift, GPU temperature forecast), which wait for a
     fit: an hour of the small site fitted on its store and recorded with that calibration,
     then live detection over the bundle's data in a store holding the same fit, and the
     bundle's baseline replay, at the replay's last evaluation minute. Both take the minute
-    means that end with the newest sample, coolant and inlet air included."""
-    bundle, start, fit = _recorded(tmp_path, minutes=60, fit=True)
+    means that end with the newest sample, coolant and inlet air included; an air-cooled node
+    without an inlet sensor takes its rack's PDU inlet on both paths
+    (``twin.site.index.node_inlet_c``; the replay held 25 °C for it before)."""
+    bundle, start, fit = _recorded(tmp_path, minutes=60, fit=True, without_inlet=without_inlet)
     site = bundle.site
     obs, offered, det = _live_and_replayed(
         bundle, start, None, tmp_path / "dst.duckdb", monkeypatch, fit

@@ -19,7 +19,7 @@ from twin.chain import ChainParams, PhaseTable, phase_table, pumps_running, reso
 from twin.chain.propagate import link_busy_gbps, rack_feed_power_w
 from twin.replay.bundle import Bundle
 from twin.site import Site
-from twin.site.index import SiteIndex, index_site
+from twin.site.index import SiteIndex, index_site, node_inlet_c
 from twin.store.windows import hold_fill
 
 F32 = np.float32
@@ -159,7 +159,7 @@ def load(bundle: Bundle) -> Recording:
     node = grid(bundle, "node", [nd.name for nd in site.nodes], ["inlet_temp_c"], t0, dt, n)
     phases = phase_table(site)
     pdu_names = [p.name for p in site.pdus]
-    pdu = grid(bundle, "pdu", pdu_names, ["power_w", "power_factor"], t0, dt, n)
+    pdu = grid(bundle, "pdu", pdu_names, ["power_w", "power_factor", "inlet_temp_c"], t0, dt, n)
     cur = grid(bundle, "pdu", phases.ids, ["current_a"], t0, dt, n)["current_a"]
     cdu_q = ["supply_temp_c", "return_temp_c", "flow_lpm", "heat_kw", "fw_supply_temp_c"]
     cdu = grid(bundle, "cdu", idx.cdu_names, cdu_q, t0, dt, n)
@@ -173,6 +173,9 @@ def load(bundle: Bundle) -> Recording:
     link = grid(bundle, "link", [lk.name for lk in site.links], ["tx_bps", "rx_bps"], t0, dt, n)
     busy = _finite(_filled(link_busy_gbps(link["tx_bps"], link["rx_bps"]).astype(F32)))
     pdu_w = _filled(pdu["power_w"])
+    # a node without inlet readings: its rack's PDU's, as the live reference takes it
+    nodes = [nd.name for nd in site.nodes]
+    inlet = node_inlet_c(idx, nodes, node["inlet_temp_c"], pdu_names, pdu["inlet_temp_c"])
     pos = {p: i for i, p in enumerate(pdu_names)}
     rack_in = rack_feed_power_w(pdu_w, [[pos[p] for p in r.pdus if p in pos] for r in site.racks])
     with np.errstate(all="ignore"):
@@ -194,7 +197,7 @@ def load(bundle: Bundle) -> Recording:
         gpu_temp_c=_filled(g["temp_c"]),
         gpu_activity=act,
         gpu_power_limit_w=plim,
-        node_inlet_c=_finite(_filled(node["inlet_temp_c"]), nan=25.0),
+        node_inlet_c=_finite(_filled(inlet), nan=25.0),
         pdu_power_w=pdu_w,
         pdu_pf=pf,
         phase_current_a=_finite(_filled(cur)),

@@ -137,7 +137,8 @@ def index_site(site: Site) -> SiteIndex:
 
 
 def gpu_reference(idx: SiteIndex, cdu: Window, node: Window, pdu: Window) -> np.ndarray:
-    """Reference temperature per GPU: its CDU's supply (liquid) or its node's inlet air."""
+    """Reference temperature per GPU: its CDU's supply (liquid) or its node's inlet air
+    (:func:`node_inlet_c`: its rack's PDU inlet where the node has none)."""
     t = cdu.n_steps
     ref = np.full((t, len(idx.gpu_ids)), np.nan)
     liquid = idx.gpu_cdu >= 0
@@ -146,17 +147,30 @@ def gpu_reference(idx: SiteIndex, cdu: Window, node: Window, pdu: Window) -> np.
     air = ~liquid
     if air.any():
         # a node that did not report (or no node at all) gives all-NaN columns
-        inlet = node.select([idx.gpu_node[g] for g in np.flatnonzero(air)]).values["inlet_temp_c"]
-        # a node without an inlet sensor takes its rack's PDU inlet reading
-        pdu_pos = {p: i for i, p in enumerate(pdu.ids)}
-        for j, g in enumerate(np.flatnonzero(air)):
-            if np.isnan(inlet[:, j]).all():
-                for p in idx.rack_pdus[idx.gpu_rack[g]]:
-                    if p in pdu_pos:
-                        inlet[:, j] = pdu.values["inlet_temp_c"][:, pdu_pos[p]]
-                        break
-        ref[:, air] = inlet
+        nodes = [idx.gpu_node[g] for g in np.flatnonzero(air)]
+        inlet = node.select(nodes).values["inlet_temp_c"]
+        ref[:, air] = node_inlet_c(idx, nodes, inlet, pdu.ids, pdu.values["inlet_temp_c"])
     return ref
+
+
+def node_inlet_c(
+    idx: SiteIndex, nodes: list[str], inlet_c: np.ndarray, pdu_ids: list[str], pdu_c: np.ndarray
+) -> np.ndarray:
+    """(T, N) the inlet air of ``nodes`` (columns of ``inlet_c``): a node without any inlet
+    reading takes that of the first of its rack's PDUs (``pdu_c``, columns ``pdu_ids``) that
+    has one. The live reference (:func:`gpu_reference`) and a replay's recording
+    (``twin.replay.recording``) both take it from here."""
+    out = np.array(inlet_c, dtype=float)
+    pdu_pos = {p: i for i, p in enumerate(pdu_ids)}
+    rack_of = dict(zip(idx.node_names, idx.node_rack.tolist(), strict=True))
+    for j, name in enumerate(nodes):
+        if not np.isnan(out[:, j]).all() or name not in rack_of:
+            continue
+        for p in idx.rack_pdus[rack_of[name]]:
+            if p in pdu_pos and np.isfinite(pdu_c[:, pdu_pos[p]]).any():
+                out[:, j] = pdu_c[:, pdu_pos[p]]
+                break
+    return out
 
 
 def gpu_flow_ratio(
