@@ -11,6 +11,7 @@ from typing import Any, ClassVar
 import numpy as np
 import pytest
 import yaml
+from typer.testing import CliRunner
 
 import twin.replay.whatif as whatif_mod
 from twin.alerts import load_rules
@@ -28,6 +29,7 @@ from twin.alerts.metrics import (
     MODEL_METRICS,
 )
 from twin.calibrate.calibrate import calibrate, save_run
+from twin.cli import app
 from twin.detect import detect, observations
 from twin.headroom import compute_headroom
 from twin.ingest import Ingester, IngestLimits
@@ -125,18 +127,21 @@ def test_no_time_over_a_limit_exceeds_the_recording(demo, demo_baseline) -> None
             assert c.time_over_s <= length and c.baseline_time_over_s <= length
 
 
-def _without(
-    msg: tuple[str, bytes], sample: str | None, fields: tuple[str, ...]
-) -> tuple[str, bytes]:
-    """A simulated message with ``fields`` of sample ``sample`` (a GPU or node id) taken out."""
+#: Telemetry a device does not report, for the tests with a kind missing: sample id -> fields.
+Missing = dict[str, tuple[str, ...]]
+NO_ACTIVITY = ("sm_active", "util_pct")
+
+
+def _without(msg: tuple[str, bytes], missing: Missing | None) -> tuple[str, bytes]:
+    """A simulated message with the ``missing`` fields of its samples taken out."""
     topic, payload = msg
-    if sample is None or sample.split(":")[0] not in payload.decode():
+    text = payload.decode()
+    if not missing or not any(f'"{sid}"' in text for sid in missing):
         return msg
-    body = json.loads(payload)
+    body = json.loads(text)
     for s in body.get("samples", []):
-        if s.get("id") == sample:
-            for f in fields:
-                s.pop(f, None)
+        for f in missing.get(s.get("id"), ()):
+            s.pop(f, None)
     return topic, json.dumps(body).encode()
 
 
@@ -145,13 +150,11 @@ def _recorded(
     site_file: Path = SMALL_SITE,
     minutes: int = 20,
     fit: bool = False,
-    without_activity: str | None = None,
-    without_inlet: str | None = None,
+    missing: Missing | None = None,
 ) -> tuple[Bundle, datetime, dict | None]:
     """``minutes`` simulated minutes of the small site, ingested and recorded as a bundle; with
     ``fit``, calibrated on its store first (the last third held out), so the bundle carries
-    that fit, which comes back too; ``without_activity``: a GPU that reports no activity;
-    ``without_inlet``: a node that reports no inlet air temperature."""
+    that fit, which comes back too; ``missing``: telemetry some devices do not report."""
     site = load_site(site_file)
     start = datetime(2026, 11, 20, 12, 0, tzinfo=UTC)
     sim = SiteSimulator(site, seed=11, start=start)
@@ -159,17 +162,7 @@ def _recorded(
     with Store(tmp_path / "src.duckdb") as src:
         ing = Ingester(src, site, IngestLimits(max_past_s=0))
         for _ in range(minutes):
-            ing.ingest(
-                [
-                    _without(
-                        _without(m, without_activity, ("sm_active", "util_pct")),
-                        without_inlet,
-                        ("inlet_temp_c",),
-                    )
-                    for _ in range(60)
-                    for m in sim.step()
-                ]
-            )
+            ing.ingest([_without(m, missing) for _ in range(60) for m in sim.step()])
         if fit:
             result = calibrate(src, site, window_s=minutes * 60.0, holdout_s=minutes * 20.0)
             save_run(src, result)
@@ -248,15 +241,22 @@ def _live_and_replayed(
     return observations(det), offered, det
 
 
+@pytest.mark.parametrize(
+    "missing",
+    [None, {"cdu-1": ("flow_lpm",)}, {"inf-r02-n1": ("inlet_temp_c", "power_w")}],
+    ids=["all", "no-cdu-flow", "no-node-inlet-or-power"],
+)
 def test_live_detection_and_a_neutral_whatif_offer_the_engine_the_same_observations(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, missing: Missing | None
 ) -> None:
     """The alert engine's input from the live detection pass over the store and from a neutral
     what-if over the bundle of the same minutes, at the what-if's last evaluation minute: the
     same (metric, entity) pairs for every metric a shipped rule watches that both compute
     without a fit, with the same values (a CDU's heat and flow and a link's traffic within
-    1 %: the live pass reads them as the last minute's mean, the what-if at its sample)."""
-    bundle, start, _ = _recorded(tmp_path)
+    1 %: the live pass reads them as the last minute's mean, the what-if at its sample); also
+    with a kind of telemetry missing (a CDU without a flow meter, a node without inlet and
+    power readings)."""
+    bundle, start, _ = _recorded(tmp_path, missing=missing)
     obs, offered, _ = _live_and_replayed(
         bundle, start, _neutral("train"), tmp_path / "dst.duckdb", monkeypatch
     )
@@ -267,12 +267,10 @@ def test_live_detection_and_a_neutral_whatif_offer_the_engine_the_same_observati
     ours = {k: v for k, v in live.items() if k[0] in compared}
     theirs = {k: v for k, v in offered.items() if k[0] in compared}
     assert set(ours) == set(theirs), sorted(set(ours) ^ set(theirs))[:10]
-    assert {m for m, _, _ in ours} >= {
-        CDU_PUMPS_RUNNING,
-        HEADROOM_GPU_K_TO_SLOWDOWN,
-        HEADROOM_PDU_PHASE_A_TO_LIMIT,
-        HEADROOM_CDU_FREE_FRACTION,
-    }
+    expected = {CDU_PUMPS_RUNNING, HEADROOM_GPU_K_TO_SLOWDOWN, HEADROOM_PDU_PHASE_A_TO_LIMIT}
+    if not missing or "cdu-1" not in missing:  # a CDU's capacity needs its flow
+        expected.add(HEADROOM_CDU_FREE_FRACTION)
+    assert {m for m, _, _ in ours} >= expected
     loose = {HEADROOM_CDU_FREE_FRACTION, HEADROOM_CDU_FLOW_LPM_TO_LIMIT}
     loose.add(HEADROOM_LINK_GBPS_TO_LIMIT)
     for k, v in ours.items():
@@ -280,9 +278,11 @@ def test_live_detection_and_a_neutral_whatif_offer_the_engine_the_same_observati
         assert theirs[k] == pytest.approx(v, **tol), k
 
 
-@pytest.mark.parametrize("without_inlet", [None, "inf-r02-n1"])
+@pytest.mark.parametrize(
+    "missing", [None, {"inf-r02-n1": ("inlet_temp_c",)}], ids=["all", "no-node-inlet"]
+)
 def test_live_detection_with_its_fit_and_a_replay_give_the_same_model_observations(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, without_inlet: str | None
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, missing: Missing | None
 ) -> None:
     """The model-based metrics (residual, R drift, GPU temperature forecast), which wait for a
     fit: an hour of the small site fitted on its store and recorded with that calibration,
@@ -291,7 +291,7 @@ def test_live_detection_with_its_fit_and_a_replay_give_the_same_model_observatio
     means that end with the newest sample, coolant and inlet air included; an air-cooled node
     without an inlet sensor takes its rack's PDU inlet on both paths
     (``twin.site.index.node_inlet_c``; the replay held 25 °C for it before)."""
-    bundle, start, fit = _recorded(tmp_path, minutes=60, fit=True, without_inlet=without_inlet)
+    bundle, start, fit = _recorded(tmp_path, minutes=60, fit=True, missing=missing)
     site = bundle.site
     obs, offered, det = _live_and_replayed(
         bundle, start, None, tmp_path / "dst.duckdb", monkeypatch, fit
@@ -314,6 +314,37 @@ def test_live_detection_with_its_fit_and_a_replay_give_the_same_model_observatio
         assert theirs[name] == pytest.approx(v, abs=1e-6), (name, v, theirs[name])
 
 
+def test_a_cdu_without_a_flow_meter_has_an_unknown_flow_in_a_what_if_not_a_stopped_one(
+    tmp_path: Path,
+) -> None:
+    """A CDU that reports no flow: the what-if took its flow as 0 (capacity 0, so the recording
+    "breached" its heat and flow limits, and its GPUs' R at no flow). Its flow is unknown, as
+    the live pass takes it: no heat or flow breach, R at its fitted flow, and losing a pump
+    still raises its GPUs' temperatures by the pump model's ratio."""
+    bundle, _, _ = _recorded(tmp_path, missing={"cdu-1": ("flow_lpm",)})
+    d = load(bundle)
+    base = run(d, None)
+    assert not [c for c in base.recorded_breaches if c.kind.startswith("cdu")], base.reasons
+    assert any("no flow reading from cdu-1" in r for r in base.reasons), base.reasons
+    scenario = tmp_path / "pump.yaml"
+    scenario.write_text("name: pump\nchanges:\n  - {op: fail_pump, cdu: cdu-1, pump: pump1}\n")
+    out = CliRunner().invoke(
+        app, ["whatif", str(tmp_path / "b"), str(scenario), "--out", str(tmp_path / "r"), "--json"]
+    )
+    assert out.exit_code == 0, out.output
+
+    def refuse(constant: str) -> None:
+        raise AssertionError(f"{constant} in the JSON output")
+
+    _, lost = json.loads(out.stdout, parse_constant=refuse)  # strict JSON: no NaN
+    assert lost["cdus"]["cdu-1"]["flow_lpm"] is None  # unknown, not 0
+    liquid = {g for g, c in zip(d.idx.gpu_ids, d.idx.gpu_cdu, strict=True) if c >= 0}
+    temps = lost["gpu_mean_temp_c"]
+    rise = [temps[g] - base.gpu_mean_temp_c[g] for g in sorted(liquid)]
+    assert min(rise) > 0.1 and max(rise) < 20, rise  # R at the lower flow, not at no flow
+    assert all(temps[g] == base.gpu_mean_temp_c[g] for g in d.idx.gpu_ids if g not in liquid)
+
+
 def test_a_gpu_without_activity_telemetry_is_forecast_on_its_power_in_replay_as_live(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -322,7 +353,7 @@ def test_a_gpu_without_activity_telemetry_is_forecast_on_its_power_in_replay_as_
     its activity with 0, so it must say the GPU reported none, and its forecast must hand that
     GPU's activity on as unknown, not as 0 (which would hold its power)."""
     gpu = "inf-r02-n1:0"
-    bundle, _, _ = _recorded(tmp_path, without_activity=gpu)
+    bundle, _, _ = _recorded(tmp_path, missing={gpu: NO_ACTIVITY})
     d = load(bundle)
     j = d.idx.gpu_ids.index(gpu)
     assert d.gpu_activity_reported is not None

@@ -343,9 +343,9 @@ def whatif(
         bar.update(task, advance=1, description="report")
         md, html = write_report(b, base, runs, out, costs)
     if as_json:
-        typer.echo(
-            json.dumps([r.model_dump(mode="json", exclude={"series"}) for r in [base, *runs]])
-        )
+        # pydantic's JSON writes an unknown figure (NaN: a CDU without a flow reading) as null
+        rows = [json.loads(r.model_dump_json(exclude={"series"})) for r in [base, *runs]]
+        typer.echo(json.dumps(rows))
         return
     for r in runs:
         typer.echo(f"{r.name}: {r.verdict}")

@@ -28,6 +28,7 @@ one minute.
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -125,17 +126,13 @@ def hotspot_series(
     own = np.maximum(idx.gpu_cdu, 0)
     calibrated = np.array([s == "calibrated" for s in gp.thermal_source])
     sigma = np.where(calibrated, _sigma(d), np.nan)
-    # each CDU's flow over the flow its GPUs were calibrated at (the recording's median without)
-    flow = np.nan_to_num(d.cdu["flow_lpm"]) if idx.cdu_names else np.zeros((d.n, 0))
-    ref_flow = (
-        np.where(
-            np.isfinite(d.params.cdu_flow_ref_lpm),
-            d.params.cdu_flow_ref_lpm,
-            np.nanmedian(flow, axis=0),
-        )
-        if idx.cdu_names
-        else np.ones(0)
-    )
+    # each CDU's flow over the flow its GPUs were calibrated at (the recording's median
+    # without); a CDU without a flow reading is at it (1), as the live pass takes it
+    flow = d.cdu["flow_lpm"] if idx.cdu_names else np.zeros((d.n, 0))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a CDU without any flow reading
+        median = np.nanmedian(flow, axis=0)
+    ref_flow = np.where(np.isfinite(d.params.cdu_flow_ref_lpm), d.params.cdu_flow_ref_lpm, median)
     shape = (m_eval, g)
     res_sig, meas, model = (np.full(shape, np.nan, np.float32) for _ in range(3))
     r_est = np.full(shape, np.nan)
@@ -153,6 +150,7 @@ def hotspot_series(
         if idx.cdu_names:
             sup = sup_c[:, own[sl]]
             ratio = fl_c[:, own[sl]] / np.maximum(ref_flow[own[sl]], 1e-9)[None, :]
+            ratio = np.where(np.isfinite(ratio), ratio, 1.0)
         else:
             sup = np.full((mm, sl.stop - lo), np.nan)
             ratio = np.ones_like(sup)

@@ -30,6 +30,7 @@ minute by minute.
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -89,9 +90,10 @@ def _mask(d: Recording, at: float, for_s: float | None) -> np.ndarray:
 @dataclass
 class _Cooling:
     supply: np.ndarray  # (T, C) scenario supply
-    flow: np.ndarray  # (T, C) scenario flow
+    flow: np.ndarray  # (T, C) scenario flow (NaN: a CDU without a flow reading)
     serve: np.ndarray  # (T, R) CDU index serving each rack (-1: none)
     per_rack_flow: np.ndarray  # (T, C) each CDU's flow over the racks it serves [L/min]
+    per_rack_base: np.ndarray  # (T, C) the recording's flow over its own racks [L/min]
     per_rack_ref: np.ndarray  # (C,) each CDU's reference flow over its own racks [L/min]
     own_racks: np.ndarray  # (C,) racks each CDU serves in the site file
     running: np.ndarray  # (T, C) pumps running in the scenario
@@ -125,7 +127,7 @@ def _cooling(d: Recording, changes: list[Any]) -> _Cooling:
     model_b = chain.cdu_supply_c(setpoint[None, :], fw, approach[None, :])
     model_s = chain.cdu_supply_c(setpoint_s[None, :], fw + fw_delta[None, :], approach[None, :])
     supply_s = np.where(np.isfinite(model_b), supply + (model_s - model_b), supply)
-    flow = np.nan_to_num(d.cdu["flow_lpm"])
+    flow = d.cdu["flow_lpm"]  # NaN where a CDU reports no flow: unknown, not stopped
     ratio = np.ones((n, n_c))
     running_s = np.zeros((n, n_c))
     for i, c in enumerate(cdus):
@@ -150,7 +152,7 @@ def _cooling(d: Recording, changes: list[Any]) -> _Cooling:
         loop = cdus[i].loop
         peers = [j for j, x in enumerate(cdus) if loop and x.loop == loop and j != i]
         mine = np.flatnonzero(idx.rack_cdu == i)
-        if peers:  # each moved rack goes to the peer with most spare capacity
+        if peers:  # the moved racks go to the peers in turn
             for k, r_i in enumerate(mine):
                 serve[on, r_i] = peers[k % len(peers)]
             notes.append(
@@ -166,16 +168,31 @@ def _cooling(d: Recording, changes: list[Any]) -> _Cooling:
     # per-rack flow share: a CDU's flow over the racks it serves, against its own at reference
     served = np.stack([(serve == c).sum(axis=1) for c in range(n_c)], axis=1) if n_c else flow
     own_racks = np.array([(idx.rack_cdu == c).sum() for c in range(n_c)], float)
-    ref = np.where(
-        np.isfinite(d.params.cdu_flow_ref_lpm),
-        d.params.cdu_flow_ref_lpm,
-        np.nanmedian(flow, axis=0) if n_c else 1.0,
-    )
-    per_rack_s = flow_s / np.maximum(served, 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a CDU without any flow reading
+        median = np.nanmedian(flow, axis=0) if n_c else np.ones(0)
+    ref = np.where(np.isfinite(d.params.cdu_flow_ref_lpm), d.params.cdu_flow_ref_lpm, median)
+    ref = np.where(np.isfinite(ref), ref, 1.0)
+    # the flows R is taken at: a CDU without a flow reading is at its reference in the
+    # recording (R as fitted, as the live pass takes an unknown flow), and a pump's loss or a
+    # failed peer's racks change that by the pump model's ratio and the racks it serves
+    flow_r = np.where(np.isfinite(flow), flow, ref[None, :])
+    flow_r_s = np.where(np.isfinite(flow_s), flow_s, ref[None, :] * ratio)
+    unknown = [c.name for i, c in enumerate(cdus) if np.isnan(flow[:, i]).all()]
+    if unknown:
+        its = "its" if len(unknown) == 1 else "their"
+        notes.append(
+            f"no flow reading from {', '.join(unknown)}: {its} capacity and flow headroom are"
+            f" unknown; {its} GPUs' R is taken at the flow it was fitted at, changed by the pump"
+            " model's ratio where a pump is lost"
+        )
+    per_rack_s = flow_r_s / np.maximum(served, 1)
+    per_rack_b = flow_r / np.maximum(own_racks, 1)
     per_rack_ref = ref / np.maximum(own_racks, 1)
     return _Cooling(
-        supply_s, flow_s, serve, per_rack_s, per_rack_ref, own_racks, running_s, uncooled, notes
-    )
+        supply_s, flow_s, serve, per_rack_s, per_rack_b, per_rack_ref, own_racks, running_s,
+        uncooled, notes,
+    )  # fmt: skip
 
 
 def _gpu_cap(d: Recording, changes: list[Any]) -> np.ndarray:
@@ -291,10 +308,7 @@ def _gpus_run(
     node_col = np.array([node_pos[nd] for nd in idx.gpu_node], dtype=np.int64)
     # the baseline's flow per rack over the reference, computed as the scenario's is
     fr_b_cdu = (
-        (np.nan_to_num(d.cdu["flow_lpm"]) / np.maximum(cool.own_racks, 1)[None, :])
-        / np.maximum(cool.per_rack_ref, 1e-9)[None, :]
-        if idx.cdu_names
-        else None
+        cool.per_rack_base / np.maximum(cool.per_rack_ref, 1e-9)[None, :] if idx.cdu_names else None
     )
     r_factor_b = chain.gpu_r_k_per_w(1.0, fr_b_cdu) if fr_b_cdu is not None else None
     # each rack's coolant supply in the scenario (its serving CDU's), once for all its GPUs
@@ -561,11 +575,13 @@ def _cdus(d: Recording, cool: _Cooling, rack_s: np.ndarray, new, judge: Judge, f
         feed.offer(M_CDU_FREE, "cdu", names, np.where(cap_s > 0, (cap_s - heat_s) / cap_s, np.nan))
     feed.offer(M_PUMPS, "cdu", names, cool.running)
     # the return: recorded plus the model's change; the flow the scenario's heat needs
-    supply, flow = d.cdu["supply_temp_c"], np.nan_to_num(d.cdu["flow_lpm"])
+    supply, flow = d.cdu["supply_temp_c"], d.cdu["flow_lpm"]
     ret_model, need = chain.loop_paths(cdus, heat_s, cool.supply, cool.flow)
     ret_base, _ = chain.loop_paths(cdus, heat, supply, flow)
     ret_meas = d.cdu["return_temp_c"]
-    ret_s = np.where(np.isfinite(ret_meas), ret_meas, supply) + (ret_model - ret_base)
+    # a loop without a flow reading keeps its recorded return (the change is unknown)
+    change = np.where(np.isfinite(flow), ret_model - ret_base, 0.0)
+    ret_s = np.where(np.isfinite(ret_meas), ret_meas, supply) + change
     judge.add("cdu_flow", names, "L/min", need, cool.flow)
     ret_limit = np.array([c.return_limit_c for c in cdus], float)
     judge.add("loop", names, "°C", ret_s, ret_limit)
