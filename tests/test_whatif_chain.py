@@ -241,11 +241,23 @@ def _live_and_replayed(
     return observations(det), offered, det
 
 
-@pytest.mark.parametrize(
-    "missing",
-    [None, {"cdu-1": ("flow_lpm",)}, {"inf-r02-n1": ("inlet_temp_c", "power_w")}],
-    ids=["all", "no-cdu-flow", "no-node-inlet-or-power"],
-)
+#: One kind of telemetry a device does not report, for the live/what-if comparisons.
+ONE_MISSING: dict[str, Missing] = {
+    "no-cdu-flow": {"cdu-1": ("flow_lpm",)},
+    "no-cdu-supply": {"cdu-1": ("supply_temp_c",)},
+    "no-cdu-heat": {"cdu-1": ("heat_kw",)},
+    "no-cdu-return": {"cdu-1": ("return_temp_c",)},
+    "no-pump-speed": {"cdu-1/pump1": ("pump_speed_pct",)},
+    "no-pdu-power": {"pdu-r01-a": ("power_w", "power_factor")},
+    "no-phase-current": {"pdu-r01-a/L1": ("current_a",)},
+    "no-gpu-temp": {"trn-r01-n1:0": ("temp_c",)},
+    "no-gpu-power": {"trn-r01-n1:0": ("power_w",)},
+    "no-link": {"lnk-r01-s1": ("tx_bps", "rx_bps")},
+    "no-node-inlet-or-power": {"inf-r02-n1": ("inlet_temp_c", "power_w")},
+}
+
+
+@pytest.mark.parametrize("missing", [None, *ONE_MISSING.values()], ids=["all", *ONE_MISSING])
 def test_live_detection_and_a_neutral_whatif_offer_the_engine_the_same_observations(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, missing: Missing | None
 ) -> None:
@@ -254,8 +266,10 @@ def test_live_detection_and_a_neutral_whatif_offer_the_engine_the_same_observati
     same (metric, entity) pairs for every metric a shipped rule watches that both compute
     without a fit, with the same values (a CDU's heat and flow and a link's traffic within
     1 %: the live pass reads them as the last minute's mean, the what-if at its sample); also
-    with a kind of telemetry missing (a CDU without a flow meter, a node without inlet and
-    power readings)."""
+    with one kind of telemetry missing (:data:`ONE_MISSING`): the what-if took a reading no
+    device sent as 0 (a CDU's flow and heat, a phase current, a link's traffic), a supply as a
+    change, a silent feed's rack as the other feed's load, a silent pump as stopped and a GPU
+    without a sensor at its model's temperature, and paged where live said nothing."""
     bundle, start, _ = _recorded(tmp_path, missing=missing)
     obs, offered, _ = _live_and_replayed(
         bundle, start, _neutral("train"), tmp_path / "dst.duckdb", monkeypatch
@@ -268,8 +282,8 @@ def test_live_detection_and_a_neutral_whatif_offer_the_engine_the_same_observati
     theirs = {k: v for k, v in offered.items() if k[0] in compared}
     assert set(ours) == set(theirs), sorted(set(ours) ^ set(theirs))[:10]
     expected = {CDU_PUMPS_RUNNING, HEADROOM_GPU_K_TO_SLOWDOWN, HEADROOM_PDU_PHASE_A_TO_LIMIT}
-    if not missing or "cdu-1" not in missing:  # a CDU's capacity needs its flow
-        expected.add(HEADROOM_CDU_FREE_FRACTION)
+    if missing not in (ONE_MISSING["no-cdu-flow"], ONE_MISSING["no-cdu-heat"]):
+        expected.add(HEADROOM_CDU_FREE_FRACTION)  # a CDU's capacity needs its flow and heat
     assert {m for m, _, _ in ours} >= expected
     loose = {HEADROOM_CDU_FREE_FRACTION, HEADROOM_CDU_FLOW_LPM_TO_LIMIT}
     loose.add(HEADROOM_LINK_GBPS_TO_LIMIT)
@@ -278,8 +292,17 @@ def test_live_detection_and_a_neutral_whatif_offer_the_engine_the_same_observati
         assert theirs[k] == pytest.approx(v, **tol), k
 
 
+#: A GPU's temperature or its CDU's supply missing: its fit is refused (not judged live)
+REFUSED: dict[str, Missing] = {
+    "no-gpu-temp": {"trn-r01-n1:0": ("temp_c",)},
+    "no-cdu-supply": {"cdu-1": ("supply_temp_c",)},
+}
+
+
 @pytest.mark.parametrize(
-    "missing", [None, {"inf-r02-n1": ("inlet_temp_c",)}], ids=["all", "no-node-inlet"]
+    "missing",
+    [None, {"inf-r02-n1": ("inlet_temp_c",)}, *REFUSED.values()],
+    ids=["all", "no-node-inlet", *REFUSED],
 )
 def test_live_detection_with_its_fit_and_a_replay_give_the_same_model_observations(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, missing: Missing | None
@@ -290,17 +313,20 @@ def test_live_detection_with_its_fit_and_a_replay_give_the_same_model_observatio
     bundle's baseline replay, at the replay's last evaluation minute. Both take the minute
     means that end with the newest sample, coolant and inlet air included; an air-cooled node
     without an inlet sensor takes its rack's PDU inlet on both paths
-    (``twin.site.index.node_inlet_c``; the replay held 25 °C for it before)."""
+    (``twin.site.index.node_inlet_c``; the replay held 25 °C for it before). A GPU whose fit
+    is refused (no temperature, no coolant supply) gets no model metric on either path (the
+    replay forecast it on the catalog's R before)."""
     bundle, start, fit = _recorded(tmp_path, minutes=60, fit=True, missing=missing)
     site = bundle.site
     obs, offered, det = _live_and_replayed(
         bundle, start, None, tmp_path / "dst.duckdb", monkeypatch, fit
     )
-    assert det.hotspots.model_run is not None and not det.hotspots.not_judged
+    refused = missing in REFUSED.values()
+    assert det.hotspots.model_run is not None and bool(det.hotspots.not_judged) == refused
     live = {(o.metric, o.entity_id): o.value for o in obs if o.metric in MODEL_METRICS}
     ours = {(m, i): v for (m, _, i), v in offered.items() if m in MODEL_METRICS}
     assert set(live) == set(ours), sorted(set(live) ^ set(ours))[:10]
-    gpus = sum(len(nd.gpu_ids()) for nd in site.nodes)
+    gpus = sum(len(nd.gpu_ids()) for nd in site.nodes) - len(det.hotspots.not_judged)
     assert {m for m, _ in live} == set(MODEL_METRICS) and len(live) == 3 * gpus
     tol = {DRIFT_GPU_R: 1e-3, HOTSPOT_GPU_RESIDUAL_SIGMA: 0.05}  # float32 series in replay
     for k, v in live.items():

@@ -44,11 +44,15 @@ class Recording:
     node_inlet_c: np.ndarray  # (T, nodes)
     pdu_power_w: np.ndarray  # (T, PDUs), site.pdus order
     pdu_pf: np.ndarray  # (PDUs,) mean measured power factor (NaN: none)
+    # Gaps are held (the value before, else after); a device (or quantity) with no reading in
+    # the whole recording stays NaN, unknown as the live pass has it: a phase current, a CDU's
+    # readings, a link's traffic, a rack whose feeds do not all report
     phase_current_a: np.ndarray  # (T, phases), ``phases.ids`` order
     cdu: dict[str, np.ndarray]  # supply_temp_c, return_temp_c, flow_lpm, heat_kw, fw_supply...
-    pump_on: dict[str, np.ndarray]  # cdu name -> (T, pumps) bool
+    #: cdu name -> (T, pumps) bool: running, or no speed reading (as live: not claimed stopped)
+    pump_on: dict[str, np.ndarray]
     link_busy_gbps: np.ndarray  # (T, links): the busier direction
-    rack_in_w: np.ndarray  # (T, racks) rack input power (its PDUs), NaN where none reports
+    rack_in_w: np.ndarray  # (T, racks) rack input power: the sum of its PDUs (feeds)
     cache: dict[str, Any] = field(default_factory=dict)
     #: (G,) True where ``gpu_activity`` is GPU-Util (no SM activity recorded): those GPUs'
     #: power may follow a curve calibrated on util (twin.chain.propagate.gpu_power_w)
@@ -56,6 +60,8 @@ class Recording:
     #: (G,) False where the GPU reported neither SM activity nor GPU-Util in the recording
     #: (``gpu_activity`` holds 0 there): a forecast scales its power, as the live one does
     gpu_activity_reported: np.ndarray | None = None
+    #: (C,) False for a CDU none of whose pumps reported a speed (live: no pump observation)
+    cdu_pumps_reported: np.ndarray | None = None
 
     @property
     def duration_s(self) -> float:
@@ -166,18 +172,26 @@ def load(bundle: Bundle) -> Recording:
     pump_ids = [sub_id(c.name, p) for c in site.cdus for p in c.pumps]
     speeds = grid(bundle, "cdu", pump_ids, ["pump_speed_pct"], t0, dt, n)["pump_speed_pct"]
     pump_on: dict[str, np.ndarray] = {}
+    pumps_reported = np.zeros(len(site.cdus), bool)
     k = 0
-    for c in site.cdus:
-        pump_on[c.name] = pumps_running(_filled(speeds[:, k : k + len(c.pumps)]))
+    for i, c in enumerate(site.cdus):
+        speed = _filled(speeds[:, k : k + len(c.pumps)])
+        silent = np.isnan(speed).all(axis=0)
+        pump_on[c.name] = pumps_running(speed) | silent[None, :]
+        pumps_reported[i] = not silent.all()
         k += len(c.pumps)
     link = grid(bundle, "link", [lk.name for lk in site.links], ["tx_bps", "rx_bps"], t0, dt, n)
-    busy = _finite(_filled(link_busy_gbps(link["tx_bps"], link["rx_bps"]).astype(F32)))
+    busy = _filled(link_busy_gbps(link["tx_bps"], link["rx_bps"]).astype(F32))
     pdu_w = _filled(pdu["power_w"])
     # a node without inlet readings: its rack's PDU's, as the live reference takes it
     nodes = [nd.name for nd in site.nodes]
     inlet = node_inlet_c(idx, nodes, node["inlet_temp_c"], pdu_names, pdu["inlet_temp_c"])
     pos = {p: i for i, p in enumerate(pdu_names)}
     rack_in = rack_feed_power_w(pdu_w, [[pos[p] for p in r.pdus if p in pos] for r in site.racks])
+    silent = np.isnan(pdu_w).all(axis=0)  # a feed that never reported: its rack's load unknown
+    for r_i, r in enumerate(site.racks):
+        if any(p not in pos or silent[pos[p]] for p in r.pdus):
+            rack_in[:, r_i] = np.nan
     with np.errstate(all="ignore"):
         import warnings
 
@@ -200,11 +214,12 @@ def load(bundle: Bundle) -> Recording:
         node_inlet_c=_finite(_filled(inlet), nan=25.0),
         pdu_power_w=pdu_w,
         pdu_pf=pf,
-        phase_current_a=_finite(_filled(cur)),
+        phase_current_a=_filled(cur),
         cdu={q: _filled(v).astype(float) for q, v in cdu.items()},
         pump_on=pump_on,
         link_busy_gbps=busy,
         rack_in_w=rack_in,
         gpu_activity_from_util=no_sm,
         gpu_activity_reported=reported,
+        cdu_pumps_reported=pumps_reported,
     )

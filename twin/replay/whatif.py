@@ -241,7 +241,7 @@ def _thermal(d, sl, tb, ref_b, r_b, p_meas, ref_s, r_s, p_dem) -> ThermalResult:
     meas = d.gpu_temp_c[:, sl].astype(float)
     meas = np.where(np.isfinite(meas), meas, tb)
     n, g = meas.shape
-    moved = (ref_s != ref_b).any(axis=0) | (r_s != r_b).any(axis=0) | (p_dem != p_meas).any(axis=0)
+    moved = _differ(ref_s, ref_b) | _differ(r_s, r_b) | _differ(p_dem, p_meas)
     temp, power = meas, p_meas.copy()
     held = np.zeros((n, g), bool)
     throttled, undelivered = np.zeros(g), np.zeros(g)
@@ -273,6 +273,12 @@ def _thermal(d, sl, tb, ref_b, r_b, p_meas, ref_s, r_s, p_dem) -> ThermalResult:
         temp[:, c], power[:, c], held[:, c] = res.temp_c, res.power_w, res.held
         throttled[c], undelivered[c] = res.throttled_s, res.undelivered_j
     return ThermalResult(temp, power, throttled, undelivered, held)
+
+
+def _differ(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """(G,) columns where ``a`` and ``b`` differ at some step (NaN equals NaN: an input the
+    recording lacks, a CDU's supply, is unknown in both, not changed)."""
+    return ((a != b) & ~(np.isnan(a) & np.isnan(b))).any(axis=0)
 
 
 def _gpus(
@@ -377,8 +383,11 @@ def _gpus_run(
         # the recording): that counts as time over the limit, in the baseline and the scenario
         at_limit = res.temp_c >= gp.max_temp_c[sl][None, :] - AT_LIMIT_K
         at_max = res.held | at_limit
-        judge.add("gpu", idx.gpu_ids[sl], "°C", res.temp_c, gp.max_temp_c[sl], over=at_max)
-        feed.offer(M_GPU_K, "gpu", idx.gpu_ids[sl], gp.max_temp_c[sl][None, :] - res.temp_c)
+        # a GPU that never reported its temperature has no temperature headroom, as live
+        told = np.isfinite(d.gpu_temp_c[0, sl])
+        t_told = res.temp_c if told.all() else np.where(told[None, :], res.temp_c, np.nan)
+        judge.add("gpu", idx.gpu_ids[sl], "°C", t_told, gp.max_temp_c[sl], over=at_max & told)
+        feed.offer(M_GPU_K, "gpu", idx.gpu_ids[sl], gp.max_temp_c[sl][None, :] - t_told)
         if forecast:
             r_scale = hotspot_feed.causal_r_scale(d)
             r_rows = np.asarray(r_s, dtype=float)[rows] if np.ndim(r_s) == 2 else r_s
@@ -394,6 +403,9 @@ def _gpus_run(
                 sl,
                 from_util,
             )
+            # only a calibrated model forecasts a page, as live (a catalog R serves headroom)
+            fitted = np.array([t == "calibrated" for t in gp.thermal_source[sl]])
+            b90 = b90 if fitted.all() else np.where(fitted[None, :], b90, np.nan)
             feed.offer_series(am.HEADROOM_GPU_TIME_TO_BREACH_P90_S, "gpu", idx.gpu_ids[sl], b90)
         # each GPU's power change summed into its rack, its activity and power into its fleet:
         # one product with the chunk's (GPU x group) membership each (the inputs are finite)
@@ -525,14 +537,17 @@ def _electrical(d: Recording, changes, rack_s, new, judge: Judge, feed) -> dict[
     capa = np.array(cap, dtype=float)
     has = np.isfinite(capa)
     rack_ids = [x for x, h in zip(names, has, strict=True) if h]
-    judge.add("rack", rack_ids, "kW", rack_all[:, has] / 1e3, capa[has])
+    # a rack whose feeds do not all report has no kW headroom, as live (its load is unknown)
+    told = np.concatenate([np.isfinite(d.rack_in_w).any(axis=0), np.ones(len(new), bool)])
+    kw = np.where(told[None, :], rack_all, np.nan)[:, has] / 1e3
+    judge.add("rack", rack_ids, "kW", kw, capa[has])
     _offer_now_and_flat(
         feed,
         am.HEADROOM_RACK_KW_TO_LIMIT,
         am.HEADROOM_RACK_TIME_TO_BREACH_P50_S,
         "rack",
         rack_ids,
-        capa[has][None, :] - rack_all[:, has] / 1e3,
+        capa[has][None, :] - kw,
     )
     with np.errstate(invalid="ignore", divide="ignore"):
         util = np.fmax.reduce(all_cur / lim[None, :], axis=1) if ids else np.zeros(d.n)
@@ -542,10 +557,18 @@ def _electrical(d: Recording, changes, rack_s, new, judge: Judge, feed) -> dict[
 def _cdus(d: Recording, cool: _Cooling, rack_s: np.ndarray, new, judge: Judge, feed) -> dict:
     """CDU heat against capacity, flow needed against flow, loop return against its limit."""
     idx, cdus = d.idx, d.site.cdus
-    heat = np.nan_to_num(d.cdu["heat_kw"])
     base_in = np.where(np.isfinite(d.rack_in_w), d.rack_in_w, 0.0)
     rack_change_w = np.where(np.isfinite(d.rack_in_w), rack_s, 0.0) - base_in
     rack_heat_change, _ = chain.rack_heat_kw(rack_change_w, d.params.rack_capture[None, :])
+    # a CDU without a heat reading: its racks' modelled heat carries its flow and return (as
+    # the live pass takes it), and its capacity headroom is unknown
+    heat = d.cdu["heat_kw"]
+    told = np.isfinite(heat).any(axis=0) if cdus else np.zeros(0, bool)
+    if not told.all():
+        modelled = chain.rack_heat_kw(base_in, d.params.rack_capture[None, :])[0]
+        on_cdu = (idx.rack_cdu[:, None] == np.arange(len(cdus))[None, :]).astype(float)
+        heat = np.where(told[None, :], heat, modelled @ on_cdu)
+    heat = np.nan_to_num(heat)
     # the heat each rack puts on a loop: its share of its own CDU's recorded heat plus change
     heat_s = np.zeros_like(heat)
     for c in range(len(cdus)):
@@ -570,22 +593,25 @@ def _cdus(d: Recording, cool: _Cooling, rack_s: np.ndarray, new, judge: Judge, f
     rated = np.array([c.capacity_kw for c in cdus], float)
     max_flow = np.array([c.max_flow_lpm for c in cdus], float)
     cap_s = chain.cdu_capacity_kw(rated[None, :], cool.flow, max_flow[None, :])
-    judge.add("cdu_heat", names, "kW", heat_s, cap_s)
+    heat_told = np.where(told[None, :], heat_s, np.nan)  # capacity headroom needs a reading
+    judge.add("cdu_heat", names, "kW", heat_told, cap_s)
     with np.errstate(divide="ignore", invalid="ignore"):
-        feed.offer(M_CDU_FREE, "cdu", names, np.where(cap_s > 0, (cap_s - heat_s) / cap_s, np.nan))
-    feed.offer(M_PUMPS, "cdu", names, cool.running)
+        free = np.where(cap_s > 0, (cap_s - heat_told) / cap_s, np.nan)
+    feed.offer(M_CDU_FREE, "cdu", names, free)
+    pumps = d.cdu_pumps_reported if d.cdu_pumps_reported is not None else np.ones(len(cdus), bool)
+    feed.offer(M_PUMPS, "cdu", names, np.where(pumps[None, :], cool.running, np.nan))
     # the return: recorded plus the model's change; the flow the scenario's heat needs
     supply, flow = d.cdu["supply_temp_c"], d.cdu["flow_lpm"]
     ret_model, need = chain.loop_paths(cdus, heat_s, cool.supply, cool.flow)
     ret_base, _ = chain.loop_paths(cdus, heat, supply, flow)
-    ret_meas = d.cdu["return_temp_c"]
-    # a loop without a flow reading keeps its recorded return (the change is unknown)
-    change = np.where(np.isfinite(flow), ret_model - ret_base, 0.0)
-    ret_s = np.where(np.isfinite(ret_meas), ret_meas, supply) + change
+    # a loop whose supply or flow is not read keeps its recorded return (the change is
+    # unknown); one without a return reading has no return headroom, as live
+    change = ret_model - ret_base
+    ret_s = d.cdu["return_temp_c"] + np.where(np.isfinite(change), change, 0.0)
     judge.add("cdu_flow", names, "L/min", need, cool.flow)
     ret_limit = np.array([c.return_limit_c for c in cdus], float)
     judge.add("loop", names, "°C", ret_s, ret_limit)
-    _offer_flat_breach(feed, am.HEADROOM_CDU_TIME_TO_BREACH_P50_S, "cdu", names, cap_s - heat_s)
+    _offer_flat_breach(feed, am.HEADROOM_CDU_TIME_TO_BREACH_P50_S, "cdu", names, cap_s - heat_told)
     _offer_now_and_flat(
         feed,
         am.HEADROOM_CDU_FLOW_LPM_TO_LIMIT,
