@@ -60,8 +60,24 @@ class Recording:
     #: (G,) False where the GPU reported neither SM activity nor GPU-Util in the recording
     #: (``gpu_activity`` holds 0 there): a forecast scales its power, as the live one does
     gpu_activity_reported: np.ndarray | None = None
-    #: (C,) False for a CDU none of whose pumps reported a speed (live: no pump observation)
+    #: (T, C) False where none of a CDU's pumps has a fresh speed reading (live: no pump count)
     cdu_pumps_reported: np.ndarray | None = None
+    #: (T, N) bool per reading: one within the live pass's "now" window (:data:`FRESH_S`) at
+    #: each step; where not, the held value feeds the model but is no headroom figure, as live
+    #: keys "cdu.<quantity>", "phase.current_a", "link.busy", "rack.power" (every feed fresh)
+    fresh: dict[str, np.ndarray] = field(default_factory=dict)
+    #: the GPUs whose temperature has a stale stretch (columns), and where it is fresh (T, k)
+    gpu_temp_gappy: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    gpu_temp_fresh: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), bool))
+
+    def gpu_temp_told(self, cols: slice) -> np.ndarray | None:
+        """(T, cols) where GPUs ``cols`` have a fresh temperature reading; None: everywhere."""
+        k = np.flatnonzero((self.gpu_temp_gappy >= cols.start) & (self.gpu_temp_gappy < cols.stop))
+        if not k.size:
+            return None
+        told = np.ones((self.n, cols.stop - cols.start), bool)
+        told[:, self.gpu_temp_gappy[k] - cols.start] = self.gpu_temp_fresh[:, k]
+        return told
 
     @property
     def duration_s(self) -> float:
@@ -119,6 +135,24 @@ def grid(
     return out
 
 
+#: A reading older than this is not "now": the live headroom's window (twin.headroom). [s]
+FRESH_S = 60.0
+
+
+def fresh(raw: np.ndarray, dt_s: float) -> np.ndarray:
+    """(T, N) bool: a reading in the last :data:`FRESH_S` of each step (``raw``: the grid
+    before its gaps are held)."""
+    told = np.ones(raw.shape, bool)
+    gappy = np.flatnonzero(np.isnan(raw).any(axis=0))  # the columns with a gap: few, mostly
+    if gappy.size:
+        w = max(1, round(FRESH_S / dt_s))
+        seen = np.cumsum(~np.isnan(raw[:, gappy]), axis=0, dtype=np.int32)
+        before = np.zeros_like(seen)
+        before[w:] = seen[:-w]
+        told[:, gappy] = seen > before
+    return told
+
+
 def _filled(a: np.ndarray) -> np.ndarray:
     """``a`` with its gaps held (``hold_fill``); ``a`` itself (float32) when it has none."""
     if not np.isnan(a).any():
@@ -172,16 +206,17 @@ def load(bundle: Bundle) -> Recording:
     pump_ids = [sub_id(c.name, p) for c in site.cdus for p in c.pumps]
     speeds = grid(bundle, "cdu", pump_ids, ["pump_speed_pct"], t0, dt, n)["pump_speed_pct"]
     pump_on: dict[str, np.ndarray] = {}
-    pumps_reported = np.zeros(len(site.cdus), bool)
+    pumps_reported = np.zeros((n, len(site.cdus)), bool)
     k = 0
     for i, c in enumerate(site.cdus):
-        speed = _filled(speeds[:, k : k + len(c.pumps)])
-        silent = np.isnan(speed).all(axis=0)
-        pump_on[c.name] = pumps_running(speed) | silent[None, :]
-        pumps_reported[i] = not silent.all()
+        raw = speeds[:, k : k + len(c.pumps)]
+        told = fresh(raw, dt)  # a pump without a fresh reading is not claimed stopped
+        pump_on[c.name] = pumps_running(_filled(raw)) | ~told
+        pumps_reported[:, i] = told.any(axis=1)
         k += len(c.pumps)
     link = grid(bundle, "link", [lk.name for lk in site.links], ["tx_bps", "rx_bps"], t0, dt, n)
-    busy = _filled(link_busy_gbps(link["tx_bps"], link["rx_bps"]).astype(F32))
+    link_raw = link_busy_gbps(link["tx_bps"], link["rx_bps"]).astype(F32)
+    busy = _filled(link_raw)
     pdu_w = _filled(pdu["power_w"])
     # a node without inlet readings: its rack's PDU's, as the live reference takes it
     nodes = [nd.name for nd in site.nodes]
@@ -189,9 +224,17 @@ def load(bundle: Bundle) -> Recording:
     pos = {p: i for i, p in enumerate(pdu_names)}
     rack_in = rack_feed_power_w(pdu_w, [[pos[p] for p in r.pdus if p in pos] for r in site.racks])
     silent = np.isnan(pdu_w).all(axis=0)  # a feed that never reported: its rack's load unknown
+    feed_fresh = fresh(pdu["power_w"], dt)
+    rack_fresh = np.ones((n, len(site.racks)), bool)  # every feed with a fresh reading
     for r_i, r in enumerate(site.racks):
         if any(p not in pos or silent[pos[p]] for p in r.pdus):
             rack_in[:, r_i] = np.nan
+        for p in r.pdus:
+            rack_fresh[:, r_i] &= feed_fresh[:, pos[p]] if p in pos else False
+    told = {f"cdu.{q}": fresh(v, dt) for q, v in cdu.items()}
+    told |= {"phase.current_a": fresh(cur, dt), "link.busy": fresh(link_raw, dt)}
+    told["rack.power"] = rack_fresh
+    temp_gappy = np.flatnonzero(np.isnan(g["temp_c"]).any(axis=0))
     with np.errstate(all="ignore"):
         import warnings
 
@@ -222,4 +265,7 @@ def load(bundle: Bundle) -> Recording:
         gpu_activity_from_util=no_sm,
         gpu_activity_reported=reported,
         cdu_pumps_reported=pumps_reported,
+        fresh=told,
+        gpu_temp_gappy=temp_gappy,
+        gpu_temp_fresh=fresh(g["temp_c"][:, temp_gappy], dt),
     )

@@ -384,9 +384,10 @@ def _gpus_run(
         at_limit = res.temp_c >= gp.max_temp_c[sl][None, :] - AT_LIMIT_K
         at_max = res.held | at_limit
         # a GPU that never reported its temperature has no temperature headroom, as live
-        told = np.isfinite(d.gpu_temp_c[0, sl])
-        t_told = res.temp_c if told.all() else np.where(told[None, :], res.temp_c, np.nan)
-        judge.add("gpu", idx.gpu_ids[sl], "°C", t_told, gp.max_temp_c[sl], over=at_max & told)
+        told = d.gpu_temp_told(sl)  # a fresh temperature reading (None: at every step)
+        t_told = res.temp_c if told is None else np.where(told, res.temp_c, np.nan)
+        over = at_max if told is None else at_max & told
+        judge.add("gpu", idx.gpu_ids[sl], "°C", t_told, gp.max_temp_c[sl], over=over)
         feed.offer(M_GPU_K, "gpu", idx.gpu_ids[sl], gp.max_temp_c[sl][None, :] - t_told)
         if forecast:
             r_scale = hotspot_feed.causal_r_scale(d)
@@ -406,6 +407,7 @@ def _gpus_run(
             # only a calibrated model forecasts a page, as live (a catalog R serves headroom)
             fitted = np.array([t == "calibrated" for t in gp.thermal_source[sl]])
             b90 = b90 if fitted.all() else np.where(fitted[None, :], b90, np.nan)
+            b90 = b90 if told is None else np.where(told[rows], b90, np.nan)
             feed.offer_series(am.HEADROOM_GPU_TIME_TO_BREACH_P90_S, "gpu", idx.gpu_ids[sl], b90)
         # each GPU's power change summed into its rack, its activity and power into its fleet:
         # one product with the chunk's (GPU x group) membership each (the inputs are finite)
@@ -521,7 +523,9 @@ def _electrical(d: Recording, changes, rack_s, new, judge: Judge, feed) -> dict[
                 ids.append(phase_id(f"{nr['name']}-{p.feed.lower()}", k))
                 cols.append(per[:, None])
                 lims.append(float(derated_a(p.rated_current_a)))
-    all_cur = np.column_stack(cols) if len(cols) > 1 else cur
+    # a phase's headroom needs a fresh current reading, as live (the held one feeds the rest)
+    cols[0] = np.where(d.fresh.get("phase.current_a", True), cur, np.nan)
+    all_cur = np.column_stack(cols) if len(cols) > 1 else cols[0]
     lim = np.array(lims, dtype=float)
     if ids:
         judge.add("pdu_phase", ids, "A", all_cur, lim)
@@ -538,8 +542,9 @@ def _electrical(d: Recording, changes, rack_s, new, judge: Judge, feed) -> dict[
     has = np.isfinite(capa)
     rack_ids = [x for x, h in zip(names, has, strict=True) if h]
     # a rack whose feeds do not all report has no kW headroom, as live (its load is unknown)
-    told = np.concatenate([np.isfinite(d.rack_in_w).any(axis=0), np.ones(len(new), bool)])
-    kw = np.where(told[None, :], rack_all, np.nan)[:, has] / 1e3
+    told = np.isfinite(d.rack_in_w).any(axis=0)[None, :] & d.fresh.get("rack.power", True)
+    told = np.column_stack([told, np.ones((d.n, len(new)), bool)]) if new else told
+    kw = np.where(told, rack_all, np.nan)[:, has] / 1e3
     judge.add("rack", rack_ids, "kW", kw, capa[has])
     _offer_now_and_flat(
         feed,
@@ -560,14 +565,14 @@ def _cdus(d: Recording, cool: _Cooling, rack_s: np.ndarray, new, judge: Judge, f
     base_in = np.where(np.isfinite(d.rack_in_w), d.rack_in_w, 0.0)
     rack_change_w = np.where(np.isfinite(d.rack_in_w), rack_s, 0.0) - base_in
     rack_heat_change, _ = chain.rack_heat_kw(rack_change_w, d.params.rack_capture[None, :])
-    # a CDU without a heat reading: its racks' modelled heat carries its flow and return (as
-    # the live pass takes it), and its capacity headroom is unknown
+    # a CDU without a fresh heat reading: its racks' modelled heat carries its flow and return
+    # (as the live pass takes it), and its capacity headroom is unknown
     heat = d.cdu["heat_kw"]
-    told = np.isfinite(heat).any(axis=0) if cdus else np.zeros(0, bool)
+    told = d.fresh.get("cdu.heat_kw", np.isfinite(heat))
     if not told.all():
         modelled = chain.rack_heat_kw(base_in, d.params.rack_capture[None, :])[0]
         on_cdu = (idx.rack_cdu[:, None] == np.arange(len(cdus))[None, :]).astype(float)
-        heat = np.where(told[None, :], heat, modelled @ on_cdu)
+        heat = np.where(told, heat, modelled @ on_cdu)
     heat = np.nan_to_num(heat)
     # the heat each rack puts on a loop: its share of its own CDU's recorded heat plus change
     heat_s = np.zeros_like(heat)
@@ -593,13 +598,16 @@ def _cdus(d: Recording, cool: _Cooling, rack_s: np.ndarray, new, judge: Judge, f
     rated = np.array([c.capacity_kw for c in cdus], float)
     max_flow = np.array([c.max_flow_lpm for c in cdus], float)
     cap_s = chain.cdu_capacity_kw(rated[None, :], cool.flow, max_flow[None, :])
-    heat_told = np.where(told[None, :], heat_s, np.nan)  # capacity headroom needs a reading
+    # a headroom figure needs its readings fresh (d.fresh), as live: capacity the heat and the
+    # flow, the flow needed the supply and the flow, the return its own
+    fresh = {q: d.fresh.get(f"cdu.{q}", True) for q in ("heat_kw", "flow_lpm", "supply_temp_c")}
+    heat_told = np.where(fresh["heat_kw"] & fresh["flow_lpm"], heat_s, np.nan)
     judge.add("cdu_heat", names, "kW", heat_told, cap_s)
     with np.errstate(divide="ignore", invalid="ignore"):
         free = np.where(cap_s > 0, (cap_s - heat_told) / cap_s, np.nan)
     feed.offer(M_CDU_FREE, "cdu", names, free)
-    pumps = d.cdu_pumps_reported if d.cdu_pumps_reported is not None else np.ones(len(cdus), bool)
-    feed.offer(M_PUMPS, "cdu", names, np.where(pumps[None, :], cool.running, np.nan))
+    pumps = d.cdu_pumps_reported if d.cdu_pumps_reported is not None else True
+    feed.offer(M_PUMPS, "cdu", names, np.where(pumps, cool.running, np.nan))
     # the return: recorded plus the model's change; the flow the scenario's heat needs
     supply, flow = d.cdu["supply_temp_c"], d.cdu["flow_lpm"]
     ret_model, need = chain.loop_paths(cdus, heat_s, cool.supply, cool.flow)
@@ -608,9 +616,11 @@ def _cdus(d: Recording, cool: _Cooling, rack_s: np.ndarray, new, judge: Judge, f
     # unknown); one without a return reading has no return headroom, as live
     change = ret_model - ret_base
     ret_s = d.cdu["return_temp_c"] + np.where(np.isfinite(change), change, 0.0)
+    ret_told = np.where(d.fresh.get("cdu.return_temp_c", True), ret_s, np.nan)
+    need = np.where(fresh["supply_temp_c"] & fresh["flow_lpm"], need, np.nan)
     judge.add("cdu_flow", names, "L/min", need, cool.flow)
     ret_limit = np.array([c.return_limit_c for c in cdus], float)
-    judge.add("loop", names, "°C", ret_s, ret_limit)
+    judge.add("loop", names, "°C", ret_told, ret_limit)
     _offer_flat_breach(feed, am.HEADROOM_CDU_TIME_TO_BREACH_P50_S, "cdu", names, cap_s - heat_told)
     _offer_now_and_flat(
         feed,
@@ -626,7 +636,7 @@ def _cdus(d: Recording, cool: _Cooling, rack_s: np.ndarray, new, judge: Judge, f
         am.HEADROOM_LOOP_TIME_TO_BREACH_P50_S,
         "cdu",
         names,
-        ret_limit[None, :] - ret_s,
+        ret_limit[None, :] - ret_told,
     )
     return {"heat": heat_s, "cap": cap_s, "ret": ret_s, "ret_limit": ret_limit}
 
@@ -667,6 +677,7 @@ def _links(
         else:
             notes.append(f"link {c.link} failed with no parallel path")
             cap[:, j] = np.where(on, 0.0, cap[:, j])
+    busy_s = np.where(d.fresh.get("link.busy", True), busy_s, np.nan)  # fresh only, as live
     judge.add("link", names, "Gb/s", busy_s, cap)
     _offer_now_and_flat(
         feed,
