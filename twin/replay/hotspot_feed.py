@@ -45,6 +45,7 @@ from twin.hotspots import (
     gpu_groups,
 )
 from twin.replay.recording import Recording
+from twin.store.windows import hold_fill
 
 #: str.format spec of each label (K and °C to 0.1, R to 0.1 mK/W).
 LABEL_FORMAT = {
@@ -112,6 +113,17 @@ def _model_r(r_cal: np.ndarray, est: np.ndarray) -> np.ndarray:
     return np.where(np.isfinite(capped), capped, r_cal[None, :])
 
 
+def _minute_means(d: Recording, a: np.ndarray, fresh: str) -> np.ndarray:
+    """(M, N) minute means of a coolant or inlet reading ``a`` (T, N) from row 1, each minute's
+    mean over its fresh readings, a minute without one held at the mean before it (else after),
+    as the live pass holds its reference windows (``twin.hotspots``)."""
+    told = d.fresh.get(fresh)
+    if told is None or told.all():
+        return tw.minute_aggregates(a[1:], a[1:], d.dt_s)[0]
+    x = np.where(told[1:], a[1:], np.nan)
+    return hold_fill(tw.minute_aggregates(x, x, d.dt_s)[0], backfill=True)
+
+
 def hotspot_series(
     d: Recording, *, minutes: int = RESIDUAL_MINUTES, window_min: int = DRIFT_WINDOW_MIN
 ) -> list[HotspotSeries]:
@@ -139,13 +151,20 @@ def hotspot_series(
     r_heat = np.full(shape, np.nan)
     # the coolant and inlet minute means once per CDU and node (a column's means are its own)
     if idx.cdu_names:
-        sup_c = tw.minute_aggregates(d.cdu["supply_temp_c"][1:], flow[1:], d.dt_s)[0]
-        fl_c = tw.minute_aggregates(flow[1:], flow[1:], d.dt_s)[0]
-    inlet_n = tw.minute_aggregates(d.node_inlet_c[1:], d.node_inlet_c[1:], d.dt_s)[0]
+        sup_c = _minute_means(d, d.cdu["supply_temp_c"], "cdu.supply_temp_c")
+        fl_c = _minute_means(d, flow, "cdu.flow_lpm")
+    inlet_n = _minute_means(d, d.node_inlet_c, "node.inlet_temp_c")
     for lo in range(0, g, GPU_CHUNK):
         sl = slice(lo, min(lo + GPU_CHUNK, g))
         t_m, p_m, slope = tw.minute_aggregates(d.gpu_temp_c[1:, sl], d.gpu_power_w[1:, sl], d.dt_s)
         mm = t_m.shape[0]
+        # a minute without a reading of the GPU's temperature or power is no minute mean (the
+        # recording holds the value before it), as the live pass's minutes have none
+        ends = (np.arange(mm) + 1) * per  # each minute's last row (the minutes start at row 1)
+        for q, minute in (("temp_c", t_m), ("power_w", p_m)):
+            told = d.gpu_told(q, sl)
+            if told is not None:
+                minute[~told[ends]] = np.nan
         liq = liquid[sl]
         if idx.cdu_names:
             sup = sup_c[:, own[sl]]

@@ -64,19 +64,20 @@ class Recording:
     cdu_pumps_reported: np.ndarray | None = None
     #: (T, N) bool per reading: one within the live pass's "now" window (:data:`FRESH_S`) at
     #: each step; where not, the held value feeds the model but is no headroom figure, as live
-    #: keys "cdu.<quantity>", "phase.current_a", "link.busy", "rack.power" (every feed fresh)
+    #: keys "cdu.<quantity>", "phase.current_a", "link.busy", "rack.power" (every feed fresh),
+    #: "node.inlet_temp_c" (its own or its rack's PDU's)
     fresh: dict[str, np.ndarray] = field(default_factory=dict)
-    #: the GPUs whose temperature has a stale stretch (columns), and where it is fresh (T, k)
-    gpu_temp_gappy: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    gpu_temp_fresh: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), bool))
+    #: "temp_c", "power_w" -> (the GPUs with a gap in it, (T, k) where it is fresh there)
+    gpu_fresh: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
 
-    def gpu_temp_told(self, cols: slice) -> np.ndarray | None:
-        """(T, cols) where GPUs ``cols`` have a fresh temperature reading; None: everywhere."""
-        k = np.flatnonzero((self.gpu_temp_gappy >= cols.start) & (self.gpu_temp_gappy < cols.stop))
-        if not k.size:
+    def gpu_told(self, quantity: str, cols: slice) -> np.ndarray | None:
+        """(T, cols) where GPUs ``cols`` have a fresh ``quantity`` reading (None: everywhere)."""
+        gappy, told_k = self.gpu_fresh.get(quantity, (np.zeros(0, np.int64), None))
+        k = np.flatnonzero((gappy >= cols.start) & (gappy < cols.stop))
+        if not k.size or told_k is None:
             return None
         told = np.ones((self.n, cols.stop - cols.start), bool)
-        told[:, self.gpu_temp_gappy[k] - cols.start] = self.gpu_temp_fresh[:, k]
+        told[:, gappy[k] - cols.start] = told_k[:, k]
         return told
 
     @property
@@ -234,7 +235,11 @@ def load(bundle: Bundle) -> Recording:
     told = {f"cdu.{q}": fresh(v, dt) for q, v in cdu.items()}
     told |= {"phase.current_a": fresh(cur, dt), "link.busy": fresh(link_raw, dt)}
     told["rack.power"] = rack_fresh
-    temp_gappy = np.flatnonzero(np.isnan(g["temp_c"]).any(axis=0))
+    told["node.inlet_temp_c"] = fresh(inlet, dt)
+    gpu_fresh = {}
+    for q in ("temp_c", "power_w"):  # the gappy GPUs only: a (T, G) mask would be GBs
+        gappy = np.flatnonzero(np.isnan(g[q]).any(axis=0))
+        gpu_fresh[q] = (gappy, fresh(g[q][:, gappy], dt))
     with np.errstate(all="ignore"):
         import warnings
 
@@ -266,6 +271,5 @@ def load(bundle: Bundle) -> Recording:
         gpu_activity_reported=reported,
         cdu_pumps_reported=pumps_reported,
         fresh=told,
-        gpu_temp_gappy=temp_gappy,
-        gpu_temp_fresh=fresh(g["temp_c"][:, temp_gappy], dt),
+        gpu_fresh=gpu_fresh,
     )

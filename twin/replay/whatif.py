@@ -384,7 +384,7 @@ def _gpus_run(
         at_limit = res.temp_c >= gp.max_temp_c[sl][None, :] - AT_LIMIT_K
         at_max = res.held | at_limit
         # a GPU that never reported its temperature has no temperature headroom, as live
-        told = d.gpu_temp_told(sl)  # a fresh temperature reading (None: at every step)
+        told = d.gpu_told("temp_c", sl)  # a fresh temperature reading (None: at every step)
         t_told = res.temp_c if told is None else np.where(told, res.temp_c, np.nan)
         over = at_max if told is None else at_max & told
         judge.add("gpu", idx.gpu_ids[sl], "°C", t_told, gp.max_temp_c[sl], over=over)
