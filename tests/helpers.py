@@ -17,6 +17,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Literal
@@ -33,6 +34,29 @@ from twin.store import Store
 REPO = Path(__file__).resolve().parents[1]
 SMALL_SITE = REPO / "sample_telemetry" / "small_site.yaml"
 DEMO_SITE = REPO / "sample_telemetry" / "demo_site.yaml"
+
+#: When the tests' simulated recordings start (UTC).
+SIM_START = datetime(2026, 11, 20, 12, 0, tzinfo=UTC)
+
+
+def simulated_bundle(
+    out: Path, site_file: Path = SMALL_SITE, minutes: int = 10, seed: int = 3
+) -> Path:
+    """``minutes`` of ``site_file`` simulated at 1 s from :data:`SIM_START`, ingested into a
+    store beside ``out`` and recorded as the bundle ``out`` (10 s); returns ``out``."""
+    from twin.replay.bundle import record
+    from twin.simulator import SiteSimulator
+    from twin.site import load_site
+
+    site = load_site(site_file)
+    sim = SiteSimulator(site, seed=seed, start=SIM_START)
+    with Store(out.parent / f"{out.name}-src.duckdb") as src:
+        Ingester(src, site, IngestLimits(max_past_s=0)).ingest(
+            [m for _ in range(minutes * 60) for m in sim.step()]
+        )
+        record(src, site_file, out, SIM_START, SIM_START + timedelta(minutes=minutes))
+    return out
+
 
 #: DCTWIN_TEST_BROKER=embedded runs the broker tests against the embedded Python broker even
 #: where mosquitto is installed; the default takes mosquitto when on PATH.

@@ -26,7 +26,7 @@ from twin.simulator import SiteSimulator
 from twin.site import load_site
 from twin.store import Store
 
-from .helpers import REPO, SMALL_SITE
+from .helpers import REPO, SMALL_SITE, simulated_bundle
 
 BUNDLE = REPO / "sample_telemetry" / "demo_bundle"
 SCENARIOS = REPO / "sample_telemetry" / "scenarios"
@@ -236,14 +236,7 @@ def test_replay_over_mqtt_to_a_running_service_shifted_to_now(broker, tmp_path: 
 
     from .helpers import IngestService
 
-    site = load_site(SMALL_SITE)
-    start = datetime(2026, 11, 20, 12, 0, tzinfo=UTC)
-    sim = SiteSimulator(site, seed=4, start=start)
-    with Store(tmp_path / "src.duckdb") as src:
-        Ingester(src, site, IngestLimits(max_past_s=0)).ingest(
-            [m for _ in range(120) for m in sim.step()]
-        )
-        record(src, SMALL_SITE, tmp_path / "b", start, start + timedelta(minutes=2))
+    simulated_bundle(tmp_path / "b", minutes=2, seed=4)
     svc = IngestService(broker, tmp_path / "live.duckdb")
     try:
         asked = datetime.now(UTC)
@@ -303,15 +296,7 @@ def test_a_pdu_feeding_two_racks_follows_both_racks_load_in_a_what_if(tmp_path: 
     )
     site_file = tmp_path / "shared.yaml"
     site_file.write_text(text)
-    site = load_site(site_file)
-    start = datetime(2026, 11, 20, 12, 0, tzinfo=UTC)
-    sim = SiteSimulator(site, seed=3, start=start)
-    with Store(tmp_path / "src.duckdb") as src:
-        Ingester(src, site, IngestLimits(max_past_s=0)).ingest(
-            [m for _ in range(600) for m in sim.step()]
-        )
-        record(src, site_file, tmp_path / "b", start, start + timedelta(minutes=10))
-    d = load(Bundle.load(tmp_path / "b"))
+    d = load(Bundle.load(simulated_bundle(tmp_path / "b", site_file)))
     more = Scenario.model_validate(
         {"name": "more", "changes": [{"op": "scale_fleet", "fleet": "infer-small", "factor": 2}]}
     )
