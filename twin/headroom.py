@@ -165,6 +165,7 @@ class _Pass:
     cdu: Window
     node: Window
     pdu_hist: Window  # the hour (and trend window) at 60 s
+    pdu_now: Window  # the last minute's samples
     link: Window
     rack_now: np.ndarray  # (racks,) PDU input power now, NaN where a feed is silent [W]
     rack_w_now: np.ndarray  # its PDU input, else its nodes' IT load, else 0 [W]
@@ -176,10 +177,6 @@ class _Pass:
     @property
     def racks(self) -> list[Any]:
         return self.site.racks
-
-    @property
-    def pdu_now(self) -> Window:
-        return self.pdu_hist.tail(NOW_WINDOW_S)
 
     def emit(
         self,
@@ -299,7 +296,12 @@ def _load(
         end - timedelta(seconds=max(TREND_WINDOW_S, PERSISTENCE_WINDOW_S)),
         end,
         step_s=60.0,
-        quantities=["power_w", "current_a", "inlet_temp_c", "power_factor"],
+        quantities=["power_w", "current_a"],
+    )
+    # "now" is the mean of the last minute's samples, as for every kind (the hour's grid keeps
+    # one sample per PDU and minute); the hot spots read its inlet air from the same window
+    pdu_now = reader.load(
+        "pdu", w_start, end, quantities=["power_w", "current_a", "power_factor", "inlet_temp_c"]
     )
     link = reader.load("link", w_start, end, quantities=["tx_bps", "rx_bps"])
     k_now = pdu_hist.tail(NOW_WINDOW_S).n_steps  # the rows of "now" on the hour's grid
@@ -307,14 +309,16 @@ def _load(
     # ---- rack input power: sum of the rack's PDU units (feeds)
     racks = site.racks
     feeds_w = pdu_hist.values["power_w"]
-    rack_hist = chain.rack_feed_power_w(feeds_w, _columns(pdu_hist.ids, [r.pdus for r in racks]))
+    r_pdus = [r.pdus for r in racks]
+    rack_hist = chain.rack_feed_power_w(feeds_w, _columns(pdu_hist.ids, r_pdus))
     # "now" is the last minute: a PDU that stopped reporting has no present power (its hour
     # of history still shapes the persistence p90 and the phase trend); a rack with a feed
     # that has no power now has no load now (the reporting feeds' sum is not its load)
-    rack_now = last_valid(rack_hist[-k_now:])
-    feed_now = dict(zip(pdu_hist.ids, np.isfinite(last_valid(feeds_w[-k_now:])), strict=True))
+    feed_now = _mean(pdu_now.values["power_w"])
+    rack_now = chain.rack_feed_power_w(feed_now[None, :], _columns(pdu_now.ids, r_pdus))[0]
+    told = dict(zip(pdu_now.ids, np.isfinite(feed_now), strict=True))
     for r_i, r in enumerate(racks):
-        if not all(feed_now.get(pdu, False) for pdu in r.pdus):
+        if not all(told.get(pdu, False) for pdu in r.pdus):
             rack_now[r_i] = np.nan
     # the IT load of each rack (sum of its nodes' input power), the load the forecast and the
     # ratio paths describe; a rack without node power falls back on its PDUs
@@ -352,7 +356,7 @@ def _load(
         basis = "persistence"
     cp = resolve(site, idx, _latest_params(store))
     return _Pass(
-        store, site, idx, n, step_s, basis, r50, r90, gpu, cdu, node, pdu_hist, link,
+        store, site, idx, n, step_s, basis, r50, r90, gpu, cdu, node, pdu_hist, pdu_now, link,
         rack_now, rack_w_now, it_now, it_hist, cp,
     )  # fmt: skip
 
@@ -366,7 +370,7 @@ def _columns(ids: list[str], groups: list[list[str]]) -> list[list[int]]:
 def _racks_rows(p: _Pass) -> None:
     """Racks: kW against what their feeds carry together (twin.chain.limits)."""
     pf_now = _mean(p.pdu_now.values["power_factor"])
-    pf = {pdu: float(v) for pdu, v in zip(p.pdu_hist.ids, pf_now, strict=True) if "/" not in pdu}
+    pf = {pdu: float(v) for pdu, v in zip(p.pdu_now.ids, pf_now, strict=True) if "/" not in pdu}
     names = [r.name for r in p.racks]
     kw_now = p.rack_now / 1000.0
     cap_kw = rack_capacity_kw(p.site, p.racks, pf)

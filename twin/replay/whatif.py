@@ -530,7 +530,9 @@ def _electrical(d: Recording, changes, rack_s, new, judge: Judge, feed) -> dict[
     if ids:
         judge.add("pdu_phase", ids, "A", all_cur, lim)
         n_ph = len(ph.ids)
-        feed.offer(M_PHASE_A, "pdu_phase", ph.ids, lim[None, :n_ph] - all_cur[:, :n_ph])
+        if feed.wants(M_PHASE_A, "pdu_phase"):
+            now_a = _now(d, feed, all_cur[:, :n_ph])
+            feed.offer_series(M_PHASE_A, "pdu_phase", ph.ids, lim[None, :n_ph] - now_a)
         if feed.wants(am.HEADROOM_PDU_PHASE_TIME_TO_BREACH_P50_S, "pdu_phase"):
             _phase_forecast(d, feed, all_cur[:, :n_ph], rack_s, lim[:n_ph])
     cap = list(rack_capacity_kw(site, racks, pf))
@@ -552,7 +554,7 @@ def _electrical(d: Recording, changes, rack_s, new, judge: Judge, feed) -> dict[
         am.HEADROOM_RACK_TIME_TO_BREACH_P50_S,
         "rack",
         rack_ids,
-        capa[has][None, :] - kw,
+        capa[has][None, :] - _now(d, feed, kw),
     )
     with np.errstate(invalid="ignore", divide="ignore"):
         util = np.fmax.reduce(all_cur / lim[None, :], axis=1) if ids else np.zeros(d.n)
@@ -603,9 +605,13 @@ def _cdus(d: Recording, cool: _Cooling, rack_s: np.ndarray, new, judge: Judge, f
     fresh = {q: d.fresh.get(f"cdu.{q}", True) for q in ("heat_kw", "flow_lpm", "supply_temp_c")}
     heat_told = np.where(fresh["heat_kw"] & fresh["flow_lpm"], heat_s, np.nan)
     judge.add("cdu_heat", names, "kW", heat_told, cap_s)
+    # now (as live): the means of the last minute's heat and flow, the supply at the minute
+    heat_m, flow_m = _now(d, feed, heat_told), _now(d, feed, cool.flow)
+    cap_m = chain.cdu_capacity_kw(rated[None, :], flow_m, max_flow[None, :])
     with np.errstate(divide="ignore", invalid="ignore"):
-        free = np.where(cap_s > 0, (cap_s - heat_told) / cap_s, np.nan)
-    feed.offer(M_CDU_FREE, "cdu", names, free)
+        free = np.where(cap_m > 0, (cap_m - heat_m) / cap_m, np.nan)
+    if feed.wants(M_CDU_FREE, "cdu"):
+        feed.offer_series(M_CDU_FREE, "cdu", names, free)
     pumps = d.cdu_pumps_reported if d.cdu_pumps_reported is not None else True
     feed.offer(M_PUMPS, "cdu", names, np.where(pumps, cool.running, np.nan))
     # the return: recorded plus the model's change; the flow the scenario's heat needs
@@ -621,14 +627,17 @@ def _cdus(d: Recording, cool: _Cooling, rack_s: np.ndarray, new, judge: Judge, f
     judge.add("cdu_flow", names, "L/min", need, cool.flow)
     ret_limit = np.array([c.return_limit_c for c in cdus], float)
     judge.add("loop", names, "°C", ret_told, ret_limit)
-    _offer_flat_breach(feed, am.HEADROOM_CDU_TIME_TO_BREACH_P50_S, "cdu", names, cap_s - heat_told)
+    _offer_flat_breach(feed, am.HEADROOM_CDU_TIME_TO_BREACH_P50_S, "cdu", names, cap_m - heat_m)
+    rows = feed.rows
+    _, need_m = chain.loop_paths(cdus, _now(d, feed, heat_s), cool.supply[rows], flow_m)
+    told = (fresh["supply_temp_c"] & fresh["flow_lpm"] & np.ones(heat_s.shape, bool))[rows]
     _offer_now_and_flat(
         feed,
         am.HEADROOM_CDU_FLOW_LPM_TO_LIMIT,
         am.HEADROOM_CDU_FLOW_TIME_TO_BREACH_P50_S,
         "cdu",
         names,
-        cool.flow - need,
+        np.where(told, flow_m - need_m, np.nan),
     )
     _offer_now_and_flat(
         feed,
@@ -636,7 +645,7 @@ def _cdus(d: Recording, cool: _Cooling, rack_s: np.ndarray, new, judge: Judge, f
         am.HEADROOM_LOOP_TIME_TO_BREACH_P50_S,
         "cdu",
         names,
-        ret_limit[None, :] - ret_told,
+        ret_limit[None, :] - ret_told[feed.rows],  # the reading at the minute, as live
     )
     return {"heat": heat_s, "cap": cap_s, "ret": ret_s, "ret_limit": ret_limit}
 
@@ -685,20 +694,27 @@ def _links(
         am.HEADROOM_LINK_TIME_TO_BREACH_P50_S,
         "link",
         names,
-        cap - busy_s,
+        cap[feed.rows] - _now(d, feed, busy_s),
     )
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.fmax.reduce(busy_s / np.where(cap > 0, cap, np.nan), axis=1)
 
 
+def _now(d: Recording, feed: AlertFeed, x: np.ndarray) -> np.ndarray:
+    """(M, N) at each evaluation minute, the mean of ``x`` (T, N) over the live pass's "now"
+    window up to it (``breach.minute_means``): the live headroom's "now" of a current, a
+    power, a heat, a flow or a traffic is that mean, not the sample."""
+    return breach.minute_means(x, feed.rows, d.dt_s)
+
+
 def _offer_flat_breach(
     feed: AlertFeed, metric: str, kind: str, ids: list[str], headroom: np.ndarray
 ) -> None:
-    """Time to breach under a flat (persistence) p50 path: 0 when breached now, else twice the
-    horizon (no breach forecast); no observation where the headroom is unknown."""
+    """Time to breach under a flat (persistence) p50 path from the headroom now (M, N): 0 when
+    breached now, else twice the horizon (no breach forecast); none where it is unknown."""
     if not feed.wants(metric, kind):
         return
-    h = np.asarray(headroom, dtype=float)[feed.rows]
+    h = np.asarray(headroom, dtype=float)
     b = breach.beyond_horizon(breach.flat_breach_in_s(h))
     feed.offer_series(metric, kind, ids, np.where(np.isfinite(h), b, np.nan))
 
@@ -706,8 +722,9 @@ def _offer_flat_breach(
 def _offer_now_and_flat(
     feed: AlertFeed, now_metric: str, breach_metric: str, kind: str, ids, headroom: np.ndarray
 ) -> None:
-    """A limit's headroom now and its time to breach under a flat (persistence) p50 path."""
-    feed.offer(now_metric, kind, ids, headroom)
+    """A limit's headroom now (M, N) and its time to breach under a flat p50 path."""
+    if feed.wants(now_metric, kind):
+        feed.offer_series(now_metric, kind, ids, headroom)
     _offer_flat_breach(feed, breach_metric, kind, ids, headroom)
 
 
