@@ -8,7 +8,11 @@ minute at once (vectorized over minutes and entities), each from the data up to 
   until the store holds a day of node power, :data:`twin.forecast.forecast.MIN_RATIO_HISTORY_S`,
   so on the demo day's recording it is what the live service would have used too): the p50
   load is the present load, the p90 the last hour's 90th percentile of the rack's power over
-  its present power (at least 1);
+  its present power (at least 1). The rule is the live one (``chain.p90_load_ratio``); its
+  input is not quite: live takes a rack's IT load (its nodes' input power, its PDUs' where
+  they report none) as one sample a minute, a replay its PDUs' power as minute means (a
+  recording has no node power). They agree on the simulator; on a site they differ by the
+  PSUs' losses;
 - PDU phases and breakers: the present current plus the trend the rack load does not explain,
   fitted by the live headroom's own :func:`twin.chain.trend.unexplained_trend` over the same
   :data:`twin.chain.trend.TREND_WINDOW_S`; the p50 path is ``current + slope * t``. Under
