@@ -304,22 +304,18 @@ def _load(
         "pdu", w_start, end, quantities=["power_w", "current_a", "power_factor", "inlet_temp_c"]
     )
     link = reader.load("link", w_start, end, quantities=["tx_bps", "rx_bps"])
-    k_now = pdu_hist.tail(NOW_WINDOW_S).n_steps  # the rows of "now" on the hour's grid
+    k_now = max(1, round(NOW_WINDOW_S / pdu_hist.step_s))  # the rows of "now" on the hour's grid
 
     # ---- rack input power: sum of the rack's PDU units (feeds)
     racks = site.racks
     feeds_w = pdu_hist.values["power_w"]
     r_pdus = [r.pdus for r in racks]
-    rack_hist = chain.rack_feed_power_w(feeds_w, _columns(pdu_hist.ids, r_pdus))
+    rack_hist = chain.rack_feed_power_w(feeds_w, pdu_hist.ids, r_pdus)
     # "now" is the last minute: a PDU that stopped reporting has no present power (its hour
     # of history still shapes the persistence p90 and the phase trend); a rack with a feed
     # that has no power now has no load now (the reporting feeds' sum is not its load)
-    feed_now = _mean(pdu_now.values["power_w"])
-    rack_now = chain.rack_feed_power_w(feed_now[None, :], _columns(pdu_now.ids, r_pdus))[0]
-    told = dict(zip(pdu_now.ids, np.isfinite(feed_now), strict=True))
-    for r_i, r in enumerate(racks):
-        if not all(told.get(pdu, False) for pdu in r.pdus):
-            rack_now[r_i] = np.nan
+    feed_now = _mean(pdu_now.values["power_w"])[None, :]
+    rack_now = chain.rack_feed_power_w(feed_now, pdu_now.ids, r_pdus, every_feed=True)[0]
     # the IT load of each rack (sum of its nodes' input power), the load the forecast and the
     # ratio paths describe; a rack without node power falls back on its PDUs
     node_hist = reader.load(
@@ -359,12 +355,6 @@ def _load(
         store, site, idx, n, step_s, basis, r50, r90, gpu, cdu, node, pdu_hist, pdu_now, link,
         rack_now, rack_w_now, it_now, it_hist, cp,
     )  # fmt: skip
-
-
-def _columns(ids: list[str], groups: list[list[str]]) -> list[list[int]]:
-    """Each group's positions in ``ids`` (ids not there left out)."""
-    pos = {x: i for i, x in enumerate(ids)}
-    return [[pos[x] for x in g if x in pos] for g in groups]
 
 
 def _racks_rows(p: _Pass) -> None:

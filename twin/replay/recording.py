@@ -222,16 +222,12 @@ def load(bundle: Bundle) -> Recording:
     # a node without inlet readings: its rack's PDU's, as the live reference takes it
     nodes = [nd.name for nd in site.nodes]
     inlet = node_inlet_c(idx, nodes, node["inlet_temp_c"], pdu_names, pdu["inlet_temp_c"])
-    pos = {p: i for i, p in enumerate(pdu_names)}
-    rack_in = rack_feed_power_w(pdu_w, [[pos[p] for p in r.pdus if p in pos] for r in site.racks])
-    silent = np.isnan(pdu_w).all(axis=0)  # a feed that never reported: its rack's load unknown
-    feed_fresh = fresh(pdu["power_w"], dt)
-    rack_fresh = np.ones((n, len(site.racks)), bool)  # every feed with a fresh reading
-    for r_i, r in enumerate(site.racks):
-        if any(p not in pos or silent[pos[p]] for p in r.pdus):
-            rack_in[:, r_i] = np.nan
-        for p in r.pdus:
-            rack_fresh[:, r_i] &= feed_fresh[:, pos[p]] if p in pos else False
+    # a rack with a feed that never reported has no known load (gaps are held, so only such a
+    # feed is NaN); its load is fresh where every feed is
+    r_pdus = [r.pdus for r in site.racks]
+    rack_in = rack_feed_power_w(pdu_w, pdu_names, r_pdus, every_feed=True)
+    feed_fresh = np.where(fresh(pdu["power_w"], dt), 0.0, np.nan)
+    rack_fresh = np.isfinite(rack_feed_power_w(feed_fresh, pdu_names, r_pdus, every_feed=True))
     told = {f"cdu.{q}": fresh(v, dt) for q, v in cdu.items()}
     told |= {"phase.current_a": fresh(cur, dt), "link.busy": fresh(link_raw, dt)}
     told["rack.power"] = rack_fresh

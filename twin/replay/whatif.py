@@ -524,7 +524,7 @@ def _electrical(d: Recording, changes, rack_s, new, judge: Judge, feed) -> dict[
                 cols.append(per[:, None])
                 lims.append(float(derated_a(p.rated_current_a)))
     # a phase's headroom needs a fresh current reading, as live (the held one feeds the rest)
-    cols[0] = np.where(d.fresh.get("phase.current_a", True), cur, np.nan)
+    cols[0] = np.where(d.fresh["phase.current_a"], cur, np.nan)
     all_cur = np.column_stack(cols) if len(cols) > 1 else cols[0]
     lim = np.array(lims, dtype=float)
     if ids:
@@ -544,7 +544,7 @@ def _electrical(d: Recording, changes, rack_s, new, judge: Judge, feed) -> dict[
     has = np.isfinite(capa)
     rack_ids = [x for x, h in zip(names, has, strict=True) if h]
     # a rack whose feeds do not all report has no kW headroom, as live (its load is unknown)
-    told = np.isfinite(d.rack_in_w).any(axis=0)[None, :] & d.fresh.get("rack.power", True)
+    told = d.fresh["rack.power"]  # every feed fresh (a silent one never is)
     told = np.column_stack([told, np.ones((d.n, len(new)), bool)]) if new else told
     kw = np.where(told, rack_all, np.nan)[:, has] / 1e3
     judge.add("rack", rack_ids, "kW", kw, capa[has])
@@ -570,7 +570,7 @@ def _cdus(d: Recording, cool: _Cooling, rack_s: np.ndarray, new, judge: Judge, f
     # a CDU without a fresh heat reading: its racks' modelled heat carries its flow and return
     # (as the live pass takes it), and its capacity headroom is unknown
     heat = d.cdu["heat_kw"]
-    told = d.fresh.get("cdu.heat_kw", np.isfinite(heat))
+    told = d.fresh["cdu.heat_kw"]
     if not told.all():
         modelled = chain.rack_heat_kw(base_in, d.params.rack_capture[None, :])[0]
         on_cdu = (idx.rack_cdu[:, None] == np.arange(len(cdus))[None, :]).astype(float)
@@ -602,7 +602,7 @@ def _cdus(d: Recording, cool: _Cooling, rack_s: np.ndarray, new, judge: Judge, f
     cap_s = chain.cdu_capacity_kw(rated[None, :], cool.flow, max_flow[None, :])
     # a headroom figure needs its readings fresh (d.fresh), as live: capacity the heat and the
     # flow, the flow needed the supply and the flow, the return its own
-    fresh = {q: d.fresh.get(f"cdu.{q}", True) for q in ("heat_kw", "flow_lpm", "supply_temp_c")}
+    fresh = {q: d.fresh[f"cdu.{q}"] for q in ("heat_kw", "flow_lpm", "supply_temp_c")}
     heat_told = np.where(fresh["heat_kw"] & fresh["flow_lpm"], heat_s, np.nan)
     judge.add("cdu_heat", names, "kW", heat_told, cap_s)
     # now (as live): the means of the last minute's heat and flow, the supply at the minute
@@ -622,7 +622,7 @@ def _cdus(d: Recording, cool: _Cooling, rack_s: np.ndarray, new, judge: Judge, f
     # unknown); one without a return reading has no return headroom, as live
     change = ret_model - ret_base
     ret_s = d.cdu["return_temp_c"] + np.where(np.isfinite(change), change, 0.0)
-    ret_told = np.where(d.fresh.get("cdu.return_temp_c", True), ret_s, np.nan)
+    ret_told = np.where(d.fresh["cdu.return_temp_c"], ret_s, np.nan)
     need = np.where(fresh["supply_temp_c"] & fresh["flow_lpm"], need, np.nan)
     judge.add("cdu_flow", names, "L/min", need, cool.flow)
     ret_limit = np.array([c.return_limit_c for c in cdus], float)
@@ -630,7 +630,7 @@ def _cdus(d: Recording, cool: _Cooling, rack_s: np.ndarray, new, judge: Judge, f
     _offer_flat_breach(feed, am.HEADROOM_CDU_TIME_TO_BREACH_P50_S, "cdu", names, cap_m - heat_m)
     rows = feed.rows
     _, need_m = chain.loop_paths(cdus, _now(d, feed, heat_s), cool.supply[rows], flow_m)
-    told = (fresh["supply_temp_c"] & fresh["flow_lpm"] & np.ones(heat_s.shape, bool))[rows]
+    told = (fresh["supply_temp_c"] & fresh["flow_lpm"])[rows]
     _offer_now_and_flat(
         feed,
         am.HEADROOM_CDU_FLOW_LPM_TO_LIMIT,
@@ -686,7 +686,7 @@ def _links(
         else:
             notes.append(f"link {c.link} failed with no parallel path")
             cap[:, j] = np.where(on, 0.0, cap[:, j])
-    busy_s = np.where(d.fresh.get("link.busy", True), busy_s, np.nan)  # fresh only, as live
+    busy_s = np.where(d.fresh["link.busy"], busy_s, np.nan)  # fresh only, as live
     judge.add("link", names, "Gb/s", busy_s, cap)
     _offer_now_and_flat(
         feed,

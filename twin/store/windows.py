@@ -67,13 +67,6 @@ class Window:
             out[q] = sel
         return Window(self.kind, self.start, self.step_s, list(ids), out)
 
-    def tail(self, seconds: float) -> Window:
-        """The last ``seconds`` of the window (at least its last step)."""
-        k = max(1, round(seconds / self.step_s))
-        start = self.start + timedelta(seconds=max(self.n_steps - k, 0) * self.step_s)
-        values = {q: a[-k:] for q, a in self.values.items()}
-        return Window(self.kind, start, self.step_s, self.ids, values)
-
 
 def load_max(
     store: Store, kind: str, start: datetime, end: datetime, quantity: str, ids: list[str]
