@@ -16,7 +16,7 @@ import pytest
 
 from twin.alerts import AlertEngine, Observation, Topology, load_rules
 from twin.alerts.metrics import METRICS
-from twin.replay import breach
+from twin.chain import breach
 from twin.site import load_site
 
 from .helpers import REPO, SMALL_SITE
@@ -494,7 +494,7 @@ def test_minute_means_are_the_trailing_window_means_with_or_without_gaps() -> No
     """The live "now" value per evaluation row: the mean of the finite samples of the last
     NOW_WINDOW_S up to it (NaN where none); a column's figures do not depend on whether another
     column has gaps."""
-    from twin.headroom import NOW_WINDOW_S
+    from twin.chain.breach import NOW_WINDOW_S
 
     rng = np.random.default_rng(3)
     dt = 10.0
@@ -547,7 +547,6 @@ def test_the_replay_forecasts_a_gpu_as_the_live_headroom_does() -> None:
     ratio scales their activity on the calibrated curve in both (not their power), one breaches
     now, one never, the rest within the hour or past it."""
     from models import thermal_watch as tw
-    from twin import headroom
     from twin.chain import propagate, resolve
     from twin.site.index import index_site
 
@@ -570,10 +569,10 @@ def test_the_replay_forecasts_a_gpu_as_the_live_headroom_does() -> None:
 
     # live: the stepped p90 path of twin.headroom from the last minute's values
     bias = tw.model_bias_k(temp, power, np.zeros(g), ref + gp.offset_k, r, gp.c_j_per_k)
-    path = headroom._gpu_path(
+    path = breach.gpu_temp_path(
         temp, ref, power, act, bias, np.tile(ratio, (61, 1)), cap, r, gp, 60.0
     )
-    live = headroom._breach_in_s(gp.max_temp_c[None, :] - path, 60.0)
+    live = breach.breach_in_s(gp.max_temp_c[None, :] - path, 60.0)
 
     # replay: two minutes of the same constant values at 10 s, judged at the last row
     def series(v: np.ndarray) -> np.ndarray:

@@ -28,11 +28,11 @@ from twin.alerts.metrics import (
     MODEL_METRICS,
 )
 from twin.calibrate.calibrate import calibrate, save_run
+from twin.chain import breach
 from twin.cli import app
 from twin.detect import detect, observations
 from twin.headroom import compute_headroom
 from twin.ingest import Ingester, IngestLimits
-from twin.replay import breach
 from twin.replay.alert_feed import AlertFeed
 from twin.replay.bundle import Bundle, record
 from twin.replay.replay import replay

@@ -16,7 +16,8 @@ value as the p90 path (``basis`` says which). The physics then carries it, devic
   temperature = the present temperature plus the calibrated RC model's change
   (``twin.chain.gpu_temperatures``, with the thermal controller) over the present coolant
   supply (or inlet air), with the GPU's fitted R, C and coolant offset (catalog R and tau where
-  no usable fit exists yet); the model's level error now is taken out (``_model_bias_k``).
+  no usable fit exists yet); the model's level error now is taken out; the path is
+  ``twin.chain.breach.gpu_temp_path``, whose closed form a replay takes under persistence.
 - PDU phase / breaker: present current x the load ratio of the racks it feeds, plus the
   recent linear trend of the current that the rack load does not explain (load creeping onto
   a phase); the p90 path adds 1.28 standard errors of that slope.
@@ -43,9 +44,17 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel
 
-from models import thermal_watch as tw
-from twin.chain import gpu_temperatures, phase_table, rack_capacity_kw, resolve
+from twin.chain import phase_table, rack_capacity_kw, resolve
 from twin.chain import propagate as chain
+from twin.chain.breach import (
+    NOW_WINDOW_S,
+    PERSISTENCE_WINDOW_S,
+    Z90,
+    breach_in_s,
+    gpu_temp_path,
+    last_minute_bias_k,
+    p90_ratio,
+)
 from twin.chain.params import history_capped_r
 from twin.chain.trend import TREND_WINDOW_S, unexplained_trend
 from twin.coverage import newest_sample
@@ -56,13 +65,6 @@ from twin.store import Store
 from twin.store.windows import Window, WindowReader, last_valid
 
 log = logging.getLogger(__name__)
-
-#: z of the one-sided 90 % quantile of a normal distribution.
-Z90 = 1.2816
-#: Seconds averaged for "now" values (currents, power, flow) to take out sensor noise.
-NOW_WINDOW_S = 60.0
-#: Window of the persistence p90. [s]
-PERSISTENCE_WINDOW_S = 3600.0
 
 Kind = Literal["gpu", "pdu_phase", "rack", "cdu", "loop", "link"]
 
@@ -101,14 +103,6 @@ def _f(x: Any) -> float | None:
     return x if math.isfinite(x) else None
 
 
-def _breach_in_s(headroom: np.ndarray, step_s: float) -> np.ndarray:
-    """First time (s) each column's headroom path is <= 0; NaN when it never is."""
-    hit = headroom <= 0
-    first = np.argmax(hit, axis=0).astype(float)
-    first[~hit.any(axis=0)] = np.nan
-    return first * step_s
-
-
 def _nanmin0(a: np.ndarray) -> np.ndarray:
     with np.errstate(all="ignore"):
         out = np.fmin.reduce(a, axis=0)
@@ -124,18 +118,6 @@ def _mean(a: np.ndarray) -> np.ndarray:
 def _latest_params(store: Store) -> dict[tuple[str, str, str], float]:
     """(kind, id, param) -> value of the newest run's usable parameters (the store reads them)."""
     return store.latest_calibration_params()
-
-
-def _ratio_paths_persistence(
-    rack_hist_w: np.ndarray, rack_now_w: np.ndarray, n: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """p50 = the present load; p90 = the last hour's 90th percentile over the present."""
-    with np.errstate(all="ignore"), warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        q90 = np.nanquantile(rack_hist_w, 0.9, axis=0)
-    r90 = chain.p90_load_ratio(q90, rack_now_w)
-    p50 = np.ones((n, rack_hist_w.shape[1]))
-    return p50, np.broadcast_to(r90, (n, r90.size)).copy()
 
 
 def _forecast_ratio_paths(
@@ -198,7 +180,7 @@ class _Pass:
         h_now = sign * (limit - now_v)
         h50 = sign * (limit[None, :] - path50)
         h90 = sign * (limit[None, :] - path90)
-        b50, b90 = _breach_in_s(h50, self.step_s), _breach_in_s(h90, self.step_s)
+        b50, b90 = breach_in_s(h50, self.step_s), breach_in_s(h90, self.step_s)
         min50, min90 = _nanmin0(h50), _nanmin0(h90)
         for i, sid in enumerate(ids):
             if not math.isfinite(now_v[i]):
@@ -348,7 +330,9 @@ def _load(
     if paths is not None and paths[0].shape == (n, len(racks)):
         r50, r90, basis = paths
     else:
-        r50, r90 = _ratio_paths_persistence(it_hist, it_now, n)
+        # p50: the present load; p90: the last hour's 90th percentile over the present
+        r90_now = p90_ratio(it_hist, pdu_hist.step_s, last=True)
+        r50, r90 = np.ones((n, len(racks))), np.tile(r90_now, (n, 1))
         basis = "persistence"
     cp = resolve(site, idx, _latest_params(store))
     return _Pass(
@@ -430,10 +414,12 @@ def _gpus_rows(p: _Pass) -> None:
     flow_now = _mean(p.cdu.values["flow_lpm"])
     r_k = chain.gpu_r_k_per_w(r_fit, gpu_flow_ratio(idx, flow_ref, flow_now))
     cap = np.where(np.isfinite(plimit) & (plimit > 0), plimit, gp.limit_w)
-    bias = _model_bias_k(gpu, _mean(ref_grid) + gp.offset_k, r_k, gp.c_j_per_k)
+    t_w, p_w = gpu.values["temp_c"], gpu.values["power_w"]
+    ref_c = _mean(ref_grid) + gp.offset_k
+    bias = last_minute_bias_k(t_w, p_w, gpu.step_s, ref_c, r_k, gp.c_j_per_k)
     now = (temp_now, ref_now, power_now, act_now, bias)
-    t50 = _gpu_path(*now, p.r50[:, idx.gpu_rack], cap, r_k, gp, p.step_s, from_util=no_sm)
-    t90 = _gpu_path(*now, p.r90[:, idx.gpu_rack], cap, r_k, gp, p.step_s, from_util=no_sm)
+    t50 = gpu_temp_path(*now, p.r50[:, idx.gpu_rack], cap, r_k, gp, p.step_s, from_util=no_sm)
+    t90 = gpu_temp_path(*now, p.r90[:, idx.gpu_rack], cap, r_k, gp, p.step_s, from_util=no_sm)
     p.emit(
         "gpu",
         idx.gpu_ids,
@@ -507,59 +493,3 @@ def _links_rows(p: _Pass) -> None:
         l90[:, j] = busy[j] * (p.r90[:, ri] if ri is not None else site90)
     capacity = np.array([lk.capacity_gbps for lk in site.links], float)
     p.emit("link", names, "traffic_gbps", "Gb/s", capacity, busy, l50, l90)
-
-
-def _model_bias_k(gpu: Window, ref_c: np.ndarray, r_k: np.ndarray, c: np.ndarray) -> np.ndarray:
-    """(G,) the model's level error over the last minute (``models.thermal_watch.model_bias_k``
-    on the window's minute aggregates); ``ref_c`` includes the offset."""
-    t_m, p_m, slope = tw.minute_aggregates(gpu.values["temp_c"], gpu.values["power_w"], gpu.step_s)
-    if not t_m.shape[0]:
-        return np.zeros(len(gpu.ids))
-    return tw.model_bias_k(t_m[-1], p_m[-1], slope[-1], ref_c, r_k, c)
-
-
-def _gpu_path(
-    temp_now: np.ndarray,
-    ref_now: np.ndarray,
-    power_now: np.ndarray,
-    act_now: np.ndarray,
-    bias_k: np.ndarray,
-    ratio: np.ndarray,
-    cap_w: np.ndarray,
-    r_k: np.ndarray,
-    gp: Any,
-    step_s: float,
-    from_util: np.ndarray | None = None,
-) -> np.ndarray:
-    """(n, G) temperature path of every GPU for a load-ratio path of its rack.
-
-    The rack's load ratio scales each GPU's activity; power follows the calibrated curve
-    (measured power plus the curve's change: ``twin.chain.propagate.gpu_power_at_ratio_w``, the
-    step a replay's forecast takes too) and the temperature the RC model with the thermal
-    controller (``twin.chain.gpu_temperatures``).
-    A GPU without activity telemetry scales its power with the ratio instead; ``from_util``
-    marks the GPUs whose activity is GPU-Util (their curve may be a util-only one).
-
-    The path is the model's plus its bias now (``bias_k``, :func:`_model_bias_k`), as the
-    what-if's is the recording plus the model's change: the model's level error is not headroom
-    (a seeded or stale R that puts a healthy GPU's steady state 30 K over what it measures must
-    not forecast its slowdown), while its response to the load path and its transients are.
-    The controller holds the model at the max operating temperature less the bias.
-    """
-    n, g = ratio.shape
-    p = chain.gpu_power_at_ratio_w(
-        power_now[None, :], act_now[None, :], ratio, gp, cap_w[None, :], from_util=from_util
-    )
-    ref = np.broadcast_to(np.nan_to_num(ref_now) + gp.offset_k, (n, g))
-    res = gpu_temperatures(
-        np.where(np.isfinite(temp_now), temp_now, ref_now) - bias_k,
-        ref,
-        p,
-        np.broadcast_to(r_k, (n, g)),
-        gp.c_j_per_k,
-        step_s,
-        idle_w=gp.idle_w,
-        max_temp_c=gp.max_temp_c - bias_k,
-    )
-    # the path starts at the measured temperature; a GPU with no reference is unknown
-    return np.where(np.isfinite(ref_now)[None, :], res.temp_c + bias_k[None, :], np.nan)

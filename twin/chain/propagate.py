@@ -70,7 +70,7 @@ def gpu_power_at_ratio_w(
     cap. A GPU without activity telemetry (NaN) scales its power with the ratio instead.
 
     The one load-to-power step of the GPU temperature forecast, live (``twin.headroom``, a
-    ratio path from now) and in a replay (``twin.replay.breach``, every minute's p90 ratio)."""
+    ratio path from now) and in a replay (``twin.chain.breach``, every minute's p90 ratio)."""
     known = np.isfinite(activity)
     act = np.where(known, activity, 0.0)
     p_now = np.nan_to_num(power_w)

@@ -2,7 +2,7 @@
 
 The replay offers every metric the live detector (:func:`twin.detect.observations`) emits that
 a rule watches: the headroom now of every limit, its time-to-breach forecast
-(:mod:`twin.replay.breach`, computed per minute from the data up to it), running pumps, and
+(:mod:`twin.chain.breach`, computed per minute from the data up to it), running pumps, and
 the residuals and drift :mod:`twin.replay.hotspot_feed` computes. The same
 :class:`twin.alerts.AlertEngine` evaluates them minute by
 minute, so the pages listed are the pages the service would have sent.

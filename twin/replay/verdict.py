@@ -17,10 +17,9 @@ from datetime import datetime
 import numpy as np
 from pydantic import BaseModel, Field
 
+from twin.chain.breach import NOW_WINDOW_S
 from twin.replay.result import ComponentChange, ComponentResult, Kind, KindSummary
 
-#: Seconds averaged for the end-of-recording value, as live headroom averages "now".
-NOW_WINDOW_S = 60.0
 #: Relative noise a scenario's change must exceed to count at all (float32 sums).
 EPS = 1e-4
 

@@ -22,7 +22,7 @@ calibration's residual error cancels and a neutral scenario reproduces the recor
 
 The verdict is relative to the recording (``twin.replay.verdict``). With a rule file, every
 metric a rule watches is offered to :class:`twin.replay.alert_feed.AlertFeed` (headroom now,
-time-to-breach forecasts per minute from :mod:`twin.replay.breach`, pumps, and the residuals and
+time-to-breach forecasts per minute from :mod:`twin.chain.breach`, pumps, and the residuals and
 drift of :mod:`twin.replay.hotspot_feed`) and the live service's engine evaluates them
 minute by minute.
 """
@@ -39,10 +39,10 @@ import numpy as np
 from collectors.contract import phase_id, sub_id
 from models.gpu_thermal import rc_simulate
 from twin.alerts import metrics as am
-from twin.chain import gpu_temperatures, rack_capacity_kw
+from twin.chain import breach, gpu_temperatures, rack_capacity_kw
 from twin.chain import propagate as chain
 from twin.chain.thermal import ThermalResult
-from twin.replay import breach, hotspot_feed
+from twin.replay import hotspot_feed
 from twin.replay.alert_feed import (
     M_CDU_FREE,
     M_GPU_K,

@@ -1,36 +1,39 @@
-"""Time-to-breach forecasts over a replay, one per evaluation minute, from the data up to it.
+"""Time to breach of every limit, from a frame's "now" and a load path: the live headroom's
+forecasts (``twin.headroom``, one "now" and a path over the horizon) and a replay's
+(``twin.replay.whatif``, every evaluation minute at once, each from the data up to it) run these
+functions, so the alert benchmark measures what the service pages.
 
-The live service forecasts each limit in :func:`twin.headroom.compute_headroom` from the store;
-a replay has no store, so this module computes the same figures from the what-if arrays, every
-minute at once (vectorized over minutes and entities), each from the data up to that minute only:
+A frame is (T, N) arrays of one quantity per device on the site index, on a regular step;
+"now" at a row is the mean of the samples of the last :data:`NOW_WINDOW_S` up to and including
+it (:func:`minute_means`), as the live pass reads it.
 
-- load: the live headroom's persistence basis (``twin.headroom``: what the live service uses
-  until the store holds a day of node power, :data:`twin.forecast.forecast.MIN_RATIO_HISTORY_S`,
-  so on the demo day's recording it is what the live service would have used too): the p50
-  load is the present load, the p90 the last hour's 90th percentile of the rack's power over
-  its present power (at least 1). The rule is the live one (``chain.p90_load_ratio``); its
-  input is not quite: live takes a rack's IT load (its nodes' input power, its PDUs' where
-  they report none) as one sample a minute, a replay its PDUs' power as minute means (a
-  recording has no node power). They agree on the simulator; on a site they differ by the
-  PSUs' losses;
-- PDU phases and breakers: the present current plus the trend the rack load does not explain,
-  fitted by the live headroom's own :func:`twin.chain.trend.unexplained_trend` over the same
-  :data:`twin.chain.trend.TREND_WINDOW_S`; the p50 path is ``current + slope * t``. Under
-  persistence a checkpoint dip is taken for the load to come, so the forecast clears for the
-  dip's minute, live as in replay: rules ride that out with the engine's ``keep_firing_for``;
-- GPUs (p90, :func:`gpu_p90_breach_in_s`): the RC model of the chain at the p90 power (the
-  present activity x the rack's p90 load ratio on the calibrated curve, within the enforced
-  cap, by the live path's own ``twin.chain.propagate.gpu_power_at_ratio_w``), from the
-  present temperature less the model's level error of the last minute
-  (``models.thermal_watch.model_bias_k``, as the live headroom takes it out), against the
-  limit less that error: the closed form of :func:`models.gpu_thermal.rc_simulate` for
-  constant inputs, which is exact on its steps;
+- load: the persistence basis (what the live service uses until the store holds a day of node
+  power, :data:`twin.forecast.forecast.MIN_RATIO_HISTORY_S`; on the demo day's recording it is
+  what the live service would have used too): the p50 load is the present load, the p90 the
+  last hour's 90th percentile of the rack's load over its present load (at least 1,
+  :func:`p90_ratio`). Its input differs between the two: live takes a rack's IT load (its
+  nodes' input power, its PDUs' where they report none) as one sample a minute, a replay its
+  PDUs' power as minute means (a recording has no node power). They agree on the simulator; on
+  a site they differ by the PSUs' losses;
+- PDU phases and breakers: the present current plus the trend the rack load does not explain
+  (:func:`twin.chain.trend.unexplained_trend` over :data:`twin.chain.trend.TREND_WINDOW_S`);
+  the p50 path is ``current + slope * t`` (:func:`trend_breach_in_s` for every minute of a
+  replay). Under persistence a checkpoint dip is taken for the load to come, so the forecast
+  clears for the dip's minute, live as in replay: rules ride that out with the engine's
+  ``keep_firing_for``;
+- GPUs: the RC model of the chain at the load path's power (the present activity x the rack's
+  load ratio on the calibrated curve, within the enforced cap,
+  ``twin.chain.propagate.gpu_power_at_ratio_w``), from the present temperature less the
+  model's level error of the last minute (``models.thermal_watch.model_bias_k``), against the
+  limit less that error: stepped with the thermal controller for any path
+  (:func:`gpu_temp_path`, live), in closed form for a constant p90 ratio
+  (:func:`gpu_p90_breach_in_s`, a replay's persistence), which is exact on its steps;
 - racks, CDU heat and flow, loop return, links: flat p50 paths under persistence, so the time to
   breach is 0 when the limit is breached now and "never" otherwise.
 
-A breach is reported as the first path step (of ``step_s``) where the headroom is <= 0, as
-:func:`twin.headroom._breach_in_s` does; NaN when there is none within the horizon (the caller
-reports twice the horizon, labelled ``beyond_horizon``, as :func:`twin.detect.observations`).
+A breach is reported as the first path step (of ``step_s``) where the headroom is <= 0
+(:func:`breach_in_s`); NaN when there is none within the horizon (an alert observation reports
+twice the horizon, :func:`beyond_horizon`, as :func:`twin.detect.observations`).
 """
 
 from __future__ import annotations
@@ -43,17 +46,23 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from models import thermal_watch as tw
 from twin.chain import propagate as chain
+from twin.chain.thermal import gpu_temperatures
 from twin.chain.trend import LEVEL_WINDOW_S, TREND_WINDOW_S, unexplained_trend
-from twin.headroom import NOW_WINDOW_S, PERSISTENCE_WINDOW_S
 
 __all__ = [
     "HORIZON_S",
+    "NOW_WINDOW_S",
+    "PERSISTENCE_WINDOW_S",
     "STEP_S",
+    "Z90",
     "GpuSeries",
     "beyond_horizon",
+    "breach_in_s",
     "flat_breach_in_s",
     "gpu_breach_in_s",
     "gpu_p90_breach_in_s",
+    "gpu_temp_path",
+    "last_minute_bias_k",
     "minute_means",
     "minute_slopes",
     "p90_ratio",
@@ -64,6 +73,12 @@ __all__ = [
 #: The live headroom's horizon and step (``dctwin serve``: twin.detect.DetectionScheduler). [s]
 HORIZON_S = 3600.0
 STEP_S = 60.0
+#: Seconds averaged for "now" values (currents, power, heat, flow, traffic) to take out noise.
+NOW_WINDOW_S = 60.0
+#: Window of the persistence p90 load. [s]
+PERSISTENCE_WINDOW_S = 3600.0
+#: z of the one-sided 90 % quantile of a normal distribution.
+Z90 = 1.2816
 
 
 def minute_means(x: np.ndarray, rows: np.ndarray, dt_s: float) -> np.ndarray:
@@ -139,10 +154,19 @@ def beyond_horizon(b: np.ndarray, horizon_s: float = HORIZON_S) -> np.ndarray:
     return np.where(np.isfinite(b), b, 2.0 * horizon_s)
 
 
+def breach_in_s(headroom: np.ndarray, step_s: float) -> np.ndarray:
+    """First time (s) each column's headroom path (axis 0: the path's steps of ``step_s``, the
+    first is now) is <= 0; NaN when it never is (or is unknown)."""
+    hit = headroom <= 0
+    first = np.argmax(hit, axis=0).astype(float)
+    first[~hit.any(axis=0)] = np.nan
+    return first * step_s
+
+
 def flat_breach_in_s(headroom: np.ndarray) -> np.ndarray:
     """A flat path: breached now (0) or never within the horizon (NaN); NaN stays unknown."""
     with np.errstate(invalid="ignore"):
-        return np.where(headroom <= 0, 0.0, np.nan)
+        return breach_in_s(np.asarray(headroom)[None], STEP_S)
 
 
 def _first_step(headroom: np.ndarray, rate: np.ndarray, horizon_s: float, step_s: float):
@@ -194,14 +218,19 @@ def trend_breach_in_s(
     return _first_step(headroom, slope.reshape(m, p), horizon_s, step_s)
 
 
-def p90_ratio(rack_w: np.ndarray, step_s: float = STEP_S) -> np.ndarray:
-    """(M, R): per minute, the last hour's 90th percentile of each rack's power over its present
-    power, at least 1 (1 where unknown): the live headroom's persistence p90 load ratio.
+def p90_ratio(rack_w: np.ndarray, step_s: float = STEP_S, *, last: bool = False) -> np.ndarray:
+    """(M, R): per row, the last hour's 90th percentile of each rack's load over its present
+    load (the row's), at least 1 (1 where unknown): the persistence basis's p90 load ratio.
+    ``last``: the last row's only, (R,) (the live headroom's "now").
 
     The quantile is numpy's default (linear) over the finite values of each window, as
     ``np.nanquantile`` gives, from one sort of every window at once.
     """
+    rack_w = np.asarray(rack_w, dtype=float)
     k = max(1, round(PERSISTENCE_WINDOW_S / step_s))
+    if last:
+        q90 = _sorted_quantile(np.sort(rack_w[-k:], axis=0), 0.9, axis=0)
+        return chain.p90_load_ratio(q90, rack_w[-1])
     q90 = _sorted_quantile(np.sort(_windows(rack_w, k), axis=0), 0.9, axis=0)  # (k, M, R)
     return chain.p90_load_ratio(q90, rack_w)
 
@@ -280,3 +309,67 @@ def gpu_p90_breach_in_s(
         t_now - bias, ref_now, p90, r_k_per_w, c, limit, horizon_s=horizon_s, step_s=step_s
     )
     return np.where(np.isfinite(t_now), beyond_horizon(b, horizon_s), np.nan)
+
+
+def last_minute_bias_k(
+    temp_c: np.ndarray,
+    power_w: np.ndarray,
+    dt_s: float,
+    ref_c: np.ndarray,
+    r_k: np.ndarray,
+    c: np.ndarray,
+) -> np.ndarray:
+    """(G,) the model's level error over the last minute of a frame's samples (``temp_c``,
+    ``power_w``: (T, G) at ``dt_s``; ``models.thermal_watch.model_bias_k`` on their minute
+    aggregates); ``ref_c`` includes the offset. 0 where the frame holds no whole minute."""
+    t_m, p_m, slope = tw.minute_aggregates(temp_c, power_w, dt_s)
+    if not t_m.shape[0]:
+        return np.zeros(temp_c.shape[1])
+    return tw.model_bias_k(t_m[-1], p_m[-1], slope[-1], ref_c, r_k, c)
+
+
+def gpu_temp_path(
+    temp_now: np.ndarray,
+    ref_now: np.ndarray,
+    power_now: np.ndarray,
+    act_now: np.ndarray,
+    bias_k: np.ndarray,
+    ratio: np.ndarray,
+    cap_w: np.ndarray,
+    r_k: np.ndarray,
+    gp: Any,
+    step_s: float,
+    from_util: np.ndarray | None = None,
+) -> np.ndarray:
+    """(n, G) temperature path of every GPU for a load-ratio path (n, G) of its rack.
+
+    The rack's load ratio scales each GPU's activity; power follows the calibrated curve
+    (measured power plus the curve's change: ``twin.chain.propagate.gpu_power_at_ratio_w``, the
+    step :func:`gpu_p90_breach_in_s` takes too) and the temperature the RC model with the
+    thermal controller (``twin.chain.gpu_temperatures``).
+    A GPU without activity telemetry scales its power with the ratio instead; ``from_util``
+    marks the GPUs whose activity is GPU-Util (their curve may be a util-only one).
+
+    The path is the model's plus its bias now (``bias_k``, :func:`last_minute_bias_k`), as the
+    what-if's is the recording plus the model's change: the model's level error is not headroom
+    (a seeded or stale R that puts a healthy GPU's steady state 30 K over what it measures must
+    not forecast its slowdown), while its response to the load path and its transients are.
+    The controller holds the model at the max operating temperature less the bias.
+    """
+    n, g = ratio.shape
+    p = chain.gpu_power_at_ratio_w(
+        power_now[None, :], act_now[None, :], ratio, gp, cap_w[None, :], from_util=from_util
+    )
+    ref = np.broadcast_to(np.nan_to_num(ref_now) + gp.offset_k, (n, g))
+    res = gpu_temperatures(
+        np.where(np.isfinite(temp_now), temp_now, ref_now) - bias_k,
+        ref,
+        p,
+        np.broadcast_to(r_k, (n, g)),
+        gp.c_j_per_k,
+        step_s,
+        idle_w=gp.idle_w,
+        max_temp_c=gp.max_temp_c - bias_k,
+    )
+    # the path starts at the measured temperature; a GPU with no reference is unknown
+    return np.where(np.isfinite(ref_now)[None, :], res.temp_c + bias_k[None, :], np.nan)
