@@ -401,9 +401,6 @@ def _gpus_rows(p: _Pass) -> None:
         plimit = np.fmax.reduce(gpu.values["power_limit_w"], axis=0)
     ref_grid = gpu_reference(idx, p.cdu, p.node, p.pdu_now)
     ref_now = last_valid(ref_grid)
-    flow_ref = {
-        c: v for c, v in zip(idx.cdu_names, p.cp.cdu_flow_ref_lpm, strict=True) if np.isfinite(v)
-    }
     # a fitted R is capped by the GPU's fit history (twin.chain.params.history_capped_r): a fit
     # learned while a cold plate was fouled must not forecast a slowdown after it healed
     hist = p.store.calibration_param_medians("gpu", "r_k_per_w")
@@ -412,7 +409,7 @@ def _gpus_rows(p: _Pass) -> None:
     r_gpu = np.asarray(gp.r_k_per_w, float)
     r_fit = np.where(fitted, history_capped_r(r_gpu, r_hist), gp.r_k_per_w)
     flow_now = _mean(p.cdu.values["flow_lpm"])
-    r_k = chain.gpu_r_k_per_w(r_fit, gpu_flow_ratio(idx, flow_ref, flow_now))
+    r_k = chain.gpu_r_k_per_w(r_fit, gpu_flow_ratio(idx, p.cp.cdu_flow_ref_lpm, flow_now))
     cap = np.where(np.isfinite(plimit) & (plimit > 0), plimit, gp.limit_w)
     t_w, p_w = gpu.values["temp_c"], gpu.values["power_w"]
     ref_c = _mean(ref_grid) + gp.offset_k

@@ -382,8 +382,7 @@ def _watch(
     )
     flow_ref = {i_: v for (i_, p), v in params.items() if p == "flow_ref_lpm"}
     flow = cdu.values["flow_lpm"]
-    ratio = np.stack([gpu_flow_ratio(idx, flow_ref, flow[k]) for k in range(n_min)])
-    factor = gpu_thermal.r_at_flow_k_per_w(1.0, ratio)
+    factor = gpu_thermal.r_at_flow_k_per_w(1.0, gpu_flow_ratio(idx, flow_ref, flow))
     factor = np.where((idx.gpu_cdu >= 0)[None, :], factor, 1.0)
     w = tw.watch(
         t_m,

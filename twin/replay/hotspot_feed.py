@@ -45,6 +45,7 @@ from twin.hotspots import (
     gpu_groups,
 )
 from twin.replay.recording import Recording
+from twin.site.index import gpu_flow_ratio
 from twin.store.windows import hold_fill
 
 #: str.format spec of each label (K and °C to 0.1, R to 0.1 mK/W).
@@ -166,15 +167,9 @@ def hotspot_series(
             if told is not None:
                 minute[~told[ends]] = np.nan
         liq = liquid[sl]
-        if idx.cdu_names:
-            sup = sup_c[:, own[sl]]
-            ratio = fl_c[:, own[sl]] / np.maximum(ref_flow[own[sl]], 1e-9)[None, :]
-            ratio = np.where(np.isfinite(ratio), ratio, 1.0)
-        else:
-            sup = np.full((mm, sl.stop - lo), np.nan)
-            ratio = np.ones_like(sup)
         inlet = inlet_n[:, node_col[sl]]
-        ref = np.where(liq[None, :], sup, inlet)
+        ref = np.where(liq[None, :], sup_c[:, own[sl]], inlet) if idx.cdu_names else inlet
+        ratio = gpu_flow_ratio(idx, ref_flow, fl_c, sl) if idx.cdu_names else 1.0
         factor = np.where(liq[None, :], r_at_flow_k_per_w(1.0, ratio), 1.0)
         z, mod, est, heat = tw.watch(
             t_m,

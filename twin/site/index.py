@@ -174,16 +174,26 @@ def node_inlet_c(
 
 
 def gpu_flow_ratio(
-    idx: SiteIndex, flow_ref_lpm: dict[str, float], flow_now_lpm: np.ndarray
+    idx: SiteIndex,
+    flow_ref_lpm: dict[str, float] | np.ndarray,
+    flow_lpm: np.ndarray,
+    cols: slice = slice(None),
 ) -> np.ndarray:
-    """Per GPU: its loop's flow now over the flow its R was fitted at (1 for air or unknown)."""
-    ratio = np.ones(len(idx.gpu_ids))
-    for c_i, name in enumerate(idx.cdu_names):
-        ref = flow_ref_lpm.get(name)
-        now = flow_now_lpm[c_i] if c_i < len(flow_now_lpm) else np.nan
-        if ref and ref > 0 and np.isfinite(now):
-            ratio[idx.gpu_cdu == c_i] = now / ref
-    return ratio
+    """Per GPU (of ``cols``): its loop's flow over the flow its R was fitted at; 1 for air, and
+    where either flow is unknown (an R is taken as fitted). ``flow_ref_lpm``: per CDU, by name
+    or in ``idx.cdu_names`` order (NaN: none); ``flow_lpm`` (C,) now, or (M, C) per row, which
+    gives (M, G). The live headroom, the live hot spots and a replay's hot spots take it here."""
+    if isinstance(flow_ref_lpm, dict):
+        flow_ref_lpm = [flow_ref_lpm.get(name, np.nan) for name in idx.cdu_names]
+    ref = np.asarray(flow_ref_lpm, dtype=float)
+    flow = np.asarray(flow_lpm, dtype=float)
+    own = np.asarray(idx.gpu_cdu)[cols]
+    if not len(idx.cdu_names):
+        return np.ones((*flow.shape[:-1], own.size))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        r = np.where(ref > 0, flow[..., : ref.size] / ref, np.nan)
+    r = np.where(np.isfinite(r), r, 1.0)
+    return np.where(own >= 0, r[..., np.maximum(own, 0)], 1.0)
 
 
 @dataclass
