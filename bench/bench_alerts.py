@@ -39,7 +39,7 @@ where the simulator's true values pass a limit of ``twin.chain.limits`` / the ca
   return limit (``twin.chain.flow_needed_lpm``), or its return over ``return_limit_c``.
 - ``phase_overload``, ``phase_creep``: any line or breaker current of the PDU over its derated
   (80 %) limit (``twin.chain.limits.phase_table``).
-- ``fleet_idle``: crosses no limit (paged by the drain detector, ``twin.fleet_drain``).
+- ``fleet_idle``: crosses no limit (paged by the drain detector, ``twin.analysis.fleet_drain``).
 
 Attribution: a page (a ``firing`` notification of severity critical or warning; ``info`` is a
 ticket, counted apart and never a page) is *tied* to a fault when it names an entity

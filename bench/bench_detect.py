@@ -351,11 +351,11 @@ def floor_windows(store: Store, site: Site, now: datetime) -> None:
 
 
 def measure(db: Path, n_gpus: int, step_s: float, now: datetime, runs: int, profile: Path | None):
-    from twin.coverage import missing_kinds
-    from twin.detect import detect, observations, pump_states
-    from twin.fleets import underused_fleets
-    from twin.headroom import compute_headroom
-    from twin.hotspots import find_hotspots
+    from twin.analysis.coverage import missing_kinds
+    from twin.analysis.detect import detect, observations, pump_states
+    from twin.analysis.fleets import underused_fleets
+    from twin.analysis.headroom import compute_headroom
+    from twin.analysis.hotspots import find_hotspots
 
     site = bench_site(n_gpus)
     store = Store(db, read_only=True)

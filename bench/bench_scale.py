@@ -19,7 +19,7 @@ Three modes, each writing one JSON file under bench/results/ and a summary on st
 
 ``passes`` (b): a store of ``--minutes`` of the generated site sampled every ``--step`` s,
     written by the simulator through the real Ingester (no MQTT); then, each in a fresh process
-    (its peak RSS is the pass's): one detection pass (``twin.detect.detect``, as ``serve``
+    (its peak RSS is the pass's): one detection pass (``twin.analysis.detect.detect``, as ``serve``
     runs it; a cold and a warm pass) and one calibration (``CalibrationScheduler.run_once``
     on the whole span, held-out share as ``serve``'s defaults).
 
@@ -618,7 +618,7 @@ def child_pass(args: argparse.Namespace) -> None:
     rss0 = _peak_self_mib()
     out: dict[str, Any] = {"pass": args.child, "rss_before_mib": round(rss0)}
     if args.child == "detect":
-        from twin.detect import detect
+        from twin.analysis.detect import detect
 
         store = Store(args.db, read_only=True)
         t = time.perf_counter()
@@ -653,11 +653,11 @@ def child_pass(args: argparse.Namespace) -> None:
 
 def _stages(store: Any, site: Site, d: Any) -> dict[str, float]:
     """Each stage of the pass on its own, as bench_detect.py times them."""
-    from twin.coverage import missing_kinds
-    from twin.detect import observations, pump_states
-    from twin.fleets import underused_fleets
-    from twin.headroom import compute_headroom
-    from twin.hotspots import find_hotspots
+    from twin.analysis.coverage import missing_kinds
+    from twin.analysis.detect import observations, pump_states
+    from twin.analysis.fleets import underused_fleets
+    from twin.analysis.headroom import compute_headroom
+    from twin.analysis.hotspots import find_hotspots
 
     stages = {
         "headroom": lambda: compute_headroom(store, site, now=d.now),
@@ -746,7 +746,7 @@ def _time_get(url: str, runs: int) -> dict[str, Any]:
 
 
 def run_metrics(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
-    from twin.headroom import compute_headroom
+    from twin.analysis.headroom import compute_headroom
     from twin.store import Store
     from twin.store.reads import save_headroom
 

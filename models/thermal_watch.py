@@ -273,8 +273,8 @@ def watch(
     re-estimated over the trailing ``window`` minutes, the residual against the model with R
     ``r_k_per_w`` (or ``r_k_per_w(r_est)``: an R that depends on the re-estimates so far) at
     the minute's flow, and that residual over ``sigma_k``, the smallest of the trailing
-    ``minutes`` loaded minutes. The live detector (``twin.hotspots``, its last minutes) and a
-    replay (``twin.replay.hotspot_feed``, every minute) both call this."""
+    ``minutes`` loaded minutes. The live detector (``twin.analysis.hotspots``, its last minutes)
+    and a replay (``twin.replay.hotspot_feed``, every minute) both call this."""
     x = heat_w(mean_power_w, slope_k_per_s, c_j_per_k)
     r_est, r_heat = r_estimate(mean_temp_c, ref_c, offset_k, x, flow_factor, window)
     r = r_k_per_w(r_est) if callable(r_k_per_w) else r_k_per_w

@@ -286,11 +286,11 @@ def test_demo_day_replay_pages_each_fault_as_one_incident_before_its_crossing(
 
 
 def test_live_detector_emits_every_limit_now_and_its_time_to_breach() -> None:
-    """twin.detect.observations: each headroom row gives its metric now and its forecast;
+    """twin.analysis.detect.observations: each headroom row gives its metric now and its forecast;
     no breach within the horizon is twice the horizon, labelled beyond_horizon."""
-    from twin.detect import Detection, observations
-    from twin.headroom import HeadroomReport, HeadroomRow
-    from twin.hotspots import HotSpotReport
+    from twin.analysis.detect import Detection, observations
+    from twin.analysis.headroom import HeadroomReport, HeadroomRow
+    from twin.analysis.hotspots import HotSpotReport
 
     def row(kind: str, rid: str, quantity: str, limit: float, now: float, b50, b90=None):
         return HeadroomRow(
@@ -567,7 +567,7 @@ def test_the_replay_forecasts_a_gpu_as_the_live_headroom_does() -> None:
     temp[1] = gp.max_temp_c[1] - 30.0
     cap = np.asarray(gp.limit_w, float)
 
-    # live: the stepped p90 path of twin.headroom from the last minute's values
+    # live: the stepped p90 path of twin.analysis.headroom from the last minute's values
     bias = tw.model_bias_k(temp, power, np.zeros(g), ref + gp.offset_k, r, gp.c_j_per_k)
     path = breach.gpu_temp_path(
         temp, ref, power, act, bias, np.tile(ratio, (61, 1)), cap, r, gp, 60.0

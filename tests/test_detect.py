@@ -21,10 +21,10 @@ import pytest
 
 from twin.alerts import AlertEngine, Outbox, Topology, load_rules
 from twin.alerts.metrics import HEADROOM_GPU_TIME_TO_BREACH_P90_S
+from twin.analysis.detect import detect, observations
+from twin.analysis.headroom import compute_headroom
+from twin.analysis.hotspots import find_hotspots
 from twin.calibrate.calibrate import calibrate, save_run
-from twin.detect import detect, observations
-from twin.headroom import compute_headroom
-from twin.hotspots import find_hotspots
 from twin.ingest import Ingester, IngestLimits
 from twin.simulator import SiteSimulator, parse_fault
 from twin.site import Site, load_site

@@ -4,8 +4,8 @@ Real sites lack a kind for days (no metered PDUs, no switch telemetry) or lose o
 Fourteen simulated minutes of the small site, with pump 1 of cdu-1 stopped from minute 7 to
 minute 11, are filtered as a site without a kind would send them, ingested through the real
 ingest path, calibrated and passed through the service's detection loop
-(:class:`twin.detect.DetectionScheduler`, one pass per minute as `dctwin serve` runs it) with
-the shipped ``deploy/alert_rules.yaml``. What was paged is read from the alert history the
+(:class:`twin.analysis.detect.DetectionScheduler`, one pass per minute as `dctwin serve` runs it)
+with the shipped ``deploy/alert_rules.yaml``. What was paged is read from the alert history the
 engine keeps in the store (``GET /api/v1/alerts?history=N``).
 """
 
@@ -21,8 +21,8 @@ import pytest
 
 from collectors.contract import KINDS
 from twin.alerts import AlertEngine, Outbox, Topology, load_rules
+from twin.analysis.detect import Detection, DetectionScheduler, observations
 from twin.calibrate.schedule import CalibrationScheduler
-from twin.detect import Detection, DetectionScheduler, observations
 from twin.health import ServiceHealth
 from twin.ingest import Ingester, IngestLimits
 from twin.simulator import SiteSimulator, parse_fault
@@ -254,7 +254,7 @@ def test_a_failing_stage_is_reported_once_and_the_rules_still_run(
         if m == 12:
             svc.store.con.execute("ALTER TABLE calibration_quality_x RENAME TO calibration_quality")
 
-    with caplog.at_level(logging.INFO, logger="twin.detect"):
+    with caplog.at_level(logging.INFO, logger="twin.analysis.detect"):
         svc.run(minutes, lambda m, topic, payload: True, after=break_and_mend)
     assert svc.paged() == [("firing", PUMP_KEY), ("resolved", PUMP_KEY)]
     det = svc.health.snapshot()["loops"]["detection"]

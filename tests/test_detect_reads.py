@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from twin.analysis.detect import detect, observations
 from twin.calibrate.calibrate import calibrate, save_run
-from twin.detect import detect, observations
 from twin.ingest import Ingester, IngestLimits
 from twin.simulator import SiteSimulator
 from twin.site import load_site

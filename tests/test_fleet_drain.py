@@ -1,8 +1,9 @@
-"""Fleet drain (twin/fleet_drain.py): a fleet's load falling far below its own recent level.
+"""Fleet drain (twin/analysis/fleet_drain.py): a fleet's load falling far below its own recent
+level.
 
 On hand-built minute series (a step, a gradual decline, a daily cycle with yesterday as its
 reference, an idle fleet), and live: a simulated small site whose inference fleet is drained
-(``fleet_idle``), through ``twin.detect`` and the shipped rule file. The replay of the demo
+(``fleet_idle``), through ``twin.analysis.detect`` and the shipped rule file. The replay of the demo
 bundle's drained fleet is in tests/test_alert_coverage.py.
 """
 
@@ -16,8 +17,8 @@ import pytest
 from twin.alerts import AlertEngine, Topology
 from twin.alerts.metrics import FLEET_DRAIN_DROP
 from twin.alerts.rules import load_rules
-from twin.detect import detect, observations
-from twin.fleet_drain import DAY_MIN, NOW_MIN, drain_labels, drain_series
+from twin.analysis.detect import detect, observations
+from twin.analysis.fleet_drain import DAY_MIN, NOW_MIN, drain_labels, drain_series
 from twin.ingest import Ingester, IngestLimits
 from twin.simulator import SiteSimulator, parse_fault
 from twin.site import load_site

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import yaml
 
-from twin.fleets import fleet_report_json, fleets_command_payload, underused_fleets
+from twin.analysis.fleets import fleet_report_json, fleets_command_payload, underused_fleets
 from twin.ingest import Ingester, IngestLimits
 from twin.simulator import SiteSimulator, parse_fault
 from twin.site import Site, load_site
@@ -127,7 +127,7 @@ def test_a_fleet_seen_briefly_says_the_window_it_had_and_waits_for_the_rule_cove
     from twin.alerts.engine import AlertEngine
     from twin.alerts.rules import load_rules
     from twin.alerts.topology import Topology
-    from twin.detect import detect, observations
+    from twin.analysis.detect import detect, observations
 
     _, site, _start, end, _, db = run  # an earlier test closed the fixture's connection
     doc = yaml.safe_load((REPO / "deploy" / "alert_rules.yaml").read_text())

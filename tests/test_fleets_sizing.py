@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 import yaml
 
-from twin.fleets import fleets_command_payload
+from twin.analysis.fleets import fleets_command_payload
 from twin.site import Site
 from twin.store import Store
 from twin.store.schema import arrow_schema

@@ -218,8 +218,8 @@ def test_forecast_site_result(simulated):
 
 @pytest.mark.slow  # 21 simulated days (module fixture): out of the fast tier
 def test_headroom_uses_the_forecast_once_a_day_of_history_exists(simulated):
+    from twin.analysis.headroom import compute_headroom
     from twin.forecast import rack_ratio_paths
-    from twin.headroom import compute_headroom
 
     store, site, _, _ = simulated
     last = store.con.execute("SELECT max(ts) FROM gpu").fetchall()[0][0]

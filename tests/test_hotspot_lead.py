@@ -3,8 +3,8 @@ cold plate before the 5 K threshold does, and say what they saw.
 
 - A hand-built store (the small site, one calibration run): one GPU's R ramps up 30 % over an
   hour among a healthy fleet, on warm water so that it ends within 5 K of its limit. The
-  service's detection pass (``twin.detect``) runs every minute into the alert engine with the
-  shipped rules: the first residual or drift page comes before ``headroom.gpu.k_to_slowdown``
+  service's detection pass (``twin.analysis.detect``) runs every minute into the alert engine with
+  the shipped rules: the first residual or drift page comes before ``headroom.gpu.k_to_slowdown``
   reaches 5 K, and its summary names the measured and the modelled figures.
 - The shipped demo bundle through ``dctwin whatif --json``: the degrading cold plate's first
   page is a residual or drift page, an hour or more before ``gpu_temp_high`` would page (which it
@@ -26,8 +26,8 @@ from typer.testing import CliRunner
 
 from twin.alerts import AlertEngine, Topology, load_rules
 from twin.alerts.metrics import DRIFT_GPU_R, HEADROOM_GPU_K_TO_SLOWDOWN
+from twin.analysis.detect import detect, observations
 from twin.cli import app
-from twin.detect import detect, observations
 from twin.site import Site, load_site
 from twin.store import Store
 from twin.store.schema import arrow_schema

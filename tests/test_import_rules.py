@@ -258,9 +258,7 @@ BELOW_CALIBRATE = [
     *files("twin/site"),
     *files("twin/store"),
     *files("twin/alerts"),
-    REPO / "twin" / "headroom.py",
-    REPO / "twin" / "hotspots.py",
-    REPO / "twin" / "detect.py",
+    *files("twin/analysis"),
 ]
 
 

@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from twin.analysis.headroom import HeadroomReport, HeadroomRow
 from twin.api.metrics import MetricFilter, headroom_exposition
-from twin.headroom import HeadroomReport, HeadroomRow
 from twin.store import Store
 from twin.store.reads import save_headroom
 

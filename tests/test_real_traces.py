@@ -1,6 +1,6 @@
 """Real A100 recordings as fixtures, the way a user meets them: each converted to the nvidia-smi
 CSV log it came from, `dctwin import nvidia-smi`, `dctwin calibrate`, then `dctwin hotspots`
-and the service's detection pass (:func:`twin.detect.detect`).
+and the service's detection pass (:func:`twin.analysis.detect.detect`).
 
 The recordings (``reference/real_traces``: one A100-SXM4-40GB in a rented air-cooled host, 1 Hz)
 carry no licence: they are read in place from ``../shared`` and never copied here. What they
@@ -29,8 +29,8 @@ from typer.testing import CliRunner
 from collectors.contract import encode, topic_for
 from twin.alerts import AlertEngine, Topology, parse_rules
 from twin.alerts.metrics import COOLING_GPU_STEP_K
+from twin.analysis.detect import detect, observations
 from twin.cli import app
-from twin.detect import detect, observations
 from twin.site.loader import load_site
 from twin.store import Store
 

@@ -27,11 +27,11 @@ from twin.alerts.metrics import (
     HOTSPOT_GPU_RESIDUAL_SIGMA,
     MODEL_METRICS,
 )
+from twin.analysis.detect import detect, observations
+from twin.analysis.headroom import compute_headroom
 from twin.calibrate.calibrate import calibrate, save_run
 from twin.chain import breach
 from twin.cli import app
-from twin.detect import detect, observations
-from twin.headroom import compute_headroom
 from twin.ingest import Ingester, IngestLimits
 from twin.replay.alert_feed import AlertFeed
 from twin.replay.bundle import Bundle, record

@@ -6,8 +6,8 @@
   (:class:`~twin.ingest.mqtt_service.MqttIngestService`, which also brings the rollups up to
   date and applies raw retention on its schedule);
 - the background loops: calibration (:class:`~twin.calibrate.schedule.CalibrationScheduler`),
-  detection (headroom, hot spots, fleets, :class:`~twin.detect.DetectionScheduler`) with the
-  alert engine over ``rules`` and the outbox's delivery workers over ``hooks``;
+  detection (headroom, hot spots, fleets, :class:`~twin.analysis.detect.DetectionScheduler`) with
+  the alert engine over ``rules`` and the outbox's delivery workers over ``hooks``;
 - the HTTP API (:class:`~twin.api.ApiServer`) with the what-if jobs, which use the service's
   own rule file;
 - one :class:`~twin.health.ServiceHealth` that every part reports into.
@@ -43,9 +43,9 @@ if TYPE_CHECKING:
     from collectors.mqtt import BrokerConfig
     from twin.alerts import AlertEngine, Delivery
     from twin.alerts.reload import AlertReloader
+    from twin.analysis.detect import DetectionScheduler
     from twin.api import ApiContext, ApiServer
     from twin.calibrate.schedule import CalibrationScheduler
-    from twin.detect import DetectionScheduler
     from twin.ingest.mqtt_service import MqttIngestService
     from twin.site import Site
     from twin.site.shards import ShardView
@@ -82,8 +82,8 @@ class ServiceConfig:
     calibrate_window_s: float = 7200.0
     calibrate_holdout_s: float = 1200.0
     detect_every_s: float = 60.0
-    #: the breached-now pass's cadence (twin.detect.now_observations): limits crossed in the
-    #: newest sample page within seconds; 0: only the full pass judges them
+    #: the breached-now pass's cadence (twin.analysis.detect.now_observations): limits crossed in
+    #: the newest sample page within seconds; 0: only the full pass judges them
     fast_every_s: float = 10.0
     rules: Path | None = None
     hooks: Path | None = None
@@ -233,7 +233,7 @@ class Service:
                 nice=cfg.background_nice,
             )
         if site is not None and cfg.detect_every_s > 0:
-            from twin.detect import DetectionScheduler
+            from twin.analysis.detect import DetectionScheduler
 
             if cfg.rules is not None:
                 self._build_alerting(site, cfg.rules, cfg.hooks)

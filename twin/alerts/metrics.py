@@ -1,11 +1,11 @@
 """The alert metric names: every metric an :class:`~twin.alerts.model.Observation` may carry.
 
-One owner for the names the detectors emit (:mod:`twin.detect`, fed by :mod:`twin.headroom`,
-:mod:`twin.hotspots` and :mod:`twin.fleets`), what-if replays (:mod:`twin.replay.whatif`) and
-rule files watch. Emitters use the constants below; the rule loader
-(:func:`twin.alerts.rules.parse_rules`) refuses a rule whose metric is not listed here, or whose
-``entity_kind`` is not one the metric is emitted for, so a rule that could never fire is an
-error at load instead of a silent gap.
+One owner for the names the detectors emit (:mod:`twin.analysis.detect`, fed by
+:mod:`twin.analysis.headroom`, :mod:`twin.analysis.hotspots` and :mod:`twin.analysis.fleets`),
+what-if replays (:mod:`twin.replay.whatif`) and rule files watch. Emitters use the constants below;
+the rule loader (:func:`twin.alerts.rules.parse_rules`) refuses a rule whose metric is not listed
+here, or whose ``entity_kind`` is not one the metric is emitted for, so a rule that could never
+fire is an error at load instead of a silent gap.
 
 Adding a metric: add a constant and a :class:`MetricSpec` to :data:`METRICS`, then emit it.
 """
@@ -221,8 +221,8 @@ _SPECS = (
     ),
 )
 
-#: The labels each metric's observations always carry, live (twin.detect.observations) and in
-#: a what-if (twin.replay): a rule summary may quote only these (checked at load), so no page
+#: The labels each metric's observations always carry, live (twin.analysis.detect.observations) and
+#: in a what-if (twin.replay): a rule summary may quote only these (checked at load), so no page
 #: renders a value nobody reported. Live observations carry more context (``limit_c``,
 #: ``free_kw``, ``stopped`` ...) into the payloads' labels.
 _LABELS: dict[str, tuple[str, ...]] = {

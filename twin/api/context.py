@@ -19,9 +19,9 @@ if TYPE_CHECKING:
     from fastapi import APIRouter
 
     from twin.alerts import AlertEngine
+    from twin.analysis.detect import DetectionScheduler
     from twin.api.whatif import WhatifSettings
     from twin.calibrate.schedule import CalibrationScheduler
-    from twin.detect import DetectionScheduler
     from twin.health import ServiceHealth
     from twin.ingest import Ingester
     from twin.site import Site

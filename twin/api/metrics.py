@@ -76,9 +76,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-#: Per unit of the headroom rows (``twin.headroom``): the Prometheus base unit its families are
-#: named with, and the factor from the row's unit to it (Prometheus naming practice, "Base
-#: units": https://prometheus.io/docs/practices/naming/#base-units).
+#: Per unit of the headroom rows (``twin.analysis.headroom``): the Prometheus base unit its
+#: families are named with, and the factor from the row's unit to it (Prometheus naming practice,
+#: "Base units": https://prometheus.io/docs/practices/naming/#base-units).
 HEADROOM_UNITS: dict[str, tuple[str, float]] = {
     "K": ("celsius", 1.0),  # a temperature difference: K = °C; the limit itself is in °C
     "A": ("amperes", 1.0),

@@ -4,9 +4,9 @@ GPU power from activity through the calibrated curve -> GPU temperature through 
 R and C at the loop's flow, with the thermal controller -> node and rack power -> PDU phases and
 breakers -> rack heat to liquid and air -> CDU heat, flow, return -> loop; plus links.
 
-Live headroom (``twin.headroom``), what-if replay (``twin.replay.whatif``) and the API call these
-functions and keep no copy of them. ``limits`` owns every limit and derating, ``params`` says
-which parameter a device runs on (calibrated, else catalog), ``trend`` fits the phase current's
+Live headroom (``twin.analysis.headroom``), what-if replay (``twin.replay.whatif``) and the API
+call these functions and keep no copy of them. ``limits`` owns every limit and derating, ``params``
+says which parameter a device runs on (calibrated, else catalog), ``trend`` fits the phase current's
 trend that the racks' load does not explain, ``breach`` turns a frame's "now" and a load path
 into the time to breach of each limit (live: one "now"; a replay: every minute at once).
 """

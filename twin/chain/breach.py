@@ -1,5 +1,5 @@
 """Time to breach of every limit, from a frame's "now" and a load path: the live headroom's
-forecasts (``twin.headroom``, one "now" and a path over the horizon) and a replay's
+forecasts (``twin.analysis.headroom``, one "now" and a path over the horizon) and a replay's
 (``twin.replay.whatif``, every evaluation minute at once, each from the data up to it) run these
 functions, so the alert benchmark measures what the service pages.
 
@@ -33,7 +33,7 @@ it (:func:`minute_means`), as the live pass reads it.
 
 A breach is reported as the first path step (of ``step_s``) where the headroom is <= 0
 (:func:`breach_in_s`); NaN when there is none within the horizon (an alert observation reports
-twice the horizon, :func:`beyond_horizon`, as :func:`twin.detect.observations`).
+twice the horizon, :func:`beyond_horizon`, as :func:`twin.analysis.detect.observations`).
 """
 
 from __future__ import annotations
@@ -70,7 +70,8 @@ __all__ = [
     "trend_breach_in_s",
 ]
 
-#: The live headroom's horizon and step (``dctwin serve``: twin.detect.DetectionScheduler). [s]
+#: The live headroom's horizon and step (``dctwin serve``:
+#: twin.analysis.detect.DetectionScheduler). [s]
 HORIZON_S = 3600.0
 STEP_S = 60.0
 #: Seconds averaged for "now" values (currents, power, heat, flow, traffic) to take out noise.
@@ -286,8 +287,9 @@ def gpu_p90_breach_in_s(
     horizon_s: float = HORIZON_S,
     step_s: float = STEP_S,
 ) -> np.ndarray:
-    """(M, G) the GPUs' p90 time to breach at each evaluation row, as the live headroom forecasts
-    it (``twin.headroom``) under its persistence basis, beyond the horizon reported as twice it.
+    """(M, G) the GPUs' p90 time to breach at each evaluation row, as the live headroom
+    (``twin.analysis.headroom``) forecasts it under its persistence basis, beyond the horizon
+    reported as twice it.
 
     Power: the present activity (the last minute's mean) scaled by the rack's p90 load ratio on
     the calibrated curve, within the cap (``twin.chain.propagate.gpu_power_at_ratio_w``, the

@@ -69,7 +69,7 @@ def gpu_power_at_ratio_w(
     the ratio (within [0, 1]) on the calibrated curve (:func:`gpu_power_after_w`), within the
     cap. A GPU without activity telemetry (NaN) scales its power with the ratio instead.
 
-    The one load-to-power step of the GPU temperature forecast, live (``twin.headroom``, a
+    The one load-to-power step of the GPU temperature forecast, live (``twin.analysis.headroom``, a
     ratio path from now) and in a replay (``twin.chain.breach``, every minute's p90 ratio)."""
     known = np.isfinite(activity)
     act = np.where(known, activity, 0.0)

@@ -1,7 +1,7 @@
 """The trend of a PDU phase's current that the load of the racks it feeds does not explain.
 
 Load creeping onto a phase (a server moved onto it, a failing PSU shifting its share) raises the
-phase's current while the racks' power stays; the live headroom (``twin.headroom``) and a
+phase's current while the racks' power stays; the live headroom (``twin.analysis.headroom``) and a
 replay's forecast (``twin.chain.breach``) both forecast a phase by its present current x the
 load ratio plus this trend, fitted here for one phase or for every (minute, phase) pair of a
 replay at once. docs/physics.md §11.3 gives the model and the evidence for each term.

@@ -92,8 +92,8 @@ def _with_band(row: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-#: The kinds of limit (``twin.headroom.Kind``, not imported here: `dctwin --help` runs on an
-#: install without the service's libraries).
+#: The kinds of limit (``twin.analysis.headroom.Kind``, not imported here: `dctwin --help` runs on
+#: an install without the service's libraries).
 HEADROOM_KINDS = ("gpu", "pdu_phase", "rack", "cdu", "loop", "link")
 
 
@@ -179,7 +179,7 @@ def _headroom_of_store(
     step: float,
 ) -> tuple[dict[str, Any], str, list[dict[str, Any]]]:
     """(the report as JSON, the title, its rows filtered) computed on the store file."""
-    from twin.headroom import compute_headroom
+    from twin.analysis.headroom import compute_headroom
 
     site_obj = load_site_file(site or DEMO_SITE, required=True)
     if rack is not None and rack not in {r.name for r in site_obj.racks}:
@@ -269,7 +269,7 @@ def hotspots(
         params = {"k_sigma": k_sigma, "minutes": minutes} if changed else {}
         report = src.get("/api/v1/hotspots", params)
     else:
-        from twin.hotspots import find_hotspots
+        from twin.analysis.hotspots import find_hotspots
 
         site_obj = load_site_file(site or DEMO_SITE, required=True)
         with open_read_store(src.db or DEFAULT_DB) as store:
@@ -307,8 +307,9 @@ _FLEET_COLUMNS = [
     Column("reason", "reason"),
 ]
 
-#: `dctwin fleets`' defaults (``twin.fleets.DEFAULT_THRESHOLD`` and ``DEFAULT_TARGET_UTIL``,
-#: not imported here: `dctwin --help` runs on an install without the service's libraries).
+#: `dctwin fleets`' defaults (``twin.analysis.fleets.DEFAULT_THRESHOLD`` and
+#: ``DEFAULT_TARGET_UTIL``, not imported here: `dctwin --help` runs on an install without the
+#: service's libraries).
 _FLEETS_WINDOW_S, _FLEETS_THRESHOLD, _FLEETS_TARGET = 86400.0, 0.4, 0.7
 
 
@@ -358,7 +359,7 @@ def fleets(
             params = {"window_s": window, "threshold": threshold, "target_util": target_util}
         payload = src.get("/api/v1/fleets", params)
     else:
-        from twin.fleets import fleets_command_payload
+        from twin.analysis.fleets import fleets_command_payload
 
         site_path = site or DEMO_SITE
         load_site_file(site_path, required=True)

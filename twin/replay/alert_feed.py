@@ -1,7 +1,7 @@
 """The alerts a rule file would have sent over a what-if run, evaluated each minute.
 
-The replay offers every metric the live detector (:func:`twin.detect.observations`) emits that
-a rule watches: the headroom now of every limit, its time-to-breach forecast
+The replay offers every metric the live detector (:func:`twin.analysis.detect.observations`) emits
+that a rule watches: the headroom now of every limit, its time-to-breach forecast
 (:mod:`twin.chain.breach`, computed per minute from the data up to it), running pumps, and
 the residuals and drift :mod:`twin.replay.hotspot_feed` computes. The same
 :class:`twin.alerts.AlertEngine` evaluates them minute by

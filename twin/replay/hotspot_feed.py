@@ -2,7 +2,7 @@
 
 :func:`hotspot_series` computes, for every evaluation minute of a replay (the alert feed's
 rows: one per minute from the recording's start) and every GPU, what the live service's
-detection pass would have observed at that minute (``twin.hotspots``), from the data up to
+detection pass would have observed at that minute (``twin.analysis.hotspots``), from the data up to
 that minute only:
 
 - ``hotspot.gpu.residual_sigma``: the smallest of the last ``minutes`` minute residuals
@@ -15,7 +15,7 @@ that minute only:
 The model is the replay's own (``Recording.params``: the bundle's calibration where it has a
 usable fit, else the catalog's R and tau), its R capped at :data:`HISTORY_MARGIN` over the mean
 of the GPU's own R re-estimates up to the minute, and sigma the bundle's held-out error of each GPU
-(``temp_c@600s`` MAE x sqrt(pi/2), at least ``twin.hotspots.MIN_SIGMA_K``); a GPU without a
+(``temp_c@600s`` MAE x sqrt(pi/2), at least ``twin.analysis.hotspots.MIN_SIGMA_K``); a GPU without a
 calibrated thermal model gets no residual (a catalog R says nothing about its cold plate).
 
 The value at evaluation minute ``i`` (row ``r``, ``t0 + i`` min) uses the minutes that end at
@@ -37,7 +37,7 @@ import numpy as np
 from models import thermal_watch as tw
 from models.gpu_thermal import r_at_flow_k_per_w
 from twin.alerts.metrics import DRIFT_GPU_R, HOTSPOT_GPU_RESIDUAL_SIGMA
-from twin.hotspots import (
+from twin.analysis.hotspots import (
     DRIFT_WINDOW_MIN,
     MIN_SIGMA_K,
     RESIDUAL_MINUTES,
@@ -58,10 +58,10 @@ LABEL_FORMAT = {
     "fleet_r_k_per_w": ".4f",
 }
 #: The model's R is at most this factor over the mean of the GPU's own R re-estimates so far
-#: (the live detector's "no more than its own history", twin.hotspots): a bundle's calibration
-#: may be fitted after a fault (the demo bundle's is its last two hours, hours after its cold
-#: plate degraded), and a model that already holds the fault cannot see it. Healthy GPUs' mean
-#: re-estimate sits within 2 % of their calibrated R all the demo day (the minute-mean estimate
+#: (the live detector's "no more than its own history", twin.analysis.hotspots): a bundle's
+#: calibration may be fitted after a fault (the demo bundle's is its last two hours, hours after
+#: its cold plate degraded), and a model that already holds the fault cannot see it. Healthy GPUs'
+#: mean re-estimate sits within 2 % of their calibrated R all the demo day (the minute-mean estimate
 #: is not the RC trajectory fit): 5 % leaves them on their calibration. [1]
 HISTORY_MARGIN = 1.05
 GPU_CHUNK = 1024  # GPUs per block of the minute aggregates (bounds the (T, chunk) copies)
@@ -117,7 +117,7 @@ def _model_r(r_cal: np.ndarray, est: np.ndarray) -> np.ndarray:
 def _minute_means(d: Recording, a: np.ndarray, fresh: str) -> np.ndarray:
     """(M, N) minute means of a coolant or inlet reading ``a`` (T, N) from row 1, each minute's
     mean over its fresh readings, a minute without one held at the mean before it (else after),
-    as the live pass holds its reference windows (``twin.hotspots``)."""
+    as the live pass holds its reference windows (``twin.analysis.hotspots``)."""
     told = d.fresh.get(fresh)
     if told is None or told.all():
         return tw.minute_aggregates(a[1:], a[1:], d.dt_s)[0]
@@ -185,7 +185,7 @@ def hotspot_series(
             window=window_min,
         )
         # the minutes start at row 1, so minute k ends at row (k + 1) x per: evaluation minute
-        # k + 1's own sample, the newest its live pass would have (twin.hotspots)
+        # k + 1's own sample, the newest its live pass would have (twin.analysis.hotspots)
         k = min(mm, m_eval - 1)
         res_sig[1 : k + 1, sl] = z[:k]
         meas[1 : k + 1, sl] = t_m[:k]

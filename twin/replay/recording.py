@@ -136,7 +136,7 @@ def grid(
     return out
 
 
-#: A reading older than this is not "now": the live headroom's window (twin.headroom). [s]
+#: A reading older than this is not "now": the live headroom's window (twin.analysis.headroom). [s]
 FRESH_S = 60.0
 
 

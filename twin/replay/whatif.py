@@ -735,16 +735,16 @@ def _fleet_underuse(
     fleet_gpu_w: dict[str, np.ndarray],
     feed: AlertFeed,
 ) -> None:
-    """Inference fleets' GPUs to reclaim each minute, as :func:`twin.fleets.underused_fleets`
-    judges them live (its rule and sizing, :func:`twin.fleets.underuse_rule` and
-    :func:`twin.fleets.underuse_sizing`, with the site file's per-fleet ``underuse``): the mean
-    and p95 over the window up to the minute of the fleet's minute activity (the run's), judged
-    once the window holds the rule's coverage; kw_freed from the run's mean GPU board power over
-    the same window (the recording has no node input power, so the hosts' share the live report
-    adds is not in it: a lower bound)."""
+    """Inference fleets' GPUs to reclaim each minute, as
+    :func:`twin.analysis.fleets.underused_fleets` judges them live (its rule and sizing,
+    :func:`twin.analysis.fleets.underuse_rule` and :func:`twin.analysis.fleets.underuse_sizing`,
+    with the site file's per-fleet ``underuse``): the mean and p95 over the window up to the minute
+    of the fleet's minute activity (the run's), judged once the window holds the rule's coverage;
+    kw_freed from the run's mean GPU board power over the same window (the recording has no node
+    input power, so the hosts' share the live report adds is not in it: a lower bound)."""
     if not feed.wants(am.FLEET_UNDERUSED_GPUS, "fleet"):
         return
-    from twin.fleets import DEFAULT_WINDOW_S, span_text, underuse_rule, underuse_sizing
+    from twin.analysis.fleets import DEFAULT_WINDOW_S, span_text, underuse_rule, underuse_sizing
 
     rows = feed.rows
     k = max(1, round(DEFAULT_WINDOW_S / 60.0))
@@ -783,11 +783,11 @@ def _fleet_underuse(
 
 
 def _fleet_drain(d: Recording, fleet_act: dict[str, Any], feed: AlertFeed) -> None:
-    """Every fleet's drain each minute (:func:`twin.fleet_drain.drain_series` on the run's
+    """Every fleet's drain each minute (:func:`twin.analysis.fleet_drain.drain_series` on the run's
     minute activity), as the live detection pass computes it from the store."""
     if not feed.wants(am.FLEET_DRAIN_DROP, "fleet"):
         return
-    from twin.fleet_drain import drain_labels, drain_series
+    from twin.analysis.fleet_drain import drain_labels, drain_series
 
     names = [f.name for f in d.site.fleets if f.name in fleet_act]
     if not names:

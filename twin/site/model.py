@@ -197,7 +197,7 @@ class Link(_Strict):
 
 
 class FleetUnderuse(_Strict):
-    """How an inference fleet is judged underused (twin.fleets); absent fields take the
+    """How an inference fleet is judged underused (twin.analysis.fleets); absent fields take the
     report's defaults."""
 
     threshold: float | None = Field(

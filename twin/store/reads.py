@@ -100,8 +100,8 @@ def set_memory_limit(store: Store, limit: str) -> None:
 
 
 def save_headroom(store: Store, report: Any, keep: int = 1440) -> int:
-    """Store a headroom report (``twin.headroom.HeadroomReport``: one row per limit) and keep
-    only the newest ``keep`` reports; returns the rows stored."""
+    """Store a headroom report (``twin.analysis.headroom.HeadroomReport``: one row per limit) and
+    keep only the newest ``keep`` reports; returns the rows stored."""
     cols: dict[str, list[Any]] = {f.name: [] for f in HEADROOM_SCHEMA}
     for r in report.rows:
         cols["computed_at"].append(report.computed_at)

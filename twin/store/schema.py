@@ -78,7 +78,7 @@ DEAD_SCHEMA = pa.schema(
     ]
 )
 
-#: One row per limit of a stored headroom report (``twin.headroom.HeadroomRow``).
+#: One row per limit of a stored headroom report (``twin.analysis.headroom.HeadroomRow``).
 HEADROOM_SCHEMA = pa.schema(
     [
         pa.field("computed_at", pa.timestamp("us", tz="UTC")),
@@ -182,7 +182,7 @@ def ddl() -> list[str]:
         "CREATE TABLE IF NOT EXISTS calibration_events (run_id BIGINT NOT NULL,"
         " kind VARCHAR NOT NULL, id VARCHAR NOT NULL, param VARCHAR NOT NULL, value DOUBLE,"
         " own_median DOUBLE, fleet_median DOUBLE, detail VARCHAR)",
-        # headroom: one row per limit per report (twin/headroom.py)
+        # headroom: one row per limit per report (twin/analysis/headroom.py)
         "CREATE TABLE IF NOT EXISTS headroom (computed_at TIMESTAMPTZ NOT NULL,"
         " data_until TIMESTAMPTZ NOT NULL, kind VARCHAR NOT NULL, id VARCHAR NOT NULL,"
         " quantity VARCHAR NOT NULL, unit VARCHAR NOT NULL, limit_value DOUBLE,"

@@ -58,9 +58,9 @@ def hotspots(
     minutes: Annotated[int | None, Query(ge=1, le=240)] = None,
 ) -> Response:
     """GPUs over their limit, above their calibrated model by k sigma, drifting R; racks
-    with hot inlet air. The schema is `twin.hotspots.HotSpotReport`. Without parameters,
+    with hot inlet air. The schema is `twin.analysis.hotspots.HotSpotReport`. Without parameters,
     the service's latest detection pass; with them, computed now."""
-    from twin.hotspots import find_hotspots
+    from twin.analysis.hotspots import find_hotspots
 
     site = site_or_404(api.ctx)
     last = api.ctx.detector.last if api.ctx.detector is not None else None
@@ -82,8 +82,8 @@ def fleets(
     target_util: Annotated[float | None, Query(gt=0, le=1)] = None,
 ) -> Response:
     """Fleet utilization and underused inference fleets (GPUs and kW to reclaim). The
-    schema is `twin.fleets.FleetReport`. Without parameters, the latest detection pass."""
-    from twin.fleets import DEFAULT_TARGET_UTIL, DEFAULT_THRESHOLD, underused_fleets
+    schema is `twin.analysis.fleets.FleetReport`. Without parameters, the latest detection pass."""
+    from twin.analysis.fleets import DEFAULT_TARGET_UTIL, DEFAULT_THRESHOLD, underused_fleets
 
     site = site_or_404(api.ctx)
     last = api.ctx.detector.last if api.ctx.detector is not None else None

@@ -34,8 +34,8 @@ metric                                      entity  value
 ``cdu.pumps_running``                       cdu     pumps not seen stopped (speed > 5 %) [#]_
 ``fleet.underused_gpus``                    fleet   GPUs to reclaim (flagged fleets only)
 ``fleet.drain_drop_fraction``               fleet   1 - activity of the last 15 min over its level
-                                                   before (``twin.fleet_drain``; labels level_now,
-                                                   level_before, basis, window)
+                                                   before (``twin.analysis.fleet_drain``; labels
+                                                   level_now, level_before, basis, window)
 =========================================  ======  ==============================================
 
 (*) Every ``time_to_breach`` metric: without a breach inside the horizon the value is twice
@@ -87,13 +87,13 @@ from twin.alerts.metrics import (
     HOTSPOT_RACK_INLET_C,
 )
 from twin.alerts.model import Observation
+from twin.analysis.coverage import NoTelemetry, missing_kinds, newest_sample
+from twin.analysis.fleet_drain import fleet_drain_observations
+from twin.analysis.fleets import FleetReport, span_text, underused_fleets
+from twin.analysis.headroom import HeadroomReport, compute_headroom
+from twin.analysis.hotspots import HotSpotReport, find_hotspots
 from twin.chain import phase_table, pumps_running
-from twin.coverage import NoTelemetry, missing_kinds, newest_sample
-from twin.fleet_drain import fleet_drain_observations
-from twin.fleets import FleetReport, span_text, underused_fleets
-from twin.headroom import HeadroomReport, compute_headroom
 from twin.health import ServiceHealth
-from twin.hotspots import HotSpotReport, find_hotspots
 from twin.procs import lower_this_thread
 from twin.site import Site
 from twin.store import Store
@@ -126,7 +126,7 @@ class Detection:
     hotspots: HotSpotReport
     pumps: list[PumpState]
     fleets: FleetReport | None
-    #: fleet drains (twin.fleet_drain): one dict per fleet with a judged drop
+    #: fleet drains (twin.analysis.fleet_drain): one dict per fleet with a judged drop
     drains: list[dict] = field(default_factory=list)
     #: kind -> "no <kind> telemetry in the last N s: <what is not computed>"
     missing: dict[str, str] = field(default_factory=dict)

@@ -45,8 +45,8 @@ from models import gpu_thermal
 from models import thermal_watch as tw
 from models.cooling_change import FLAT_FRACTION, cooling_steps
 from twin.alerts.metrics import RESIDUAL_MIN_EXCESS_K
+from twin.analysis.coverage import newest_sample
 from twin.chain.params import history_capped_r
-from twin.coverage import newest_sample
 from twin.site import Site
 from twin.site.index import gpu_flow_ratio, gpu_reference, index_site
 from twin.store import Store

@@ -44,6 +44,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel
 
+from twin.analysis.coverage import newest_sample
 from twin.chain import phase_table, rack_capacity_kw, resolve
 from twin.chain import propagate as chain
 from twin.chain.breach import (
@@ -57,7 +58,6 @@ from twin.chain.breach import (
 )
 from twin.chain.params import history_capped_r
 from twin.chain.trend import TREND_WINDOW_S, unexplained_trend
-from twin.coverage import newest_sample
 from twin.forecast import rack_ratio_paths
 from twin.site import Site
 from twin.site.index import gpu_flow_ratio, gpu_reference, index_site

@@ -5,7 +5,7 @@ so no limit sees it and the underused-fleet report, judged on a day's p95, does 
 few idle hours. This detector compares each fleet with itself, minute by minute:
 
 - ``level_now``: the fleet's mean activity (SM activity, else ``util_pct / 100``, as
-  :mod:`twin.fleets`) over the last :data:`NOW_MIN` minutes;
+  :mod:`twin.analysis.fleets`) over the last :data:`NOW_MIN` minutes;
 - ``level_before``: the fleet's level at the same time yesterday (the mean of the same
   :data:`NOW_MIN` minutes 24 h earlier), when that window has data: an inference fleet's
   daily cycle is then its own reference; else the median of its minute means over the
