@@ -13,8 +13,9 @@ import json
 import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -36,6 +37,10 @@ from .helpers import REPO, SMALL_SITE, Recorder, check_schemas, hooks_for
 SEED = 21
 BASE_S = 7200
 START = datetime(2026, 11, 23, 6, 0, tzinfo=UTC)  # a Monday morning, 2 h before the faults
+#: A GPU of the small site's inference rack (its load varies; the training rack's is flat),
+#: and a time when that rack's load is 10 % under its last hour's 90th percentile.
+INFERENCE_GPU = "inf-r02-n1:0"
+P90_AT = START + timedelta(seconds=BASE_S - 8 * 60)
 
 
 @pytest.fixture(scope="module")
@@ -394,12 +399,14 @@ def test_a_fit_above_the_gpus_fit_history_is_capped_by_it() -> None:
     np.testing.assert_array_equal(history_capped_r(fit, hist), [0.02, 0.05, np.nan, 0.05])
 
 
-def _with_gpu_r(store: Store, factor: float) -> tuple[str, list[dict]]:
-    """Save the newest fit again with one GPU's R multiplied by ``factor`` (as a new fit run);
-    the GPU's id and the fit's rows."""
+def _with_gpu_r(store: Store, factor: float, gpu: str | None = None) -> tuple[str, list[dict]]:
+    """Save the newest fit again with one GPU's R (``gpu``, default the first fitted)
+    multiplied by ``factor`` (as a new fit run); the GPU's id and the fit's rows."""
     run = store.latest_fit_run_id()
     rows = store.calibration_param_rows(run)
-    gid = next(r["id"] for r in rows if r["kind"] == "gpu" and r["param"] == "r_k_per_w")
+    fitted = [r["id"] for r in rows if r["kind"] == "gpu" and r["param"] == "r_k_per_w"]
+    gid = gpu if gpu is not None else fitted[0]
+    assert gid in fitted, gid
     changed = [
         {**r, "value": r["value"] * factor}
         if (r["kind"], r["id"], r["param"]) == ("gpu", gid, "r_k_per_w")
@@ -422,19 +429,25 @@ def test_headroom_forecasts_a_gpu_with_its_fit_history_not_a_fit_learned_in_a_fa
     the forecast stays at the measured temperature; R sets how far a heavier load takes it."""
     db = tmp_path / "h.duckdb"
     shutil.copy(base_db, db)
+
+    def gpu_rows(store: Store) -> dict[str, Any]:
+        rows = compute_headroom(store, site, now=P90_AT).rows
+        return {r.id: r for r in rows if r.kind == "gpu"}
+
     with Store(db) as store:
-        healthy = {r.id: r for r in compute_headroom(store, site).rows if r.kind == "gpu"}
+        healthy = gpu_rows(store)
         run = store.latest_fit_run_id()
-        # one fouled fit after one healthy one: the history's median (2 R) caps it at 2 R
-        gid, rows = _with_gpu_r(store, 3.0)
-        one = {r.id: r for r in compute_headroom(store, site).rows if r.kind == "gpu"}
+        # one fouled fit after one healthy one: the history's median (2 R) caps it at 2 R; an
+        # inference GPU, whose rack's load over the last hour has a p90 above its present one
+        gid, rows = _with_gpu_r(store, 3.0, INFERENCE_GPU)
+        one = gpu_rows(store)
         meta = next(x for x in store.calibration_runs() if x["run_id"] == run)
         meta = {k: v for k, v in meta.items() if k != "run_id"}
         for _ in range(2):  # two healthy fits (history: R, 3 R, R, R, 3 R: median R) ...
             store.save_calibration_run(meta, rows, store.calibration_quality(run), [])
-        _with_gpu_r(store, 3.0)  # ... the newest learned in a fault
+        _with_gpu_r(store, 3.0, INFERENCE_GPU)  # ... the newest learned in a fault
         assert store.latest_fit_run_id() > run
-        now = {r.id: r for r in compute_headroom(store, site).rows if r.kind == "gpu"}
+        now = gpu_rows(store)
     h, o = healthy[gid], one[gid]
     # the model's level is taken out: at the present load (p50 here: persistence) the path
     # holds the measured temperature, with R or 2 R; the p90 load takes a 2 R model further

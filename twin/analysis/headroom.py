@@ -273,13 +273,12 @@ def _load(
         quantities=["supply_temp_c", "return_temp_c", "flow_lpm", "heat_kw"],
     )
     node = reader.load("node", w_start, end, quantities=["inlet_temp_c", "power_w"])
-    pdu_hist = reader.load(
-        "pdu",
-        end - timedelta(seconds=max(TREND_WINDOW_S, PERSISTENCE_WINDOW_S)),
-        end,
-        step_s=60.0,
-        quantities=["power_w", "current_a"],
-    )
+    # the hour (and the trend's window) as minute means, the minutes ending at the newest
+    # second: what a replay's forecast takes at each of its minutes (twin.chain.breach)
+    hist_s = max(TREND_WINDOW_S, PERSISTENCE_WINDOW_S)
+    hist_start, n_min = end - timedelta(seconds=hist_s), round(hist_s / 60.0)
+    pdu_ids = [pu.name for pu in site.pdus] + phase_table(site).ids
+    pdu_hist = reader.minute_means("pdu", pdu_ids, hist_start, n_min, ["power_w", "current_a"])
     # "now" is the mean of the last minute's samples, as for every kind (the hour's grid keeps
     # one sample per PDU and minute); the hot spots read its inlet air from the same window
     pdu_now = reader.load(
@@ -300,14 +299,8 @@ def _load(
     rack_now = chain.rack_feed_power_w(feed_now, pdu_now.ids, r_pdus, every_feed=True)[0]
     # the IT load of each rack (sum of its nodes' input power), the load the forecast and the
     # ratio paths describe; a rack without node power falls back on its PDUs
-    node_hist = reader.load(
-        "node",
-        pdu_hist.start,
-        end,
-        step_s=60.0,
-        ids=[nd.name for nd in site.nodes],
-        quantities=["power_w"],
-    )
+    node_ids = [nd.name for nd in site.nodes]
+    node_hist = reader.minute_means("node", node_ids, hist_start, n_min, ["power_w"])
     it_hist = rack_hist.copy()
     node_cols = {nd: i for i, nd in enumerate(node_hist.ids)}
     for r_i, r in enumerate(racks):

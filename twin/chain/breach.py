@@ -11,16 +11,18 @@ it (:func:`minute_means`), as the live pass reads it.
   power, :data:`twin.forecast.forecast.MIN_RATIO_HISTORY_S`; on the demo day's recording it is
   what the live service would have used too): the p50 load is the present load, the p90 the
   last hour's 90th percentile of the rack's load over its present load (at least 1,
-  :func:`p90_ratio`). Its input differs between the two: live takes a rack's IT load (its
-  nodes' input power, its PDUs' where they report none) as one sample a minute, a replay its
-  PDUs' power as minute means (a recording has no node power). They agree on the simulator; on
-  a site they differ by the PSUs' losses;
-- PDU phases and breakers: the present current plus the trend the rack load does not explain
-  (:func:`twin.chain.trend.unexplained_trend` over :data:`twin.chain.trend.TREND_WINDOW_S`);
-  the p50 path is ``current + slope * t`` (:func:`trend_breach_in_s` for every minute of a
-  replay). Under persistence a checkpoint dip is taken for the load to come, so the forecast
-  clears for the dip's minute, live as in replay: rules ride that out with the engine's
-  ``keep_firing_for``;
+  :func:`p90_ratio`). A rack's load is its IT load (its nodes' input power) where every node
+  reports, else its PDUs' power, as minute means on both paths (live:
+  ``WindowReader.minute_means`` over the store; a replay: :func:`minute_means` over the
+  recording, ``twin.replay.whatif._it_minutes``);
+- PDU phases and breakers: the present current plus the trend that the IT load of the racks it
+  feeds does not explain (:func:`twin.chain.trend.unexplained_trend` over
+  :data:`twin.chain.trend.TREND_WINDOW_S` of minute means); the p50 path is ``current + slope *
+  t`` (:func:`trend_breach_in_s` for every minute of a replay). The IT load, not the PDUs'
+  power: load creeping onto a phase from outside the site's nodes raises the PDU's power too,
+  and explaining the current by it hides part of the creep. Under persistence a checkpoint dip
+  is taken for the load to come, so the forecast clears for the dip's minute, live as in
+  replay: rules ride that out with the engine's ``keep_firing_for``;
 - GPUs: the RC model of the chain at the load path's power (the present activity x the rack's
   load ratio on the calibrated curve, within the enforced cap,
   ``twin.chain.propagate.gpu_power_at_ratio_w``), from the present temperature less the

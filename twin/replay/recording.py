@@ -53,6 +53,10 @@ class Recording:
     pump_on: dict[str, np.ndarray]
     link_busy_gbps: np.ndarray  # (T, links): the busier direction
     rack_in_w: np.ndarray  # (T, racks) rack input power: the sum of its PDUs (feeds)
+    #: (T, racks) IT load: the sum of the rack's nodes' input power (gaps held; NaN for a rack
+    #: without nodes or with a node that never reported); the load the live headroom's
+    #: persistence p90 and phase trend take where every node reports ("rack.it" fresh)
+    rack_it_w: np.ndarray | None = None
     cache: dict[str, Any] = field(default_factory=dict)
     #: (G,) True where ``gpu_activity`` is GPU-Util (no SM activity recorded): those GPUs'
     #: power may follow a curve calibrated on util (twin.chain.propagate.gpu_power_w)
@@ -169,6 +173,21 @@ def _finite(a: np.ndarray, nan: float = 0.0) -> np.ndarray:
     return np.nan_to_num(a, copy=False, nan=nan)
 
 
+def _rack_it_w(idx: SiteIndex, node_w: np.ndarray, dt_s: float) -> tuple[np.ndarray, np.ndarray]:
+    """(T, R) each rack's IT load, the sum of its nodes' power with gaps held (NaN for a rack
+    without nodes or with a node that never reported), and (T, R) where every one of its nodes
+    has a fresh reading (the live pass's condition for taking the nodes' sum)."""
+    n, n_r = node_w.shape[0], len(idx.rack_names)
+    it, told = np.full((n, n_r), np.nan), np.zeros((n, n_r), bool)
+    reported = ~np.isnan(node_w).all(axis=0)
+    for r in range(n_r):
+        cols = list(idx.rack_nodes(r))
+        if cols and reported[cols].all():
+            it[:, r] = _filled(node_w[:, cols]).astype(float).sum(axis=1)
+            told[:, r] = fresh(node_w[:, cols], dt_s).all(axis=1)
+    return it, told
+
+
 def load(bundle: Bundle) -> Recording:
     """Read a bundle onto its time grid and resolve the chain's parameters for its site."""
     m = bundle.manifest
@@ -197,7 +216,8 @@ def load(bundle: Bundle) -> Recording:
     plim = np.where(np.isfinite(plim) & (plim > 0), plim, params.gpu.limit_w)
     act = _finite(_filled(act))
     np.clip(act, 0.0, 1.0, out=act)
-    node = grid(bundle, "node", [nd.name for nd in site.nodes], ["inlet_temp_c"], t0, dt, n)
+    node_q = ["inlet_temp_c", "power_w"]
+    node = grid(bundle, "node", [nd.name for nd in site.nodes], node_q, t0, dt, n)
     phases = phase_table(site)
     pdu_names = [p.name for p in site.pdus]
     pdu = grid(bundle, "pdu", pdu_names, ["power_w", "power_factor", "inlet_temp_c"], t0, dt, n)
@@ -231,6 +251,7 @@ def load(bundle: Bundle) -> Recording:
     told = {f"cdu.{q}": fresh(v, dt) for q, v in cdu.items()}
     told |= {"phase.current_a": fresh(cur, dt), "link.busy": fresh(link_raw, dt)}
     told["rack.power"] = rack_fresh
+    rack_it, told["rack.it"] = _rack_it_w(idx, node["power_w"], dt)
     told["node.inlet_temp_c"] = fresh(inlet, dt)
     gpu_fresh = {}
     for q in ("temp_c", "power_w"):  # the gappy GPUs only: a (T, G) mask would be GBs
@@ -263,6 +284,7 @@ def load(bundle: Bundle) -> Recording:
         pump_on=pump_on,
         link_busy_gbps=busy,
         rack_in_w=rack_in,
+        rack_it_w=rack_it,
         gpu_activity_from_util=no_sm,
         gpu_activity_reported=reported,
         cdu_pumps_reported=pumps_reported,

@@ -337,7 +337,7 @@ def _gpus_run(
     if forecast:  # the rack's p90 load ratio per minute (the live headroom's persistence p90)
         rows = feed.rows
         if "p90-ratio" not in d.cache:  # the recording's, the same for every run
-            d.cache["p90-ratio"] = breach.p90_ratio(breach.minute_means(d.rack_in_w, rows, d.dt_s))
+            d.cache["p90-ratio"] = breach.p90_ratio(_it_minutes(d, d.rack_in_w, rows))
         ratio90 = d.cache["p90-ratio"]
     for lo in range(0, g, GPU_CHUNK):
         sl = slice(lo, min(lo + GPU_CHUNK, g))
@@ -814,7 +814,7 @@ def _phase_forecast(
     """Phases' and breakers' p50 time to breach each minute: the live headroom's trend forecast."""
     rows, ph = feed.rows, d.phases
     cur_m = breach.minute_means(cur, rows, d.dt_s)
-    rack_m = breach.minute_means(np.nan_to_num(rack_s), rows, d.dt_s)
+    rack_m = np.nan_to_num(_it_minutes(d, rack_s, rows))
     fed = np.zeros((rack_s.shape[1], len(ph.ids)))
     for j, racks in enumerate(ph.racks):
         fed[racks, j] = 1.0
@@ -839,6 +839,21 @@ def _phase_forecast(
         d.cache["phase-forecast"] = (cur_m, load, b, limit_a.copy())
     b = np.where(np.isfinite(cur_m), breach.beyond_horizon(b), np.nan)
     feed.offer_series(am.HEADROOM_PDU_PHASE_TIME_TO_BREACH_P50_S, "pdu_phase", list(ph.ids), b)
+
+
+def _it_minutes(d: Recording, rack_w: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """(M, R) each rack's load at each evaluation minute as the live headroom's persistence p90
+    and phase trend take it (``twin.analysis.headroom``): the minute's mean IT load (its nodes'
+    power, the recording's plus the run's change ``rack_w - rack_in_w``) where every node of
+    the rack reported in the minute, else the minute's mean of ``rack_w`` (its PDUs'). The IT
+    load is the load a phase's current is explained by: load creeping onto a phase from outside
+    the site's nodes shows in the PDU's power too, and must stay in the trend."""
+    pdu_m = breach.minute_means(rack_w, rows, d.dt_s)
+    if d.rack_it_w is None:
+        return pdu_m
+    change = np.where(np.isfinite(d.rack_in_w), rack_w - d.rack_in_w, 0.0)
+    it_m = breach.minute_means(d.rack_it_w + change, rows, d.dt_s)
+    return np.where(d.fresh["rack.it"][rows] & np.isfinite(it_m), it_m, pdu_m)
 
 
 def _series(d: Recording, **paths: np.ndarray) -> dict[str, list[float]]:

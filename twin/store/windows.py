@@ -296,6 +296,25 @@ class WindowReader:
         assert have is not None
         return Window(kind, start, step_s, list(have.ids), {c: have.values[c] for c in cols})
 
+    def minute_means(
+        self, kind: str, ids: list[str], start: datetime, n_min: int, quantities: list[str]
+    ) -> Window:
+        """Each quantity's mean per id of ``ids`` and minute of ``[start, start + n_min min)``
+        (:func:`load_minute_stats`, no slope) as a window at a 60 s step: minute ``k`` holds
+        the samples of ``[start + k min, start + (k + 1) min)``, so a window that ends at the
+        newest second has the live "now" minute as its last row, as a replay's minute means
+        (``twin.chain.breach.minute_means``) have theirs."""
+        key = ("minute-means", kind, start, n_min, tuple(ids))
+        have = self._read.get(key)
+        missing = [q for q in quantities if have is None or q not in have.values]
+        if missing:
+            m = load_minute_stats(self.store, kind, ids, start, n_min, missing, with_slope=False)
+            values = {**(have.values if have is not None else {}), **m.means}
+            have = Window(kind, start, 60.0, list(ids), values)
+            self._read[key] = have
+        assert have is not None
+        return Window(kind, start, 60.0, list(ids), {q: have.values[q] for q in quantities})
+
 
 def grid_end(
     store: Store,
