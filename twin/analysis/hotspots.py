@@ -380,7 +380,10 @@ def _watch(
     sigma = np.array(
         [max(MIN_SIGMA_K, RMSE_PER_MAE * mae[gid]) if gid in mae else np.nan for gid in ids]
     )
-    flow_ref = {i_: v for (i_, p), v in params.items() if p == "flow_ref_lpm"}
+    # R's flow factor: each loop's flow over the flow the model run fitted its GPUs' R at (the
+    # CDU's parameter; a replay takes its calibration's, the live headroom the newest run's)
+    cdu_params = {} if run is None else store.calibration_params(run, kind="cdu")
+    flow_ref = {i_: v for (_, i_, p), v in cdu_params.items() if p == "flow_ref_lpm"}
     flow = cdu.values["flow_lpm"]
     factor = gpu_thermal.r_at_flow_k_per_w(1.0, gpu_flow_ratio(idx, flow_ref, flow))
     factor = np.where((idx.gpu_cdu >= 0)[None, :], factor, 1.0)
@@ -486,7 +489,7 @@ def _model_inputs(
     earlier fit (id -> its run)."""
     if run is None:
         return {}, {}, {}, {}, {}
-    fits = store.gpu_thermal_fits(run, ("r_k_per_w", "c_j_per_k", "offset_k", "flow_ref_lpm"))
+    fits = store.gpu_thermal_fits(run, ("r_k_per_w", "c_j_per_k", "offset_k"))
     params = {(gid, p): v for gid, f in fits.items() for p, v in f["params"].items()}
     mae: dict[str, float] = {}
     for gid, f in fits.items():

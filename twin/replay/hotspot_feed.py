@@ -16,7 +16,8 @@ The model is the replay's own (``Recording.params``: the bundle's calibration wh
 usable fit, else the catalog's R and tau), its R capped at :data:`HISTORY_MARGIN` over the mean
 of the GPU's own R re-estimates up to the minute, and sigma the bundle's held-out error of each GPU
 (``temp_c@600s`` MAE x sqrt(pi/2), at least ``twin.analysis.hotspots.MIN_SIGMA_K``); a GPU without a
-calibrated thermal model gets no residual (a catalog R says nothing about its cold plate).
+calibrated thermal model gets no residual (a catalog R says nothing about its cold plate), and
+its R is re-estimated for the drift with offset 0 and no heat-storage term, as live.
 
 The value at evaluation minute ``i`` (row ``r``, ``t0 + i`` min) uses the minutes that end at
 and include row ``r``'s sample, as the live pass's last minute ends at its newest sample (at
@@ -138,6 +139,10 @@ def hotspot_series(
     liquid = idx.gpu_cdu >= 0
     own = np.maximum(idx.gpu_cdu, 0)
     calibrated = np.array([s == "calibrated" for s in gp.thermal_source])
+    # a GPU without a usable fit: offset 0 and no heat-storage term, as the live detector
+    # takes it (twin.analysis.hotspots), not the catalog's C
+    offset = np.where(calibrated, gp.offset_k, 0.0)
+    c_fit = np.where(calibrated, gp.c_j_per_k, np.nan)
     sigma = np.where(calibrated, _sigma(d), np.nan)
     # each CDU's flow over the flow its GPUs were calibrated at (the recording's median
     # without); a CDU without a flow reading is at it (1), as the live pass takes it
@@ -176,8 +181,8 @@ def hotspot_series(
             p_m,
             slope,
             ref,
-            gp.offset_k[sl][None, :],
-            gp.c_j_per_k[sl][None, :],
+            offset[sl][None, :],
+            c_fit[sl][None, :],
             factor,
             sigma[sl][None, :],
             partial(_model_r, gp.r_k_per_w[sl]),  # capped by its own re-estimates so far
