@@ -432,6 +432,31 @@ def test_live_detection_and_a_replay_agree_on_a_faulted_hour(
     its R re-estimated with the catalog's heat capacity in the replay and none live (R drift
     3.70 against 3.66)."""
     bundle, start, fit = _recorded(tmp_path, minutes=60, fit=True, faults=faults)
+    _same_on_a_faulted_hour(bundle, start, fit, tmp_path, monkeypatch)
+
+
+def test_live_detection_and_a_replay_agree_on_a_faulted_hour_of_the_demo_site(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same on an hour of the demo site (880 GPUs) with four faults at once: a pump lost on
+    a CDU that shares its loop, load creeping onto a phase, a cold plate failing and an
+    inference fleet going idle."""
+    faults = (
+        "pump_failure:cdu-2/pump1@35m",
+        "phase_creep:pdu-d08-a/L1@10m+60m",
+        "cold_plate:trn-a03-n2:5@20m",
+        "fleet_idle:infer-chat@30m",
+    )
+    bundle, start, fit = _recorded(tmp_path, DEMO_SITE, minutes=60, fit=True, faults=faults)
+    assert len(_same_on_a_faulted_hour(bundle, start, fit, tmp_path, monkeypatch)) > 4000
+
+
+def _same_on_a_faulted_hour(
+    bundle: Bundle, start: datetime, fit: dict | None, tmp_path: Path, monkeypatch
+) -> dict[tuple[str, str, str], float]:
+    """Asserts that the live pass and the bundle's baseline replay offer the same value of
+    every watched metric, the model's included (a link's traffic within 1 %: the recording
+    keeps it as float32); returns the live ones."""
     obs, offered, det = _live_and_replayed(
         bundle, start, None, tmp_path / "dst.duckdb", monkeypatch, fit
     )
@@ -443,7 +468,9 @@ def test_live_detection_and_a_replay_agree_on_a_faulted_hour(
     assert len({k[0] for k in live} & set(MODEL_METRICS)) == len(MODEL_METRICS)
     tol = {DRIFT_GPU_R: 1e-3, HOTSPOT_GPU_RESIDUAL_SIGMA: 0.05}  # float32 series in replay
     for k, v in live.items():
-        assert ours[k] == pytest.approx(v, rel=1e-6, abs=tol.get(k[0], 1e-6)), (k, v, ours[k])
+        rel = 0.01 if k[0] == HEADROOM_LINK_GBPS_TO_LIMIT else 1e-6
+        assert ours[k] == pytest.approx(v, rel=rel, abs=tol.get(k[0], 1e-6)), (k, v, ours[k])
+    return live
 
 
 def test_a_cdu_without_a_flow_meter_has_an_unknown_flow_in_a_what_if_not_a_stopped_one(
