@@ -115,11 +115,12 @@ def _model_r(r_cal: np.ndarray, est: np.ndarray) -> np.ndarray:
     return np.where(np.isfinite(capped), capped, r_cal[None, :])
 
 
-def _minute_means(d: Recording, a: np.ndarray, fresh: str) -> np.ndarray:
+def _minute_means(d: Recording, a: np.ndarray, quantity: str) -> np.ndarray:
     """(M, N) minute means of a coolant or inlet reading ``a`` (T, N) from row 1, each minute's
-    mean over its fresh readings, a minute without one held at the mean before it (else after),
-    as the live pass holds its reference windows (``twin.analysis.hotspots``)."""
-    told = d.fresh.get(fresh)
+    mean over the steps with a reading (``Recording.reading``: not the values held over a gap),
+    a minute without one held at the mean before it (else after), as the live pass takes its
+    reference windows (``twin.analysis.hotspots``)."""
+    told = d.reading.get(quantity)
     if told is None or told.all():
         return tw.minute_aggregates(a[1:], a[1:], d.dt_s)[0]
     x = np.where(told[1:], a[1:], np.nan)

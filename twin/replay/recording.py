@@ -71,6 +71,9 @@ class Recording:
     #: keys "cdu.<quantity>", "phase.current_a", "link.busy", "rack.power" (every feed fresh),
     #: "node.inlet_temp_c" (its own or its rack's PDU's)
     fresh: dict[str, np.ndarray] = field(default_factory=dict)
+    #: (T, N) bool: a reading at that very step (not held), for the minute means the live pass
+    #: takes over actual readings: "cdu.<quantity>", "node.inlet_temp_c"
+    reading: dict[str, np.ndarray] = field(default_factory=dict)
     #: "temp_c", "power_w" -> (the GPUs with a gap in it, (T, k) where it is fresh there)
     gpu_fresh: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
 
@@ -253,6 +256,8 @@ def load(bundle: Bundle) -> Recording:
     told["rack.power"] = rack_fresh
     rack_it, told["rack.it"] = _rack_it_w(idx, node["power_w"], dt)
     told["node.inlet_temp_c"] = fresh(inlet, dt)
+    reading = {f"cdu.{q}": ~np.isnan(v) for q, v in cdu.items()}
+    reading["node.inlet_temp_c"] = ~np.isnan(inlet)
     gpu_fresh = {}
     for q in ("temp_c", "power_w"):  # the gappy GPUs only: a (T, G) mask would be GBs
         gappy = np.flatnonzero(np.isnan(g[q]).any(axis=0))
@@ -289,5 +294,6 @@ def load(bundle: Bundle) -> Recording:
         gpu_activity_reported=reported,
         cdu_pumps_reported=pumps_reported,
         fresh=told,
+        reading=reading,
         gpu_fresh=gpu_fresh,
     )
