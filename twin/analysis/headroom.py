@@ -146,7 +146,7 @@ class _Pass:
     gpu: Window
     cdu: Window
     node: Window
-    pdu_hist: Window  # the hour (and trend window) at 60 s
+    pdu_hist: Window  # the hour (and trend window) as minute means
     pdu_now: Window  # the last minute's samples
     link: Window
     rack_now: np.ndarray  # (racks,) PDU input power now, NaN where a feed is silent [W]
@@ -285,31 +285,24 @@ def _load(
         "pdu", w_start, end, quantities=["power_w", "current_a", "power_factor", "inlet_temp_c"]
     )
     link = reader.load("link", w_start, end, quantities=["tx_bps", "rx_bps"])
-    k_now = max(1, round(NOW_WINDOW_S / pdu_hist.step_s))  # the rows of "now" on the hour's grid
 
     # ---- rack input power: sum of the rack's PDU units (feeds)
     racks = site.racks
-    feeds_w = pdu_hist.values["power_w"]
     r_pdus = [r.pdus for r in racks]
-    rack_hist = chain.rack_feed_power_w(feeds_w, pdu_hist.ids, r_pdus)
+    rack_hist = chain.rack_sum_w(pdu_hist.values["power_w"], pdu_hist.ids, r_pdus)
     # "now" is the last minute: a PDU that stopped reporting has no present power (its hour
     # of history still shapes the persistence p90 and the phase trend); a rack with a feed
     # that has no power now has no load now (the reporting feeds' sum is not its load)
     feed_now = _mean(pdu_now.values["power_w"])[None, :]
-    rack_now = chain.rack_feed_power_w(feed_now, pdu_now.ids, r_pdus, every_feed=True)[0]
+    rack_now = chain.rack_sum_w(feed_now, pdu_now.ids, r_pdus, every_member=True)[0]
     # the IT load of each rack (sum of its nodes' input power), the load the forecast and the
-    # ratio paths describe; a rack without node power falls back on its PDUs
+    # ratio paths describe, where every node reports in the last minute; else its PDUs'
     node_ids = [nd.name for nd in site.nodes]
     node_hist = reader.minute_means("node", node_ids, hist_start, n_min, ["power_w"])
-    it_hist = rack_hist.copy()
-    node_cols = {nd: i for i, nd in enumerate(node_hist.ids)}
-    for r_i, r in enumerate(racks):
-        cols = [node_cols[nd.name] for nd in r.nodes]
-        if cols:
-            p_nodes = node_hist.values["power_w"][:, cols]
-            if not np.isnan(p_nodes[-1]).any():
-                it_hist[:, r_i] = p_nodes.sum(axis=1)
-    it_now = last_valid(it_hist[-k_now:])
+    r_nodes = [[nd.name for nd in r.nodes] for r in racks]
+    nodes_w = chain.rack_sum_w(node_hist.values["power_w"], node_ids, r_nodes, every_member=True)
+    it_hist = np.where(np.isfinite(nodes_w[-1])[None, :], nodes_w, rack_hist)
+    it_now = it_hist[-1]
     # a rack's load now for weighting and heat: its PDU input, else its nodes' IT load, else 0
     rack_w_now = np.nan_to_num(np.where(np.isfinite(rack_now), rack_now, it_now), nan=0.0)
     if np.isnan(rack_now).any():

@@ -199,7 +199,7 @@ def find_hotspots(
     fit = store.latest_fit_run_id()
     model_run = fit if fit is not None and fit == run else None
     found, figures, missing, not_judged, earlier = _watch(
-        store, model_run, idx, racks, end, k_sigma, minutes, min_excess_k
+        store, reader, model_run, idx, racks, end, k_sigma, minutes, min_excess_k
     )
     out += found
     problems += missing
@@ -316,18 +316,24 @@ def _gpu_minutes(
 
 
 def _minute_window(
-    store: Store, kind: str, start: datetime, n_min: int, ids: list[str], quantities: list[str]
+    reader: WindowReader,
+    kind: str,
+    start: datetime,
+    n_min: int,
+    ids: list[str],
+    quantities: list[str],
 ) -> Window:
     """Each quantity's mean per id and minute of ``[start, start + n_min min)``
-    (:func:`twin.store.windows.load_minute_stats`: the minute means the GPUs' temperature and
-    power are taken as, and a replay's reference), held over missing minutes."""
-    m = load_minute_stats(store, kind, ids, start, n_min, quantities, with_slope=False)
-    held = {q: hold_fill(v, backfill=True) for q, v in m.means.items()}
-    return Window(kind, start, 60.0, list(ids), held)
+    (:meth:`twin.store.windows.WindowReader.minute_means`: the minute means the GPUs'
+    temperature and power are taken as, and a replay's reference), held over missing minutes."""
+    m = reader.minute_means(kind, ids, start, n_min, quantities)
+    held = {q: hold_fill(v, backfill=True) for q, v in m.values.items()}
+    return Window(kind, start, 60.0, m.ids, held)
 
 
 def _watch(
     store: Store,
+    reader: WindowReader,
     run: int | None,
     idx: Any,
     racks: list[Any],
@@ -362,11 +368,11 @@ def _watch(
     start = end - timedelta(minutes=n_min)  # the last minute ends with the newest second
     ids = idx.gpu_ids
     t_m, p_m, slope = _gpu_minutes(store, ids, start, n_min)
-    cdu = _minute_window(store, "cdu", start, n_min, idx.cdu_names, ["supply_temp_c", "flow_lpm"])
+    cdu = _minute_window(reader, "cdu", start, n_min, idx.cdu_names, ["supply_temp_c", "flow_lpm"])
     nodes = sorted(set(idx.gpu_node))
-    node = _minute_window(store, "node", start, n_min, nodes, ["inlet_temp_c"])
+    node = _minute_window(reader, "node", start, n_min, nodes, ["inlet_temp_c"])
     pdus = sorted({p for rack in idx.rack_pdus for p in rack})
-    pdu = _minute_window(store, "pdu", start, n_min, pdus, ["inlet_temp_c"])
+    pdu = _minute_window(reader, "pdu", start, n_min, pdus, ["inlet_temp_c"])
     ref = gpu_reference(idx, cdu, node, pdu)
     params, mae, history, not_judged, earlier = _model_inputs(store, run)
 
@@ -382,8 +388,8 @@ def _watch(
     )
     # R's flow factor: each loop's flow over the flow the model run fitted its GPUs' R at (the
     # CDU's parameter; a replay takes its calibration's, the live headroom the newest run's)
-    cdu_params = {} if run is None else store.calibration_params(run, kind="cdu")
-    flow_ref = {i_: v for (_, i_, p), v in cdu_params.items() if p == "flow_ref_lpm"}
+    cdu_params = {} if run is None else store.calibration_params(run, params=["flow_ref_lpm"])
+    flow_ref = {name: v for (kind, name, _), v in cdu_params.items() if kind == "cdu"}
     flow = cdu.values["flow_lpm"]
     factor = gpu_thermal.r_at_flow_k_per_w(1.0, gpu_flow_ratio(idx, flow_ref, flow))
     factor = np.where((idx.gpu_cdu >= 0)[None, :], factor, 1.0)

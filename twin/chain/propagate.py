@@ -80,21 +80,22 @@ def gpu_power_at_ratio_w(
 
 
 # ---- racks and PDUs --------------------------------------------------------------------------
-def rack_feed_power_w(
-    feed_w: np.ndarray, ids: list[str], feeds: list[list[str]], *, every_feed: bool = False
+def rack_sum_w(
+    x: np.ndarray, ids: list[str], members: list[list[str]], *, every_member: bool = False
 ) -> np.ndarray:
-    """(T, R) each rack's input power: the sum of its feeds' (PDU units') columns of ``feed_w``
-    (T, P), whose columns are ``ids``; NaN where none of them reports (and for a rack without
-    a feed), or with ``every_feed`` where one of them does not (the others' sum is not the
-    rack's load: its "now" live, a recording's rack with a silent feed)."""
-    pos = {x: i for i, x in enumerate(ids)}
-    out = np.full((feed_w.shape[0], len(feeds)), np.nan)
-    for r, names in enumerate(feeds):
-        cols = [pos[x] for x in names if x in pos]
-        if not cols or (every_feed and len(cols) < len(names)):
+    """(T, R) each rack's sum of its members' columns of ``x`` (T, N), whose columns are
+    ``ids``: its feeds' (PDU units') power, its input power, or its nodes' power, its IT load.
+    NaN where none of them reports (and for a rack without members), or with ``every_member``
+    where one of them does not (the others' sum is not the rack's: its load "now" live, a
+    recording's rack with a silent feed, the IT load of a rack with a silent node)."""
+    pos = {m: i for i, m in enumerate(ids)}
+    out = np.full((x.shape[0], len(members)), np.nan)
+    for r, names in enumerate(members):
+        cols = [pos[m] for m in names if m in pos]
+        if not cols or (every_member and len(cols) < len(names)):
             continue
-        f = feed_w[:, cols]
-        gone = np.isnan(f).any(axis=1) if every_feed else np.isnan(f).all(axis=1)
+        f = x[:, cols]
+        gone = np.isnan(f).any(axis=1) if every_member else np.isnan(f).all(axis=1)
         out[:, r] = np.where(gone, np.nan, np.nansum(f, axis=1))
     return out
 

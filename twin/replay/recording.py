@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 
 from collectors.contract import sub_id
 from twin.chain import ChainParams, PhaseTable, phase_table, pumps_running, resolve
-from twin.chain.propagate import link_busy_gbps, rack_feed_power_w
+from twin.chain.propagate import link_busy_gbps, rack_sum_w
 from twin.replay.bundle import Bundle
 from twin.site import Site
 from twin.site.index import SiteIndex, index_site, node_inlet_c
@@ -56,7 +56,7 @@ class Recording:
     #: (T, racks) IT load: the sum of the rack's nodes' input power (gaps held; NaN for a rack
     #: without nodes or with a node that never reported); the load the live headroom's
     #: persistence p90 and phase trend take where every node reports ("rack.it" fresh)
-    rack_it_w: np.ndarray | None = None
+    rack_it_w: np.ndarray
     cache: dict[str, Any] = field(default_factory=dict)
     #: (G,) True where ``gpu_activity`` is GPU-Util (no SM activity recorded): those GPUs'
     #: power may follow a curve calibrated on util (twin.chain.propagate.gpu_power_w)
@@ -176,21 +176,6 @@ def _finite(a: np.ndarray, nan: float = 0.0) -> np.ndarray:
     return np.nan_to_num(a, copy=False, nan=nan)
 
 
-def _rack_it_w(idx: SiteIndex, node_w: np.ndarray, dt_s: float) -> tuple[np.ndarray, np.ndarray]:
-    """(T, R) each rack's IT load, the sum of its nodes' power with gaps held (NaN for a rack
-    without nodes or with a node that never reported), and (T, R) where every one of its nodes
-    has a fresh reading (the live pass's condition for taking the nodes' sum)."""
-    n, n_r = node_w.shape[0], len(idx.rack_names)
-    it, told = np.full((n, n_r), np.nan), np.zeros((n, n_r), bool)
-    reported = ~np.isnan(node_w).all(axis=0)
-    for r in range(n_r):
-        cols = list(idx.rack_nodes(r))
-        if cols and reported[cols].all():
-            it[:, r] = _filled(node_w[:, cols]).astype(float).sum(axis=1)
-            told[:, r] = fresh(node_w[:, cols], dt_s).all(axis=1)
-    return it, told
-
-
 def load(bundle: Bundle) -> Recording:
     """Read a bundle onto its time grid and resolve the chain's parameters for its site."""
     m = bundle.manifest
@@ -248,13 +233,20 @@ def load(bundle: Bundle) -> Recording:
     # a rack with a feed that never reported has no known load (gaps are held, so only such a
     # feed is NaN); its load is fresh where every feed is
     r_pdus = [r.pdus for r in site.racks]
-    rack_in = rack_feed_power_w(pdu_w, pdu_names, r_pdus, every_feed=True)
+    rack_in = rack_sum_w(pdu_w, pdu_names, r_pdus, every_member=True)
     feed_fresh = np.where(fresh(pdu["power_w"], dt), 0.0, np.nan)
-    rack_fresh = np.isfinite(rack_feed_power_w(feed_fresh, pdu_names, r_pdus, every_feed=True))
+    rack_fresh = np.isfinite(rack_sum_w(feed_fresh, pdu_names, r_pdus, every_member=True))
+    # each rack's IT load, its nodes' summed (a node that never reported: unknown), and where
+    # every node has a fresh reading (the live pass's condition for taking the nodes' sum)
+    r_nodes = [[nd.name for nd in r.nodes] for r in site.racks]
+    node_w = _filled(node["power_w"]).astype(float)
+    rack_it = rack_sum_w(node_w, nodes, r_nodes, every_member=True)
+    node_fresh = np.where(fresh(node["power_w"], dt), 0.0, np.nan)
+    it_fresh = np.isfinite(rack_sum_w(node_fresh, nodes, r_nodes, every_member=True))
     told = {f"cdu.{q}": fresh(v, dt) for q, v in cdu.items()}
     told |= {"phase.current_a": fresh(cur, dt), "link.busy": fresh(link_raw, dt)}
     told["rack.power"] = rack_fresh
-    rack_it, told["rack.it"] = _rack_it_w(idx, node["power_w"], dt)
+    told["rack.it"] = it_fresh
     told["node.inlet_temp_c"] = fresh(inlet, dt)
     reading = {f"cdu.{q}": ~np.isnan(v) for q, v in cdu.items()}
     reading["node.inlet_temp_c"] = ~np.isnan(inlet)

@@ -849,8 +849,6 @@ def _it_minutes(d: Recording, rack_w: np.ndarray, rows: np.ndarray) -> np.ndarra
     load is the load a phase's current is explained by: load creeping onto a phase from outside
     the site's nodes shows in the PDU's power too, and must stay in the trend."""
     pdu_m = breach.minute_means(rack_w, rows, d.dt_s)
-    if d.rack_it_w is None:
-        return pdu_m
     change = np.where(np.isfinite(d.rack_in_w), rack_w - d.rack_in_w, 0.0)
     it_m = breach.minute_means(d.rack_it_w + change, rows, d.dt_s)
     return np.where(d.fresh["rack.it"][rows] & np.isfinite(it_m), it_m, pdu_m)
