@@ -75,6 +75,7 @@ __all__ = [
     "Forecast",
     "backtest",
     "forecast",
+    "interval_score",
     "last_valid",
     "point_forecast",
     "seasonal_naive",
@@ -600,11 +601,12 @@ def backtest(
 CANDIDATES = ("persistence", "level", "profile", "blend")
 #: Ends of the lead-time buckets a model is chosen for and its skill reported on. [s]
 HORIZON_MARKS_S = (900.0, 3600.0, 6 * 3600.0, DAY_S, WEEK_S)
-#: Candidate spans whose mean absolute one-step change scales persistence's interval (the
-#: local volatility). Which one is used is chosen per series and lead bucket at each origin,
-#: on the data before it only (:func:`_pick_local_window`: the lowest mean interval score of
-#: the scaled interval on the series' own history); no span is fixed in advance. [s]
-LOCAL_SCALE_CANDIDATES_S = (300.0, 900.0, 1800.0, 3600.0, 7200.0, 14400.0)
+#: Weight of a past h-step change in persistence's interval per grid step of its age (the
+#: newest completed change weighs ``RECENCY_WEIGHT``, the one before it its square, ...):
+#: non-exchangeable split conformal, Barber et al. 2023 (Ann. Statist. 51(2)), whose
+#: electricity experiment uses 0.99 per step; 1 is plain split conformal. At 300 s steps the
+#: weight halves every 5.75 h.
+RECENCY_WEIGHT = 0.99
 INTERVAL_BASES = ("conformal", "empirical h-step changes", "none")
 
 
@@ -640,9 +642,6 @@ class SkillForecast:
     coverage_90: F64
     coverage_points: NDArray[np.int64]
     dip_period_s: list[float | None]
-    #: ``(buckets, N)``: the local-volatility span [s] persistence's interval used (chosen on
-    #: the history before the origin; NaN where the interval is not persistence's or unscaled)
-    local_scale_s: F64 = field(default_factory=lambda: np.zeros((0, 0)))
 
 
 def _horizon_buckets(h_n: int, step_s: float) -> tuple[list[int], list[int]]:
@@ -749,61 +748,48 @@ def _nanmean_abs(r: F64) -> F64:
     return np.where(cnt > 0, np.where(ok, a, 0).sum(axis=(0, 1)) / np.maximum(cnt, 1), np.nan)
 
 
-def _local_scale(hist: F64, local_steps: int) -> F64:
-    """``sig[c]`` (rows ``0..T``), the mean absolute one-step change of the ``local_steps``
-    before origin ``c`` (data ``hist[:c]``), floored at 5 % of its median; NaN where unknown."""
-    o, n = hist.shape
-    d1 = np.abs(np.diff(hist, axis=0))
-    ok1 = np.isfinite(d1)
-    c_s = np.vstack([np.zeros((1, n)), np.cumsum(np.where(ok1, d1, 0.0), axis=0)])
-    c_n = np.vstack([np.zeros((1, n)), np.cumsum(ok1, axis=0)])
-    sig = np.full((o + 1, n), np.nan)
-    w = max(1, local_steps)
-    if o - 1 > w:
-        cc = np.arange(w + 1, o + 1)
-        num = c_s[cc - 1] - c_s[cc - 1 - w]
-        den = c_n[cc - 1] - c_n[cc - 1 - w]
-        with np.errstate(invalid="ignore", divide="ignore"):
-            sig[cc] = np.where(den > 0, num / np.maximum(den, 1), np.nan)
-    floor_sig = np.nanmedian(np.where(np.isfinite(sig), sig, np.nan), axis=0) * 0.05
-    return np.where(np.isfinite(sig), np.maximum(sig, np.nan_to_num(floor_sig)), np.nan)
-
-
-def _interval_score(a: F64, lo: F64, hi: F64, alpha: float = 0.1) -> F64:
+def interval_score(a: ArrayLike, lo: ArrayLike, hi: ArrayLike, alpha: float = 0.1) -> F64:
     """Interval score of the central ``1 - alpha`` interval (Gneiting and Raftery 2007, eq.
     43): its width plus ``2 / alpha`` times how far the actual lies outside. Lower is better;
     it is minimised in expectation by the true ``alpha / 2`` and ``1 - alpha / 2`` quantiles."""
+    a, lo, hi = (np.asarray(v, dtype=np.float64) for v in (a, lo, hi))
     return (hi - lo) + (2 / alpha) * (np.maximum(lo - a, 0) + np.maximum(a - hi, 0))
 
 
-def _pick_local_window(d: list[F64], sigs: list[F64], lo: int, hi: int) -> NDArray[np.int64]:
-    """Per series (N,), which candidate scale ``sigs[i]`` (see :func:`_local_scale`) gives
-    persistence's locally scaled interval the lowest mean interval score over the leads
-    ``lo..hi-1`` on the history's own h-step changes ``d`` (each lead's score over its mean
-    absolute change, so every lead weighs the same): the split-conformal 5/95 % quantiles of
-    the scaled changes, times each past origin's scale, scored on what followed. Uses only
-    the history it is given (the data before the origin). Quantiles and scores on the origins
-    where every candidate's scale exists when there are 16 of them, else on each one's own."""
-    n = sigs[0].shape[1]
-    total = np.zeros((len(sigs), n))
-    first = max(int(np.argmax(np.isfinite(s).any(axis=1))) for s in sigs)
-    for i, sig in enumerate(sigs):
-        for jj in range(lo, hi):
-            dj = d[jj]
-            m = len(dj)
-            if m < 2:
-                continue
-            k0 = first - 1 if m - (first - 1) >= 16 else 0
-            s_k = sig[1 + k0 : m + 1]
-            s_k = np.where(np.isfinite(s_k) & (s_k > 0), s_k, np.nan)
-            x = dj[k0:] / s_k
-            # np.quantile where nothing is missing (the usual case): nanquantile is per column
-            qf = np.quantile if np.isfinite(x).all() else np.nanquantile
-            ql, qh = qf(x, [0.05, 0.95], axis=0)
-            score = _interval_score(dj[k0:], ql * s_k, qh * s_k)
-            total[i] += np.nanmean(score, axis=0) / np.nanmean(np.abs(dj), axis=0)
-    total = np.where(np.isfinite(total), total, np.inf)
-    return np.argmin(total, axis=0).astype(np.int64)
+def _weighted_quantiles(x: F64, age: F64, rho: float, qs: Sequence[float]) -> list[float]:
+    """Quantiles ``qs`` of the scores ``x`` (1-D, finite), each weighted ``rho ** age``, with
+    the coming point's weight 1 placed at +inf for a quantile above the median and at -inf
+    below it (Barber et al. 2023: the non-exchangeable split-conformal quantile; with
+    ``rho = 1`` the ``ceil((n + 1) q)``-th of ``n``). A quantile that needs the coming point's
+    mass is the most extreme score (an interval from the data alone)."""
+    order = np.argsort(x, kind="stable")
+    xs = x[order]
+    w = rho ** age[order]
+    total = w.sum() + 1.0
+    up = np.cumsum(w) / total  # mass at or below each sorted score
+    down = np.cumsum(w[::-1]) / total  # mass at or above, from the top
+    out = []
+    for q in qs:
+        if q >= 0.5:
+            out.append(float(xs[min(int(np.searchsorted(up, q - 1e-12)), len(xs) - 1)]))
+        else:
+            k = min(int(np.searchsorted(down, 1.0 - q - 1e-12)), len(xs) - 1)
+            out.append(float(xs[::-1][k]))
+    return out
+
+
+def _pers_quantiles(
+    d_j: F64, upto: int, rho: float, qs: Sequence[float]
+) -> tuple[list[float], int]:
+    """Persistence's interval offsets at one lead: the recency-weighted quantiles ``qs`` of
+    the h-step changes completed before the origin (``d_j[:upto]``; the newest is one step
+    old), and how many changes there were."""
+    x = d_j[:upto]
+    age = upto - np.arange(len(x), dtype=np.float64)
+    ok = np.isfinite(x)
+    if ok.sum() < 2:
+        return [np.nan] * len(qs), int(ok.sum())
+    return _weighted_quantiles(x[ok], age[ok], rho, qs), int(ok.sum())
 
 
 def _rolling_coverage(
@@ -812,17 +798,17 @@ def _rolling_coverage(
     origins: list[int],
     actual: F64,
     res: F64,
-    pers: tuple[list[F64], list[F64], list[bool]],
+    d: list[F64],
     model_z: tuple[F64, F64],
     min_origins: int,
     floor: float | None,
+    rho: float,
 ) -> tuple[float, int]:
     """One series' p05..p95 checked at each bucket's last lead on its scoring origins (rows of
     ``actual``/``res``, in time order), each against quantiles from the data before it
-    (persistence: the h-step changes completed before the origin, locally scaled with the
-    bucket's scale ``sig[b]`` where ``local[b]``; a model: the scaled residuals of the scoring
-    origins before it): (inside, checked)."""
-    d, sigs, locals_ = pers
+    (persistence: the h-step changes ``d`` completed before the origin, recency-weighted by
+    ``rho``; a model: the scaled residuals of the scoring origins before it): (inside,
+    checked)."""
     z, scale = model_z
     inside, checked = 0.0, 0
     for i_k, c in enumerate(origins):
@@ -830,22 +816,21 @@ def _rolling_coverage(
             jj = hi - 1
             a = actual[i_k, jj]
             f50 = a - res[i_k, jj]
-            if models[b] == "persistence":
-                x, lw = _pers_scores(d[jj], sigs[b], jj, max(0, c - jj - 1), locals_[b])
-                width = sigs[b][c] if lw else 1.0
-                if lw and not np.isfinite(width):
-                    continue
-            else:
-                if i_k < min_origins:
-                    continue
-                x = z[:i_k, lo:hi]
-                x = x[np.isfinite(x)]
-                width = scale[jj]
-            if len(x) < 2 * min_origins or not np.isfinite(a) or not np.isfinite(f50):
+            if not np.isfinite(a) or not np.isfinite(f50):
                 continue
-            lv = _conformal_levels(len(x))
-            lo_b = f50 + np.quantile(x, lv[0.05]) * width
-            hi_b = f50 + np.quantile(x, lv[0.95]) * width
+            if models[b] == "persistence":
+                (q_lo, q_hi), n_x = _pers_quantiles(d[jj], max(0, c - jj - 1), rho, (0.05, 0.95))
+            else:
+                x = z[:i_k, lo:hi] if i_k >= min_origins else z[:0, lo:hi]
+                x = x[np.isfinite(x)]
+                n_x = len(x)
+                if n_x:
+                    lv = _conformal_levels(n_x)
+                    q_lo = float(np.quantile(x, lv[0.05])) * scale[jj]
+                    q_hi = float(np.quantile(x, lv[0.95])) * scale[jj]
+            if n_x < 2 * min_origins:
+                continue
+            lo_b, hi_b = f50 + q_lo, f50 + q_hi
             if floor is not None:
                 lo_b, hi_b = max(lo_b, floor), max(hi_b, floor)
             inside += float(lo_b <= a <= hi_b)
@@ -866,7 +851,7 @@ def _skill_forecast_at(
     margin: float,
     z_gain: float,
     floor: float | None,
-    local_steps: tuple[int, ...] = (6,),
+    rho: float = RECENCY_WEIGHT,
 ) -> SkillForecast:
     """The selected forecast from ``y[:o]`` (see :func:`forecast_skill`)."""
     y, step_s, h_n = cands.y, cands.step_s, cands.h_n
@@ -915,14 +900,9 @@ def _skill_forecast_at(
     )
     scale = np.where(np.isfinite(scale) & (scale > 0), scale, np.nan)  # (H, n)
     z = chosen_res / scale[None]
-    # locally scaled (normalised) conformal for persistence (Lei et al. 2018, sec. 5.2): each
-    # h-step change over the mean absolute one-step change of a span before its origin, so the
-    # interval follows the load's present volatility; sig[c] belongs to the origin c (data
-    # y[:c]); the change d[jj][k] to the origin k + 1. The span, per series and bucket, is the
-    # candidate with the lowest interval score on this history (nothing after the origin)
-    sigs = [_local_scale(hist, w) for w in local_steps]
-    spans: dict[int, NDArray[np.int64]] = {}  # per bucket, computed where persistence is used
-    local_s = np.full((nb, n), np.nan)
+    # persistence's residuals are the h-step changes themselves: its interval is their
+    # recency-weighted conformal quantiles (Barber et al. 2023), nothing rescaled, so it never
+    # exceeds the changes this series has made
     q = {qq: np.zeros((h_n, n)) for qq in QUANTILES}
     basis = ["none"] * n
     samples = np.zeros(n, np.int64)
@@ -936,21 +916,15 @@ def _skill_forecast_at(
                 skill[b, j] = np.nan
             p50[:, j] = now["persistence"][:, j]
         n_pairs = []
-        pick, sig_b, loc_b = _series_spans(
-            [model[b][j] for b in range(nb)], j, spans, d, sigs, los, his
-        )
         for b, (lo, hi) in enumerate(zip(los, his, strict=True)):
             if model[b][j] == "persistence":
-                if loc_b[b]:
-                    local_s[b, j] = local_steps[pick[b]] * step_s
                 for jj in range(lo, hi):
-                    x, width = _pers_scores(d[jj][:, j], sig_b[b], jj, len(d[jj]), loc_b[b])
-                    n_pairs.append(len(x))
-                    if len(x) < 2 * min_origins:
+                    qs, n_x = _pers_quantiles(d[jj][:, j], len(d[jj]), rho, QUANTILES)
+                    n_pairs.append(n_x)
+                    if n_x < 2 * min_origins:
                         continue
-                    lv = _conformal_levels(len(x))
-                    for qq in QUANTILES:
-                        q[qq][jj, j] = np.quantile(x, lv[qq]) * (sig_b[b][o] if width else 1.0)
+                    for qq, v in zip(QUANTILES, qs, strict=True):
+                        q[qq][jj, j] = v
             else:
                 zz = z[:, lo:hi, j]
                 zz = zz[np.isfinite(zz)]
@@ -973,10 +947,11 @@ def _skill_forecast_at(
             [origins[k] for k in np.nonzero(valid_o[:, j])[0]],
             actual[valid_o[:, j], :, j],
             chosen_res[valid_o[:, j], :, j],
-            ([dd[:, j] for dd in d], sig_b, loc_b),
+            [dd[:, j] for dd in d],
             (z[valid_o[:, j], :, j], scale[:, j]),
             min_origins,
             floor,
+            rho,
         )
     p05, p50, p90, p95 = _bands(p50, q, floor)
     with np.errstate(all="ignore"):
@@ -1000,28 +975,7 @@ def _skill_forecast_at(
         coverage_90=coverage,
         coverage_points=cover_n,
         dip_period_s=cands.level(o)[1],
-        local_scale_s=local_s,
     )
-
-
-def _series_spans(
-    models: list[str],
-    j: int,
-    spans: dict[int, NDArray[np.int64]],
-    d: list[F64],
-    sigs: list[F64],
-    los: list[int],
-    his: list[int],
-) -> tuple[list[int], list[F64], list[bool]]:
-    """Series ``j``'s local-scale candidate per bucket (chosen by :func:`_pick_local_window`
-    for every series at once, the first time a bucket needs it: kept in ``spans``), its scale
-    (rows ``0..T``) and whether the present scale (last row) exists."""
-    for b, m in enumerate(models):
-        if m == "persistence" and b not in spans:
-            spans[b] = _pick_local_window(d, sigs, los[b], his[b])
-    pick = [int(spans[b][j]) if b in spans else 0 for b in range(len(models))]
-    sig_b = [sigs[i][:, j] for i in pick]
-    return pick, sig_b, [bool(np.isfinite(sb[-1]) and sb[-1] > 0) for sb in sig_b]
 
 
 def _bands(p50: F64, q: dict[float, F64], floor: float | None) -> tuple[F64, F64, F64, F64]:
@@ -1035,24 +989,10 @@ def _bands(p50: F64, q: dict[float, F64], floor: float | None) -> tuple[F64, F64
     return tuple(np.maximum(a, floor) for a in (p05, p50, p90, p95))  # type: ignore[return-value]
 
 
-def _pers_scores(d_j: F64, sig: F64, jj: int, upto: int, local: bool) -> tuple[F64, bool]:
-    """Persistence's residuals at lead ``jj`` from the changes ``d_j[:upto]`` (finite only),
-    each over its origin's local scale where ``local`` (then the caller multiplies by the
-    present scale), and whether they were scaled."""
-    x = d_j[:upto]
-    if local:
-        s_k = sig[1 : upto + 1]  # d_j[k] is the origin k + 1's residual
-        x = x / np.where(np.isfinite(s_k) & (s_k > 0), s_k, np.nan)
-    return x[np.isfinite(x)], local
-
-
-def _local_steps(local_scale_s: float | Sequence[float], step_s: float) -> tuple[int, ...]:
-    """The candidate spans in grid steps (at least one step each, duplicates dropped)."""
-    if isinstance(local_scale_s, int | float):
-        spans = [float(local_scale_s)]
-    else:
-        spans = [float(w) for w in local_scale_s]
-    return tuple(sorted({max(1, round(w / step_s)) for w in spans}))
+def _recency(recency_weight: float) -> float:
+    if not 0.0 < recency_weight <= 1.0:
+        raise ValueError(f"recency_weight must be in (0, 1], got {recency_weight}")
+    return float(recency_weight)
 
 
 def _score_spacing(h_n: int, score_spacing_s: float | None, step_s: float) -> int:
@@ -1075,7 +1015,7 @@ def forecast_skill(
     margin: float = 0.02,
     z_gain: float = 2.0,
     floor: float | None = 0.0,
-    local_scale_s: float | Sequence[float] = LOCAL_SCALE_CANDIDATES_S,
+    recency_weight: float = RECENCY_WEIGHT,
     **model_kw: float,
 ) -> SkillForecast:
     """The forecast each series earns on its own history.
@@ -1097,12 +1037,12 @@ def forecast_skill(
     residuals keep the lead's own spread) with the finite-sample correction. With fewer than
     ``min_origins`` scored origins the forecast is persistence and the interval comes from the
     series' empirical h-step changes (``interval_basis`` says which; "none" when even those are
-    too few). Persistence's interval is locally scaled: each past h-step change over the mean
-    absolute one-step change of a span before its origin, the quantiles multiplied back by the
-    present one; the span is chosen per series and lead bucket among ``local_scale_s`` (a
-    number fixes it) as the one with the lowest mean interval score on the history before
-    the origin (``local_scale_s`` in the result). The 90 % interval's coverage is checked on
-    rolling scoring origins, each with quantiles from the origins before it. Every quantile is
+    too few). Where the model is persistence its residuals are the series' h-step changes at
+    every past row, and the interval is their weighted conformal quantiles, each change
+    weighted ``recency_weight ** age`` (age in grid steps; Barber et al. 2023; 1 gives plain
+    split conformal), so a change of volatility is followed within hours and the interval is
+    never wider than the changes the series has made. The 90 % interval's coverage is checked
+    on rolling scoring origins, each with quantiles from the data before it. Every quantile is
     at least ``floor`` (power: 0).
 
     Leading rows where no series has data (a history window padded past the recording) are
@@ -1126,7 +1066,7 @@ def forecast_skill(
         margin=margin,
         z_gain=z_gain,
         floor=floor,
-        local_steps=_local_steps(local_scale_s, step_s),
+        rho=_recency(recency_weight),
     )
 
 
@@ -1175,7 +1115,7 @@ def backtest_skill(
     margin: float = 0.02,
     z_gain: float = 2.0,
     floor: float | None = 0.0,
-    local_scale_s: float | Sequence[float] = LOCAL_SCALE_CANDIDATES_S,
+    recency_weight: float = RECENCY_WEIGHT,
     **model_kw: float,
 ) -> SkillBacktest:
     """Backtest :func:`forecast_skill` (same arguments) at ``origins`` (rows): each forecast
@@ -1207,7 +1147,7 @@ def backtest_skill(
             margin=margin,
             z_gain=z_gain,
             floor=floor,
-            local_steps=_local_steps(local_scale_s, step_s),
+            rho=_recency(recency_weight),
         )
         actual = y[o : o + h_n]
         h = actual.shape[0]
