@@ -19,9 +19,13 @@ import pytest
 
 from harness.live_path import drive
 from twin.alerts import Observation, load_rules, parse_rules
+from twin.ingest import Ingester, IngestLimits
+from twin.simulator import SiteSimulator
 from twin.simulator.faults import parse_fault
+from twin.site import load_site
+from twin.store import Store
 
-from .helpers import Recorder
+from .helpers import SMALL_SITE, Recorder
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO_SITE = REPO / "sample_telemetry" / "demo_site.yaml"
@@ -44,6 +48,54 @@ def _one_pump_page_and_its_resolve(receiver: Recorder) -> dict[str, Any]:
 
 def _texts(a: dict[str, Any]) -> list[str]:
     return [str(a.get(k) or "") for k in ("summary", "paged_summary", "description")]
+
+
+#: The rules that page on a forecast (the load paths of the headroom), not on a present value.
+FORECAST_RULES = {
+    "gpu_slowdown_forecast",
+    "cdu_heat_breach_1h",
+    "cdu_flow_breach_1h",
+    "loop_return_breach_1h",
+    "pdu_phase_breach_1h",
+    "rack_feed_breach_1h",
+    "link_breach_1h",
+}
+
+
+@pytest.mark.slow  # a day of 5-min node power, then 2 simulated hours live: about 30-60 s
+def test_a_healthy_site_on_its_second_day_is_quiet_under_the_forecast_basis(
+    tmp_path: Path,
+) -> None:
+    """After a day of node power the headroom takes its load paths from the forecast
+    (``twin.forecast.rack_ratio_paths``) instead of persistence; no replay or benchmark runs
+    that basis. Its ratios were over the forecast's last 5-min mean while the headroom
+    multiplies them by the last minute's load: at a training rack's checkpoint dip the two
+    differ, and a fault-free small site on its second day paged ``pdu_phase_breach_1h`` and
+    ``rack_feed_breach_1h`` "in 0 s" at its dips (the rack's 15.7 kW level over a 4.4 kW
+    5-min mean, times a 10.2 kW minute: 36.6 kW against a 36.1 kW feed)."""
+    db = tmp_path / "s.duckdb"
+    start = datetime(2026, 11, 24, 0, 0, tzinfo=UTC)
+    site = load_site(SMALL_SITE)
+    sim = SiteSimulator(site, seed=11, start=start - timedelta(hours=25), rate_hz=1 / 300)
+    store = Store(db)
+    ingester = Ingester(store, site, IngestLimits(max_past_s=0))
+    for _ in range(300):  # 25 h of node power at 5 min: the forecast's day of history
+        ingester.ingest([m for m in sim.step() if m[0].split("/")[3] == "node"])
+    store.close()
+    seen: dict[str, Any] = {}
+
+    def read_api(url: str) -> None:
+        seen["headroom"] = httpx.get(f"{url}/api/v1/headroom", timeout=30).json()
+
+    run = drive(SMALL_SITE, db, start=start, duration_s=2 * 3600, rules=RULES, on_end=read_api)
+    bases = {r["basis"] for r in seen["headroom"]["rows"] if r["kind"] == "rack"}
+    assert bases == {"forecast (2 of 2 racks; persistence for the rest)"}, bases
+    forecast_pages = [
+        (n["at"], n["rule"], n["summary"])
+        for n in run.notifications
+        if n["status"] == "firing" and n["rule"] in FORECAST_RULES
+    ]
+    assert forecast_pages == []
 
 
 @pytest.mark.slow  # 30 simulated minutes of the 880-GPU demo site, about 40-70 s

@@ -121,11 +121,12 @@ def _latest_params(store: Store) -> dict[tuple[str, str, str], float]:
 
 
 def _forecast_ratio_paths(
-    store: Store, site: Site, now: datetime, horizon_s: float, step_s: float
+    store: Store, site: Site, now: datetime, horizon_s: float, step_s: float, it_now: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, str] | None:
-    """Rack load ratio paths (p50, p90), each (n_steps + 1, n_racks), from twin.forecast."""
+    """Rack load ratio paths (p50, p90), each (n_steps + 1, n_racks), from twin.forecast, over
+    the racks' present IT load ``it_now`` (the load the rows multiply them with)."""
     try:
-        return rack_ratio_paths(store, site, now, horizon_s, step_s)
+        return rack_ratio_paths(store, site, now, horizon_s, step_s, present_w=it_now)
     except ValueError as e:  # not enough history for a forecast: persistence instead
         log.info("headroom: no load forecast (%s); using persistence", e)
         return None
@@ -312,7 +313,9 @@ def _load(
         )
 
     # ---- load ratio paths per rack
-    paths = _forecast_ratio_paths(store, site, now, horizon_s, step_s) if use_forecast else None
+    paths = (
+        _forecast_ratio_paths(store, site, now, horizon_s, step_s, it_now) if use_forecast else None
+    )
     if paths is not None and paths[0].shape == (n, len(racks)):
         r50, r90, basis = paths
     else:

@@ -363,14 +363,22 @@ def rack_ratio_paths(
     horizon_s: float,
     step_s: float,
     *,
+    present_w: np.ndarray | None = None,
     forecast_step_s: float = 300.0,
 ) -> tuple[np.ndarray, np.ndarray, str]:
     """Each rack's p50 and p90 load over its present load, on ``now + k * step_s``.
 
     Shapes ``(round(horizon_s / step_s) + 1, n_racks)`` in site rack order; the first row is
-    ``now``. A rack with less than :data:`MIN_RATIO_HISTORY_S` of history keeps ratio 1 (p50
-    and p90: persistence) and the basis says how many racks were forecast. Raises ValueError
-    when no rack has enough history, so the caller can fall back on its own persistence.
+    ``now``, where the load is the present one (ratio 1, p50 and p90); each forecast mean over
+    ``[t, t + forecast_step_s)`` is reached at its middle, linearly in between. The present
+    load is ``present_w`` (racks,), the caller's "now" that it multiplies the ratios with (the
+    headroom's last-minute IT load), where known and positive; else the forecast's last
+    5-min mean. A ratio over another "now" than the one it multiplies is wrong by their
+    quotient: a checkpoint dip that began inside the last 5 min made a rack's level over that
+    minute's low load 3.6, times a present load that was already the dip's twice that.
+    A rack with less than :data:`MIN_RATIO_HISTORY_S` of history keeps ratio 1 (p50 and p90:
+    persistence) and the basis says how many racks were forecast. Raises ValueError when no
+    rack has enough history, so the caller can fall back on its own persistence.
     """
     oldest, _ = sample_span(store, "node", since=now - timedelta(days=14))
     if oldest is None or (now - oldest).total_seconds() < MIN_RATIO_HISTORY_S:
@@ -381,7 +389,7 @@ def rack_ratio_paths(
         store,
         site,
         now=now,
-        horizon_s=horizon_s + forecast_step_s,
+        horizon_s=horizon_s + 2 * forecast_step_s,
         step_s=forecast_step_s,
     )
     racks = site.racks
@@ -395,14 +403,20 @@ def rack_ratio_paths(
         e = by_id.get(rack.name)
         if e is None or not e.last_w or e.history_points * fc.step_s < MIN_RATIO_HISTORY_S:
             continue
-        t_rel = np.array([(t - now).total_seconds() for t in e.t])
-        p50 = np.array([np.nan if v is None else v for v in e.p50_w]) / e.last_w
-        p90 = np.array([np.nan if v is None else v for v in e.p90_w]) / e.last_w
-        ok = np.isfinite(p50) & np.isfinite(p90)
+        base = e.last_w
+        if present_w is not None and np.isfinite(present_w[j]) and present_w[j] > 0:
+            base = float(present_w[j])
+        t_mid = np.array([(t - now).total_seconds() for t in e.t]) + fc.step_s / 2
+        p50 = np.array([np.nan if v is None else v for v in e.p50_w]) / base
+        p90 = np.array([np.nan if v is None else v for v in e.p90_w]) / base
+        ok = np.isfinite(p50) & np.isfinite(p90) & (t_mid > 0)
         if ok.sum() < 2:
             continue
-        r50[:, j] = np.interp(t_target, t_rel[ok], p50[ok])
-        r90[:, j] = np.maximum(np.interp(t_target, t_rel[ok], p90[ok]), r50[:, j])
+        t_k = np.concatenate([[0.0], t_mid[ok]])
+        r50[:, j] = np.interp(t_target, t_k, np.concatenate([[1.0], p50[ok]]))
+        r90[:, j] = np.maximum(
+            np.interp(t_target, t_k, np.concatenate([[1.0], p90[ok]])), r50[:, j]
+        )
         forecast += 1
     if forecast == 0:
         raise ValueError(
