@@ -373,9 +373,9 @@ def rack_ratio_paths(
     ``[t, t + forecast_step_s)`` is reached at its middle, linearly in between. The present
     load is ``present_w`` (racks,), the caller's "now" that it multiplies the ratios with (the
     headroom's last-minute IT load), where known and positive; else the forecast's last
-    5-min mean. A ratio over another "now" than the one it multiplies is wrong by their
-    quotient: a checkpoint dip that began inside the last 5 min made a rack's level over that
-    minute's low load 3.6, times a present load that was already the dip's twice that.
+    5-min mean. The ratio must be over the same "now" it is multiplied by: at a checkpoint
+    dip the last 5-min mean (4.4 kW) and the last minute (10.2 kW) differ, and a 15.7 kW
+    level over the one times the other forecast 36.6 kW, over the rack's feeds.
     A rack with less than :data:`MIN_RATIO_HISTORY_S` of history keeps ratio 1 (p50 and p90:
     persistence) and the basis says how many racks were forecast. Raises ValueError when no
     rack has enough history, so the caller can fall back on its own persistence.
