@@ -69,6 +69,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from models.nanstats import nanmedian
+
 __all__ = [
     "KINDS",
     "BacktestResult",
@@ -304,20 +306,16 @@ def _residual_correction(
     windows = np.lib.stride_tricks.sliding_window_view(r, win, axis=0)  # (t_n - win + 1, n, win)
     # a window with no finite residual has no median (NaN); computed without numpy's warning,
     # which catch_warnings cannot hold back reliably when the API runs this in worker threads
-    has = np.isfinite(windows).any(axis=2)
-    m = np.nanmedian(np.where(has[..., None], windows, 0.0), axis=2)  # row i + win - 1
-    m[~has] = np.nan
+    m = nanmedian(windows, axis=2)  # row i + win - 1
     m_now = m[-1]
-    # beta(h) = sum_t m_t r_{t+h} / sum_t m_t^2 over pairs where both exist: cross-correlations
-    # for every lead at once (FFT), m placed on the row it belongs to
+    # beta(h) = sum_t m_t r_{t+h} / sum_t m_t^2 over pairs where both exist, m placed on the
+    # row it belongs to: cross-correlations at leads 1..H
     mm = np.zeros((t_n, n))
     mm[win - 1 :] = np.where(np.isfinite(m), m, 0.0)
     ok_r = np.isfinite(r)
     rz = np.where(ok_r, r, 0.0)
-    from scipy.signal import fftconvolve  # imported when a forecast needs it (~0.5 s)
-
-    num = fftconvolve(mm[::-1], rz, axes=0)[t_n : t_n + horizon_steps]
-    den = fftconvolve((mm * mm)[::-1], ok_r.astype(float), axes=0)[t_n : t_n + horizon_steps]
+    num = _lagged_products(mm, rz, horizon_steps)
+    den = _lagged_products(mm * mm, ok_r.astype(float), horizon_steps)
     beta = np.zeros((horizon_steps, n))
     h_ok = min(horizon_steps, max(0, t_n - win - 10))  # leads with at least ~10 pairs
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -325,6 +323,25 @@ def _residual_correction(
     beta[:h_ok] = np.clip(b[:h_ok], 0.0, 1.0)
     corr = beta * np.where(np.isfinite(m_now), m_now, 0.0)
     return corr, beta
+
+
+#: Leads up to which :func:`_lagged_products` sums directly (H x T x N products); beyond, the
+#: FFT (about 20 T log T x N) is cheaper. At the live headroom's 14 leads the direct sums
+#: take a fifth of the FFT's time (315 racks over 14 days at 300 s).
+DIRECT_LAGS_MAX = 48
+
+
+def _lagged_products(a: F64, b: F64, leads: int) -> F64:
+    """``out[h] = sum_t a[t] * b[t + h + 1]`` over the rows, for ``h < leads``: (leads, N)."""
+    t_n = a.shape[0]
+    if leads <= DIRECT_LAGS_MAX:
+        out = np.zeros((leads, a.shape[1]))
+        for h in range(min(leads, t_n - 1)):
+            out[h] = np.einsum("tn,tn->n", a[: t_n - h - 1], b[h + 1 :])
+        return out
+    from scipy.signal import fftconvolve  # imported when a forecast needs it (~0.5 s)
+
+    return fftconvolve(a[::-1], b, axes=0)[t_n : t_n + leads]
 
 
 @_quiet_nan

@@ -18,6 +18,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from models.fit_quality import _column_stats, data_problems, hold_gaps, join_reasons, safe_pinv
+from models.nanstats import nanmedian
 
 __all__ = [
     "RcFit",
@@ -997,20 +998,6 @@ def _huber_refit(
             return
 
 
-def _column_nanmedian(a: NDArray[np.floating]) -> NDArray[np.floating]:
-    """``np.nanmedian(a, axis=0)`` of a (T, N) array in one sort: numpy's own runs a Python
-    loop over the columns when any is NaN or T > 600 (``apply_along_axis``), 1.7 s of a 5 s
-    calibration of 2,000 GPUs at 10 s (bench/README.md). NaN sorts last, so each column's
-    median is the middle of its first ``n`` sorted values; all-NaN columns give NaN."""
-    srt = np.sort(a.T, axis=1)
-    n = a.shape[0] - np.isnan(srt).sum(axis=1)
-    rows = np.arange(srt.shape[0])
-    lo, hi = np.maximum((n - 1) // 2, 0), np.maximum(n // 2, 0)
-    with np.errstate(invalid="ignore"):
-        med = 0.5 * (srt[rows, lo] + srt[rows, hi])
-    return np.where(n > 0, med, np.nan).astype(a.dtype, copy=False)
-
-
 def _trajectory(
     ref_w: NDArray[np.floating],
     p_w: NDArray[np.floating],
@@ -1071,7 +1058,7 @@ def _robust_scale(
     np.abs(e, out=e)
     if valid is not None:
         e[~valid] = np.nan
-    return np.maximum(1.4826 * _column_nanmedian(e).astype(float), 1e-6)
+    return np.maximum(1.4826 * nanmedian(e, axis=0).astype(float), 1e-6)
 
 
 def fit_rc(

@@ -189,7 +189,7 @@ def test_mean_intervals_tell_two_exporters_apart_in_one_query(tmp_path) -> None:
 
 
 def test_the_huber_scale_median_is_numpys_nanmedian_without_its_column_loop() -> None:
-    from models.gpu_thermal import _column_nanmedian
+    from models.nanstats import nanmedian
 
     rng = np.random.default_rng(2)
     for n_t, n, dtype in ((720, 300, np.float32), (3601, 40, np.float64), (4, 5, np.float32)):
@@ -198,6 +198,15 @@ def test_the_huber_scale_median_is_numpys_nanmedian_without_its_column_loop() ->
         a[:, 0] = np.nan  # an all-NaN column
         with pytest.warns(RuntimeWarning):
             want = np.nanmedian(a, axis=0)
-        got = _column_nanmedian(a)
+        got = nanmedian(a, axis=0)
         assert got.dtype == a.dtype
         np.testing.assert_array_equal(got, want)
+    # the forecast's rolling median: (rows, series, window) along the window, short all-NaN
+    # windows included (an entity's gap)
+    r = rng.standard_normal((500, 7))
+    r[rng.random(r.shape) < 0.3] = np.nan
+    r[100:130, 3] = np.nan
+    win = np.lib.stride_tricks.sliding_window_view(r, 12, axis=0)
+    with pytest.warns(RuntimeWarning):
+        want = np.nanmedian(win, axis=2)
+    np.testing.assert_array_equal(nanmedian(win, axis=2), want)
