@@ -189,6 +189,9 @@ def _loop(
         c3 = time.perf_counter()
         if due_det:  # the full pass evaluates the breached-now metrics too
             det.run_once()
+            # the load forecast the pass started (on its own thread, as served) is done
+            # before the next pass: what a site whose forecast takes less than a pass sees
+            det.forecasts.wait()
             run.passes += 1
             next_det = t_s + detect_s
             if on_pass is not None:

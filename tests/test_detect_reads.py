@@ -117,3 +117,44 @@ def test_the_fits_a_pass_judges_by_are_read_once_per_run(db: Path, tmp_path: Pat
         assert set(fits2) == set(fits)
         assert all(f["run_id"] == run2 for f in fits2.values())
         assert store.gpu_fit_standing(run2) == ({}, {})
+
+
+def test_the_live_pass_forecasts_the_load_once_per_forecast_step(tmp_path: Path) -> None:
+    """After a day of node power the headroom's load paths come from the forecast, whose model
+    selection costs 25 s at 313 racks over 14 days (bench_detect ``--history-days``): the live
+    loop (``DetectionScheduler.run_once``, one pass a minute) makes it once per 5-min forecast
+    step on a thread of its own and answers the passes from it, with the rows a forecast made
+    in the pass would give; the first pass, with no forecast made yet, takes persistence and
+    the first pass of the next step the previous step's forecast."""
+    from datetime import timedelta
+
+    from twin.analysis.detect import DetectionScheduler
+    from twin.analysis.headroom import compute_headroom
+
+    site = load_site(SMALL_SITE)
+    start = datetime(2026, 11, 24, 0, 0, tzinfo=UTC)
+    seed = SiteSimulator(site, seed=11, start=start - timedelta(hours=25), rate_hz=1 / 300)
+    live = SiteSimulator(site, seed=11, start=start, rate_hz=0.1)
+    with Store(tmp_path / "s.duckdb") as store:
+        ing = Ingester(store, site, IngestLimits(max_past_s=0))
+        for _ in range(300):  # 25 h of node power at 5 min: a day for the forecast
+            ing.ingest([m for m in seed.step() if m[0].split("/")[3] == "node"])
+        loop = DetectionScheduler(store, site)
+        made: list[int] = []
+        bases: list[set[str]] = []
+        for minute in range(7):  # passes at 00:00:50, 00:01:50, ..., 00:06:50
+            ing.ingest([m for _ in range(6) for m in live.step()])
+            d = loop.run_once()
+            assert d is not None and not d.failures, d and d.failures
+            loop.forecasts.wait()  # as the loop's next pass, a minute later, finds it
+            made.append(loop.forecasts.made)
+            bases.append({r.basis for r in d.headroom.rows if r.kind == "rack"})
+            if minute in (3, 6):  # served from the cache: what a forecast made now gives
+                fresh = compute_headroom(store, site, now=d.now)
+                assert [r.model_dump() for r in fresh.rows] == [
+                    r.model_dump() for r in d.headroom.rows
+                ]
+        loop.store.close()
+    forecast = {"forecast (2 of 2 racks; persistence for the rest)"}
+    assert bases == [{"persistence"}] + [forecast] * 6
+    assert made == [1, 1, 1, 1, 1, 2, 2]  # the step [00:05, 00:10) begins at the 6th pass

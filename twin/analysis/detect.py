@@ -93,6 +93,7 @@ from twin.analysis.fleets import FleetReport, span_text, underused_fleets
 from twin.analysis.headroom import HeadroomReport, compute_headroom
 from twin.analysis.hotspots import HotSpotReport, find_hotspots
 from twin.chain import phase_table, pumps_running
+from twin.forecast import ForecastCache
 from twin.health import ServiceHealth
 from twin.procs import lower_this_thread
 from twin.site import Site
@@ -172,6 +173,7 @@ def detect(
     now: datetime | None = None,
     horizon_s: float = 3600.0,
     fleets: bool = True,
+    forecasts: ForecastCache | None = None,
 ) -> Detection:
     """Everything the alert engine is fed, computed once from the store.
 
@@ -199,7 +201,9 @@ def detect(
     windows = WindowReader(store)
     headroom = stage(
         "headroom",
-        lambda: compute_headroom(store, site, now=now, horizon_s=horizon_s, windows=windows),
+        lambda: compute_headroom(
+            store, site, now=now, horizon_s=horizon_s, windows=windows, forecasts=forecasts
+        ),
         lambda why: HeadroomReport(
             computed_at=datetime.now(UTC),
             data_until=now,
@@ -505,6 +509,9 @@ class DetectionScheduler:
         self.runs = 0
         self.failures = 0
         self.last: Detection | None = None
+        #: the headroom's load forecast, made once per forecast step (5 min) on its own
+        #: thread: no pass waits for it
+        self.forecasts = ForecastCache(background=True, nice=nice)
         #: the error text of the last pass ("" when it succeeded): what was logged last
         self.last_error = ""
         self._missing: set[str] = set()
@@ -524,7 +531,7 @@ class DetectionScheduler:
     def run_once(self) -> Detection | None:
         """One pass; None when the store holds no telemetry yet."""
         try:
-            d = detect(self.store, self.site, horizon_s=self.horizon_s)
+            d = detect(self.store, self.site, horizon_s=self.horizon_s, forecasts=self.forecasts)
         except NoTelemetry as e:
             log.info("detection skipped: %s", e)
             self._report_missing(missing_kinds(self.store, self.site, datetime.now(UTC)))

@@ -58,7 +58,7 @@ from twin.chain.breach import (
 )
 from twin.chain.params import history_capped_r
 from twin.chain.trend import TREND_WINDOW_S, unexplained_trend
-from twin.forecast import rack_ratio_paths
+from twin.forecast import ForecastCache, rack_ratio_paths
 from twin.site import Site
 from twin.site.index import gpu_flow_ratio, gpu_reference, index_site
 from twin.store import Store
@@ -121,12 +121,18 @@ def _latest_params(store: Store) -> dict[tuple[str, str, str], float]:
 
 
 def _forecast_ratio_paths(
-    store: Store, site: Site, now: datetime, horizon_s: float, step_s: float, it_now: np.ndarray
+    store: Store,
+    site: Site,
+    now: datetime,
+    horizon_s: float,
+    step_s: float,
+    it_now: np.ndarray,
+    cache: ForecastCache | None,
 ) -> tuple[np.ndarray, np.ndarray, str] | None:
     """Rack load ratio paths (p50, p90), each (n_steps + 1, n_racks), from twin.forecast, over
     the racks' present IT load ``it_now`` (the load the rows multiply them with)."""
     try:
-        return rack_ratio_paths(store, site, now, horizon_s, step_s, present_w=it_now)
+        return rack_ratio_paths(store, site, now, horizon_s, step_s, present_w=it_now, cache=cache)
     except ValueError as e:  # not enough history for a forecast: persistence instead
         log.info("headroom: no load forecast (%s); using persistence", e)
         return None
@@ -215,10 +221,13 @@ def compute_headroom(
     step_s: float = 60.0,
     use_forecast: bool = True,
     windows: WindowReader | None = None,
+    forecasts: ForecastCache | None = None,
 ) -> HeadroomReport:
     """Headroom of every limit of ``site`` from the store's newest data and calibration.
 
-    ``windows``: the pass's reader, when other stages read the same windows (detection)."""
+    ``windows``: the pass's reader, when other stages read the same windows (detection).
+    ``forecasts``: the load forecast kept between passes (the detection loop's), made once
+    per forecast step instead of every pass."""
     if not (horizon_s > 0 and step_s > 0 and horizon_s >= step_s):
         raise ValueError(f"horizon_s ({horizon_s}) and step_s ({step_s}) must be > 0, h >= step")
     problems: list[str] = []
@@ -229,7 +238,7 @@ def compute_headroom(
         now = newest
     now = now.astimezone(UTC)
     reader = windows if windows is not None else WindowReader(store)
-    p = _load(store, reader, site, now, horizon_s, step_s, use_forecast, problems)
+    p = _load(store, reader, site, now, horizon_s, step_s, use_forecast, problems, forecasts)
     for stage in (_racks_rows, _phases_rows, _gpus_rows, _cdus_rows, _links_rows):
         stage(p)
     rows, basis = p.rows, p.basis
@@ -253,6 +262,7 @@ def _load(
     step_s: float,
     use_forecast: bool,
     problems: list[str],
+    forecasts: ForecastCache | None = None,
 ) -> _Pass:
     """The windows a headroom pass reads, the racks' loads now and their load-ratio paths."""
     idx = index_site(site)
@@ -314,7 +324,9 @@ def _load(
 
     # ---- load ratio paths per rack
     paths = (
-        _forecast_ratio_paths(store, site, now, horizon_s, step_s, it_now) if use_forecast else None
+        _forecast_ratio_paths(store, site, now, horizon_s, step_s, it_now, forecasts)
+        if use_forecast
+        else None
     )
     if paths is not None and paths[0].shape == (n, len(racks)):
         r50, r90, basis = paths

@@ -3,6 +3,7 @@
 from twin.forecast.forecast import (
     BacktestReport,
     EntityForecast,
+    ForecastCache,
     SiteForecast,
     forecast_site,
     rack_ratio_paths,
@@ -13,6 +14,7 @@ from twin.forecast.series import PowerSeries, load_power_series
 __all__ = [
     "BacktestReport",
     "EntityForecast",
+    "ForecastCache",
     "PowerSeries",
     "SiteForecast",
     "forecast_site",
