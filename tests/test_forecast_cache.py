@@ -77,6 +77,11 @@ def test_in_the_background_no_pass_waits_and_a_stale_forecast_is_not_used(
     fake.release.set()
     cache.wait()
     assert at(21) == T0 + timedelta(minutes=20) and cache.made == 3
+    fake.release.clear()  # another forecast step is another forecast, whatever its age
+    with pytest.raises(ValueError, match="still being made"):
+        cache.get(store, site, T0 + timedelta(minutes=21), 4200.0, 600.0)
+    fake.release.set()
+    cache.wait()
 
 
 def test_a_failing_forecast_is_logged_once_and_not_retried_within_its_step(

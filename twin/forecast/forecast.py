@@ -371,7 +371,7 @@ class ForecastCache:
     selection costs seconds at tens of racks and minutes at thousands (313 racks over 14
     days: 23 s; 3,127 series: 241 s, bench/README.md). One cache serves one store.
 
-    ``background=False`` (the CLI, the what-if): :meth:`get` makes the forecast of a new step
+    ``background=False`` (``dctwin headroom --db``): :meth:`get` makes the forecast of a new step
     at once and keeps it for the rest of the step. ``background=True`` (the detection loop of
     ``dctwin serve``): a new step's forecast is made on a thread of its own, from the data the
     store holds when the step's first pass asks (a sample of the last step that arrives later
@@ -416,7 +416,7 @@ class ForecastCache:
                     daemon=True,  # a stopping service does not wait for numpy
                 )
                 self._job.start()
-        if have is not None and have_key is not None and have_key[0::2] == key[0::2]:
+        if have is not None and have_key is not None and _same_series(have_key, key):
             age_s = (end - have_key[1]).total_seconds()
             if 0 <= age_s <= self.max_age_steps * step_s:
                 return have
@@ -432,7 +432,7 @@ class ForecastCache:
 
     def _keep(self, key: tuple, value: SiteForecast) -> None:
         with self._lock:
-            if self._key is None or key[1] >= self._key[1] or key[0::2] != self._key[0::2]:
+            if self._key is None or key[1] >= self._key[1] or not _same_series(key, self._key):
                 self._key, self._value = key, value
             self.made += 1
 
@@ -450,6 +450,11 @@ class ForecastCache:
         finally:
             with contextlib.suppress(Exception):  # the service closed the database meanwhile
                 store.close()
+
+
+def _same_series(a: tuple, b: tuple) -> bool:
+    """Two forecast keys of the same site, horizon and step (any step end)."""
+    return (a[0], a[2], a[3]) == (b[0], b[2], b[3])
 
 
 def rack_ratio_paths(
