@@ -42,22 +42,29 @@ class Recorder:
         return now
 
 
+SITE = load_site(SMALL_SITE)
+
+
 @pytest.fixture
 def store(tmp_path: Path):  # type: ignore[no-untyped-def]
     with Store(tmp_path / "s.duckdb") as s:
         yield s
 
 
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> Recorder:
+    rec = Recorder()
+    monkeypatch.setattr(fmod, "forecast_site", rec)
+    return rec
+
+
 def test_in_the_background_no_pass_waits_and_a_stale_forecast_is_not_used(
-    store: Store, monkeypatch: pytest.MonkeyPatch
+    store: Store, fake: Recorder
 ) -> None:
-    fake = Recorder()
-    monkeypatch.setattr(fmod, "forecast_site", fake)
-    site = load_site(SMALL_SITE)
     cache = ForecastCache(background=True, max_age_steps=2)
 
     def at(minutes: float):  # type: ignore[no-untyped-def]
-        return cache.get(store, site, T0 + timedelta(minutes=minutes), 4200.0, 300.0)
+        return cache.get(store, SITE, T0 + timedelta(minutes=minutes), 4200.0, 300.0)
 
     fake.release.clear()  # the first forecast is slow: the pass does not wait for it
     with pytest.raises(ValueError, match="still being made"):
@@ -79,22 +86,20 @@ def test_in_the_background_no_pass_waits_and_a_stale_forecast_is_not_used(
     assert at(21) == T0 + timedelta(minutes=20) and cache.made == 3
     fake.release.clear()  # another forecast step is another forecast, whatever its age
     with pytest.raises(ValueError, match="still being made"):
-        cache.get(store, site, T0 + timedelta(minutes=21), 4200.0, 600.0)
+        cache.get(store, SITE, T0 + timedelta(minutes=21), 4200.0, 600.0)
     fake.release.set()
     cache.wait()
 
 
 def test_a_failing_forecast_is_logged_once_and_not_retried_within_its_step(
-    store: Store, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    store: Store, fake: Recorder, caplog: pytest.LogCaptureFixture
 ) -> None:
-    fake = Recorder(fail=RuntimeError("no memory for the scoring origins"))
-    monkeypatch.setattr(fmod, "forecast_site", fake)
-    site = load_site(SMALL_SITE)
+    fake.fail = RuntimeError("no memory for the scoring origins")
     cache = ForecastCache(background=True)
     caplog.set_level(logging.WARNING, logger="twin.forecast.forecast")
     for minutes in (0, 1, 2, 5, 6):
         with pytest.raises(ValueError, match="still being made"):
-            cache.get(store, site, T0 + timedelta(minutes=minutes), 4200.0, 300.0)
+            cache.get(store, SITE, T0 + timedelta(minutes=minutes), 4200.0, 300.0)
         cache.wait()
     assert len(fake.calls) == 2  # once in each step
     logged = [r.getMessage() for r in caplog.records]
@@ -105,12 +110,9 @@ def test_a_failing_forecast_is_logged_once_and_not_retried_within_its_step(
 
 
 def test_without_the_background_each_step_is_made_once_in_the_call(
-    store: Store, monkeypatch: pytest.MonkeyPatch
+    store: Store, fake: Recorder
 ) -> None:
-    fake = Recorder()
-    monkeypatch.setattr(fmod, "forecast_site", fake)
-    site = load_site(SMALL_SITE)
     cache = ForecastCache()
-    got = [cache.get(store, site, T0 + timedelta(minutes=m), 4200.0, 300.0) for m in (0, 3, 5, 9)]
+    got = [cache.get(store, SITE, T0 + timedelta(minutes=m), 4200.0, 300.0) for m in (0, 3, 5, 9)]
     assert got == [T0, T0, T0 + timedelta(minutes=5), T0 + timedelta(minutes=5)]
     assert cache.made == 2
