@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -116,3 +117,37 @@ def test_without_the_background_each_step_is_made_once_in_the_call(
     got = [cache.get(store, SITE, T0 + timedelta(minutes=m), 4200.0, 300.0) for m in (0, 3, 5, 9)]
     assert got == [T0, T0, T0 + timedelta(minutes=5), T0 + timedelta(minutes=5)]
     assert cache.made == 2
+
+
+def test_closing_interrupts_a_forecast_query_so_the_service_can_close_its_store(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """DuckDB refuses to close a connection whose cursor is running a query (the forecast's
+    read of node power, seconds at a big site): the detection loop's ``stop()`` closes the
+    cache first, which interrupts that query, then its own connection and the service's."""
+    started = threading.Event()
+
+    def slow_read(store, site, now, horizon_s, step_s):  # type: ignore[no-untyped-def]
+        started.set()
+        return store.con.execute(
+            "SELECT sum(i * j) FROM range(3000000000) t(i), range(3) u(j)"
+        ).fetchall()
+
+    monkeypatch.setattr(fmod, "forecast_site", slow_read)
+    root = Store(tmp_path / "s.duckdb")
+    loop_store = root.cursor()  # as DetectionScheduler holds it
+    cache = ForecastCache(background=True)
+    with pytest.raises(ValueError, match="still being made"):
+        cache.get(loop_store, SITE, T0, 4200.0, 300.0)
+    assert started.wait(10)
+    time.sleep(0.2)  # inside the query
+    t = time.monotonic()
+    cache.close()
+    loop_store.close()
+    root.close()
+    assert time.monotonic() - t < 5
+    cache.wait(10)
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    with pytest.raises(ValueError):  # closed: no new forecast is started
+        cache.get(Store(tmp_path / "t.duckdb"), SITE, T0 + timedelta(minutes=5), 4200.0, 300.0)
+    assert cache._job is not None and not cache._job.is_alive()

@@ -526,6 +526,7 @@ class DetectionScheduler:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join()
+        self.forecasts.close()  # its connection is a cursor of this one's
         self.store.close()
 
     def run_once(self) -> Detection | None:

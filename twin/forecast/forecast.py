@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from datetime import UTC, datetime, timedelta
 from typing import Literal
 
@@ -387,6 +388,8 @@ class ForecastCache:
         self._key: tuple | None = None  # (site, step end, horizon, step) of _value
         self._value: SiteForecast | None = None
         self._job: threading.Thread | None = None
+        self._job_store: Store | None = None  # the job's own connection (a cursor)
+        self._closed = False
         self._job_error = ""
         self._failed: tuple | None = None  # the step whose forecast failed: not retried
         self.made = 0  # forecasts finished (the rest of the answers came from here)
@@ -408,10 +411,11 @@ class ForecastCache:
             return made
         with self._lock:
             idle = self._job is None or not self._job.is_alive()
-            if idle and self._failed != key:
+            if idle and self._failed != key and not self._closed:
+                self._job_store = store.cursor()
                 self._job = threading.Thread(
                     target=self._make,
-                    args=(store.cursor(), site, now, key),
+                    args=(self._job_store, site, now, key),
                     name="dctwin-forecast",
                     daemon=True,  # a stopping service does not wait for numpy
                 )
@@ -430,6 +434,29 @@ class ForecastCache:
         if job is not None:
             job.join(timeout_s)
 
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Stop making forecasts: a query of the forecast being made is interrupted and its
+        connection closed (DuckDB refuses to close a connection whose cursor is busy, so the
+        caller can close its own after this); the numpy part is left to end with the process
+        (the thread is a daemon)."""
+        with self._lock:
+            self._closed = True
+            st = self._job_store
+        if st is None:
+            return
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with contextlib.suppress(Exception):
+                st.con.interrupt()
+            try:
+                st.close()
+                return
+            except Exception:  # busy until the interrupted query has unwound
+                if time.monotonic() > deadline:
+                    log.warning("load forecast: its query did not stop in %g s", timeout_s)
+                    return
+                time.sleep(0.02)
+
     def _keep(self, key: tuple, value: SiteForecast) -> None:
         with self._lock:
             if self._key is None or key[1] >= self._key[1] or not _same_series(key, self._key):
@@ -442,6 +469,8 @@ class ForecastCache:
             self._keep(key, forecast_site(store, site, now=now, horizon_s=key[2], step_s=key[3]))
             self._job_error = ""
         except Exception as e:  # logged once per distinct error; the next step tries again
+            if self._closed:  # interrupted by close(): nothing to report
+                return
             self._failed = key
             text = f"{type(e).__name__}: {e}"
             if text != self._job_error:
