@@ -341,7 +341,10 @@ def _lagged_products(a: F64, b: F64, leads: int) -> F64:
         return out
     from scipy.signal import fftconvolve  # imported when a forecast needs it (~0.5 s)
 
-    return fftconvolve(a[::-1], b, axes=0)[t_n : t_n + leads]
+    out = np.zeros((leads, a.shape[1]))
+    lagged = fftconvolve(a[::-1], b, axes=0)[t_n : t_n + leads]
+    out[: len(lagged)] = lagged  # leads past the history's length stay 0
+    return out
 
 
 @_quiet_nan

@@ -234,3 +234,23 @@ def test_headroom_uses_the_forecast_once_a_day_of_history_exists(simulated):
     # an hour into the recording there is no forecast yet (headroom falls back on persistence)
     with pytest.raises(ValueError, match="history"):
         rack_ratio_paths(store, site, last - timedelta(days=DAYS - 0.05), 3600.0, 60.0)
+
+
+def test_the_direct_lagged_sums_equal_the_fft_ones(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``_lagged_products`` sums the live horizon's few leads directly and longer horizons by
+    FFT: both give ``sum_t a[t] b[t + h + 1]``, also where the history is shorter than the
+    leads (the missing leads are 0)."""
+    from models import forecast as fc
+
+    rng = np.random.default_rng(4)
+    for t_n, leads in ((400, 14), (9, 14)):
+        a, b = rng.standard_normal((t_n, 3)), rng.standard_normal((t_n, 3))
+        want = np.zeros((leads, 3))
+        for h in range(min(leads, t_n - 1)):
+            want[h] = (a[: t_n - h - 1] * b[h + 1 :]).sum(axis=0)
+        direct = fc._lagged_products(a, b, leads)
+        monkeypatch.setattr(fc, "DIRECT_LAGS_MAX", 0)
+        by_fft = fc._lagged_products(a, b, leads)
+        monkeypatch.setattr(fc, "DIRECT_LAGS_MAX", 48)
+        np.testing.assert_allclose(direct, want, atol=1e-9)
+        np.testing.assert_allclose(by_fft, want, atol=1e-9)

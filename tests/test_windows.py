@@ -188,7 +188,7 @@ def test_mean_intervals_tell_two_exporters_apart_in_one_query(tmp_path) -> None:
     assert np.isnan(got[2:]).all()  # one sample, or none: no interval
 
 
-def test_the_huber_scale_median_is_numpys_nanmedian_without_its_column_loop() -> None:
+def test_the_sort_median_is_numpys_nanmedian_on_columns_and_rolling_windows() -> None:
     from models.nanstats import nanmedian
 
     rng = np.random.default_rng(2)

@@ -399,7 +399,7 @@ class ForecastCache:
     ) -> SiteForecast:
         """``forecast_site(store, site, now=now, horizon_s=horizon_s, step_s=step_s)`` of this
         step, or (in the background) of one at most ``max_age_steps`` before it."""
-        end = grid_window(_now(now), 14 * 86400.0, step_s)[1]
+        end = grid_window(_now(now), 0.0, step_s)[1]  # the step end forecast_site starts at
         key = (site.name, end, horizon_s, step_s)
         with self._lock:
             have_key, have = self._key, self._value
