@@ -296,7 +296,11 @@ def test_headroom_is_stored_and_covers_every_limit(site: Site, base_db: Path, tm
     shutil.copy(base_db, db)
     with Store(db) as store:
         report = compute_headroom(store, site)
-        assert report.load_basis == "persistence"  # two hours: too little for a forecast
+        # two hours: too little for a forecast, and the basis says so
+        assert report.load_basis == (
+            "persistence (less than 24 h of node power history for a forecast)"
+        )
+        assert {r.basis for r in report.rows if r.kind == "rack"} == {report.load_basis}
         kinds = {(x.kind, x.quantity) for x in report.rows}
         assert kinds == {
             ("gpu", "temp_c"),
@@ -351,7 +355,7 @@ def test_headroom_command_prints_json(base_db: Path, tmp_path: Path) -> None:
     )
     assert res.exit_code == 0, res.output
     out = json.loads(res.output)
-    assert out["load_basis"] == "persistence"
+    assert out["load_basis"].startswith("persistence (less than 24 h of node power history")
     assert any(r["kind"] == "cdu" for r in out["rows"])
     n = len(out["rows"])
     args = ["headroom", "--db", str(db), "--site", str(SMALL_SITE)]

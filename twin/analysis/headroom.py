@@ -128,14 +128,15 @@ def _forecast_ratio_paths(
     step_s: float,
     it_now: np.ndarray,
     cache: ForecastCache | None,
-) -> tuple[np.ndarray, np.ndarray, str] | None:
+) -> tuple[np.ndarray, np.ndarray, str] | str:
     """Rack load ratio paths (p50, p90), each (n_steps + 1, n_racks), from twin.forecast, over
-    the racks' present IT load ``it_now`` (the load the rows multiply them with)."""
+    the racks' present IT load ``it_now`` (the load the rows multiply them with), or why there
+    are none."""
     try:
         return rack_ratio_paths(store, site, now, horizon_s, step_s, present_w=it_now, cache=cache)
-    except ValueError as e:  # not enough history for a forecast: persistence instead
+    except ValueError as e:  # no forecast (too little history, still being made): persistence
         log.info("headroom: no load forecast (%s); using persistence", e)
-        return None
+        return str(e)
 
 
 @dataclass
@@ -328,13 +329,14 @@ def _load(
         if use_forecast
         else None
     )
-    if paths is not None and paths[0].shape == (n, len(racks)):
+    if isinstance(paths, tuple) and paths[0].shape == (n, len(racks)):
         r50, r90, basis = paths
     else:
         # p50: the present load; p90: the last hour's 90th percentile over the present
         r90_now = p90_ratio(it_hist, pdu_hist.step_s, last=True)
         r50, r90 = np.ones((n, len(racks))), np.tile(r90_now, (n, 1))
-        basis = "persistence"
+        # the basis says why there is no forecast, where one was asked for
+        basis = f"persistence ({paths})" if isinstance(paths, str) else "persistence"
     cp = resolve(site, idx, _latest_params(store))
     return _Pass(
         store, site, idx, n, step_s, basis, r50, r90, gpu, cdu, node, pdu_hist, pdu_now, link,

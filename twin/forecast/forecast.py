@@ -424,6 +424,10 @@ class ForecastCache:
             age_s = (end - have_key[1]).total_seconds()
             if 0 <= age_s <= self.max_age_steps * step_s:
                 return have
+        with self._lock:
+            failed = self._failed == key and self._job_error
+        if failed:
+            raise ValueError(f"the load forecast of this step failed ({self._job_error})")
         raise ValueError(
             f"the load forecast of the step ending {end:%H:%M} UTC is still being made"
         )
