@@ -254,3 +254,67 @@ def test_the_direct_lagged_sums_equal_the_fft_ones(monkeypatch: pytest.MonkeyPat
         monkeypatch.setattr(fc, "DIRECT_LAGS_MAX", 48)
         np.testing.assert_allclose(direct, want, atol=1e-9)
         np.testing.assert_allclose(by_fft, want, atol=1e-9)
+
+
+def test_fleet_and_rack_power_are_complete_sums_of_their_reporting_nodes(tmp_path) -> None:
+    """load_power_series on a site whose rack r1 splits between two fleets (fleet members may
+    be nodes): each entity is the sum of its nodes' 5-min means, NaN at a step where one of
+    its reporting nodes has none; a node that never reports is listed and left out."""
+    from datetime import UTC, datetime
+
+    import pyarrow as pa
+
+    from twin.site import Site
+    from twin.store.schema import arrow_schema
+
+    def rack(k: int) -> dict:
+        nodes = [{"name": f"r{k}-n{j}", "model": "HGX-H100-8"} for j in (1, 2)]
+        return {"name": f"r{k}", "grid": [k, 0], "pdus": [f"p{k}"], "nodes": nodes}
+
+    pdu = {"feed": "A", "phases": 3, "wiring": "wye", "voltage_v": 415, "rated_current_a": 32}
+    racks = [rack(k) for k in (1, 2, 3)]
+    site = Site.model_validate(
+        {
+            "name": "split",
+            "halls": [{"name": "h", "rows": [{"name": "a", "racks": racks}]}],
+            "pdus": [{"name": f"p{k}", **pdu} for k in (1, 2, 3)],
+            "fleets": [
+                {"name": "train", "role": "training", "members": ["r1-n1", "r2"]},
+                {"name": "infer", "role": "inference", "members": ["r1-n2"]},
+            ],
+        }
+    )
+    t0 = datetime(2026, 11, 2, tzinfo=UTC)
+    nodes = [nd.name for nd in site.nodes]
+    rng = np.random.default_rng(1)
+    w = rng.uniform(3000, 9000, (24 * 5, len(nodes)))  # one sample a minute, 2 h
+    w[15:30, nodes.index("r1-n2")] = np.nan  # silent for steps 3..5
+    w[:, nodes.index("r3-n2")] = np.nan  # never reports
+    ts, ids, vals = [], [], []
+    for k in range(w.shape[0]):
+        for i, n in enumerate(nodes):
+            if np.isfinite(w[k, i]):
+                ts.append(t0 + timedelta(minutes=k))
+                ids.append(n)
+                vals.append(float(w[k, i]))
+    schema = arrow_schema("node")
+    cols = {"ts": ts, "source": ids, "id": ids}
+    for f in schema:
+        if f.name not in cols:
+            cols[f.name] = vals if f.name == "power_w" else [None] * len(ts)
+    with Store(tmp_path / "s.duckdb") as store:
+        store.insert_arrow("node", pa.table(cols, schema=schema))
+        ps = load_power_series(store, site, t0, t0 + timedelta(hours=2), 300.0)
+    mean = w.reshape(24, 5, len(nodes)).mean(axis=1)  # NaN where a node missed the step
+    col = {n: mean[:, i] for i, n in enumerate(nodes)}
+    want = {
+        "train": col["r1-n1"] + col["r2-n1"] + col["r2-n2"],
+        "infer": col["r1-n2"],
+        "r1": col["r1-n1"] + col["r1-n2"],
+        "r2": col["r2-n1"] + col["r2-n2"],
+        "r3": col["r3-n1"],
+    }
+    assert [e.id for e in ps.entities] == list(want)
+    np.testing.assert_allclose(ps.power_w, np.column_stack(list(want.values())), rtol=1e-12)
+    assert np.isnan(ps.power_w[3:6, [1, 2]]).all() and np.isfinite(ps.power_w[:, [0, 3, 4]]).all()
+    assert ps.nodes_without_data == ["r3-n2"]

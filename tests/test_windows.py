@@ -210,3 +210,56 @@ def test_the_sort_median_is_numpys_nanmedian_on_columns_and_rolling_windows() ->
     with pytest.warns(RuntimeWarning):
         want = np.nanmedian(win, axis=2)
     np.testing.assert_array_equal(nanmedian(win, axis=2), want)
+
+
+def test_group_sums_are_the_sums_of_each_ids_step_means_across_rollup_and_chunks(
+    tmp_path,
+) -> None:
+    """load_group_sums against pandas: per-id means of each 5-min step (samples every 20 s,
+    one id silent for 40 min, NULL readings, one id never reporting), summed per group; the
+    first hours read from the 1-minute rollup and the rest raw, in chunks of 3 steps that
+    straddle the rollup's watermark."""
+    import pandas as pd
+
+    from twin.store.windows import load_group_sums
+
+    rng = np.random.default_rng(3)
+    t0 = datetime(2026, 11, 1, tzinfo=UTC)
+    ids = [f"n{i}" for i in range(7)]  # n6 never reports
+    groups = np.array([0, 0, 1, 2, 2, 2, 1])
+    n_t = 6 * 180  # 6 h at 20 s
+    rows = []
+    for k in range(n_t):
+        for i in range(6):
+            if i == 4 and 300 <= k < 420:  # silent from 1:40 to 2:20
+                continue
+            # NULL readings after the watermark only: the rollup weighs a minute's mean by
+            # its rows, NULL ones included (one count per row, not per quantity)
+            v = float(rng.uniform(500, 900)) if k < 390 or rng.random() > 0.02 else None
+            rows.append((t0 + timedelta(seconds=20 * k), ids[i], v))
+    df = pd.DataFrame(rows, columns=["ts", "id", "power_w"])
+    schema = arrow_schema("node")
+    cols = {"ts": df["ts"].tolist(), "source": df["id"].tolist(), "id": df["id"].tolist()}
+    for f in schema:
+        if f.name not in cols:
+            power = [None if v != v else v for v in df["power_w"]]  # NaN: the NULLs
+            cols[f.name] = power if f.name == "power_w" else [None] * len(df)
+    with Store(tmp_path / "g.duckdb") as store:
+        store.insert_arrow("node", pa.table(cols, schema=schema))
+        store.rollup(until=t0 + timedelta(hours=2, minutes=7))  # watermark 2:07, mid-step
+        got = load_group_sums(
+            store, "node", "power_w", ids, groups, 3, t0, t0 + timedelta(hours=6), 300.0,
+            max_cells=3 * len(ids),
+        )  # fmt: skip
+    df["step"] = ((df["ts"] - t0).dt.total_seconds() // 300).astype(int)
+    means = df.dropna().groupby(["step", "id"])["power_w"].mean().reset_index()
+    means["grp"] = means["id"].map(dict(zip(ids, groups, strict=True)))
+    want_sum = np.zeros((72, 3))
+    want_n = np.zeros((72, 3), np.int64)
+    for (step, grp), g in means.groupby(["step", "grp"]):
+        want_sum[step, grp] = g["power_w"].sum()
+        want_n[step, grp] = len(g)
+    np.testing.assert_allclose(got.sum, want_sum, rtol=1e-12)
+    np.testing.assert_array_equal(got.count, want_n)
+    assert got.reported.tolist() == [True] * 6 + [False]
+    assert (got.count[20:28, 2] == 2).all()  # n4's silent steps: two of group 2's three

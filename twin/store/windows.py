@@ -423,29 +423,58 @@ def load_minute_stats(
     return MinuteStats(start, list(ids), out, slope)
 
 
-def load_mean_grid(
+#: Grid cells (ids x steps) one query of :func:`load_group_sums` aggregates: the node-power
+#: history of 12,500 nodes over 14 days at 5 min is 50 million per-node means, which one query
+#: held as a hash table and a result of 6.7 GB; chunks of this many bound both. [1]
+GROUP_SUM_CELLS = 4_000_000
+
+
+@dataclass(frozen=True)
+class GroupSums:
+    """Per group and step of a grid: the sum of the members' step means (``sum``, ``(T, G)``,
+    0 where none) and how many members had one (``count``); ``reported[i]``: whether id ``i``
+    had a reading anywhere in the window."""
+
+    sum: np.ndarray
+    count: np.ndarray
+    reported: np.ndarray
+
+
+def load_group_sums(
     store: Store,
     kind: str,
     quantity: str,
     ids: list[str],
+    groups: np.ndarray,
+    n_groups: int,
     start: datetime,
     end: datetime,
     step_s: float,
-) -> np.ndarray:
-    """Mean ``quantity`` of ``kind`` per id of ``ids`` per step in [start, end): ``(T, N)``,
-    NaN where none. A step of whole minutes reads the complete 1-minute rollup
-    (``<kind>_1m``, weighted by its counts) up to its watermark and raw samples after it."""
+    *,
+    max_cells: int = GROUP_SUM_CELLS,
+) -> GroupSums:
+    """Each id's mean ``quantity`` of ``kind`` per step of ``[start, end)``, summed over the ids
+    of each group (``groups[i]`` in ``[0, n_groups)``: the group of ``ids[i]``) in DuckDB, so no
+    (T, ids) array is built. A step of whole minutes reads the complete 1-minute rollup
+    (``<kind>_1m``, weighted by its counts) up to its watermark and raw samples after it. The
+    window is read in chunks of at most ``max_cells`` (ids x steps) per-id means."""
     if kind not in QUANTITIES:
         raise ValueError(f"unknown kind {kind!r}")
     if quantity not in QUANTITIES[kind]:
         raise ValueError(f"{kind} has no quantity {quantity!r}")
+    groups = np.asarray(groups, dtype=np.int64)
+    bad = len(groups) and not 0 <= groups.min() <= groups.max() < n_groups
+    if len(groups) != len(ids) or bad:
+        raise ValueError(f"groups: one index in [0, {n_groups}) per id ({len(ids)} ids)")
     n_steps = max(0, int(np.ceil((end - start).total_seconds() / step_s)))
-    out = np.full((n_steps, len(ids)), np.nan)
+    out = GroupSums(
+        np.zeros((n_steps, n_groups)), np.zeros((n_steps, n_groups), np.int64),
+        np.zeros(len(ids), bool),
+    )  # fmt: skip
     if not n_steps or not ids:
         return out
     _count(kind, [quantity], start, end, step_s)
     con = store.con
-    step_us = round(step_s * 1e6)
     split = start  # raw samples from here on; the complete 1-minute rollup before it
     if step_s >= 60 and step_s % 60 == 0:
         rows = con.execute(
@@ -454,27 +483,46 @@ def load_mean_grid(
         ).fetchall()
         if rows and rows[0][0] is not None:
             split = min(max(rows[0][0], start), end)
-    res = con.sql(
-        "WITH m AS (SELECT unnest($1::VARCHAR[]) AS id, unnest(range(len($1::VARCHAR[]))) AS col),"
+    # per-id step means, then their sum per (step, group), and (a grouping set of its own)
+    # the ids that had any; the steps count from ``start`` in every chunk
+    sql = (
+        "WITH m AS (SELECT unnest($1::VARCHAR[]) AS id, unnest($2::BIGINT[]) AS grp,"
+        " unnest(range(len($1::VARCHAR[]))) AS col),"
         " parts AS ("
-        f" SELECT {grid_step_sql('r.bucket', '$2', '$3')} AS step, r.id,"
+        f" SELECT {grid_step_sql('r.bucket', '$3', '$4')} AS step, r.id,"
         f"   sum(r.{quantity}_avg * r.n) AS s, sum(r.n) AS c"
-        f" FROM {kind}_1m r WHERE r.bucket >= $2 AND r.bucket < $4"
+        f" FROM {kind}_1m r WHERE r.bucket >= $5 AND r.bucket < $6"
         f"   AND r.{quantity}_avg IS NOT NULL"
         " GROUP BY ALL"
         " UNION ALL"
-        f" SELECT {grid_step_sql('x.ts', '$2', '$3')} AS step, x.id,"
+        f" SELECT {grid_step_sql('x.ts', '$3', '$4')} AS step, x.id,"
         f"   sum(x.{quantity}) AS s, count(x.{quantity}) AS c"
-        f" FROM {kind} x WHERE x.ts >= $4 AND x.ts < $5 GROUP BY ALL)"
-        " SELECT p.step, m.col, sum(p.s) / sum(p.c) AS v FROM parts p JOIN m USING (id)"
-        " GROUP BY ALL HAVING sum(p.c) > 0",
-        params=[list(ids), start, step_us, split, end],
-    ).to_arrow_table()
-    step = res.column("step").to_numpy().astype(np.int64)
-    col = res.column("col").to_numpy().astype(np.int64)
-    val = res.column("v").to_numpy(zero_copy_only=False).astype(float)
-    ok = (step >= 0) & (step < n_steps)
-    out[step[ok], col[ok]] = val[ok]
+        f" FROM {kind} x WHERE x.ts >= $7 AND x.ts < $8 GROUP BY ALL),"
+        " means AS (SELECT step, id, sum(s) / sum(c) AS v FROM parts GROUP BY ALL"
+        "   HAVING sum(c) > 0)"
+        " SELECT means.step, m.grp, m.col, sum(means.v) AS v, count(*) AS k"
+        " FROM means JOIN m USING (id) GROUP BY GROUPING SETS ((means.step, m.grp), (m.col))"
+    )
+    step_us = round(step_s * 1e6)
+    chunk = max(1, max_cells // len(ids))
+    for lo in range(0, n_steps, chunk):
+        hi = min(n_steps, lo + chunk)
+        t_lo = start + timedelta(microseconds=lo * step_us)
+        t_hi = min(end, start + timedelta(microseconds=hi * step_us))
+        rollup_span = [t_lo, min(t_hi, max(split, t_lo))]
+        raw_span = [max(t_lo, split), t_hi]
+        params = [list(ids), groups.tolist(), start, step_us, *rollup_span, *raw_span]
+        res = con.sql(sql, params=params).to_arrow_table()
+        col = res.column("col").to_numpy(zero_copy_only=False)
+        by_id = ~np.isnan(np.asarray(col, dtype=float))  # the (col) grouping set's rows
+        out.reported[np.asarray(col[by_id], dtype=np.int64)] = True
+        step = np.asarray(res.column("step").to_numpy(zero_copy_only=False)[~by_id], np.int64)
+        grp = np.asarray(res.column("grp").to_numpy(zero_copy_only=False)[~by_id], np.int64)
+        val = np.asarray(res.column("v").to_numpy(zero_copy_only=False)[~by_id], float)
+        cnt = np.asarray(res.column("k").to_numpy(zero_copy_only=False)[~by_id], np.int64)
+        ok = (step >= lo) & (step < hi)
+        out.sum[step[ok], grp[ok]] = val[ok]
+        out.count[step[ok], grp[ok]] = cnt[ok]
     return out
 
 
