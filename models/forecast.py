@@ -66,10 +66,9 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import bottleneck as bn
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
-
-from models.nanstats import nanmedian
 
 __all__ = [
     "KINDS",
@@ -303,10 +302,11 @@ def _residual_correction(
     r = y - fit_hist
     t_n, n = r.shape
     win = max(1, min(recent_steps, t_n))
-    windows = np.lib.stride_tricks.sliding_window_view(r, win, axis=0)  # (t_n - win + 1, n, win)
-    # a window with no finite residual has no median (NaN); computed without numpy's warning,
-    # which catch_warnings cannot hold back reliably when the API runs this in worker threads
-    m = nanmedian(windows, axis=2)  # row i + win - 1
+    # the median of the finite residuals of each window of ``win`` rows, row i + win - 1
+    # (NaN where none is): bottleneck's moving median, a sorted window updated row by row,
+    # equal to models.nanstats.nanmedian over the windows to the bit (tests/test_forecast.py)
+    # (along the rows of the transposed copy: contiguous windows, a third faster)
+    m = bn.move_median(np.ascontiguousarray(r.T), win, min_count=1, axis=1).T[win - 1 :]
     m_now = m[-1]
     # beta(h) = sum_t m_t r_{t+h} / sum_t m_t^2 over pairs where both exist, m placed on the
     # row it belongs to: cross-correlations at leads 1..H

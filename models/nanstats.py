@@ -1,10 +1,11 @@
 """NaN-aware statistics numpy computes slowly.
 
 ``np.nanmedian`` falls back on a Python loop over the columns (``apply_along_axis``) or on
-masked arrays whenever a NaN is present or the axis is long; on the arrays the fitters and the
-forecast use that is most of their time (1.7 s of a 5 s calibration of 2,000 GPUs; 48 s of a
-76 s forecast of 315 racks over 14 days, bench/README.md). :func:`nanmedian` gives the same
-numbers from one sort.
+masked arrays whenever a NaN is present or the axis is long; on the arrays the fitters use
+that was most of their time (1.7 s of a 5 s calibration of 2,000 GPUs; in the load forecast's
+rolling residual median, 48 s of 76 s at 315 racks over 14 days, bench/README.md, where
+bottleneck's moving median now does it). :func:`nanmedian` gives the same numbers from one
+sort.
 """
 
 from __future__ import annotations

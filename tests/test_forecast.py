@@ -318,3 +318,22 @@ def test_fleet_and_rack_power_are_complete_sums_of_their_reporting_nodes(tmp_pat
     np.testing.assert_allclose(ps.power_w, np.column_stack(list(want.values())), rtol=1e-12)
     assert np.isnan(ps.power_w[3:6, [1, 2]]).all() and np.isfinite(ps.power_w[:, [0, 3, 4]]).all()
     assert ps.nodes_without_data == ["r3-n2"]
+
+
+def test_the_rolling_residual_median_is_the_nanmedian_of_each_window() -> None:
+    """The forecast's moving median (bottleneck) equals models.nanstats.nanmedian over every
+    window to the bit: NaN gaps, a window with no finite value, even and odd counts."""
+    import bottleneck as bn
+
+    from models.nanstats import nanmedian
+
+    rng = np.random.default_rng(4)
+    r = rng.normal(size=(600, 9))
+    r[rng.random(r.shape) < 0.1] = np.nan
+    r[100:140, 2] = np.nan  # longer than any window
+    for win in (1, 2, 5, 12, 50):
+        windows = np.lib.stride_tricks.sliding_window_view(r, win, axis=0)
+        want = nanmedian(windows, axis=2)
+        got = bn.move_median(r, win, min_count=1, axis=0)[win - 1 :]
+        assert np.array_equal(got, want, equal_nan=True), win
+    assert np.isnan(want[100 : 140 - 49, 2]).all()

@@ -32,12 +32,12 @@ STDLIB = set(sys.stdlib_module_names) | {"__future__"}
 #: What a GPU node must not get (distribution names).
 HEAVY = (
     *("duckdb", "fastapi", "uvicorn", "streamlit", "polars", "pandas", "pyarrow", "scipy"),
-    *("plotly", "numpy", "amqtt", "jinja2"),
+    *("plotly", "numpy", "amqtt", "jinja2", "bottleneck"),
 )
 #: Their import names, for the fresh environment.
 HEAVY_MODULES = (
     *("duckdb", "fastapi", "uvicorn", "streamlit", "polars", "pandas", "pyarrow", "scipy"),
-    *("plotly", "numpy", "amqtt", "jinja2"),
+    *("plotly", "numpy", "amqtt", "jinja2", "bottleneck"),
 )
 
 

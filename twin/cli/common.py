@@ -122,13 +122,16 @@ def fail(message: str, code: int = 2) -> typer.Exit:
 #: meets a ModuleNotFoundError for one of these, which :func:`missing_extra` turns into a message.
 EXTRA_MODULES = frozenset(
     {
-        *("numpy", "scipy", "pandas", "polars", "pyarrow", "duckdb", "amqtt"),
+        *("numpy", "scipy", "bottleneck", "pandas", "polars", "pyarrow", "duckdb", "amqtt"),
         *("fastapi", "starlette", "uvicorn", "jinja2", "plotly", "streamlit"),
     }
 )
 
 #: What each extra brings, by import name (without amqtt, needed only for the embedded broker).
-SERVICE_MODULES = ("numpy", "scipy", "pandas", "polars", "pyarrow", "duckdb", "fastapi", "uvicorn")
+SERVICE_MODULES = (
+    *("numpy", "scipy", "bottleneck", "pandas", "polars", "pyarrow", "duckdb", "fastapi"),
+    "uvicorn",
+)
 CONSOLE_MODULES = ("streamlit", "pandas")
 
 #: The extra a top-level command needs beyond the base; every other command but ``collect``
