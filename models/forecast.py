@@ -686,6 +686,24 @@ def _conformal_levels(n: int) -> dict[float, float]:
     return {q: float(np.clip(0.5 + (q - 0.5) * (n + 1) / max(n, 1), 0.0, 1.0)) for q in QUANTILES}
 
 
+def _conformal_quantiles(z: F64, qs: Sequence[float]) -> tuple[F64, NDArray[np.int64]]:
+    """Per column of ``z`` (rows, N): the conformal quantiles ``qs`` of its finite values
+    (``np.quantile`` at :func:`_conformal_levels` of their count; NaN where there are none),
+    and that count. The columns with the same count share one ``np.quantile`` call over their
+    sorted values, which gives each column what a call on its own values gives."""
+    ok = np.isfinite(z)
+    cnt = ok.sum(axis=0)
+    out = np.full((len(qs), z.shape[1]), np.nan)
+    if not cnt.any():
+        return out, cnt
+    srt = np.sort(z, axis=0)  # NaN last: a column's first cnt rows are its finite values
+    for c in np.unique(cnt[cnt > 0]):
+        cols = np.flatnonzero(cnt == c)
+        lv = _conformal_levels(int(c))
+        out[:, cols] = np.quantile(srt[:c, cols], [lv[q] for q in qs], axis=0)
+    return out, cnt
+
+
 class _Candidates:
     """Candidate point forecasts from ``y[:c]`` at any origin ``c``, memoized."""
 
@@ -819,7 +837,7 @@ def _rolling_coverage(
     actual: F64,
     res: F64,
     d: list[F64],
-    model_z: tuple[F64, F64],
+    model_q: tuple[F64, NDArray[np.int64], F64],
     min_origins: int,
     floor: float | None,
     rho: float,
@@ -827,12 +845,13 @@ def _rolling_coverage(
     """One series' p05..p95 checked at each bucket's last lead on its scoring origins (rows of
     ``actual``/``res``, in time order), each against quantiles from the data before it
     (persistence: the h-step changes ``d`` completed before the origin, recency-weighted by
-    ``rho``; a model: the scaled residuals of the scoring origins before it): (inside,
-    checked)."""
-    z, scale = model_z
+    ``rho``; a model: the conformal quantiles of the scaled residuals of the scoring origins
+    before it, ``model_q``: their (origins, buckets, 2) p05 and p95 from
+    :func:`_model_quantiles_before`, their count, and the scale per lead): (inside, checked)."""
+    q_model, n_model, scale = model_q
     inside, checked = 0.0, 0
     for i_k, c in enumerate(origins):
-        for b, (lo, hi) in enumerate(zip(*buckets, strict=True)):
+        for b, hi in enumerate(buckets[1]):
             jj = hi - 1
             a = actual[i_k, jj]
             f50 = a - res[i_k, jj]
@@ -841,13 +860,8 @@ def _rolling_coverage(
             if models[b] == "persistence":
                 (q_lo, q_hi), n_x = _pers_quantiles(d[jj], max(0, c - jj - 1), rho, (0.05, 0.95))
             else:
-                x = z[:i_k, lo:hi] if i_k >= min_origins else z[:0, lo:hi]
-                x = x[np.isfinite(x)]
-                n_x = len(x)
-                if n_x:
-                    lv = _conformal_levels(n_x)
-                    q_lo = float(np.quantile(x, lv[0.05])) * scale[jj]
-                    q_hi = float(np.quantile(x, lv[0.95])) * scale[jj]
+                n_x = int(n_model[i_k, b]) if i_k >= min_origins else 0
+                q_lo, q_hi = q_model[i_k, b] * scale[jj]
             if n_x < 2 * min_origins:
                 continue
             lo_b, hi_b = f50 + q_lo, f50 + q_hi
@@ -856,6 +870,32 @@ def _rolling_coverage(
             inside += float(lo_b <= a <= hi_b)
             checked += 1
     return inside, checked
+
+
+def _model_quantiles_before(
+    z: F64, valid_o: NDArray[np.bool_], buckets: tuple[list[int], list[int]]
+) -> tuple[F64, NDArray[np.int64]]:
+    """For every series, at each of its valid scoring origins (in time order) and lead bucket,
+    the conformal p05 and p95 of its scaled residuals ``z`` (origins, H, N) over the origins
+    before it, ``(max valid origins, buckets, 2, N)``, and how many residuals they are of
+    (an origin of no data for a series has no finite residual, so "before it" is the same
+    whether its invalid origins are counted or not)."""
+    n_o, _, n = z.shape
+    nb = len(buckets[0])
+    q = np.full((n_o, nb, 2, n), np.nan)
+    cnt = np.zeros((n_o, nb, n), np.int64)
+    # the row of each series' k-th valid origin
+    rank = np.cumsum(valid_o, axis=0) - 1  # (n_o, N)
+    for i in range(n_o):
+        cols = np.flatnonzero(valid_o[i])
+        if not cols.size:
+            continue
+        for b, (lo, hi) in enumerate(zip(*buckets, strict=True)):
+            x = z[:i, lo:hi][:, :, cols].reshape(-1, cols.size)
+            qb, cb = _conformal_quantiles(x, (0.05, 0.95))
+            q[rank[i, cols], b, :, cols] = qb.T
+            cnt[rank[i, cols], b, cols] = cb
+    return q, cnt
 
 
 @_quiet_nan
@@ -929,6 +969,12 @@ def _skill_forecast_at(
     cover_in = np.zeros(n)
     cover_n = np.zeros(n, np.int64)
     few = origins_scored < min_origins
+    q_before, n_before = _model_quantiles_before(z, valid_o, (los, his))
+    # every series' conformal quantiles per bucket over all its scoring origins (the models')
+    q_now = [
+        _conformal_quantiles(z[:, lo:hi].reshape(-1, n), QUANTILES)
+        for lo, hi in zip(los, his, strict=True)
+    ]
     for j in range(n):
         if few[j]:  # too few scored origins: persistence everywhere, said so
             for b in range(nb):
@@ -946,12 +992,10 @@ def _skill_forecast_at(
                     for qq, v in zip(QUANTILES, qs, strict=True):
                         q[qq][jj, j] = v
             else:
-                zz = z[:, lo:hi, j]
-                zz = zz[np.isfinite(zz)]
-                n_pairs.append(len(zz))
-                lv = _conformal_levels(len(zz))
-                for qq in QUANTILES:
-                    q[qq][lo:hi, j] = np.quantile(zz, lv[qq]) * scale[lo:hi, j]
+                q_b, n_b = q_now[b]
+                n_pairs.append(int(n_b[j]))
+                for k, qq in enumerate(QUANTILES):
+                    q[qq][lo:hi, j] = q_b[k, j] * scale[lo:hi, j]
         samples[j] = min(n_pairs, default=0)
         if samples[j] < 2 * min_origins:
             for qq in QUANTILES:
@@ -968,7 +1012,7 @@ def _skill_forecast_at(
             actual[valid_o[:, j], :, j],
             chosen_res[valid_o[:, j], :, j],
             [dd[:, j] for dd in d],
-            (z[valid_o[:, j], :, j], scale[:, j]),
+            (q_before[:, :, :, j], n_before[:, :, j], scale[:, j]),
             min_origins,
             floor,
             rho,

@@ -115,3 +115,51 @@ def test_the_interval_score_the_benchmark_reports():
     a = np.array([0.0, 5.0, -3.0])
     s = fc.interval_score(a, np.full(3, -1.0), np.full(3, 2.0))
     np.testing.assert_allclose(s, [3.0, 3.0 + 20 * 3.0, 3.0 + 20 * 2.0])
+
+
+def test_conformal_quantiles_of_many_series_are_each_series_own() -> None:
+    """The interval's quantiles of every series at once (columns grouped by how many finite
+    residuals they have) equal np.quantile at the conformal levels on each column's own
+    finite values, to the bit; a column with none has none."""
+    from models.forecast import QUANTILES, _conformal_levels, _conformal_quantiles
+
+    rng = np.random.default_rng(6)
+    z = rng.standard_t(3, size=(90, 40))
+    z[rng.random(z.shape) < 0.3] = np.nan  # counts differ between columns
+    z[:, 7] = np.nan
+    got, cnt = _conformal_quantiles(z, QUANTILES)
+    for j in range(z.shape[1]):
+        x = z[np.isfinite(z[:, j]), j]
+        assert cnt[j] == len(x)
+        if not len(x):
+            assert np.isnan(got[:, j]).all()
+            continue
+        lv = _conformal_levels(len(x))
+        want = [np.quantile(x, lv[q]) for q in QUANTILES]
+        assert got[:, j].tolist() == want, j
+
+
+def test_the_quantiles_before_each_origin_are_those_of_the_series_own_earlier_origins() -> None:
+    """_model_quantiles_before, every series at once, against each series alone: at its k-th
+    origin with data, p05 and p95 of its scaled residuals over its origins with data before
+    it (origins without data differ between the series)."""
+    from models.forecast import _conformal_levels, _model_quantiles_before
+
+    rng = np.random.default_rng(7)
+    n_o, h, n = 20, 12, 6
+    z = rng.standard_normal((n_o, h, n))
+    valid = rng.random((n_o, n)) > 0.3
+    z[np.broadcast_to(~valid[:, None, :], z.shape)] = np.nan  # no data: no residual
+    buckets = ([0, 3], [3, 12])
+    q, cnt = _model_quantiles_before(z, valid, buckets)
+    for j in range(n):
+        zj = z[valid[:, j], :, j]
+        for k in range(len(zj)):
+            for b, (lo, hi) in enumerate(zip(*buckets, strict=True)):
+                x = zj[:k, lo:hi]
+                x = x[np.isfinite(x)]
+                assert cnt[k, b, j] == len(x)
+                if len(x):
+                    lv = _conformal_levels(len(x))
+                    want = [np.quantile(x, lv[0.05]), np.quantile(x, lv[0.95])]
+                    assert q[k, b, :, j].tolist() == want, (j, k, b)

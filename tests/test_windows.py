@@ -263,3 +263,38 @@ def test_group_sums_are_the_sums_of_each_ids_step_means_across_rollup_and_chunks
     np.testing.assert_array_equal(got.count, want_n)
     assert got.reported.tolist() == [True] * 6 + [False]
     assert (got.count[20:28, 2] == 2).all()  # n4's silent steps: two of group 2's three
+
+
+def test_group_sums_are_the_same_to_the_bit_on_every_read(tmp_path) -> None:
+    """DuckDB sums a group's members in parallel, in whatever order its threads finish; the
+    read orders each group's members, so a forecast made twice from the same store is the
+    same forecast (1.2 M rows: several row groups, 24 members a group, values of very
+    different sizes, whose sum depends on its order)."""
+    from twin.store.windows import load_group_sums
+
+    rng = np.random.default_rng(5)
+    n_ids, n_t = 240, 5000
+    t0 = datetime(2026, 11, 1, tzinfo=UTC)
+    ids = [f"n{i}" for i in range(n_ids)]
+    ts_us = int(t0.timestamp() * 1e6) + np.arange(n_t) * 10_000_000
+    w = 10.0 ** rng.uniform(-3, 6, (n_t, n_ids))
+    schema = arrow_schema("node")
+    n = n_t * n_ids
+    id_arr = pa.array(np.tile(np.array(ids, dtype=object), n_t), pa.string())
+    cols = {
+        "ts": pa.array(np.repeat(ts_us, n_ids), pa.timestamp("us", tz="UTC")),
+        "source": id_arr,
+        "id": id_arr,
+    }
+    for f in schema:
+        if f.name not in cols:
+            cols[f.name] = pa.array(w.reshape(-1)) if f.name == "power_w" else pa.nulls(n, f.type)
+    groups = np.arange(n_ids) % 10
+    with Store(tmp_path / "d.duckdb") as store:
+        store.insert_arrow("node", pa.table(cols, schema=schema))
+        end = t0 + timedelta(seconds=10 * n_t)
+        reads = [
+            load_group_sums(store, "node", "power_w", ids, groups, 10, t0, end, 60.0).sum
+            for _ in range(4)
+        ]
+    assert all(np.array_equal(reads[0], r) for r in reads[1:])

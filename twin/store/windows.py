@@ -500,7 +500,7 @@ def load_group_sums(
         f" FROM {kind} x WHERE x.ts >= $7 AND x.ts < $8 GROUP BY ALL),"
         " means AS (SELECT step, id, sum(s) / sum(c) AS v FROM parts GROUP BY ALL"
         "   HAVING sum(c) > 0)"
-        " SELECT means.step, m.grp, m.col, sum(means.v) AS v, count(*) AS k"
+        " SELECT means.step, m.grp, m.col, sum(means.v ORDER BY m.col) AS v, count(*) AS k"
         " FROM means JOIN m USING (id) GROUP BY GROUPING SETS ((means.step, m.grp), (m.col))"
     )
     step_us = round(step_s * 1e6)
