@@ -370,7 +370,7 @@ class ForecastCache:
     :func:`forecast_site` floors ``now`` to its grid, so every pass within one 5-min step asks
     for the same forecast; the live detection pass runs every minute and a forecast with model
     selection costs seconds at tens of racks and minutes at thousands (313 racks over 14
-    days: 23 s; 3,125 racks: 280 s, bench/README.md). One cache serves one store.
+    days: 11 s; 3,125 racks: 195 s, bench/README.md). One cache serves one store.
 
     ``background=False`` (``dctwin headroom --db``): :meth:`get` makes the forecast of a new step
     at once and keeps it for the rest of the step. ``background=True`` (the detection loop of
