@@ -303,9 +303,9 @@ def _residual_correction(
     t_n, n = r.shape
     win = max(1, min(recent_steps, t_n))
     # the median of the finite residuals of each window of ``win`` rows, row i + win - 1
-    # (NaN where none is): bottleneck's moving median, a sorted window updated row by row,
-    # equal to models.nanstats.nanmedian over the windows to the bit (tests/test_forecast.py)
-    # (along the rows of the transposed copy: contiguous windows, a third faster)
+    # (NaN where none is, without a warning): bottleneck's moving median, along the rows of
+    # the transposed copy (contiguous windows, a third faster); equal to
+    # models.nanstats.nanmedian over the windows to the bit (tests/test_forecast.py)
     m = bn.move_median(np.ascontiguousarray(r.T), win, min_count=1, axis=1).T[win - 1 :]
     m_now = m[-1]
     # beta(h) = sum_t m_t r_{t+h} / sum_t m_t^2 over pairs where both exist, m placed on the
