@@ -201,7 +201,13 @@ class HeadroomRowOut(BaseModel):
     breach_in_s_p90: float | None
     rack: str | None = None
     cdu: str | None = None
-    basis: str | None = None
+    basis: str | None = Field(
+        None,
+        description="where the p50/p90 paths come from: 'forecast (k of n racks; ...)' or"
+        " 'persistence', with why where a forecast was asked for (e.g. 'persistence (less"
+        " than 24 h of node power history for a forecast)'); phases add ', trend', GPUs"
+        " their thermal model's source",
+    )
 
 
 class HeadroomResponse(BaseModel):
