@@ -486,7 +486,9 @@ def load_group_sums(
         if rows and rows[0][0] is not None:
             split = min(max(rows[0][0], start), end)
     # per-id step means, then their sum per (step, group), and (a grouping set of its own)
-    # the ids that had any; the steps count from ``start`` in every chunk
+    # the ids that had any; the steps count from ``start`` in every chunk. Every sum of
+    # doubles is ordered (by time, then value; by id): DuckDB's threads would otherwise add
+    # them in the order they finish, and a read would differ from the last in its last digit
     sql = (
         "WITH m AS (SELECT unnest($1::VARCHAR[]) AS id, unnest($2::BIGINT[]) AS grp,"
         " unnest(range(len($1::VARCHAR[]))) AS col),"
@@ -498,7 +500,7 @@ def load_group_sums(
         " GROUP BY ALL"
         " UNION ALL"
         f" SELECT {grid_step_sql('x.ts', '$3', '$4')} AS step, x.id,"
-        f"   sum(x.{quantity} ORDER BY x.ts) AS s, count(x.{quantity}) AS c"
+        f"   sum(x.{quantity} ORDER BY x.ts, x.{quantity}) AS s, count(x.{quantity}) AS c"
         f" FROM {kind} x WHERE x.ts >= $7 AND x.ts < $8 GROUP BY ALL),"
         " means AS (SELECT step, id, sum(s) / sum(c) AS v FROM parts GROUP BY ALL"
         "   HAVING sum(c) > 0)"
