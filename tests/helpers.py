@@ -22,6 +22,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
+import pyarrow as pa
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, RootModel, model_validator
 
 from collectors.mqtt import BrokerConfig
@@ -30,6 +32,7 @@ from twin.broker import LocalBroker
 from twin.ingest import Ingester, IngestLimits
 from twin.ingest.mqtt_service import MqttIngestService, ServiceOptions
 from twin.store import Store
+from twin.store.schema import arrow_schema
 
 REPO = Path(__file__).resolve().parents[1]
 SMALL_SITE = REPO / "sample_telemetry" / "small_site.yaml"
@@ -61,6 +64,25 @@ def simulated_bundle(
 #: DCTWIN_TEST_BROKER=embedded runs the broker tests against the embedded Python broker even
 #: where mosquitto is installed; the default takes mosquitto when on PATH.
 TEST_BROKER = os.environ.get("DCTWIN_TEST_BROKER", "auto")
+
+
+def samples_table(kind: str, ts: Any, ids: Any, **values: Any) -> pa.Table:
+    """Rows of ``kind`` for ``Store.insert_arrow``: ``ts`` (datetimes, or epoch microseconds),
+    ``ids`` (also the source), and the quantities in ``values`` (NaN or None: a NULL reading);
+    every other column NULL."""
+    schema = arrow_schema(kind)
+    id_arr = pa.array(ids, pa.string())
+    cols = {"ts": pa.array(ts, pa.timestamp("us", tz="UTC")), "source": id_arr, "id": id_arr}
+    for f in schema:
+        if f.name in values:
+            v = np.asarray(values[f.name], dtype=float)
+            cols[f.name] = pa.array(v, f.type, mask=np.isnan(v))
+        elif f.name not in cols:
+            cols[f.name] = pa.nulls(len(id_arr), f.type)
+    unknown = set(values) - {f.name for f in schema}
+    if unknown:
+        raise ValueError(f"{kind} has no quantity {sorted(unknown)}")
+    return pa.table(cols, schema=schema)
 
 
 def broker_config(b: LocalBroker) -> BrokerConfig:

@@ -262,10 +262,9 @@ def test_fleet_and_rack_power_are_complete_sums_of_their_reporting_nodes(tmp_pat
     its reporting nodes has none; a node that never reports is listed and left out."""
     from datetime import UTC, datetime
 
-    import pyarrow as pa
-
     from twin.site import Site
-    from twin.store.schema import arrow_schema
+
+    from .helpers import samples_table
 
     def rack(k: int) -> dict:
         nodes = [{"name": f"r{k}-n{j}", "model": "HGX-H100-8"} for j in (1, 2)]
@@ -297,13 +296,8 @@ def test_fleet_and_rack_power_are_complete_sums_of_their_reporting_nodes(tmp_pat
                 ts.append(t0 + timedelta(minutes=k))
                 ids.append(n)
                 vals.append(float(w[k, i]))
-    schema = arrow_schema("node")
-    cols = {"ts": ts, "source": ids, "id": ids}
-    for f in schema:
-        if f.name not in cols:
-            cols[f.name] = vals if f.name == "power_w" else [None] * len(ts)
     with Store(tmp_path / "s.duckdb") as store:
-        store.insert_arrow("node", pa.table(cols, schema=schema))
+        store.insert_arrow("node", samples_table("node", ts, ids, power_w=vals))
         ps = load_power_series(store, site, t0, t0 + timedelta(hours=2), 300.0)
     mean = w.reshape(24, 5, len(nodes)).mean(axis=1)  # NaN where a node missed the step
     col = {n: mean[:, i] for i, n in enumerate(nodes)}

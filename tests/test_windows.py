@@ -12,6 +12,8 @@ from twin.store import Store
 from twin.store.schema import arrow_schema
 from twin.store.windows import load_window
 
+from .helpers import samples_table
+
 
 def test_streamed_read_matches_a_pivot_with_gaps_nulls_and_a_subset_of_ids(tmp_path) -> None:
     # 400 GPUs x 600 s = 240,000 rows: more than one record batch of the streamed read
@@ -238,14 +240,9 @@ def test_group_sums_are_the_sums_of_each_ids_step_means_across_rollup_and_chunks
             v = float(rng.uniform(500, 900)) if k < 390 or rng.random() > 0.02 else None
             rows.append((t0 + timedelta(seconds=20 * k), ids[i], v))
     df = pd.DataFrame(rows, columns=["ts", "id", "power_w"])
-    schema = arrow_schema("node")
-    cols = {"ts": df["ts"].tolist(), "source": df["id"].tolist(), "id": df["id"].tolist()}
-    for f in schema:
-        if f.name not in cols:
-            power = [None if v != v else v for v in df["power_w"]]  # NaN: the NULLs
-            cols[f.name] = power if f.name == "power_w" else [None] * len(df)
+    table = samples_table("node", df["ts"].tolist(), df["id"].tolist(), power_w=df["power_w"])
     with Store(tmp_path / "g.duckdb") as store:
-        store.insert_arrow("node", pa.table(cols, schema=schema))
+        store.insert_arrow("node", table)
         store.rollup(until=t0 + timedelta(hours=2, minutes=7))  # watermark 2:07, mid-step
         got = load_group_sums(
             store, "node", "power_w", ids, groups, 3, t0, t0 + timedelta(hours=6), 300.0,
@@ -278,20 +275,12 @@ def test_group_sums_are_the_same_to_the_bit_on_every_read(tmp_path) -> None:
     ids = [f"n{i}" for i in range(n_ids)]
     ts_us = int(t0.timestamp() * 1e6) + np.arange(n_t) * 10_000_000
     w = 10.0 ** rng.uniform(-3, 6, (n_t, n_ids))
-    schema = arrow_schema("node")
-    n = n_t * n_ids
-    id_arr = pa.array(np.tile(np.array(ids, dtype=object), n_t), pa.string())
-    cols = {
-        "ts": pa.array(np.repeat(ts_us, n_ids), pa.timestamp("us", tz="UTC")),
-        "source": id_arr,
-        "id": id_arr,
-    }
-    for f in schema:
-        if f.name not in cols:
-            cols[f.name] = pa.array(w.reshape(-1)) if f.name == "power_w" else pa.nulls(n, f.type)
+    table = samples_table(
+        "node", np.repeat(ts_us, n_ids), np.tile(ids, n_t).tolist(), power_w=w.reshape(-1)
+    )
     groups = np.arange(n_ids) % 10
     with Store(tmp_path / "d.duckdb") as store:
-        store.insert_arrow("node", pa.table(cols, schema=schema))
+        store.insert_arrow("node", table)
         end = t0 + timedelta(seconds=10 * n_t)
         reads = [
             load_group_sums(store, "node", "power_w", ids, groups, 10, t0, end, 60.0).sum

@@ -425,9 +425,9 @@ class ForecastCache:
             if 0 <= age_s <= self.max_age_steps * step_s:
                 return have
         with self._lock:
-            failed = self._failed == key and self._job_error
-        if failed:
-            raise ValueError(f"the load forecast of this step failed ({self._job_error})")
+            error = self._job_error if self._failed == key else ""
+        if error:
+            raise ValueError(f"the load forecast of this step failed ({error})")
         raise ValueError(
             f"the load forecast of the step ending {end:%H:%M} UTC is still being made"
         )
