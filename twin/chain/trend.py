@@ -13,6 +13,8 @@ import warnings
 
 import numpy as np
 
+from twin.blocks import in_order
+
 __all__ = ["LEVEL_WINDOW_S", "TREND_COLUMNS", "TREND_WINDOW_S", "unexplained_trend"]
 
 #: Window of the phase-current trend. [s]
@@ -89,20 +91,23 @@ def unexplained_trend(
     recovering, not creeping; a creep makes new highs. [A; bench/README.md bench_alerts: the
     8 untied phase forecasts of seeds 0 and 1 were such recoveries]
 
-    Columns are independent and fitted :data:`TREND_COLUMNS` at a time: a replay fits every
-    (minute, phase) pair at once, and its (window x 10^6) temporaries cost 4x the time of
-    cache-sized blocks (bench/README.md, bench_whatif).
+    Columns are independent and fitted :data:`TREND_COLUMNS` at a time, a block per core
+    (:func:`twin.blocks.in_order`): a replay fits every (minute, phase) pair at once, and its
+    (window x 10^6) temporaries cost 4x the time of cache-sized blocks (bench/README.md,
+    bench_whatif).
     """
     n_col = cur_hist.shape[1]
     if n_col <= TREND_COLUMNS:
         return _unexplained_trend_block(cur_hist, load_hist, step_s, level_before)
     slope, se = np.empty(n_col), np.empty(n_col)
-    for lo in range(0, n_col, TREND_COLUMNS):
-        cols = slice(lo, lo + TREND_COLUMNS)
+
+    def fit(cols: slice) -> tuple[np.ndarray, np.ndarray]:
         lvl = None if level_before is None else level_before[cols]
-        slope[cols], se[cols] = _unexplained_trend_block(
-            cur_hist[:, cols], load_hist[:, cols], step_s, lvl
-        )
+        return _unexplained_trend_block(cur_hist[:, cols], load_hist[:, cols], step_s, lvl)
+
+    blocks = [slice(lo, lo + TREND_COLUMNS) for lo in range(0, n_col, TREND_COLUMNS)]
+    for cols, (b, b_se) in zip(blocks, in_order(fit, blocks), strict=True):
+        slope[cols], se[cols] = b, b_se
     return slope, se
 
 

@@ -45,6 +45,7 @@ from twin.analysis.hotspots import (
     RMSE_PER_MAE,
     gpu_groups,
 )
+from twin.blocks import in_order
 from twin.replay.recording import Recording
 from twin.site.index import gpu_flow_ratio
 from twin.store.windows import hold_fill
@@ -65,7 +66,9 @@ LABEL_FORMAT = {
 #: mean re-estimate sits within 2 % of their calibrated R all the demo day (the minute-mean estimate
 #: is not the RC trajectory fit): 5 % leaves them on their calibration. [1]
 HISTORY_MARGIN = 1.05
-GPU_CHUNK = 1024  # GPUs per block of the minute aggregates (bounds the (T, chunk) copies)
+#: GPUs per block of the minute aggregates (bounds the (T, block) copies); blocks run a core
+#: each (twin.blocks.in_order)
+GPU_CHUNK = 256
 
 
 @dataclass
@@ -161,13 +164,12 @@ def hotspot_series(
         sup_c = _minute_means(d, d.cdu["supply_temp_c"], "cdu.supply_temp_c")
         fl_c = _minute_means(d, flow, "cdu.flow_lpm")
     inlet_n = _minute_means(d, d.node_inlet_c, "node.inlet_temp_c")
-    for lo in range(0, g, GPU_CHUNK):
-        sl = slice(lo, min(lo + GPU_CHUNK, g))
+
+    def block(sl: slice) -> tuple[np.ndarray, ...]:
         t_m, p_m, slope = tw.minute_aggregates(d.gpu_temp_c[1:, sl], d.gpu_power_w[1:, sl], d.dt_s)
-        mm = t_m.shape[0]
         # a minute without a reading of the GPU's temperature or power is no minute mean (the
         # recording holds the value before it), as the live pass's minutes have none
-        ends = (np.arange(mm) + 1) * per  # each minute's last row (the minutes start at row 1)
+        ends = (np.arange(t_m.shape[0]) + 1) * per  # each minute's last row (from row 1)
         for q, minute in (("temp_c", t_m), ("power_w", p_m)):
             told = d.gpu_told(q, sl)
             if told is not None:
@@ -177,7 +179,7 @@ def hotspot_series(
         ref = np.where(liq[None, :], sup_c[:, own[sl]], inlet) if idx.cdu_names else inlet
         ratio = gpu_flow_ratio(idx, ref_flow, fl_c, sl) if idx.cdu_names else 1.0
         factor = np.where(liq[None, :], r_at_flow_k_per_w(1.0, ratio), 1.0)
-        z, mod, est, heat = tw.watch(
+        watched = tw.watch(
             t_m,
             p_m,
             slope,
@@ -190,9 +192,13 @@ def hotspot_series(
             minutes=minutes,
             window=window_min,
         )
+        return (t_m, *watched)
+
+    blocks = [slice(lo, min(lo + GPU_CHUNK, g)) for lo in range(0, g, GPU_CHUNK)]
+    for sl, (t_m, z, mod, est, heat) in zip(blocks, in_order(block, blocks), strict=True):
         # the minutes start at row 1, so minute k ends at row (k + 1) x per: evaluation minute
         # k + 1's own sample, the newest its live pass would have (twin.analysis.hotspots)
-        k = min(mm, m_eval - 1)
+        k = min(t_m.shape[0], m_eval - 1)
         res_sig[1 : k + 1, sl] = z[:k]
         meas[1 : k + 1, sl] = t_m[:k]
         model[1 : k + 1, sl] = mod[:k]

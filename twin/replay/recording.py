@@ -15,6 +15,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from collectors.contract import sub_id
+from twin.blocks import in_order
 from twin.chain import ChainParams, PhaseTable, phase_table, pumps_running, resolve
 from twin.chain.propagate import link_busy_gbps, rack_sum_w
 from twin.replay.bundle import Bundle
@@ -117,8 +118,12 @@ def grid(
         return out
     pos = {s: i for i, s in enumerate(ids)}
     start_us = int(t0.timestamp() * 1e6)
-    f = pq.ParquetFile(path, read_dictionary=["id"])
-    for rg in range(f.num_row_groups):
+    n_groups = pq.ParquetFile(path).num_row_groups
+
+    def decode(rg: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """A row group's flat index into the (T, N) grid and its values, scaled, as float32
+        (a reader per call: two threads never share one)."""
+        f = pq.ParquetFile(path, read_dictionary=["id"])
         t = f.read_row_group(rg, columns=["ts", "id", *present])
         ts = t.column("ts").to_numpy().astype("datetime64[us]").astype(np.int64)
         row = np.rint((ts - start_us) / (dt_s * 1e6)).astype(np.int64)
@@ -134,12 +139,19 @@ def grid(
         flat = row * len(ids) + col  # one index into the flattened (T, N) grid
         if not every:
             flat = flat[ok]
+        values = {}
         for q in present:
             v = t.column(q).to_numpy(zero_copy_only=False)
             if not every:
                 v = v[ok]
             scale = res.get(q)
-            out[q].reshape(-1)[flat] = v.astype(F32) if scale is None else (v * scale).astype(F32)
+            values[q] = v.astype(F32) if scale is None else (v * scale).astype(F32)
+        return flat, values
+
+    # row groups decoded a core each; written in file order (a later sample of a cell wins)
+    for flat, values in in_order(decode, range(n_groups)):
+        for q, v in values.items():
+            out[q].reshape(-1)[flat] = v
     return out
 
 
