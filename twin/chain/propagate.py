@@ -118,10 +118,11 @@ def phase_load_ratio(ratio: np.ndarray, fed: list[list[int]], weight_w: np.ndarr
     (T, R); alike where none is known); 1 for a phase that feeds no rack."""
     out = np.ones((ratio.shape[0], len(fed)))
     weight = np.nan_to_num(np.asarray(weight_w, dtype=float))
+    single = [j for j, racks in enumerate(fed) if len(racks) == 1]
+    if single:  # a phase of one rack takes its ratio: one gather for all of them
+        out[:, single] = ratio[:, [fed[j][0] for j in single]]
     for j, racks in enumerate(fed):
-        if len(racks) == 1:
-            out[:, j] = ratio[:, racks[0]]
-        elif racks:
+        if len(racks) > 1:
             w = weight[..., racks]
             w = np.where(w.sum(axis=-1, keepdims=True) > 0, w, 1.0)
             out[:, j] = (ratio[:, racks] * w).sum(axis=1) / w.sum(axis=-1)
