@@ -391,6 +391,7 @@ class AlertEngine:
         #: the console's base URL (``dctwin serve --console-url``): pages link the component
         self.console_url = console_url.rstrip("/") if console_url else None
         self.topology = topology
+        self._group_keys: dict[tuple[str, ...], str] = {}  # _group_key's, by rule and entity
         self.outbox = outbox
         self.clock = clock
         self.db = db if db is not None else (outbox.db if outbox is not None else None)
@@ -435,6 +436,26 @@ class AlertEngine:
         return new
 
     # ---- evaluation ----------------------------------------------------------------------
+
+    def open_series(self) -> set[tuple[str, str, str]]:
+        """``(metric, entity kind, entity id)`` of every open alert (pending, firing, or
+        firing while it clears): the series whose next observation can change this engine's
+        state whatever its value. An observation of any other series that meets no rule's
+        firing condition changes nothing (:meth:`_step`), so a replay may leave it out."""
+        rules = self.rules.by_name()
+        with self._lock:
+            return {
+                (rules[i.rule].metric, i.entity_kind, i.entity_id)
+                for i in self._instances.values()
+                if i.rule in rules
+            }
+
+    def quiet(self) -> bool:
+        """True when an evaluation without observations would send nothing, now or later, that
+        the next evaluation would not: no open alert, incident, inhibition hold or flap count.
+        (A recurrence window that ends is forgotten at any later evaluation before it pages.)"""
+        with self._lock:
+            return not (self._instances or self._groups or self._holds or self._flaps)
 
     def evaluate(
         self, observations: Iterable[Observation], now: datetime | None = None
@@ -592,8 +613,14 @@ class AlertEngine:
         return flap is not None and flap.flapping
 
     def _group_key(self, rule: Rule, entity: Entity) -> str:
-        g = self.topology.group_of(entity, rule.group_by)
-        return _SEP.join(("g", rule.name, g[0], g[1]))
+        # a walk up the topology per firing member and evaluation otherwise (the site's
+        # topology is fixed for the engine's life; a rule's group_by is part of the key)
+        memo = (rule.name, rule.group_by, *entity)
+        key = self._group_keys.get(memo)
+        if key is None:
+            g = self.topology.group_of(entity, rule.group_by)
+            key = self._group_keys[memo] = _SEP.join(("g", rule.name, g[0], g[1]))
+        return key
 
     def _inhibited(self, rules: dict[str, Rule], now: datetime) -> set[str]:
         """Keys of firing instances muted by inhibition."""

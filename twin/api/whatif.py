@@ -84,14 +84,12 @@ def _run_job(
     from twin.replay.bundle import Bundle
     from twin.replay.report import write_report
     from twin.replay.scenario import load_scenario
-    from twin.replay.whatif import load, run
+    from twin.replay.whatif import load, run_all
 
     b = Bundle.load(bundle)
     loaded = [load_scenario(p, b.site) for p in scenario_paths]
     rule_set = load_rules(rules) if rules is not None else None
-    data = load(b)
-    base = run(data, None, rule_set)
-    runs = [run(data, s, rule_set) for s in loaded]
+    base, runs = run_all(load(b), loaded, rule_set)
     write_report(b, base, runs, out)
     return [r.model_dump(mode="json", exclude={"gpu_mean_temp_c"}) for r in [base, *runs]]
 

@@ -304,7 +304,7 @@ def whatif(
     from twin.replay.report import Costs, write_report
     from twin.replay.scenario import ScenarioError, load_scenario
     from twin.replay.verdict import Tolerance
-    from twin.replay.whatif import load, run
+    from twin.replay.whatif import load, run_all
 
     try:
         min_breach_s = parse_duration_s(min_breach, "--min-breach")
@@ -334,12 +334,12 @@ def whatif(
     with Progress(*columns, TimeElapsedColumn(), console=err, transient=True) as bar:
         task = bar.add_task("reading the bundle", total=len(loaded) + 2)
         data = load(b)
-        bar.update(task, advance=1, description="baseline")
-        base = run(data, None, rule_set)
-        runs = []
-        for s in loaded:
-            bar.update(task, advance=1, description=f"scenario {s.name}")
-            runs.append(run(data, s, rule_set, tol))
+
+        def started(name: str) -> None:
+            what = "baseline" if name == "baseline" else f"scenario {name}"
+            bar.update(task, advance=1, description=what)
+
+        base, runs = run_all(data, loaded, rule_set, tol, progress=started)
         bar.update(task, advance=1, description="report")
         md, html = write_report(b, base, runs, out, costs)
     if as_json:

@@ -62,6 +62,8 @@ class AlertFeed:
         self.labels: dict[int, dict[str, list[str]]] = {}
         #: residual series' excess over the model [K], by index in :attr:`watched`
         self.excess: dict[int, np.ndarray] = {}
+        #: per watched series, the minutes where some rule's firing condition holds (M,)
+        self.hot: list[np.ndarray] = []
         self._index = rules.index() if rules is not None else {}
 
     @property
@@ -132,11 +134,11 @@ class AlertFeed:
                     )
                 shared[name] = list(lab)
         fmt = label_format or {}
-        hit = np.zeros(vals.shape[1], bool)
+        hot = np.zeros(vals.shape, bool)
         with np.errstate(invalid="ignore"):
             for op, value in conds:
-                hit |= OPS[op](vals, value).any(axis=0)
-        for j in np.flatnonzero(hit):
+                hot |= OPS[op](vals, value)
+        for j in np.flatnonzero(hot.any(axis=0)):
             col = dict(shared)
             for name, lab in per_col.items():
                 spec = fmt.get(name, "g")
@@ -145,9 +147,27 @@ class AlertFeed:
                 self.labels[len(self.watched)] = col
             if excess is not None:
                 self.excess[len(self.watched)] = np.asarray(excess[:, j], dtype=float)
+            self.hot.append(hot[:, j])
             self.watched.append((metric, kind, ids[j], vals[:, j]))
 
-    def evaluate(self) -> list[dict[str, Any]]:
+    def extend(self, other: AlertFeed) -> None:
+        """Watch ``other``'s series too, with their labels, excess and hot minutes (a run that
+        reuses another's GPU pass)."""
+        at = len(self.watched)
+        self.labels.update({at + j: lab for j, lab in other.labels.items()})
+        self.excess.update({at + j: x for j, x in other.excess.items()})
+        self.hot += other.hot
+        self.watched += other.watched
+
+    def evaluate(self, *, every: bool = False) -> list[dict[str, Any]]:
+        """The notifications the live engine sends over the run, minute by minute.
+
+        A minute's observations are the watched series that meet some rule's firing condition
+        then, and those with an open alert (:meth:`twin.alerts.AlertEngine.open_series`); any
+        other observation is one the engine would pass over without a change, and a minute
+        with none while the engine is quiet (:meth:`twin.alerts.AlertEngine.quiet`) is not
+        evaluated. ``every``: hand the engine every finite value at every minute instead (the
+        same notifications, several times the work: the test holds them equal)."""
         if self.rules is None:
             return []
         from twin.alerts import AlertEngine, Observation, Topology
@@ -166,12 +186,23 @@ class AlertFeed:
             else np.zeros((m_rows, 0))
         )
         seen = np.isfinite(vals)
+        hot = np.stack(self.hot, axis=1) if self.hot else np.zeros((m_rows, 0), bool)
+        wanted = seen if every else seen & hot
+        series: dict[tuple[str, str, str], list[int]] = {}
+        for j, (m, kind, sid, _) in enumerate(self.watched):
+            series.setdefault((m, kind, sid), []).append(j)
         excess = {j: np.asarray(x, dtype=float).tolist() for j, x in self.excess.items()}
         for i, k in enumerate(self.rows):
             now = times[k]
             row = vals[i].tolist()
+            cols = set(np.flatnonzero(wanted[i]).tolist())
+            if not every:
+                for key in engine.open_series():
+                    cols.update(j for j in series.get(key, ()) if seen[i, j])
+            if not cols and not every and engine.quiet():
+                continue  # nothing observed and nothing open: the engine would do nothing
             obs = []
-            for j in np.flatnonzero(seen[i]).tolist():
+            for j in sorted(cols):
                 m, kind, sid, _ = self.watched[j]
                 ex = excess.get(j)
                 obs.append(

@@ -31,7 +31,9 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -39,6 +41,7 @@ import numpy as np
 from collectors.contract import phase_id, sub_id
 from models.gpu_thermal import rc_simulate
 from twin.alerts import metrics as am
+from twin.blocks import in_order
 from twin.chain import breach, gpu_temperatures, rack_capacity_kw
 from twin.chain import propagate as chain
 from twin.chain.thermal import ThermalResult
@@ -69,7 +72,7 @@ from twin.replay.scenario import (
 from twin.replay.verdict import Judge, Tolerance, compare, summarize, verdict
 from twin.site.catalog import GPU_MODELS, NODE_MODELS
 
-GPU_CHUNK = 256  # GPUs per block of the GPU pass: (T, 256) float64 is 18 MB at 24 h / 10 s
+GPU_CHUNK = 128  # GPUs per block of the GPU pass: (T, 128) float64 is 8.8 MB at 24 h / 10 s
 #: A GPU this close to its max operating temperature is held there (1 °C sensors read 87.0). [K]
 AT_LIMIT_K = 0.05
 SERIES_POINTS = 600  # points per path in the report's figures
@@ -295,149 +298,232 @@ def _gpus(
             sub = Judge(d.dt_s, judge.times)
             sub_feed = AlertFeed(feed.rules, d)
             out = _gpus_run(d, [], cool, sub, sub_feed)
-            d.cache[key] = (out, sub.kinds["gpu"], sub_feed.watched)
+            d.cache[key] = (out, sub.kinds["gpu"], sub_feed)
         out, stats, watched = d.cache[key]
         judge.kinds["gpu"] = stats
-        feed.watched += watched
+        feed.extend(watched)
         return out
     return _gpus_run(d, changes, cool, judge, feed)
+
+
+@dataclass
+class _GpuRun:
+    """What every block of one run's GPU pass shares (:func:`_gpu_block`)."""
+
+    d: Recording
+    cool: _Cooling
+    cap: np.ndarray  # (G,) the scenario's power cap [W] (inf: none)
+    scale: np.ndarray  # (G,) the scenario's activity factor
+    node_col: np.ndarray  # (G,) each GPU's node's column of d.node_inlet_c
+    r_factor_b: np.ndarray | None  # (T, C) the recording's R flow factor per CDU
+    sup_rack: np.ndarray | None  # (T, R) each rack's coolant supply in the scenario [°C]
+    rows: np.ndarray | None  # the evaluation rows, where the p90 forecast is wanted
+    ratio90: np.ndarray | None  # (M, R) the racks' p90 load ratio per minute
+    r_scale: np.ndarray | None  # (M, G) the causal R factor (hotspot_feed.causal_r_scale)
+
+
+@dataclass
+class _GpuBlock:
+    """One block of GPUs through the chain: what the run keeps of it (:func:`_gpus_run`)."""
+
+    sl: slice
+    temp_c: np.ndarray  # (T, B) where the temperature is told (NaN elsewhere), for the verdict
+    over: np.ndarray  # (T, B) bool: at the max operating temperature
+    k_left: np.ndarray  # (T, B) K to the max operating temperature
+    b90: np.ndarray | None  # (M, B) p90 time to breach, where forecast
+    in_rack: np.ndarray
+    rack_w: np.ndarray  # (T, racks present) the blocks's power change per rack [W]
+    in_fleet: np.ndarray
+    fleet_n: np.ndarray  # (fleets present,) GPUs
+    act: np.ndarray  # (T, fleets present) summed activity, recorded
+    act_s: np.ndarray  # (T, fleets present) summed activity, scenario
+    power_w: np.ndarray  # (T, fleets present) summed board power, scenario [W]
+    temp_max: np.ndarray  # (T,)
+    held: np.ndarray  # (T,) GPUs held by the controller
+    mean_temp: np.ndarray  # (B,)
+    throttled_s: float
+    undelivered_j: float
+
+
+def _gpu_refs(ctx: _GpuRun, sl: slice) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(T, B) each GPU's reference temperature (coolant or inlet, plus its offset) and R at
+    its loop's flow, in the recording and in the scenario."""
+    d, cool, n = ctx.d, ctx.cool, ctx.d.n
+    idx, gp = d.idx, d.params.gpu
+    liq = idx.gpu_cdu[sl] >= 0
+    off = gp.offset_k[sl][None, :]
+    # the inlet only where a GPU is air-cooled: a (T, B) gather of node columns is no copy
+    # worth making for a block of liquid-cooled GPUs
+    inlet = d.node_inlet_c[:, ctx.node_col[sl]] if not liq.all() else None
+    if not idx.cdu_names:
+        ref = inlet + off
+        r = np.broadcast_to(gp.r_k_per_w[sl][None, :], (n, sl.stop - sl.start))
+        return ref, r, ref, r
+
+    def by_liquid(coolant: np.ndarray) -> np.ndarray:
+        return coolant + off if inlet is None else np.where(liq[None, :], coolant, inlet) + off
+
+    # the coolant and R's flow factor once per (rack, own CDU) pair of the block, then taken
+    # by each GPU: the same arithmetic as per GPU, a fraction of the gathers. In the scenario
+    # a GPU's cold plate gets its serving CDU's supply and flow per rack (its own CDU's supply
+    # where none serves it), the flow over the flow per rack its R was fitted at (its own CDU's)
+    n_c = len(idx.cdu_names)
+    own = np.maximum(idx.gpu_cdu[sl], 0)
+    pair, col = np.unique(idx.gpu_rack[sl] * n_c + own, return_inverse=True)
+    p_rack, p_own = pair // n_c, pair % n_c
+    p_serve = cool.serve[:, p_rack]
+    supply = d.cdu["supply_temp_c"]
+    ref_b = by_liquid(supply[:, p_own][:, col])
+    ref_s = by_liquid(np.where(p_serve >= 0, ctx.sup_rack[:, p_rack], supply[:, p_own])[:, col])
+    r0 = gp.r_k_per_w[sl][None, :]
+    r_b = r0 * np.where(liq[None, :], ctx.r_factor_b[:, own], 1.0)
+    fr_s = cool.per_rack_flow[np.arange(n)[:, None], np.maximum(p_serve, 0)]
+    fr_s = fr_s / np.maximum(cool.per_rack_ref, 1e-9)[p_own][None, :]
+    fr_s = np.where(p_serve >= 0, fr_s, 0.0)
+    r_s = r0 * np.where(liq[None, :], chain.gpu_r_k_per_w(1.0, fr_s)[:, col], 1.0)
+    return ref_b, r_b, ref_s, r_s
+
+
+def _gpu_block(ctx: _GpuRun, fleet_of: np.ndarray, sl: slice) -> _GpuBlock:
+    """GPUs ``sl`` through the chain in the scenario: power, temperature under the controller,
+    the p90 forecast, and their sums per rack and fleet. Reads ``ctx`` and writes only the
+    recording's cache of its own block's baseline model: blocks may run at once."""
+    d = ctx.d
+    idx, gp = d.idx, d.params.gpu
+    ref_b, r_b, ref_s, r_s = _gpu_refs(ctx, sl)
+    p_meas = d.gpu_power_w[:, sl].astype(float)
+    act = d.gpu_activity[:, sl].astype(float)
+    act_s = np.clip(act * ctx.scale[sl][None, :], 0.0, 1.0)
+    cap = ctx.cap[sl][None, :]
+    from_util = None if d.gpu_activity_from_util is None else d.gpu_activity_from_util[sl]
+    p_dem = (
+        chain.gpu_power_after_w(p_meas, act, act_s, gp, cap, sl, from_util)
+        if (ctx.scale[sl] != 1).any()
+        else np.minimum(p_meas, cap)
+    )
+    tb = _baseline_model(d, sl, ref_b, r_b)
+    res = _thermal(d, sl, tb, ref_b, r_b, p_meas, ref_s, r_s, p_dem)
+    # a GPU at its limit is being throttled (by the scenario's controller, or by its own in
+    # the recording): that counts as time over the limit, in the baseline and the scenario
+    at_limit = res.temp_c >= gp.max_temp_c[sl][None, :] - AT_LIMIT_K
+    at_max = res.held | at_limit
+    # a GPU that never reported its temperature has no temperature headroom, as live
+    told = d.gpu_told("temp_c", sl)  # a fresh temperature reading (None: at every step)
+    t_told = res.temp_c if told is None else np.where(told, res.temp_c, np.nan)
+    over = at_max if told is None else at_max & told
+    b90 = None
+    if ctx.rows is not None:
+        rows = ctx.rows
+        r_rows = np.asarray(r_s, dtype=float)[rows] if np.ndim(r_s) == 2 else r_s
+        seen = d.gpu_activity_reported
+        unseen = seen is not None and not seen[sl].all()  # else no (T, chunk) copy
+        act_f = np.where(seen[sl][None, :], act_s, np.nan) if unseen else act_s
+        b90 = breach.gpu_p90_breach_in_s(
+            breach.GpuSeries(res.temp_c, res.power_w, act_f, ref_s, rows, d.dt_s),
+            r_rows * ctx.r_scale[:, sl],  # causal: no R the recording had not shown yet
+            ctx.ratio90[:, idx.gpu_rack[sl]],
+            np.fmin(d.gpu_power_limit_w[sl], ctx.cap[sl])[None, :],
+            gp,
+            sl,
+            from_util,
+        )
+        # only a calibrated model forecasts a page, as live (a catalog R serves headroom)
+        fitted = np.array([t == "calibrated" for t in gp.thermal_source[sl]])
+        b90 = b90 if fitted.all() else np.where(fitted[None, :], b90, np.nan)
+        b90 = b90 if told is None else np.where(told[rows], b90, np.nan)
+    # each GPU's power change summed into its rack, its activity and power into its fleet:
+    # one product with the block's (GPU x group) membership each (the inputs are finite)
+    in_rack, rack_col = _membership(idx.gpu_rack[sl])
+    in_fleet, fleet_col = _membership(fleet_of[sl])
+    return _GpuBlock(
+        sl=sl,
+        temp_c=t_told,
+        over=over,
+        k_left=gp.max_temp_c[sl][None, :] - t_told,
+        b90=b90,
+        in_rack=in_rack,
+        rack_w=(res.power_w - p_meas) @ rack_col,
+        in_fleet=in_fleet,
+        fleet_n=fleet_col.sum(axis=0),
+        act=act @ fleet_col,
+        act_s=act_s @ fleet_col,
+        power_w=np.nan_to_num(res.power_w) @ fleet_col,
+        temp_max=np.fmax.reduce(res.temp_c, axis=1),
+        held=res.held.sum(axis=1),
+        mean_temp=np.nanmean(res.temp_c, axis=0),
+        # throttled GPU-seconds, one definition for the baseline and every scenario: steps a
+        # GPU spends at its max operating temperature (held there by the controller, or read)
+        throttled_s=float(at_max.sum()) * d.dt_s,
+        undelivered_j=float(res.undelivered_j.sum()),
+    )
 
 
 def _gpus_run(
     d: Recording, changes: list[Any], cool: _Cooling, judge: Judge, feed: AlertFeed
 ) -> dict[str, Any]:
-    idx, gp, n = d.idx, d.params.gpu, d.n
+    idx, n = d.idx, d.n
     g = len(idx.gpu_ids)
-    cap, scale = _gpu_cap(d, changes), _activity_scale(d, changes)
-    liquid = idx.gpu_cdu >= 0
     node_pos = {nd.name: i for i, nd in enumerate(d.site.nodes)}
-    node_col = np.array([node_pos[nd] for nd in idx.gpu_node], dtype=np.int64)
     # the baseline's flow per rack over the reference, computed as the scenario's is
     fr_b_cdu = (
         cool.per_rack_base / np.maximum(cool.per_rack_ref, 1e-9)[None, :] if idx.cdu_names else None
     )
-    r_factor_b = chain.gpu_r_k_per_w(1.0, fr_b_cdu) if fr_b_cdu is not None else None
-    # each rack's coolant supply in the scenario (its serving CDU's), once for all its GPUs
-    sup_rack = (
-        cool.supply[np.arange(n)[:, None], np.maximum(cool.serve, 0)] if idx.cdu_names else None
+    ctx = _GpuRun(
+        d,
+        cool,
+        _gpu_cap(d, changes),
+        _activity_scale(d, changes),
+        np.array([node_pos[nd] for nd in idx.gpu_node], dtype=np.int64),
+        chain.gpu_r_k_per_w(1.0, fr_b_cdu) if fr_b_cdu is not None else None,
+        # each rack's coolant supply in the scenario (its serving CDU's), once for all its GPUs
+        cool.supply[np.arange(n)[:, None], np.maximum(cool.serve, 0)] if idx.cdu_names else None,
+        None,
+        None,
+        None,
     )
-    n_r = len(d.site.racks)
-    rack_change = np.zeros((n, n_r))
+    if feed.wants(am.HEADROOM_GPU_TIME_TO_BREACH_P90_S, "gpu"):
+        # the rack's p90 load ratio per minute (the live headroom's persistence p90)
+        ctx.rows = feed.rows
+        if "p90-ratio" not in d.cache:  # the recording's, the same for every run
+            d.cache["p90-ratio"] = breach.p90_ratio(_it_minutes(d, d.rack_in_w, ctx.rows))
+        ctx.ratio90 = d.cache["p90-ratio"]
+        ctx.r_scale = hotspot_feed.causal_r_scale(d)
+    rack_change = np.zeros((n, len(d.site.racks)))
     fleets = sorted(set(idx.gpu_fleet))
-    act_sum = {f: np.zeros((2, n)) for f in fleets}
-    pow_sum = {f: np.zeros(n) for f in fleets}  # the run's GPU board power per fleet [W]
-    fleet_n = {f: 0 for f in fleets}
     f_pos = {f: i for i, f in enumerate(fleets)}
     fleet_of = np.array([f_pos[f] for f in idx.gpu_fleet], dtype=np.int64)
+    act_sum = np.zeros((2, n, len(fleets)))
+    pow_sum = np.zeros((n, len(fleets)))  # the run's GPU board power per fleet [W]
+    fleet_n = np.zeros(len(fleets), dtype=np.int64)
     temp_max = np.full(n, -np.inf)
     held_n = np.zeros(n)
     mean_t = np.empty(g)
     throttled = undelivered = 0.0
-    forecast = feed.wants(am.HEADROOM_GPU_TIME_TO_BREACH_P90_S, "gpu")
-    if forecast:  # the rack's p90 load ratio per minute (the live headroom's persistence p90)
-        rows = feed.rows
-        if "p90-ratio" not in d.cache:  # the recording's, the same for every run
-            d.cache["p90-ratio"] = breach.p90_ratio(_it_minutes(d, d.rack_in_w, rows))
-        ratio90 = d.cache["p90-ratio"]
-    for lo in range(0, g, GPU_CHUNK):
-        sl = slice(lo, min(lo + GPU_CHUNK, g))
-        liq = liquid[sl]
-        own = np.maximum(idx.gpu_cdu[sl], 0)
-        rack = idx.gpu_rack[sl]
-        inlet = d.node_inlet_c[:, node_col[sl]]
-        off = gp.offset_k[sl][None, :]
-        if idx.cdu_names:
-            sup_b = d.cdu["supply_temp_c"][:, own]
-            serve = cool.serve[:, rack]
-            sup_s = np.where(serve >= 0, sup_rack[:, rack], sup_b)
-            ref_b = np.where(liq[None, :], sup_b, inlet) + off
-            ref_s = np.where(liq[None, :], sup_s, inlet) + off
-            # R's flow factor once per CDU (baseline) and per (rack, own CDU) pair (scenario),
-            # then taken by each GPU: the same arithmetic as per GPU (R0 x factor), a fraction
-            # of the powers. The flow a GPU's cold plate gets in the scenario: its serving
-            # CDU's flow per rack, over the flow per rack its R was fitted at (its own CDU's)
-            r0 = gp.r_k_per_w[sl][None, :]
-            r_b = r0 * np.where(liq[None, :], r_factor_b[:, own], 1.0)
-            pair, col = np.unique(rack * len(idx.cdu_names) + own, return_inverse=True)
-            p_rack, p_own = pair // len(idx.cdu_names), pair % len(idx.cdu_names)
-            p_serve = cool.serve[:, p_rack]
-            fr_s = cool.per_rack_flow[np.arange(n)[:, None], np.maximum(p_serve, 0)]
-            fr_s = fr_s / np.maximum(cool.per_rack_ref, 1e-9)[p_own][None, :]
-            fr_s = np.where(p_serve >= 0, fr_s, 0.0)
-            r_s = r0 * np.where(liq[None, :], chain.gpu_r_k_per_w(1.0, fr_s)[:, col], 1.0)
-        else:
-            ref_b = ref_s = inlet + off
-            r_b = r_s = np.broadcast_to(gp.r_k_per_w[sl][None, :], (n, sl.stop - sl.start))
-        p_meas = d.gpu_power_w[:, sl].astype(float)
-        act = d.gpu_activity[:, sl].astype(float)
-        act_s = np.clip(act * scale[sl][None, :], 0.0, 1.0)
-        from_util = None if d.gpu_activity_from_util is None else d.gpu_activity_from_util[sl]
-        p_dem = (
-            chain.gpu_power_after_w(p_meas, act, act_s, gp, cap[sl][None, :], sl, from_util)
-            if (scale[sl] != 1).any()
-            else np.minimum(p_meas, cap[sl][None, :])
-        )
-        tb = _baseline_model(d, sl, ref_b, r_b)
-        res = _thermal(d, sl, tb, ref_b, r_b, p_meas, ref_s, r_s, p_dem)
-        # a GPU at its limit is being throttled (by the scenario's controller, or by its own in
-        # the recording): that counts as time over the limit, in the baseline and the scenario
-        at_limit = res.temp_c >= gp.max_temp_c[sl][None, :] - AT_LIMIT_K
-        at_max = res.held | at_limit
-        # a GPU that never reported its temperature has no temperature headroom, as live
-        told = d.gpu_told("temp_c", sl)  # a fresh temperature reading (None: at every step)
-        t_told = res.temp_c if told is None else np.where(told, res.temp_c, np.nan)
-        over = at_max if told is None else at_max & told
-        judge.add("gpu", idx.gpu_ids[sl], "°C", t_told, gp.max_temp_c[sl], over=over)
-        feed.offer(M_GPU_K, "gpu", idx.gpu_ids[sl], gp.max_temp_c[sl][None, :] - t_told)
-        if forecast:
-            r_scale = hotspot_feed.causal_r_scale(d)
-            r_rows = np.asarray(r_s, dtype=float)[rows] if np.ndim(r_s) == 2 else r_s
-            seen = d.gpu_activity_reported
-            unseen = seen is not None and not seen[sl].all()  # else no (T, chunk) copy
-            act_f = np.where(seen[sl][None, :], act_s, np.nan) if unseen else act_s
-            b90 = breach.gpu_p90_breach_in_s(
-                breach.GpuSeries(res.temp_c, res.power_w, act_f, ref_s, rows, d.dt_s),
-                r_rows * r_scale[:, sl],  # causal: no R the recording had not shown yet
-                ratio90[:, rack],
-                np.fmin(d.gpu_power_limit_w[sl], cap[sl])[None, :],
-                gp,
-                sl,
-                from_util,
-            )
-            # only a calibrated model forecasts a page, as live (a catalog R serves headroom)
-            fitted = np.array([t == "calibrated" for t in gp.thermal_source[sl]])
-            b90 = b90 if fitted.all() else np.where(fitted[None, :], b90, np.nan)
-            b90 = b90 if told is None else np.where(told[rows], b90, np.nan)
-            feed.offer_series(am.HEADROOM_GPU_TIME_TO_BREACH_P90_S, "gpu", idx.gpu_ids[sl], b90)
-        # each GPU's power change summed into its rack, its activity and power into its fleet:
-        # one product with the chunk's (GPU x group) membership each (the inputs are finite)
-        diff = res.power_w - p_meas
-        in_rack, rack_col = _membership(rack)
-        rack_change[:, in_rack] += diff @ rack_col
-        in_fleet, fleet_col = _membership(fleet_of[sl])
-        a_sum, s_sum = act @ fleet_col, act_s @ fleet_col
-        w_sum = np.nan_to_num(res.power_w) @ fleet_col
-        for k, f_i in enumerate(in_fleet.tolist()):
-            f = fleets[f_i]
-            act_sum[f][0] += a_sum[:, k]
-            act_sum[f][1] += s_sum[:, k]
-            pow_sum[f] += w_sum[:, k]
-            fleet_n[f] += int(fleet_col[:, k].sum())
-        temp_max = np.fmax(temp_max, np.fmax.reduce(res.temp_c, axis=1))
-        held_n += res.held.sum(axis=1)
-        mean_t[sl] = np.nanmean(res.temp_c, axis=0)
-        # throttled GPU-seconds, one definition for the baseline and every scenario: steps a GPU
-        # spends at its max operating temperature (held there by the controller, or read there)
-        throttled += float(at_max.sum()) * d.dt_s
-        undelivered += float(res.undelivered_j.sum())
-    fleet_act = {
-        f: (s[0] / max(fleet_n[f], 1), s[1] / max(fleet_n[f], 1)) for f, s in act_sum.items()
-    }
+    blocks = [slice(lo, min(lo + GPU_CHUNK, g)) for lo in range(0, g, GPU_CHUNK)]
+    for b in in_order(partial(_gpu_block, ctx, fleet_of), blocks):
+        ids = idx.gpu_ids[b.sl]
+        judge.add("gpu", ids, "°C", b.temp_c, d.params.gpu.max_temp_c[b.sl], over=b.over)
+        feed.offer(M_GPU_K, "gpu", ids, b.k_left)
+        if b.b90 is not None:
+            feed.offer_series(am.HEADROOM_GPU_TIME_TO_BREACH_P90_S, "gpu", ids, b.b90)
+        rack_change[:, b.in_rack] += b.rack_w
+        act_sum[0][:, b.in_fleet] += b.act
+        act_sum[1][:, b.in_fleet] += b.act_s
+        pow_sum[:, b.in_fleet] += b.power_w
+        fleet_n[b.in_fleet] += b.fleet_n.astype(np.int64)
+        temp_max = np.fmax(temp_max, b.temp_max)
+        held_n += b.held
+        mean_t[b.sl] = b.mean_temp
+        throttled += b.throttled_s
+        undelivered += b.undelivered_j
+    per = np.maximum(fleet_n, 1)
     return {
         "rack_change_w": rack_change,
-        "fleet_act": fleet_act,
-        "fleet_n": fleet_n,
-        "fleet_gpu_w": {f: p / max(fleet_n[f], 1) for f, p in pow_sum.items()},
+        "fleet_act": {
+            f: (act_sum[0][:, i] / per[i], act_sum[1][:, i] / per[i]) for f, i in f_pos.items()
+        },
+        "fleet_n": {f: int(fleet_n[i]) for f, i in f_pos.items()},
+        "fleet_gpu_w": {f: pow_sum[:, i] / per[i] for f, i in f_pos.items()},
         "temp_max": temp_max,
         "held": held_n,
         "mean_temp": mean_t,
@@ -878,7 +964,7 @@ class _Pass:
     elec: dict[str, np.ndarray]
     cdu: dict[str, np.ndarray]
     link_util: np.ndarray
-    alerts: list[dict[str, Any]]
+    feed: AlertFeed  # every series a rule watches, to evaluate (AlertFeed.evaluate)
     new: list[dict[str, Any]]  # the racks the scenario adds
 
 
@@ -900,7 +986,7 @@ def _pass(d: Recording, changes: list[Any], rules: Any) -> _Pass:
     link_util = _links(d, changes, gpu["fleet_act"], judge, cool.notes, feed)
     _fleet_underuse(d, gpu["fleet_act"], gpu["fleet_n"], gpu["fleet_gpu_w"], feed)
     _fleet_drain(d, gpu["fleet_act"], feed)
-    return _Pass(judge, cool, gpu, rack_s, elec, cdu, link_util, feed.evaluate(), new)
+    return _Pass(judge, cool, gpu, rack_s, elec, cdu, link_util, feed, new)
 
 
 # ---- hot-spot detectors (issue 16 item 4) ---------------------------------------------------
@@ -929,16 +1015,47 @@ def run(
     A scenario's verdict compares it with the baseline run (computed once per recording and
     rules, and cached on ``d``).
     """
+    ps = _pass(d, list(scenario.changes) if scenario else [], rules)
+    return _result(d, scenario, ps, ps.feed.evaluate(), tolerance)
+
+
+def run_all(
+    d: Recording,
+    scenarios: list[Scenario],
+    rules: Any = None,
+    tolerance: Tolerance | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> tuple[RunResult, list[RunResult]]:
+    """The baseline and each scenario (:func:`run`), as ``dctwin whatif``, the API's what-if
+    jobs and the benchmark run them; ``progress(name)`` is called as each run starts.
+
+    One run after another: a run's alert evaluation (the rule engine minute by minute, Python
+    that holds the GIL) was tried in a thread beside the next run's chain, and the chain,
+    whose GPU blocks already keep both cores of the 2-vCPU machine busy, lost more than the
+    overlap won (bench/README.md, bench_whatif)."""
+    out: list[RunResult] = []
+    for scenario in [None, *scenarios]:
+        if progress is not None:
+            progress(scenario.name if scenario else "baseline")
+        out.append(run(d, scenario, rules, tolerance if scenario else None))
+    return out[0], out[1:]
+
+
+def _result(
+    d: Recording,
+    scenario: Scenario | None,
+    ps: _Pass,
+    alerts: list[dict[str, Any]],
+    tolerance: Tolerance | None,
+) -> RunResult:
+    """A run's result from its pass and its alerts: the verdict against the baseline."""
     tol = tolerance or Tolerance()
-    changes = list(scenario.changes) if scenario else []
-    ps = _pass(d, changes, rules)
     cool, gpu, elec, cdu, link_util = ps.cool, ps.gpu, ps.elec, ps.cdu, ps.link_util
     racks = d.site.racks
     comps = ps.judge.components()
     if scenario is None:
         d.cache["baseline"] = comps
     rack_total = elec["rack_all"].sum(axis=1)
-    alerts = ps.alerts
     kinds = summarize(comps, _baseline(d) if scenario is not None else None)
     order = sorted(
         (c for c in comps if np.isfinite(c.min_headroom)),
