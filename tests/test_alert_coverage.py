@@ -518,15 +518,19 @@ def test_minute_means_are_the_trailing_window_means_with_or_without_gaps() -> No
 
 def test_minute_means_of_a_replays_minutes_are_the_general_paths_to_the_bit() -> None:
     """A replay's rows (one every window, from row 0) take the tiled path of minute_means: the
-    same sums in the same order as the gathers of any other rows, so the same bits, with gaps,
-    float32 or float64, one column or many, and steps that do not divide a minute."""
+    same sums in the same order as the gathers of any other rows, so the same bits, with gaps
+    or none, float32 or float64, one column or many, and steps that do not divide a minute."""
     rng = np.random.default_rng(11)
     for dt in (1.0, 7.0, 10.0, 15.0, 60.0):
         per = max(1, round(60.0 / dt))
         for n in (1, per, per + 1, 97, 1001):
-            for shape, dtype in (((n,), np.float64), ((n, 5), np.float32)):
+            for shape, dtype, gaps in (
+                ((n,), np.float64, 0.2),
+                ((n, 5), np.float32, 0.2),
+                ((n, 5), np.float32, 0.0),  # no gap: the path that adds without a mask
+            ):
                 x = (50.0 + 10.0 * rng.standard_normal(shape)).astype(dtype)
-                x[rng.random(shape) < 0.2] = np.nan
+                x[rng.random(shape) < gaps] = np.nan
                 rows = np.arange(0, n, per)
                 tiled = breach.minute_means(x, rows, dt)
                 # the same rows as a gather: one row prepended and dropped takes the general path

@@ -116,13 +116,15 @@ def phase_load_ratio(ratio: np.ndarray, fed: list[list[int]], weight_w: np.ndarr
     """(T, P) each PDU phase's (or breaker's) load ratio: the load ratio (T, R) of the racks it
     feeds (``fed``: rack positions per phase), weighted by their load ``weight_w`` ((R,) or
     (T, R); alike where none is known); 1 for a phase that feeds no rack."""
-    out = np.ones((ratio.shape[0], len(fed)))
+    if not fed or ratio.shape[1] == 0:
+        return np.ones((ratio.shape[0], len(fed)))
+    # a phase of one rack takes its ratio: one gather for every phase, then the others
+    out = np.asarray(ratio, dtype=float)[:, [r[0] if len(r) == 1 else 0 for r in fed]]
     weight = np.nan_to_num(np.asarray(weight_w, dtype=float))
-    single = [j for j, racks in enumerate(fed) if len(racks) == 1]
-    if single:  # a phase of one rack takes its ratio: one gather for all of them
-        out[:, single] = ratio[:, [fed[j][0] for j in single]]
     for j, racks in enumerate(fed):
-        if len(racks) > 1:
+        if not racks:
+            out[:, j] = 1.0
+        elif len(racks) > 1:
             w = weight[..., racks]
             w = np.where(w.sum(axis=-1, keepdims=True) > 0, w, 1.0)
             out[:, j] = (ratio[:, racks] * w).sum(axis=1) / w.sum(axis=-1)

@@ -74,6 +74,19 @@ class Judge:
         over: np.ndarray | None = None,
     ) -> None:
         """value (T, N); limit (N,) or (T, N); ``over``: more steps to count as over (held)."""
+        self.merge(kind, self.stats(kind, ids, unit, value, limit, over))
+
+    def stats(
+        self,
+        kind: Kind,
+        ids: list[str],
+        unit: str,
+        value: np.ndarray,
+        limit: np.ndarray,
+        over: np.ndarray | None = None,
+    ) -> KindStats:
+        """:meth:`add`'s statistics of one chunk, without adding them (a chunk computed in a
+        worker thread is merged by the caller, in order)."""
         lim = limit if np.ndim(limit) == 2 else np.asarray(limit, dtype=float)[None, :]
         with np.errstate(invalid="ignore"):
             head = lim - value
@@ -91,14 +104,17 @@ class Judge:
         with np.errstate(all="ignore"), warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             end = np.nanmean(value[-k:], axis=0)
-        s = KindStats(list(ids), unit, lim_rep, peak, minh, is_over.sum(axis=0), first, end)
+        return KindStats(list(ids), unit, lim_rep, peak, minh, is_over.sum(axis=0), first, end)
+
+    def merge(self, kind: Kind, s: KindStats) -> None:
+        """Add one chunk's statistics (:meth:`stats`) after the kind's others."""
         old = self.kinds.get(kind)
         if old is None:
             self.kinds[kind] = s
         else:  # another chunk of the same kind
             self.kinds[kind] = KindStats(
                 old.ids + s.ids,
-                unit,
+                s.unit,
                 *(
                     np.concatenate([a, b])
                     for a, b in (

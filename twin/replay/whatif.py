@@ -69,7 +69,7 @@ from twin.replay.scenario import (
     ScaleFleet,
     Scenario,
 )
-from twin.replay.verdict import Judge, Tolerance, compare, summarize, verdict
+from twin.replay.verdict import Judge, KindStats, Tolerance, compare, summarize, verdict
 from twin.site.catalog import GPU_MODELS, NODE_MODELS
 
 GPU_CHUNK = 128  # GPUs per block of the GPU pass: (T, 128) float64 is 8.8 MB at 24 h / 10 s
@@ -317,6 +317,8 @@ class _GpuRun:
     node_col: np.ndarray  # (G,) each GPU's node's column of d.node_inlet_c
     r_factor_b: np.ndarray | None  # (T, C) the recording's R flow factor per CDU
     sup_rack: np.ndarray | None  # (T, R) each rack's coolant supply in the scenario [°C]
+    judge: Judge  # the run's (its stats of a block: Judge.stats reads, never writes)
+    k_rows: np.ndarray | None  # the evaluation rows, where the K to the limit is watched
     rows: np.ndarray | None  # the evaluation rows, where the p90 forecast is wanted
     ratio90: np.ndarray | None  # (M, R) the racks' p90 load ratio per minute
     r_scale: np.ndarray | None  # (M, G) the causal R factor (hotspot_feed.causal_r_scale)
@@ -327,9 +329,8 @@ class _GpuBlock:
     """One block of GPUs through the chain: what the run keeps of it (:func:`_gpus_run`)."""
 
     sl: slice
-    temp_c: np.ndarray  # (T, B) where the temperature is told (NaN elsewhere), for the verdict
-    over: np.ndarray  # (T, B) bool: at the max operating temperature
-    k_left: np.ndarray  # (T, B) K to the max operating temperature
+    stats: KindStats  # the verdict's figures of the block's temperatures (Judge.stats)
+    k_left: np.ndarray | None  # (M, B) K to the max operating temperature, where watched
     b90: np.ndarray | None  # (M, B) p90 time to breach, where forecast
     in_rack: np.ndarray
     rack_w: np.ndarray  # (T, racks present) the blocks's power change per rack [W]
@@ -435,11 +436,13 @@ def _gpu_block(ctx: _GpuRun, fleet_of: np.ndarray, sl: slice) -> _GpuBlock:
     # one product with the block's (GPU x group) membership each (the inputs are finite)
     in_rack, rack_col = _membership(idx.gpu_rack[sl])
     in_fleet, fleet_col = _membership(fleet_of[sl])
+    k_left = None
+    if ctx.k_rows is not None:
+        k_left = gp.max_temp_c[sl][None, :] - np.asarray(t_told[ctx.k_rows], dtype=float)
     return _GpuBlock(
         sl=sl,
-        temp_c=t_told,
-        over=over,
-        k_left=gp.max_temp_c[sl][None, :] - t_told,
+        stats=ctx.judge.stats("gpu", idx.gpu_ids[sl], "°C", t_told, gp.max_temp_c[sl], over),
+        k_left=k_left,
         b90=b90,
         in_rack=in_rack,
         rack_w=(res.power_w - p_meas) @ rack_col,
@@ -477,6 +480,8 @@ def _gpus_run(
         chain.gpu_r_k_per_w(1.0, fr_b_cdu) if fr_b_cdu is not None else None,
         # each rack's coolant supply in the scenario (its serving CDU's), once for all its GPUs
         cool.supply[np.arange(n)[:, None], np.maximum(cool.serve, 0)] if idx.cdu_names else None,
+        judge,
+        feed.rows if feed.wants(M_GPU_K, "gpu") else None,
         None,
         None,
         None,
@@ -502,8 +507,9 @@ def _gpus_run(
     blocks = [slice(lo, min(lo + GPU_CHUNK, g)) for lo in range(0, g, GPU_CHUNK)]
     for b in in_order(partial(_gpu_block, ctx, fleet_of), blocks):
         ids = idx.gpu_ids[b.sl]
-        judge.add("gpu", ids, "°C", b.temp_c, d.params.gpu.max_temp_c[b.sl], over=b.over)
-        feed.offer(M_GPU_K, "gpu", ids, b.k_left)
+        judge.merge("gpu", b.stats)
+        if b.k_left is not None:
+            feed.offer_series(M_GPU_K, "gpu", ids, b.k_left)
         if b.b90 is not None:
             feed.offer_series(am.HEADROOM_GPU_TIME_TO_BREACH_P90_S, "gpu", ids, b.b90)
         rack_change[:, b.in_rack] += b.rack_w
