@@ -321,6 +321,29 @@ def test_a_what_if_is_the_same_to_the_bit_on_one_core_or_two(bundle, monkeypatch
     assert runs[1] == runs[2]
 
 
+@pytest.mark.slow  # the demo's day through what-if, three runs twice: out of the fast tier
+def test_gpu_blocks_kept_as_recorded_give_the_same_results_as_computed_again(
+    bundle, monkeypatch
+) -> None:
+    """A run whose change leaves a block of GPUs as recorded (a pump lost on cdu-2 leaves
+    the other CDUs' GPUs alone) takes the block a run before computed; with nothing kept it
+    computes every block again, to the same bits."""
+    from twin.alerts import load_rules
+    from twin.replay import whatif
+
+    rules = load_rules(REPO / "deploy" / "alert_rules.yaml")
+    names = ["cdu-2-loses-a-pump", "facility-water-plus-3c"]
+    results = {}
+    for budget in (0, whatif.BLOCK_CACHE_BYTES):
+        monkeypatch.setattr(whatif, "BLOCK_CACHE_BYTES", budget)
+        d = load(bundle)
+        base, runs = whatif.run_all(d, [_scenario(n, d.site) for n in names], rules)
+        kept = [k for k in d.cache if isinstance(k, tuple) and k[0] == "gpu-block"]
+        assert bool(kept) == (budget > 0)
+        results[budget] = [r.model_dump_json() for r in [base, *runs]]
+    assert results[0] == results[whatif.BLOCK_CACHE_BYTES]
+
+
 def test_a_pdu_feeding_two_racks_follows_both_racks_load_in_a_what_if(tmp_path: Path) -> None:
     """A PDU shared by two racks (r02's A feed is r01's A PDU): scaling the fleet of one of
     them moves the shared phases by the load ratio of both racks weighted by their load

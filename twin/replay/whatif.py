@@ -76,6 +76,9 @@ GPU_CHUNK = 128  # GPUs per block of the GPU pass: (T, 128) float64 is 8.8 MB at
 #: A GPU this close to its max operating temperature is held there (1 °C sensors read 87.0). [K]
 AT_LIMIT_K = 0.05
 SERIES_POINTS = 600  # points per path in the report's figures
+#: Bytes of GPU blocks kept across runs (:func:`_keep_block`): the demo's 880 GPUs take 26 MB;
+#: 10,016 GPUs would take 0.3 GB, and their peak must stay under 3 GB (issue 27).
+BLOCK_CACHE_BYTES = 128 * 2**20
 
 
 def load(bundle: Bundle) -> Recording:
@@ -238,13 +241,14 @@ def _baseline_model(d: Recording, sl: slice, ref_b: np.ndarray, r_b: np.ndarray)
 _GPU_CHANGES = (ScaleFleet, CapGpuPower, FacilityWater, CduSetpoint, FailPump, FailCdu)
 
 
-def _thermal(d, sl, tb, ref_b, r_b, p_meas, ref_s, r_s, p_dem) -> ThermalResult:
-    """The controller's run on the GPUs whose inputs the scenario changes; the rest as recorded."""
+def _thermal(d, sl, tb, cooled, p_meas, ref_s, r_s, p_dem) -> ThermalResult:
+    """The controller's run on the GPUs whose inputs the scenario changes; the rest as recorded
+    (``cooled``: (B,) the GPUs whose coolant or R the scenario changes)."""
     gp = d.params.gpu
     meas = d.gpu_temp_c[:, sl].astype(float)
     meas = np.where(np.isfinite(meas), meas, tb)
     n, g = meas.shape
-    moved = _differ(ref_s, ref_b) | _differ(r_s, r_b) | _differ(p_dem, p_meas)
+    moved = cooled | _differ(p_dem, p_meas)
     temp, power = meas, p_meas.copy()
     held = np.zeros((n, g), bool)
     throttled, undelivered = np.zeros(g), np.zeros(g)
@@ -318,6 +322,7 @@ class _GpuRun:
     r_factor_b: np.ndarray | None  # (T, C) the recording's R flow factor per CDU
     sup_rack: np.ndarray | None  # (T, R) each rack's coolant supply in the scenario [°C]
     judge: Judge  # the run's (its stats of a block: Judge.stats reads, never writes)
+    rules_key: int  # the rule set's id: what the blocks offer depends on the rules
     k_rows: np.ndarray | None  # the evaluation rows, where the K to the limit is watched
     rows: np.ndarray | None  # the evaluation rows, where the p90 forecast is wanted
     ratio90: np.ndarray | None  # (M, R) the racks' p90 load ratio per minute
@@ -329,6 +334,9 @@ class _GpuBlock:
     """One block of GPUs through the chain: what the run keeps of it (:func:`_gpus_run`)."""
 
     sl: slice
+    #: every input as recorded (no cap, no activity scale, coolant and flow as recorded):
+    #: the block's figures are the recording's, the same in every run (:data:`BLOCK_CACHE_BYTES`)
+    as_recorded: bool
     stats: KindStats  # the verdict's figures of the block's temperatures (Judge.stats)
     k_left: np.ndarray | None  # (M, B) K to the max operating temperature, where watched
     b90: np.ndarray | None  # (M, B) p90 time to breach, where forecast
@@ -392,6 +400,15 @@ def _gpu_block(ctx: _GpuRun, fleet_of: np.ndarray, sl: slice) -> _GpuBlock:
     d = ctx.d
     idx, gp = d.idx, d.params.gpu
     ref_b, r_b, ref_s, r_s = _gpu_refs(ctx, sl)
+    cooled = _differ(ref_s, ref_b) | _differ(r_s, r_b)  # (B,) coolant or R changed
+    as_recorded = bool(
+        np.isposinf(ctx.cap[sl]).all() and (ctx.scale[sl] == 1).all() and not cooled.any()
+    )
+    if as_recorded:  # the recording's own figures, computed once (the first run's kept)
+        kept = d.cache.get(("gpu-block", ctx.rules_key, sl.start, sl.stop))
+        if kept is not None:
+            return kept
+        ref_s, r_s = ref_b, r_b  # equal (NaN as NaN): one input, whichever run computes it
     p_meas = d.gpu_power_w[:, sl].astype(float)
     act = d.gpu_activity[:, sl].astype(float)
     act_s = np.clip(act * ctx.scale[sl][None, :], 0.0, 1.0)
@@ -403,7 +420,7 @@ def _gpu_block(ctx: _GpuRun, fleet_of: np.ndarray, sl: slice) -> _GpuBlock:
         else np.minimum(p_meas, cap)
     )
     tb = _baseline_model(d, sl, ref_b, r_b)
-    res = _thermal(d, sl, tb, ref_b, r_b, p_meas, ref_s, r_s, p_dem)
+    res = _thermal(d, sl, tb, cooled, p_meas, ref_s, r_s, p_dem)
     # a GPU at its limit is being throttled (by the scenario's controller, or by its own in
     # the recording): that counts as time over the limit, in the baseline and the scenario
     at_limit = res.temp_c >= gp.max_temp_c[sl][None, :] - AT_LIMIT_K
@@ -441,6 +458,7 @@ def _gpu_block(ctx: _GpuRun, fleet_of: np.ndarray, sl: slice) -> _GpuBlock:
         k_left = gp.max_temp_c[sl][None, :] - np.asarray(t_told[ctx.k_rows], dtype=float)
     return _GpuBlock(
         sl=sl,
+        as_recorded=as_recorded,
         stats=ctx.judge.stats("gpu", idx.gpu_ids[sl], "°C", t_told, gp.max_temp_c[sl], over),
         k_left=k_left,
         b90=b90,
@@ -459,6 +477,21 @@ def _gpu_block(ctx: _GpuRun, fleet_of: np.ndarray, sl: slice) -> _GpuBlock:
         throttled_s=float(at_max.sum()) * d.dt_s,
         undelivered_j=float(res.undelivered_j.sum()),
     )
+
+
+def _keep_block(d: Recording, rules_key: int, b: _GpuBlock) -> None:
+    """Keep a block computed with every input as recorded for the runs after it (a scenario
+    that changes one CDU's cooling leaves the other CDUs' GPU blocks as recorded), within
+    :data:`BLOCK_CACHE_BYTES` per recording."""
+    key = ("gpu-block", rules_key, b.sl.start, b.sl.stop)
+    if not b.as_recorded or key in d.cache:
+        return
+    size = sum(a.nbytes for a in vars(b).values() if isinstance(a, np.ndarray))
+    size += sum(a.nbytes for a in vars(b.stats).values() if isinstance(a, np.ndarray))
+    used = d.cache.get("gpu-block-bytes", 0)
+    if used + size <= BLOCK_CACHE_BYTES:
+        d.cache[key] = b
+        d.cache["gpu-block-bytes"] = used + size
 
 
 def _gpus_run(
@@ -481,6 +514,7 @@ def _gpus_run(
         # each rack's coolant supply in the scenario (its serving CDU's), once for all its GPUs
         cool.supply[np.arange(n)[:, None], np.maximum(cool.serve, 0)] if idx.cdu_names else None,
         judge,
+        id(feed.rules),
         feed.rows if feed.wants(M_GPU_K, "gpu") else None,
         None,
         None,
@@ -506,6 +540,7 @@ def _gpus_run(
     throttled = undelivered = 0.0
     blocks = [slice(lo, min(lo + GPU_CHUNK, g)) for lo in range(0, g, GPU_CHUNK)]
     for b in in_order(partial(_gpu_block, ctx, fleet_of), blocks):
+        _keep_block(d, ctx.rules_key, b)
         ids = idx.gpu_ids[b.sl]
         judge.merge("gpu", b.stats)
         if b.k_left is not None:
