@@ -219,10 +219,13 @@ def trend_breach_in_s(
     m, p = current_a.shape
     k = max(3, round(TREND_WINDOW_S / step_s))
     cur_w = _windows(current_a, k).reshape(k, m * p)
-    load_w = _windows(load, k)
+    # each window over its last minute's load (1 where that is not positive), in place on
+    # one contiguous copy: the strided windows' arithmetic cost 8x the time
+    load_w = np.array(_windows(load, k), dtype=float)
     with np.errstate(invalid="ignore", divide="ignore"):
-        now = load_w[-1]
-        load_w = np.where(now > 0, load_w / np.where(now > 0, now, 1.0), 1.0)
+        now_pos = load_w[-1] > 0
+        load_w /= np.where(now_pos, load_w[-1], 1.0)
+        load_w[:, ~now_pos] = 1.0
     # the highest minute of the LEVEL_WINDOW_S before each minute's trend window (the live
     # headroom's hour of history less the trend's): a rising trend must make new highs over it
     kb = max(1, round(LEVEL_WINDOW_S / step_s))
