@@ -633,20 +633,20 @@ class AlertEngine:
             rule = rules.get(hold.rule)
             if rule is not None and hold.until > now:
                 sources.append((rule, (hold.entity_kind, hold.entity_id)))
-        if not sources:
-            return set()
+        # the rule each source inhibits -> (source, along which tree): a firing alert is
+        # checked against the sources that inhibit its own rule only
+        inhibits: dict[str, list[tuple[Entity, Any]]] = {}
+        for rule, source in sources:
+            for i in rule.inhibits:
+                inhibits.setdefault(i.rule, []).append((source, i.along))
         muted: set[str] = set()
         for inst in self._instances.values():
-            if inst.state != "firing":
+            pairs = inhibits.get(inst.rule)
+            if inst.state != "firing" or not pairs:
                 continue
             target = (inst.entity_kind, inst.entity_id)
-            for rule, source in sources:
-                if any(
-                    i.rule == inst.rule and self.topology.is_under(target, source, i.along)
-                    for i in rule.inhibits
-                ):
-                    muted.add(inst.key)
-                    break
+            if any(self.topology.is_under(target, source, along) for source, along in pairs):
+                muted.add(inst.key)
         return muted
 
     def _notify(
