@@ -76,8 +76,8 @@ GPU_CHUNK = 128  # GPUs per block of the GPU pass: (T, 128) float64 is 8.8 MB at
 #: A GPU this close to its max operating temperature is held there (1 °C sensors read 87.0). [K]
 AT_LIMIT_K = 0.05
 SERIES_POINTS = 600  # points per path in the report's figures
-#: Bytes of GPU blocks kept across runs (:func:`_keep_block`): the demo's 880 GPUs take 26 MB;
-#: 10,016 GPUs would take 0.3 GB, and their peak must stay under 3 GB (issue 27).
+#: Bytes of GPU blocks kept across runs (:func:`_keep_block`): the demo's 880 GPUs take 24 MB;
+#: 10,016 GPUs would take 0.27 GB, and their peak must stay under 3 GB (issue 27).
 BLOCK_CACHE_BYTES = 128 * 2**20
 
 
