@@ -324,9 +324,9 @@ class _GpuRun:
     judge: Judge  # the run's (its stats of a block: Judge.stats reads, never writes)
     rules_key: int  # the rule set's id: what the blocks offer depends on the rules
     k_rows: np.ndarray | None  # the evaluation rows, where the K to the limit is watched
-    rows: np.ndarray | None  # the evaluation rows, where the p90 forecast is wanted
-    ratio90: np.ndarray | None  # (M, R) the racks' p90 load ratio per minute
-    r_scale: np.ndarray | None  # (M, G) the causal R factor (hotspot_feed.causal_r_scale)
+    rows: np.ndarray | None = None  # the evaluation rows, where the p90 forecast is wanted
+    ratio90: np.ndarray | None = None  # (M, R) the racks' p90 load ratio per minute
+    r_scale: np.ndarray | None = None  # (M, G) the causal R factor (causal_r_scale)
 
 
 @dataclass
@@ -516,9 +516,6 @@ def _gpus_run(
         judge,
         id(feed.rules),
         feed.rows if feed.wants(M_GPU_K, "gpu") else None,
-        None,
-        None,
-        None,
     )
     if feed.wants(am.HEADROOM_GPU_TIME_TO_BREACH_P90_S, "gpu"):
         # the rack's p90 load ratio per minute (the live headroom's persistence p90)
@@ -1078,7 +1075,7 @@ def run_all(
     for scenario in [None, *scenarios]:
         if progress is not None:
             progress(scenario.name if scenario else "baseline")
-        out.append(run(d, scenario, rules, tolerance if scenario else None))
+        out.append(run(d, scenario, rules, tolerance))
     return out[0], out[1:]
 
 
