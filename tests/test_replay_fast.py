@@ -183,6 +183,83 @@ def test_a_stopped_replay_keeps_what_it_stored(clean_bundle: Path, tmp_path: Pat
     assert n == stats["rows"] == ing.counters.samples["gpu"]
 
 
+def _grid_reference(table: pa.Table, ids, q, scale, t0, dt, n):
+    """Row by row in file order, a later sample of a cell winning: (n, ids) and each id's
+    largest sample that lands on the grid."""
+    want = np.full((n, len(ids)), np.nan, np.float32)
+    top = np.full(len(ids), np.nan)
+    pos = {s: i for i, s in enumerate(ids)}
+    start_us = int(t0.timestamp() * 1e6)
+    ts = table.column("ts").cast(pa.int64()).to_pylist()
+    for s, at, v in zip(
+        table.column("id").to_pylist(), ts, table.column(q).to_pylist(), strict=True
+    ):
+        row = round((at - start_us) / (dt * 1e6))
+        if s in pos and 0 <= row < n:
+            x = np.float32(np.nan if v is None else v * scale)
+            want[row, pos[s]] = x
+            top[pos[s]] = np.fmax(top[pos[s]], x)
+    return want, top
+
+
+@pytest.mark.parametrize("regular", [True, False])
+def test_the_what_if_grid_equals_a_row_by_row_placement(tmp_path: Path, regular: bool) -> None:
+    """``grid`` writes runs of consecutive steps as slices and anything else by index: either
+    way each cell holds the file's last sample of it, a sample before the start, after the end
+    or of an id off the grid is dropped, a null is NaN, and ``per_id_max`` is each id's
+    largest sample on the grid. Regular: whole-grid runs of neighbouring ids (one block),
+    one clipped at both ends. Irregular: gaps, repeated and off-step timestamps, nulls."""
+    from twin.replay.bundle import Manifest
+    from twin.replay.recording import grid
+
+    rng = np.random.default_rng(7 if regular else 8)
+    t0, dt, n = datetime(2026, 1, 1, tzinfo=UTC), 10.0, 300
+    start_us = int(t0.timestamp() * 1e6)
+    rows_id, rows_ts = [], []
+    for name in ["a", "b", "c", "d", "e"]:
+        if regular:
+            steps = np.arange(-20, n + 20) if name == "e" else np.arange(n)  # e: past both ends
+            at = start_us + steps * 10_000_000
+        else:
+            steps = np.sort(rng.choice(np.arange(-5, n + 5), size=n // 2))  # repeats, gaps
+            at = start_us + steps * 10_000_000 + rng.integers(-4_000_000, 4_000_000, steps.size)
+        rows_id += [name] * len(at)
+        rows_ts += list(np.sort(at))
+    k = len(rows_id)
+    power = rng.integers(100, 700, k).astype(object)
+    limit = rng.integers(300, 700, k).astype(object)
+    if not regular:
+        power[rng.choice(k, 30, replace=False)] = None
+    table = pa.table(
+        {
+            "ts": pa.array(rows_ts, pa.int64()).cast(pa.timestamp("us", tz="UTC")),
+            "id": pa.array(rows_id).dictionary_encode(),
+            "power_w": pa.array(list(power), pa.int32()),
+            "power_limit_w": pa.array(list(limit), pa.int32()),
+        }
+    )
+    pq.write_table(table, tmp_path / "gpu.parquet", row_group_size=1000 if regular else 211)
+    manifest = Manifest(
+        site="t",
+        start=t0,
+        end=t0 + timedelta(seconds=n * dt),
+        resolution_s=dt,
+        rows={"gpu": k},
+        resolutions={"gpu": {"power_w": 5.0, "power_limit_w": 1.0}},
+        calibration_run=None,
+        created_at=t0,
+    )
+    b = Bundle(tmp_path, manifest, load_site(SMALL_SITE), None)
+    for ids in (["a", "b", "c", "e"], ["c", "a", "zz", "b"]):  # neighbours; an order of its own
+        g = grid(b, "gpu", ids, ["power_w", "temp_c"], t0, dt, n, per_id_max=("power_limit_w",))
+        want, _ = _grid_reference(table, ids, "power_w", 5.0, t0, dt, n)
+        _, top = _grid_reference(table, ids, "power_limit_w", 1.0, t0, dt, n)
+        np.testing.assert_array_equal(g["power_w"], want)
+        assert np.isnan(g["temp_c"]).all() and g["temp_c"].shape == (n, len(ids))
+        np.testing.assert_array_equal(g["power_limit_w"], top)
+        assert np.isfinite(want).sum() > (0.9 * n * 3 if regular else 0.25 * n * 3)
+
+
 def test_the_what_if_grid_places_each_sample_on_its_step_and_leaves_the_rest_nan() -> None:
     """``twin.replay.recording.grid``: a window that starts inside the recording, ids in an
     order of its own and one the bundle lacks: each sample on its row and column, the rest NaN."""

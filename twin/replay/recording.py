@@ -108,68 +108,154 @@ def grid(
     t0: datetime,
     dt_s: float,
     n: int,
+    *,
+    per_id_max: tuple[str, ...] = (),
 ) -> dict[str, np.ndarray]:
-    """(T, N) float32 arrays of ``quantities`` for ``ids`` on the grid (NaN: no sample)."""
+    """(T, N) float32 arrays of ``quantities`` for ``ids`` on the grid (NaN: no sample), and
+    for each of ``per_id_max`` the (N,) largest sample of each id on the grid (NaN: none),
+    without a grid of it."""
+    out: dict[str, np.ndarray] = {q: np.full(len(ids), np.nan) for q in per_id_max}
+    path = bundle.path / f"{kind}.parquet"
+    res = bundle.manifest.resolutions.get(kind, {})
+    f = pq.ParquetFile(path) if kind in bundle.manifest.rows and path.is_file() else None
+    # a quantity with no sample in the whole file is not read (all NaN)
+    present = [q for q in (*quantities, *per_id_max) if f is not None and _has_values(f, q)]
+    present = [q for q in present if q in res]
 
     # the NaN fill is most of the first touch of the grid's pages: a core each (10,016 GPUs:
-    # five arrays of 0.35 GB)
+    # three arrays of 0.35 GB)
     def nan_grid(_: str) -> np.ndarray:
         return np.full((n, len(ids)), np.nan, dtype=F32)
 
-    out = dict(zip(quantities, in_order(nan_grid, quantities), strict=True))
-    path = bundle.path / f"{kind}.parquet"
-    if kind not in bundle.manifest.rows or not path.is_file():
-        return out
-    res = bundle.manifest.resolutions.get(kind, {})
-    present = [q for q in quantities if q in res]
-    if not present:
+    out |= dict(zip(quantities, in_order(nan_grid, quantities), strict=True))
+    if f is None or not present:
         return out
     pos = {s: i for i, s in enumerate(ids)}
     start_us = int(t0.timestamp() * 1e6)
-    n_groups = pq.ParquetFile(path).num_row_groups
+    n_groups = f.num_row_groups
 
-    def decode(rg: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-        """A row group's flat index into the (T, N) grid and its values, scaled, as float32
-        (a reader per call: two threads never share one)."""
-        f = pq.ParquetFile(path, read_dictionary=["id"])
-        t = f.read_row_group(rg, columns=["ts", "id", *present])
-        ts = _epoch_us(t.column("ts"))
-        row = np.rint((ts - start_us) / (dt_s * 1e6)).astype(np.int64)
-        col = np.full(len(ts), -1, dtype=np.int64)
+    def decode(rg: int) -> tuple[_Placement, dict[str, np.ndarray]]:
+        """A row group's placement on the (T, N) grid and its values, scaled, as float32 (a
+        reader per call: two threads never share one)."""
+        t = pq.ParquetFile(path, read_dictionary=["id"]).read_row_group(
+            rg, columns=["ts", "id", *present]
+        )
+        col = np.full(t.num_rows, -1, dtype=np.int64)
         at = 0
         for chunk in t.column("id").chunks:
             lut = np.array([pos.get(s, -1) for s in chunk.dictionary.to_pylist()], np.int64)
             k = len(chunk)
             col[at : at + k] = lut[chunk.indices.to_numpy(zero_copy_only=False)]
             at += k
-        ok = (col >= 0) & (row >= 0) & (row < n)
-        every = bool(ok.all())  # the usual case: every row lands on the grid
-        flat = row * len(ids) + col  # one index into the flattened (T, N) grid
-        if not every:
-            flat = flat[ok]
+        place = _placement(_epoch_us(t.column("ts")), col, start_us, dt_s, n, len(ids))
         values = {}
         for q in present:
             v = t.column(q).to_numpy(zero_copy_only=False)
-            if not every:
-                v = v[ok]
             scale = res.get(q)
             values[q] = v.astype(F32) if scale is None else (v * scale).astype(F32)
-        return flat, values
+        return place, values
 
-    def write(flat: np.ndarray, values: dict[str, np.ndarray], qs: list[str]) -> None:
-        for q in qs:  # np.put releases the GIL (a fancy assignment does not)
-            np.put(out[q], flat, values[q])
+    def write(place: _Placement, values: dict[str, np.ndarray], qs: list[str]) -> None:
+        for q in qs:  # slice assignment and np.put release the GIL
+            place.write(out[q], values[q])
 
     # row groups decoded a core each and written in file order (a later sample of a cell wins);
-    # a group's quantities written half here, half on a thread of their own (the grid is
-    # time-major, a bundle id-major: its writes are strided, and memory-bound)
-    mine, theirs = present[::2], present[1::2]
+    # a group's quantities written half here, half on a thread of their own
+    gridded = [q for q in present if q in quantities]
+    mine, theirs = gridded[::2], gridded[1::2]
     with ThreadPoolExecutor(1, thread_name_prefix="dctwin-grid") as writer:
-        for flat, values in in_order(decode, range(n_groups)):
-            other = writer.submit(write, flat, values, theirs)
-            write(flat, values, mine)
+        for place, values in in_order(decode, range(n_groups)):
+            other = writer.submit(write, place, values, theirs)
+            write(place, values, mine)
+            for q in per_id_max:
+                if q in values:
+                    place.fmax(out[q], values[q])
             other.result()  # the group is written before the next one's writes start
     return out
+
+
+def _has_values(f: pq.ParquetFile, column: str) -> bool:
+    """Whether ``column`` of ``f`` may hold a value (False only where every row group's
+    statistics say all its rows are null)."""
+    names = f.schema_arrow.names
+    if column not in names:
+        return False
+    i = names.index(column)
+    md = f.metadata
+    for rg in range(md.num_row_groups):
+        st = md.row_group(rg).column(i).statistics
+        if st is None or not st.has_null_count or st.null_count < md.row_group(rg).num_rows:
+            return True
+    return False
+
+
+@dataclass
+class _Placement:
+    """Where a row group's rows land on the flattened (T, N) grid: as blocks of columns whose
+    rows are consecutive steps (a bundle is sorted by (id, ts), so a GPU's day is a run; runs
+    of neighbouring columns over the same steps are one block, written as a transposed
+    slice), else as one flat index per row."""
+
+    n_cols: int
+    #: (k, 5) int64: first row, rows, first column, columns, first source row
+    blocks: np.ndarray | None = None
+    flat: np.ndarray | None = None  # (rows,) flat index of each kept source row
+    keep: np.ndarray | None = None  # (rows,) bool: the source rows that land (None: all)
+
+    def write(self, grid: np.ndarray, v: np.ndarray) -> None:
+        if self.blocks is None:
+            np.put(grid, self.flat, v if self.keep is None else v[self.keep])
+            return
+        for r0, rows, c0, cols, s0 in self.blocks.tolist():
+            grid[r0 : r0 + rows, c0 : c0 + cols] = v[s0 : s0 + rows * cols].reshape(cols, rows).T
+
+    def fmax(self, acc: np.ndarray, v: np.ndarray) -> None:
+        """``acc`` (N,) = the larger of it and each column's samples here (NaN ignored)."""
+        if self.blocks is None:
+            np.fmax.at(acc, self.flat % self.n_cols, v if self.keep is None else v[self.keep])
+            return
+        for _r0, rows, c0, cols, s0 in self.blocks.tolist():
+            part = v[s0 : s0 + rows * cols].reshape(cols, rows)
+            with np.errstate(all="ignore"):
+                np.fmax(acc[c0 : c0 + cols], np.fmax.reduce(part, axis=1), out=acc[c0 : c0 + cols])
+
+
+def _placement(
+    ts_us: np.ndarray, col: np.ndarray, start_us: int, dt_s: float, n: int, n_cols: int
+) -> _Placement:
+    """A row group's :class:`_Placement` (``col``: each row's column, -1 for an id not on
+    the grid)."""
+    step_us = dt_s * 1e6
+    if ts_us.size and step_us == round(step_us):
+        # runs: the same column at consecutive steps
+        brk = np.flatnonzero((col[1:] != col[:-1]) | (np.diff(ts_us) != int(step_us))) + 1
+        if brk.size < ts_us.size // 16:  # else too short to be worth a slice each
+            s0 = np.concatenate(([0], brk))
+            rows = np.diff(np.append(s0, ts_us.size))
+            c = col[s0]
+            r0 = np.rint((ts_us[s0] - start_us) / step_us).astype(np.int64)
+            lo = np.clip(-r0, 0, rows)  # clipped to the grid's rows
+            hi = np.clip(n - r0, lo, rows)
+            ok = (c >= 0) & (hi > lo)
+            s0, r0, rows, c = (s0 + lo)[ok], (r0 + lo)[ok], (hi - lo)[ok], c[ok]
+            # runs of neighbouring columns over the same rows, contiguous in the source
+            joined = np.zeros(len(s0), bool)
+            joined[1:] = (
+                (c[1:] == c[:-1] + 1)
+                & (r0[1:] == r0[:-1])
+                & (rows[1:] == rows[:-1])
+                & (s0[1:] == s0[:-1] + rows[:-1])
+            )
+            first = np.flatnonzero(~joined)
+            cols = np.diff(np.append(first, len(s0)))
+            blocks = np.column_stack([r0[first], rows[first], c[first], cols, s0[first]])
+            return _Placement(n_cols, blocks=blocks.astype(np.int64))
+    row = np.rint((ts_us - start_us) / step_us).astype(np.int64)
+    keep = (col >= 0) & (row >= 0) & (row < n)
+    flat = row * n_cols + col  # one index into the flattened (T, N) grid
+    if keep.all():
+        return _Placement(n_cols, flat=flat)
+    return _Placement(n_cols, flat=flat[keep], keep=keep)
 
 
 def _epoch_us(ts: pa.ChunkedArray) -> np.ndarray:
@@ -226,18 +312,19 @@ def load(bundle: Bundle) -> Recording:
         bundle,
         "gpu",
         idx.gpu_ids,
-        ["power_w", "temp_c", "sm_active", "util_pct", "power_limit_w"],
+        ["power_w", "temp_c", "sm_active"],
         t0,
         dt,
         n,
+        per_id_max=("power_limit_w",),
     )
     act = g["sm_active"]
     no_sm = np.isnan(act).all(axis=0)
-    act[:, no_sm] = g["util_pct"][:, no_sm] / F32(100.0)
+    if no_sm.any():  # GPU-Util read for the GPUs without SM activity only
+        some = [gid for gid, no in zip(idx.gpu_ids, no_sm, strict=True) if no]
+        act[:, no_sm] = grid(bundle, "gpu", some, ["util_pct"], t0, dt, n)["util_pct"] / F32(100)
     reported = ~np.isnan(act).all(axis=0)
-    del g["util_pct"]
-    with np.errstate(all="ignore"):
-        plim = np.fmax.reduce(g.pop("power_limit_w"), axis=0).astype(float)
+    plim = g.pop("power_limit_w")
     params = resolve(site, idx, bundle.params())
     plim = np.where(np.isfinite(plim) & (plim > 0), plim, params.gpu.limit_w)
     act = _finite(_filled(act))
