@@ -148,12 +148,11 @@ def test_closing_interrupts_a_forecast_query_so_the_service_can_close_its_store(
         cache.get(loop_store, SITE, T0, 4200.0, 300.0)
     assert started.wait(10)
     time.sleep(0.2)  # inside the query
-    t = time.monotonic()
-    cache.close()
+    cache.close()  # warns when its query does not stop within its 10 s
     loop_store.close()
     root.close()
-    assert time.monotonic() - t < 5
-    cache.wait(10)
+    cache.wait(10)  # the query (minutes of work) was interrupted: the job has ended
+    assert not cache._job.is_alive()
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
     with pytest.raises(ValueError):  # closed: no new forecast is started
         cache.get(Store(tmp_path / "t.duckdb"), SITE, T0 + timedelta(minutes=5), 4200.0, 300.0)
