@@ -309,3 +309,45 @@ def test_the_replays_p90_load_ratio_is_the_live_headrooms_at_every_minute() -> N
         win = rack_w[max(0, k - 29) : k + 1, 0]
         want = np.nanquantile(win, 0.95) if np.isfinite(win).any() else np.nan
         np.testing.assert_allclose(tq[k], want, rtol=1e-12, equal_nan=True)
+
+
+def test_a_heat_meter_off_the_flow_moves_the_return_path_not_its_level(tmp_path) -> None:
+    """The live loop-return path is the measured return plus the model's change over the load
+    path (``chain.moved_return_c``, the what-if's composition): with CDU-1's heat meter reading
+    three times what its flow carries, the model puts the return 15 K over the measured one and
+    past its limit, and the headroom paged a breach in 0 s beside 10 K of headroom now. Now the
+    path starts at the measured return and no breach is forecast under a flat load."""
+    import json
+    from datetime import UTC, datetime
+
+    from twin.analysis.headroom import compute_headroom
+    from twin.ingest import Ingester, IngestLimits
+    from twin.simulator import SiteSimulator
+    from twin.store import Store
+
+    site = load_site(SMALL_SITE)
+    sim = SiteSimulator(site, seed=3, start=datetime(2026, 1, 1, tzinfo=UTC))
+
+    def meter_reads_3x(topic: str, payload: bytes) -> tuple[str, bytes]:
+        if "/cdu/" not in topic:
+            return topic, payload
+        msg = json.loads(payload)
+        for s in msg["samples"]:
+            if "heat_kw" in s:
+                s["heat_kw"] *= 3.0
+        return topic, json.dumps(msg).encode()
+
+    with Store(tmp_path / "s.duckdb") as store:
+        batch = [meter_reads_3x(t, b) for _ in range(900) for t, b in sim.step()]
+        Ingester(store, site, IngestLimits(max_past_s=0, max_future_s=0)).ingest(batch)
+        report = compute_headroom(store, site, use_forecast=False)
+    rows = {(r.kind, r.quantity): r for r in report.rows}
+    loop, heat = rows["loop", "return_temp_c"], rows["cdu", "heat_kw"]
+    # the metered heat needs more flow than the loop has to stay under the return limit: the
+    # model's return for it is past the limit, the measured one 10 K under it
+    assert rows["cdu", "flow_lpm"].headroom_now < 0
+    assert loop.headroom_now > 5.0
+    assert loop.headroom_min_p50 == pytest.approx(loop.headroom_now)  # flat load: flat return
+    assert loop.breach_in_s_p50 is None and loop.breach_in_s_p90 is None
+    assert loop.headroom_min_p90 <= loop.headroom_min_p50
+    assert heat.headroom_min_p50 == pytest.approx(heat.headroom_now)  # starts at the meter

@@ -24,10 +24,13 @@ value as the p90 path (``basis`` says which). The physics then carries it, devic
 - Rack: present input power x load ratio, against what its feeds carry together at 80 % of
   their rating (NEC 210.20(A)). Whether one feed could carry the rack alone is a what-if
   (``fail_feed``), seen on the surviving feed's phases.
-- CDU: heat = sum of fitted capture fraction x rack power path; capacity scaled by present flow
-  over rated flow (``models.cdu.available_capacity_kw``); flow needed to carry the heat with
-  the return at its limit (``models.coolant.flow_for_heat_lpm``).
-- Loop: return temperature = supply + heat / (rho V c_p) at the present flow.
+- CDU: heat = the measured heat plus the fitted capture fraction x the change of rack power
+  along the path (``twin.chain.propagate.cdu_rack_heat_kw``, as a what-if moves it);
+  capacity scaled by present flow over rated flow (``models.cdu.available_capacity_kw``); flow
+  needed to carry the heat with the return at its limit (``models.coolant.flow_for_heat_lpm``).
+- Loop: return temperature = the measured return plus the change of supply + heat /
+  (rho V c_p) at the present flow from the heat now to the path's
+  (``twin.chain.propagate.moved_return_c``, the what-if's).
 - Link: the busier direction x the load ratio of its node's rack (site-wide ratio for switch
   links), against capacity.
 """
@@ -39,6 +42,7 @@ import math
 import warnings
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from typing import Any, Literal
 
 import numpy as np
@@ -444,31 +448,28 @@ def _cdus_rows(p: _Pass) -> None:
     supply = last_valid(cdu.values["supply_temp_c"])
     flow = _mean(cdu.values["flow_lpm"])
     heat_now = _mean(cdu.values["heat_kw"])
-    heat50, heat90 = np.zeros((p.n, len(cdus))), np.zeros((p.n, len(cdus)))
-    for r_i, c_i in enumerate(p.idx.rack_cdu):
-        if c_i >= 0:
-            w, capture = p.rack_w_now[r_i], p.cp.rack_capture[r_i]
-            heat50[:, c_i] += w * p.r50[:, r_i] * capture / 1000.0
-            heat90[:, c_i] += w * p.r90[:, r_i] * capture / 1000.0
-    # anchor the modelled heat on the measured heat now (the model's bias is not headroom)
-    with np.errstate(all="ignore"):
-        scale = np.nan_to_num(np.where(heat50[0] > 0, heat_now / heat50[0], 1.0), nan=1.0)
-    heat50, heat90 = heat50 * scale, heat90 * scale
-    # no rack power to model the heat with (no PDU or node power): hold the measured heat
-    held = (heat50[0] <= 0) & np.isfinite(heat_now)
-    heat50[:, held] = heat_now[held]
-    heat90[:, held] = heat_now[held]
+    # the heat over the load paths: the measured heat (where not read, its racks' modelled
+    # heat) plus the captured share of the racks' change of load, as a what-if moves it
+    racks_kw = partial(chain.cdu_rack_heat_kw, capture=p.cp.rack_capture, rack_cdu=p.idx.rack_cdu)
+    base = np.where(np.isfinite(heat_now), heat_now, racks_kw(p.rack_w_now, n_cdus=len(cdus)))
+    heat50 = base + racks_kw(p.rack_w_now * (p.r50 - 1.0), n_cdus=len(cdus))
+    heat90 = base + racks_kw(p.rack_w_now * (p.r90 - 1.0), n_cdus=len(cdus))
     rated = np.array([c.capacity_kw for c in cdus], float)
     max_flow = np.array([c.max_flow_lpm for c in cdus], float)
     cap_now = chain.cdu_capacity_kw(rated, flow, max_flow)
     names = [c.name for c in cdus]
     p.emit("cdu", names, "heat_kw", "kW", cap_now, heat_now, heat50, heat90, cdu_of=names)
-    ret50, need50 = chain.loop_paths(cdus, heat50, supply, flow)
-    ret90, need90 = chain.loop_paths(cdus, heat90, supply, flow)
+    _, need50 = chain.loop_paths(cdus, heat50, supply, flow)
+    _, need90 = chain.loop_paths(cdus, heat90, supply, flow)
     # flow: headroom = present flow - flow needed; as "limit - value" with limit = flow
     p.emit("cdu", names, "flow_lpm", "L/min", flow, need50[0], need50, need90, cdu_of=names)
     ret_limit = np.array([c.return_limit_c for c in cdus], float)
+    # the return: the measured one moved by the model's change over the path (the model's
+    # level, off where a heat meter and the flow disagree, is no headroom)
     ret_now = last_valid(cdu.values["return_temp_c"])
+    before = (heat50[:1], supply, flow)  # the path's start
+    ret50 = chain.moved_return_c(cdus, ret_now, before, (heat50, supply, flow))
+    ret90 = chain.moved_return_c(cdus, ret_now, before, (heat90, supply, flow))
     p.emit("loop", names, "return_temp_c", "K", ret_limit, ret_now, ret50, ret90, cdu_of=names)
 
 

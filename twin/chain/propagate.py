@@ -204,6 +204,28 @@ def loop_paths(cdus: list[Any], heat_kw: Any, supply_c: Any, flow_lpm: Any) -> t
     return ret, need
 
 
+def cdu_rack_heat_kw(rack_w: Any, capture: Any, rack_cdu: np.ndarray, n_cdus: int) -> np.ndarray:
+    """(..., C) the heat each CDU's racks put on its loop (:func:`rack_heat_kw`'s liquid share
+    of ``rack_w`` (..., R), summed per CDU; an air-cooled rack, ``rack_cdu`` -1, on none). [kW]"""
+    on_cdu = (np.asarray(rack_cdu)[:, None] == np.arange(n_cdus)[None, :]).astype(float)
+    liquid, _ = rack_heat_kw(rack_w, capture)
+    return np.nan_to_num(liquid) @ on_cdu
+
+
+def moved_return_c(
+    cdus: list[Any], return_c: Any, before: tuple[Any, Any, Any], after: tuple[Any, Any, Any]
+) -> np.ndarray:
+    """Each loop's return when its (heat [kW], supply [°C], flow [L/min]) move from ``before``
+    to ``after`` (broadcast to (..., C)): the measured ``return_c`` plus the model's change
+    (:func:`loop_paths`), so the model's level error is no headroom; where the model cannot
+    tell the change (a supply or flow not read) the measured return stays. The live headroom's
+    forecast path and a what-if's run alike."""
+    moved, _ = loop_paths(cdus, *after)
+    base, _ = loop_paths(cdus, *before)
+    change = moved - base
+    return return_c + np.where(np.isfinite(change), change, 0.0)
+
+
 def pump_flow_ratio(cdu: Any, running: int) -> float:
     """Flow with ``running`` pumps over the flow with all of them (pump model, same speed)."""
     n_all = len(cdu.pumps)

@@ -696,9 +696,8 @@ def _cdus(d: Recording, cool: _Cooling, rack_s: np.ndarray, new, judge: Judge, f
     heat = d.cdu["heat_kw"]
     told = d.fresh["cdu.heat_kw"]
     if not told.all():
-        modelled = chain.rack_heat_kw(base_in, d.params.rack_capture[None, :])[0]
-        on_cdu = (idx.rack_cdu[:, None] == np.arange(len(cdus))[None, :]).astype(float)
-        heat = np.where(told, heat, modelled @ on_cdu)
+        modelled = chain.cdu_rack_heat_kw(base_in, d.params.rack_capture, idx.rack_cdu, len(cdus))
+        heat = np.where(told, heat, modelled)
     heat = np.nan_to_num(heat)
     # the heat each rack puts on a loop: its share of its own CDU's recorded heat plus change
     heat_s = np.zeros_like(heat)
@@ -740,12 +739,10 @@ def _cdus(d: Recording, cool: _Cooling, rack_s: np.ndarray, new, judge: Judge, f
     feed.offer(M_PUMPS, "cdu", names, np.where(pumps, cool.running, np.nan))
     # the return: recorded plus the model's change; the flow the scenario's heat needs
     supply, flow = d.cdu["supply_temp_c"], d.cdu["flow_lpm"]
-    ret_model, need = chain.loop_paths(cdus, heat_s, cool.supply, cool.flow)
-    ret_base, _ = chain.loop_paths(cdus, heat, supply, flow)
-    # a loop whose supply or flow is not read keeps its recorded return (the change is
-    # unknown); one without a return reading has no return headroom, as live
-    change = ret_model - ret_base
-    ret_s = d.cdu["return_temp_c"] + np.where(np.isfinite(change), change, 0.0)
+    _, need = chain.loop_paths(cdus, heat_s, cool.supply, cool.flow)
+    after = (heat_s, cool.supply, cool.flow)
+    ret_s = chain.moved_return_c(cdus, d.cdu["return_temp_c"], (heat, supply, flow), after)
+    # one without a return reading has no return headroom, as live
     ret_told = np.where(d.fresh["cdu.return_temp_c"], ret_s, np.nan)
     need = np.where(fresh["supply_temp_c"] & fresh["flow_lpm"], need, np.nan)
     judge.add("cdu_flow", names, "L/min", need, cool.flow)
