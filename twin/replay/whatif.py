@@ -239,16 +239,17 @@ def _baseline_model(d: Recording, sl: slice, ref_b: np.ndarray, r_b: np.ndarray)
 
 #: The kinds of change that reach the GPUs' power or temperature; others leave them as recorded.
 _GPU_CHANGES = (ScaleFleet, CapGpuPower, FacilityWater, CduSetpoint, FailPump, FailCdu)
+#: ... and those of them that reach a GPU's coolant or its loop's flow.
+_COOLING_CHANGES = (FacilityWater, CduSetpoint, FailPump, FailCdu)
 
 
-def _thermal(d, sl, tb, cooled, p_meas, ref_s, r_s, p_dem) -> ThermalResult:
+def _thermal(d, sl, tb, moved, p_meas, ref_s, r_s, p_dem) -> ThermalResult:
     """The controller's run on the GPUs whose inputs the scenario changes; the rest as recorded
-    (``cooled``: (B,) the GPUs whose coolant or R the scenario changes)."""
+    (``moved``: (B,) the GPUs whose coolant, R or power demand the scenario changes)."""
     gp = d.params.gpu
     meas = d.gpu_temp_c[:, sl].astype(float)
     meas = np.where(np.isfinite(meas), meas, tb)
     n, g = meas.shape
-    moved = cooled | _differ(p_dem, p_meas)
     temp, power = meas, p_meas.copy()
     held = np.zeros((n, g), bool)
     throttled, undelivered = np.zeros(g), np.zeros(g)
@@ -322,6 +323,9 @@ class _GpuRun:
     r_factor_b: np.ndarray | None  # (T, C) the recording's R flow factor per CDU
     sup_rack: np.ndarray | None  # (T, R) each rack's coolant supply in the scenario [°C]
     judge: Judge  # the run's (its stats of a block: Judge.stats reads, never writes)
+    #: no change of the run reaches a coolant or a flow: every GPU's reference and R are the
+    #: recording's (not computed twice and compared)
+    cooling_as_recorded: bool
     rules_key: int  # the rule set's id: what the blocks offer depends on the rules
     k_rows: np.ndarray | None  # the evaluation rows, where the K to the limit is watched
     rows: np.ndarray | None = None  # the evaluation rows, where the p90 forecast is wanted
@@ -373,19 +377,23 @@ def _gpu_refs(ctx: _GpuRun, sl: slice) -> tuple[np.ndarray, np.ndarray, np.ndarr
         return coolant + off if inlet is None else np.where(liq[None, :], coolant, inlet) + off
 
     # the coolant and R's flow factor once per (rack, own CDU) pair of the block, then taken
-    # by each GPU: the same arithmetic as per GPU, a fraction of the gathers. In the scenario
-    # a GPU's cold plate gets its serving CDU's supply and flow per rack (its own CDU's supply
-    # where none serves it), the flow over the flow per rack its R was fitted at (its own CDU's)
+    # by each GPU: the same arithmetic as per GPU, a fraction of the gathers
     n_c = len(idx.cdu_names)
     own = np.maximum(idx.gpu_cdu[sl], 0)
     pair, col = np.unique(idx.gpu_rack[sl] * n_c + own, return_inverse=True)
     p_rack, p_own = pair // n_c, pair % n_c
-    p_serve = cool.serve[:, p_rack]
     supply = d.cdu["supply_temp_c"]
     ref_b = by_liquid(supply[:, p_own][:, col])
-    ref_s = by_liquid(np.where(p_serve >= 0, ctx.sup_rack[:, p_rack], supply[:, p_own])[:, col])
     r0 = gp.r_k_per_w[sl][None, :]
     r_b = r0 * np.where(liq[None, :], ctx.r_factor_b[:, own], 1.0)
+    if ctx.cooling_as_recorded:
+        return ref_b, r_b, ref_b, r_b
+
+    # in the scenario a GPU's cold plate gets its serving CDU's supply and flow per rack (its
+    # own CDU's supply where none serves it), the flow over the flow per rack its R was fitted
+    # at (its own CDU's)
+    p_serve = cool.serve[:, p_rack]
+    ref_s = by_liquid(np.where(p_serve >= 0, ctx.sup_rack[:, p_rack], supply[:, p_own])[:, col])
     fr_s = cool.per_rack_flow[np.arange(n)[:, None], np.maximum(p_serve, 0)]
     fr_s = fr_s / np.maximum(cool.per_rack_ref, 1e-9)[p_own][None, :]
     fr_s = np.where(p_serve >= 0, fr_s, 0.0)
@@ -400,10 +408,12 @@ def _gpu_block(ctx: _GpuRun, fleet_of: np.ndarray, sl: slice) -> _GpuBlock:
     d = ctx.d
     idx, gp = d.idx, d.params.gpu
     ref_b, r_b, ref_s, r_s = _gpu_refs(ctx, sl)
-    cooled = _differ(ref_s, ref_b) | _differ(r_s, r_b)  # (B,) coolant or R changed
-    as_recorded = bool(
-        np.isposinf(ctx.cap[sl]).all() and (ctx.scale[sl] == 1).all() and not cooled.any()
-    )
+    if ctx.cooling_as_recorded:
+        cooled = np.zeros(sl.stop - sl.start, bool)
+    else:
+        cooled = _differ(ref_s, ref_b) | _differ(r_s, r_b)  # (B,) coolant or R changed
+    demand_as_recorded = bool(np.isposinf(ctx.cap[sl]).all() and (ctx.scale[sl] == 1).all())
+    as_recorded = demand_as_recorded and not cooled.any()
     if as_recorded:  # the recording's own figures, computed once (the first run's kept)
         kept = d.cache.get(("gpu-block", ctx.rules_key, sl.start, sl.stop))
         if kept is not None:
@@ -414,13 +424,17 @@ def _gpu_block(ctx: _GpuRun, fleet_of: np.ndarray, sl: slice) -> _GpuBlock:
     act_s = np.clip(act * ctx.scale[sl][None, :], 0.0, 1.0)
     cap = ctx.cap[sl][None, :]
     from_util = None if d.gpu_activity_from_util is None else d.gpu_activity_from_util[sl]
-    p_dem = (
-        chain.gpu_power_after_w(p_meas, act, act_s, gp, cap, sl, from_util)
-        if (ctx.scale[sl] != 1).any()
-        else np.minimum(p_meas, cap)
-    )
+    if demand_as_recorded:
+        p_dem, moved = p_meas, cooled
+    else:
+        p_dem = (
+            chain.gpu_power_after_w(p_meas, act, act_s, gp, cap, sl, from_util)
+            if (ctx.scale[sl] != 1).any()
+            else np.minimum(p_meas, cap)
+        )
+        moved = cooled | _differ(p_dem, p_meas)
     tb = _baseline_model(d, sl, ref_b, r_b)
-    res = _thermal(d, sl, tb, cooled, p_meas, ref_s, r_s, p_dem)
+    res = _thermal(d, sl, tb, moved, p_meas, ref_s, r_s, p_dem)
     # a GPU at its limit is being throttled (by the scenario's controller, or by its own in
     # the recording): that counts as time over the limit, in the baseline and the scenario
     at_limit = res.temp_c >= gp.max_temp_c[sl][None, :] - AT_LIMIT_K
@@ -514,6 +528,7 @@ def _gpus_run(
         # each rack's coolant supply in the scenario (its serving CDU's), once for all its GPUs
         cool.supply[np.arange(n)[:, None], np.maximum(cool.serve, 0)] if idx.cdu_names else None,
         judge,
+        not any(isinstance(c, _COOLING_CHANGES) for c in changes),
         id(feed.rules),
         feed.rows if feed.wants(M_GPU_K, "gpu") else None,
     )
