@@ -218,7 +218,7 @@ def test_group_sums_are_the_sums_of_each_ids_step_means_across_rollup_and_chunks
     tmp_path,
 ) -> None:
     """load_group_sums against pandas: per-id means of each 5-min step (samples every 20 s,
-    one id silent for 40 min, NULL readings, one id never reporting), summed per group; the
+    one id silent for 40 min, 5 % NULL readings, one id never reporting), summed per group; the
     first hours read from the 1-minute rollup and the rest raw, in chunks of 3 steps that
     straddle the rollup's watermark."""
     import pandas as pd
@@ -235,9 +235,9 @@ def test_group_sums_are_the_sums_of_each_ids_step_means_across_rollup_and_chunks
         for i in range(6):
             if i == 4 and 300 <= k < 420:  # silent from 1:40 to 2:20
                 continue
-            # NULL readings after the watermark only: the rollup weighs a minute's mean by
-            # its rows, NULL ones included (one count per row, not per quantity)
-            v = float(rng.uniform(500, 900)) if k < 390 or rng.random() > 0.02 else None
+            # NULL readings on both sides of the watermark: a minute of the rollup weighs by
+            # its readings of the quantity, not by its rows (2 of 3 where one is NULL)
+            v = float(rng.uniform(500, 900)) if rng.random() > 0.05 else None
             rows.append((t0 + timedelta(seconds=20 * k), ids[i], v))
     df = pd.DataFrame(rows, columns=["ts", "id", "power_w"])
     table = samples_table("node", df["ts"].tolist(), df["id"].tolist(), power_w=df["power_w"])
@@ -287,3 +287,36 @@ def test_group_sums_are_the_same_to_the_bit_on_every_read(tmp_path) -> None:
             for _ in range(4)
         ]
     assert all(np.array_equal(reads[0], r) for r in reads[1:])
+
+
+def test_a_store_from_before_the_rollups_counted_each_quantity_still_reads(tmp_path) -> None:
+    """A store whose 1-minute rollup has no per-quantity counts (made before them): opened
+    read-only its minutes are weighted by their rows, as they were; opened to write, the counts'
+    columns are added (NULL for the old minutes, weighted by rows) and new minutes get them."""
+    from twin.store.schema import quantity_columns
+    from twin.store.windows import load_group_sums
+
+    t0 = datetime(2026, 11, 1, tzinfo=UTC)
+    ts = [t0 + timedelta(seconds=20 * k) for k in range(90)]  # 30 min, no NULLs
+    power = np.linspace(500.0, 900.0, len(ts))
+    db = tmp_path / "old.duckdb"
+    with Store(db) as store:
+        store.insert_arrow("node", samples_table("node", ts, ["n0"] * len(ts), power_w=power))
+        store.rollup(until=t0 + timedelta(minutes=20))
+        for res in ("1m", "1h"):  # as a store made before the counts
+            for c in quantity_columns("node"):
+                store.con.execute(f"ALTER TABLE node_{res} DROP COLUMN {c}_n")
+    want = power.reshape(6, 15).mean(axis=1)  # 5-min steps: 15 samples each
+
+    def read(store: Store) -> np.ndarray:
+        end = t0 + timedelta(minutes=30)
+        sums = load_group_sums(store, "node", "power_w", ["n0"], np.array([0]), 1, t0, end, 300.0)
+        return sums.sum[:, 0]
+
+    with Store(db, read_only=True) as store:
+        np.testing.assert_allclose(read(store), want, rtol=1e-12)
+    with Store(db) as store:
+        store.rollup(until=t0 + timedelta(minutes=30))
+        np.testing.assert_allclose(read(store), want, rtol=1e-12)
+        counts = store.con.execute("SELECT power_w_n FROM node_1m ORDER BY bucket").fetchall()
+    assert [c for (c,) in counts] == [None] * 20 + [3] * 10

@@ -204,6 +204,12 @@ def ddl() -> list[str]:
                 f"CREATE TABLE IF NOT EXISTS {kind}_{res} (bucket TIMESTAMPTZ NOT NULL,"
                 f" id VARCHAR NOT NULL, n BIGINT NOT NULL, {agg})"
             )
+            # each quantity's own count (``n`` counts rows, a NULL reading's too): the weight
+            # of a bucket's mean; stores made before it have NULL there and are weighted by n
+            stmts.extend(
+                f"ALTER TABLE {kind}_{res} ADD COLUMN IF NOT EXISTS {c}_n BIGINT"
+                for c in quantity_columns(kind)
+            )
     stmts.extend(ALERT_DDL)
     return stmts
 

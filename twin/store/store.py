@@ -381,6 +381,11 @@ class Store(CalibrationTables):
             limit = until or newest
             cols = quantity_columns(kind)
             aggs = ", ".join(f"avg({c}), min({c}), max({c})" for c in cols)
+            counts = ", ".join(f"count({c})" for c in cols)
+            named = ", ".join(
+                ["bucket", "id", "n", *(f"{c}_{a}" for c in cols for a in ("avg", "min", "max"))]
+                + [f"{c}_n" for c in cols]
+            )
             for res, interval in ROLLUPS.items():
                 table = f"{kind}_{res}"
                 rows = self.con.execute(
@@ -403,9 +408,9 @@ class Store(CalibrationTables):
                 self.con.execute("BEGIN TRANSACTION")
                 try:
                     n = self.con.execute(
-                        f"INSERT INTO {table} SELECT time_bucket(INTERVAL '{interval}', ts) AS b,"
-                        f" id, count(*), {aggs} FROM {kind} WHERE ts >= ? AND ts < ?"
-                        " GROUP BY b, id",
+                        f"INSERT INTO {table} ({named}) SELECT time_bucket(INTERVAL"
+                        f" '{interval}', ts) AS b, id, count(*), {aggs}, {counts} FROM {kind}"
+                        " WHERE ts >= ? AND ts < ? GROUP BY b, id",
                         [start, end],
                     ).fetchall()[0][0]
                     self.con.execute(

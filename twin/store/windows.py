@@ -458,7 +458,8 @@ def load_group_sums(
     """Each id's mean ``quantity`` of ``kind`` per step of ``[start, end)``, summed over the ids
     of each group (``groups[i]`` in ``[0, n_groups)``: the group of ``ids[i]``) in DuckDB, so no
     (T, ids) array is built. A step of whole minutes reads the complete 1-minute rollup
-    (``<kind>_1m``, weighted by its counts) up to its watermark and raw samples after it. The
+    (``<kind>_1m``, each minute's mean weighted by its readings of ``quantity``) up to its
+    watermark and raw samples after it. The
     window is read in chunks of at most ``max_cells`` (ids x steps) per-id means."""
     if kind not in QUANTITIES:
         raise ValueError(f"unknown kind {kind!r}")
@@ -485,6 +486,13 @@ def load_group_sums(
         ).fetchall()
         if rows and rows[0][0] is not None:
             split = min(max(rows[0][0], start), end)
+    # a minute's weight: its readings of the quantity (its rows in a store opened read-only
+    # from before the rollups counted each quantity, where the column is missing)
+    has_n = con.execute(
+        "SELECT count(*) FROM duckdb_columns() WHERE table_name = ? AND column_name = ?",
+        [f"{kind}_1m", f"{quantity}_n"],
+    ).fetchall()[0][0]
+    weight = f"coalesce(r.{quantity}_n, r.n)" if has_n else "r.n"
     # per-id step means, then their sum per (step, group), and (a grouping set of its own)
     # the ids that had any; the steps count from ``start`` in every chunk. Every sum of
     # doubles is ordered (by time, then value; by id): DuckDB's threads would otherwise add
@@ -494,7 +502,7 @@ def load_group_sums(
         " unnest(range(len($1::VARCHAR[]))) AS col),"
         " parts AS ("
         f" SELECT {grid_step_sql('r.bucket', '$3', '$4')} AS step, r.id,"
-        f"   sum(r.{quantity}_avg * r.n ORDER BY r.bucket) AS s, sum(r.n) AS c"
+        f"   sum(r.{quantity}_avg * {weight} ORDER BY r.bucket) AS s, sum({weight}) AS c"
         f" FROM {kind}_1m r WHERE r.bucket >= $5 AND r.bucket < $6"
         f"   AND r.{quantity}_avg IS NOT NULL"
         " GROUP BY ALL"
