@@ -42,7 +42,6 @@ import math
 import warnings
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from functools import partial
 from typing import Any, Literal
 
 import numpy as np
@@ -448,12 +447,15 @@ def _cdus_rows(p: _Pass) -> None:
     supply = last_valid(cdu.values["supply_temp_c"])
     flow = _mean(cdu.values["flow_lpm"])
     heat_now = _mean(cdu.values["heat_kw"])
+
     # the heat over the load paths: the measured heat (where not read, its racks' modelled
     # heat) plus the captured share of the racks' change of load, as a what-if moves it
-    racks_kw = partial(chain.cdu_rack_heat_kw, capture=p.cp.rack_capture, rack_cdu=p.idx.rack_cdu)
-    base = np.where(np.isfinite(heat_now), heat_now, racks_kw(p.rack_w_now, n_cdus=len(cdus)))
-    heat50 = base + racks_kw(p.rack_w_now * (p.r50 - 1.0), n_cdus=len(cdus))
-    heat90 = base + racks_kw(p.rack_w_now * (p.r90 - 1.0), n_cdus=len(cdus))
+    def racks_kw(rack_w: np.ndarray) -> np.ndarray:
+        return chain.cdu_rack_heat_kw(rack_w, p.cp.rack_capture, p.idx.rack_cdu, len(cdus))
+
+    base = np.where(np.isfinite(heat_now), heat_now, racks_kw(p.rack_w_now))
+    heat50 = base + racks_kw(p.rack_w_now * (p.r50 - 1.0))
+    heat90 = base + racks_kw(p.rack_w_now * (p.r90 - 1.0))
     rated = np.array([c.capacity_kw for c in cdus], float)
     max_flow = np.array([c.max_flow_lpm for c in cdus], float)
     cap_now = chain.cdu_capacity_kw(rated, flow, max_flow)
