@@ -757,7 +757,7 @@ def _cdus(d: Recording, cool: _Cooling, rack_s: np.ndarray, new, judge: Judge, f
     _, need = chain.loop_paths(cdus, heat_s, cool.supply, cool.flow)
     after = (heat_s, cool.supply, cool.flow)
     ret_s = chain.moved_return_c(cdus, d.cdu["return_temp_c"], (heat, supply, flow), after)
-    # one without a return reading has no return headroom, as live
+    # a loop without a return reading has no return headroom, as live
     ret_told = np.where(d.fresh["cdu.return_temp_c"], ret_s, np.nan)
     need = np.where(fresh["supply_temp_c"] & fresh["flow_lpm"], need, np.nan)
     judge.add("cdu_flow", names, "L/min", need, cool.flow)
